@@ -1,0 +1,108 @@
+"""Settings, one class per process, read from ``LLMQ_*`` environment variables.
+
+Each process builds its settings once (``ApiSettings()``, ``WorkerSettings()``...)
+and passes them in; nothing reads the environment at import time. Fields shared
+by every process live in :class:`CommonSettings`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class CommonSettings(BaseSettings):
+    """What every llmq process needs: where Redis is, key lifetimes, logging."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore", frozen=True)
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis URL; password and TLS (rediss://) come through it.",
+    )
+    redis_max_connections: int = Field(
+        64, ge=2, le=10_000, description="Size of each process's Redis connection pool."
+    )
+    redis_pool_timeout_seconds: float = Field(
+        2.0, gt=0, description="How long a command waits for a free pooled connection."
+    )
+    redis_socket_timeout_seconds: float = Field(
+        5.0, gt=0, description="Socket timeout of non-blocking Redis commands."
+    )
+    request_ttl_seconds: int = Field(
+        3600,
+        ge=10,
+        description="Lifetime of a request's record, job and token stream in Redis.",
+    )
+    stream_maxlen: int = Field(
+        10_000, ge=16, description="Approximate cap on the number of events in one stream."
+    )
+    worker_ttl_seconds: float = Field(
+        5.0, gt=0, description="A worker whose heartbeat is older than this counts as dead."
+    )
+    log_level: LogLevel = "INFO"
+    log_json: bool = Field(False, description="One JSON object per log line.")
+
+
+class ApiSettings(CommonSettings):
+    """Settings of one API process (``llmq api``)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, description="Largest accepted request body, in bytes."
+    )
+    max_prompt_tokens: int = Field(
+        8192, ge=1, description="Longest accepted prompt, in (whitespace) tokens."
+    )
+    max_tokens_limit: int = Field(4096, ge=1, description="Largest accepted max_tokens.")
+    default_max_tokens: int = Field(
+        128, ge=1, description="max_tokens of a request that does not set it."
+    )
+    relay_block_ms: int = Field(
+        5000, ge=10, le=60_000, description="Block time of the shared XREAD that relays streams."
+    )
+    sse_keepalive_seconds: float = Field(
+        15.0, gt=0, description="Interval of SSE comment lines while a stream is idle."
+    )
+
+
+class WorkerSettings(CommonSettings):
+    """Settings of one worker process (``llmq worker``)."""
+
+    model: str = Field("mock", min_length=1, max_length=128, description="Model name served.")
+    concurrency: int = Field(8, ge=1, le=10_000, description="Requests one worker runs at once.")
+    model_tokens_per_second: float = Field(50.0, gt=0, description="Mock decode speed.")
+    model_prefill_seconds_per_token: float = Field(
+        0.0001, ge=0, description="Mock prefill time per prompt token."
+    )
+    model_stop_probability: float = Field(
+        0.0, ge=0, lt=1, description="Chance per token that the mock ends with 'stop'."
+    )
+    poll_seconds: float = Field(
+        0.5, gt=0, description="Fallback poll of the queue when no wake-up arrives."
+    )
+    heartbeat_seconds: float = Field(1.0, gt=0, description="Registry heartbeat interval.")
+    job_timeout_seconds: float = Field(
+        600.0, gt=0, description="Hard limit on one request's run time in a worker."
+    )
+    max_event_tokens: int = Field(
+        256, ge=1, description="Most tokens coalesced into one stream event."
+    )
+
+
+class RunSettings(CommonSettings):
+    """Settings of ``llmq run``: the whole stack as local processes."""
+
+    workers: int = Field(2, ge=0, le=64, description="Worker processes started by llmq run.")
+    concurrency: int = Field(8, ge=1, le=10_000)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    embedded_redis: bool | None = Field(
+        None,
+        description="Start a private Redis; default: only when LLMQ_REDIS_URL is unset.",
+    )
