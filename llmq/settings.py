@@ -63,6 +63,12 @@ class ApiSettings(CommonSettings):
     default_max_tokens: int = Field(
         128, ge=1, description="max_tokens of a request that does not set it."
     )
+    max_queue_depth: int = Field(
+        1000, ge=1, description="Requests that may wait per model; more get 429."
+    )
+    priority_step_ms: int = Field(
+        1000, ge=0, description="Queue-time shift per priority level (see Scheduling)."
+    )
     relay_block_ms: int = Field(
         5000, ge=10, le=60_000, description="Block time of the shared XREAD that relays streams."
     )
@@ -89,6 +95,9 @@ class WorkerSettings(CommonSettings):
     heartbeat_seconds: float = Field(1.0, gt=0, description="Registry heartbeat interval.")
     job_timeout_seconds: float = Field(
         600.0, gt=0, description="Hard limit on one request's run time in a worker."
+    )
+    drain_seconds: float = Field(
+        10.0, ge=0, description="On SIGTERM, how long running requests may finish."
     )
     max_event_tokens: int = Field(
         256, ge=1, description="Most tokens coalesced into one stream event."

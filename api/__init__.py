@@ -1,0 +1,1 @@
+"""The llmq HTTP API: OpenAI-compatible and native endpoints over the Redis queue."""

@@ -1,0 +1,65 @@
+"""The FastAPI application: its lifespan owns every resource of the process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from api import errors
+from api.catalog import Catalog
+from api.limits import BodyLimit
+from api.relay import StreamRelay
+from api.routes import health, native, openai
+from api.state import AppState
+from llmq import __version__, keys
+from llmq.connection import connect
+from llmq.queue import ENQUEUE
+from llmq.settings import ApiSettings
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    process_id = f"api-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = connect(settings)
+        # The relay's XREAD blocks: it gets its own connection, with a socket timeout
+        # longer than the block time.
+        blocking = connect(
+            settings, max_connections=2, socket_timeout=settings.relay_block_ms / 1000 + 5
+        )
+        relay = StreamRelay(blocking, keys.control(process_id), block_ms=settings.relay_block_ms)
+        state = AppState(
+            settings=settings,
+            process_id=process_id,
+            redis=redis,
+            relay=relay,
+            catalog=Catalog(redis, settings.worker_ttl_seconds),
+            enqueue=redis.register_script(ENQUEUE),
+        )
+        await relay.start()
+        app.state.llmq = state
+        try:
+            yield
+        finally:
+            await relay.stop()
+            await blocking.aclose(close_connection_pool=True)
+            await redis.aclose(close_connection_pool=True)
+
+    app = FastAPI(
+        title="llmq",
+        version=__version__,
+        description="Queue-based LLM serving: OpenAI-compatible and native APIs.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.include_router(openai.router)
+    app.include_router(native.router)
+    app.include_router(health.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,140 @@
+"""One error shape for every endpoint: OpenAI's ``{"error": {message, type, param, code}}``.
+
+Handlers are registered in one place (:func:`install`). Errors from Redis are
+translated at this boundary into 503s, so a client never sees a stack trace or a
+hang when the backend is away.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error the client should see, with its HTTP status and OpenAI fields."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        if status is not None:
+            self.status = status
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequest(ApiError):
+    status = 400
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class Overloaded(ApiError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class Unavailable(ApiError):
+    status = 503
+    type = "service_unavailable"
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param, code), status, headers=headers)
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or None
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, ApiError):  # pragma: no cover - registered for ApiError only
+        raise exc
+    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, RequestValidationError):  # pragma: no cover
+        raise exc
+    first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+    if first.get("type") == "json_invalid":
+        return error_response(
+            400, "the request body is not valid JSON", "invalid_request_error", code="invalid_json"
+        )
+    param = _param(tuple(first.get("loc", ())))
+    message = f"{param}: {first['msg']}" if param else str(first["msg"])
+    return error_response(400, message, "invalid_request_error", param, "invalid_value")
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, StarletteHTTPException):  # pragma: no cover
+        raise exc
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(
+        exc.status_code, str(exc.detail), kind, headers=dict(exc.headers) if exc.headers else None
+    )
+
+
+async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis unavailable: %s", exc)
+    return error_response(
+        503,
+        "the queue backend is unavailable, retry shortly",
+        "service_unavailable",
+        code="backend_unavailable",
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal server error", "server_error", code="internal_error")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RedisConnectionError, _redis_error)
+    app.add_exception_handler(RedisTimeoutError, _redis_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,61 @@
+"""Following one request's stream: events in order, tokens without gaps or repeats.
+
+A request re-run after a worker failure publishes its tokens again from index 0;
+:class:`TokenCursor` drops what was already relayed, so a client sees each token
+exactly once. :func:`follow` ends after the terminal event, and ends with an
+``expired`` error if the request's record vanished while the stream was idle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from api.state import AppState
+from llmq import keys
+from llmq.schema import ErrorEvent, Event, TokensEvent, is_terminal
+
+log = logging.getLogger(__name__)
+
+#: Yielded by :func:`follow` when the stream was idle for a keep-alive interval.
+IDLE = None
+
+
+class TokenCursor:
+    """Tracks the next token index a client expects."""
+
+    def __init__(self, next_index: int = 0) -> None:
+        self.next_index = next_index
+
+    def take(self, event: TokensEvent) -> list[str]:
+        skip = self.next_index - event.index
+        if skip < 0:
+            log.warning("token gap: expected %d, got %d", self.next_index, event.index)
+            skip = 0
+        fresh = event.tokens[skip:]
+        self.next_index = max(self.next_index, event.index + len(event.tokens))
+        return fresh
+
+
+async def follow(
+    state: AppState, request_id: str, last_id: str = "0-0"
+) -> AsyncIterator[tuple[str, Event] | None]:
+    """Events of the request after ``last_id``; ``None`` marks an idle keep-alive tick."""
+    keepalive = state.settings.sse_keepalive_seconds
+    async with state.relay.subscription(keys.stream(request_id), last_id) as sub:
+        while True:
+            item = await sub.next(keepalive)
+            if item is None:
+                if not await state.redis.exists(keys.request(request_id)):
+                    yield (
+                        sub.last_id,
+                        ErrorEvent(
+                            code="expired", message="the request expired before it finished"
+                        ),
+                    )
+                    return
+                yield IDLE
+                continue
+            yield item
+            if is_terminal(item[1]):
+                return

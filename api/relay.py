@@ -1,0 +1,159 @@
+"""One reader per API process relays every request stream to its waiting clients.
+
+A blocked ``XREAD`` holds a Redis connection for its whole duration, so one per
+client does not scale. The relay runs a single loop that reads all subscribed
+streams in one ``XREAD`` and fans entries out to per-subscriber queues. A new
+subscriber nudges the loop through a tiny per-process control stream, so the
+blocked read returns at once and the next one includes the new key.
+
+A subscriber's queue is bounded by construction: it only ever holds entries of
+one stream, which is capped at ``stream_maxlen`` entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from llmq.schema import Event, decode_event
+
+log = logging.getLogger(__name__)
+
+StreamId = tuple[int, int]
+
+
+def parse_id(stream_id: str) -> StreamId:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def valid_id(stream_id: str) -> bool:
+    try:
+        ms, seq = parse_id(stream_id)
+    except ValueError:
+        return False
+    return ms >= 0 and seq >= 0
+
+
+@dataclass(eq=False)
+class Subscription:
+    """Entries of one stream after ``last_id``, in order; iterate to receive them."""
+
+    key: str
+    last_id: str = "0-0"
+    queue: asyncio.Queue[tuple[str, Event]] = field(default_factory=asyncio.Queue)
+    failed: BaseException | None = None
+
+    def _offer(self, stream_id: str, event: Event | None) -> None:
+        """Deliver an entry past ``last_id``; a malformed one (None) is only stepped over."""
+        if parse_id(stream_id) > parse_id(self.last_id):
+            self.last_id = stream_id
+            if event is not None:
+                self.queue.put_nowait((stream_id, event))
+
+    async def next(self, timeout: float) -> tuple[str, Event] | None:
+        """The next entry, or None if none arrived within ``timeout`` seconds."""
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+
+class StreamRelay:
+    """Owns the reader task; ``start``/``stop`` bracket its life."""
+
+    def __init__(self, redis: Redis, control_key: str, *, block_ms: int, count: int = 512):
+        self._redis = redis
+        self._control = control_key
+        self._block_ms = block_ms
+        self._count = count
+        self._subs: dict[str, set[Subscription]] = {}
+        self._control_id = "0-0"
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def subscribers(self) -> int:
+        return sum(len(s) for s in self._subs.values())
+
+    async def start(self) -> None:
+        self._control_id = await self._redis.xadd(
+            self._control, {"n": "start"}, maxlen=16, approximate=False
+        )
+        await self._redis.expire(self._control, 3600)
+        self._task = asyncio.create_task(self._run(), name="stream-relay")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        with contextlib.suppress(Exception):
+            await self._redis.delete(self._control)
+
+    async def subscribe(self, key: str, last_id: str = "0-0") -> Subscription:
+        sub = Subscription(key, last_id)
+        self._subs.setdefault(key, set()).add(sub)
+        await self._nudge()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.key)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.key]
+
+    @contextlib.asynccontextmanager
+    async def subscription(self, key: str, last_id: str = "0-0") -> AsyncIterator[Subscription]:
+        sub = await self.subscribe(key, last_id)
+        try:
+            yield sub
+        finally:
+            self.unsubscribe(sub)
+
+    async def _nudge(self) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(self._control, {"n": "1"}, maxlen=16, approximate=True)
+        pipe.expire(self._control, 3600)
+        await pipe.execute()
+
+    def _positions(self) -> dict[str, str]:
+        streams = {self._control: self._control_id}
+        for key, subs in self._subs.items():
+            streams[key] = min((s.last_id for s in subs), key=parse_id)
+        return streams
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                streams: dict[Any, Any] = self._positions()
+                reply = await self._redis.xread(streams, count=self._count, block=self._block_ms)
+                delay = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("relay lost Redis (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            for key, entries in reply or []:
+                self._dispatch(key, entries)
+
+    def _dispatch(self, key: str, entries: list[tuple[str, dict[str, str]]]) -> None:
+        if key == self._control:
+            self._control_id = entries[-1][0]
+            return
+        subs = self._subs.get(key)
+        if not subs:
+            return
+        for stream_id, fields in entries:
+            event = decode_event(fields)
+            for sub in list(subs):
+                sub._offer(stream_id, event)

@@ -1,0 +1,41 @@
+"""Liveness, readiness and the worker list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from api.errors import error_response
+from api.state import State
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive; says nothing about Redis or workers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=None)
+async def readyz(state: State) -> dict[str, Any] | JSONResponse:
+    """Ready: Redis answers and at least one worker is alive."""
+    try:
+        await state.redis.ping()
+        workers = await state.catalog.workers()
+    except Exception as exc:
+        return error_response(
+            503, f"Redis is unreachable: {exc}", "service_unavailable", code="redis_unavailable"
+        )
+    if not workers:
+        return error_response(503, "no live worker", "service_unavailable", code="no_workers")
+    return {"status": "ready", "workers": len(workers)}
+
+
+@router.get("/v1/workers")
+async def workers(state: State) -> dict[str, Any]:
+    """Live workers from the registry: id, host, pid, model, cap, running."""
+    listed = await state.catalog.workers()
+    return {"object": "list", "data": [w.model_dump() for w in listed]}

@@ -1,0 +1,92 @@
+"""The native API: submit now, follow later, resume after a reconnect.
+
+``GET /v1/requests/{id}/events`` is SSE whose event ids are the Redis stream
+ids; a client that reconnects with ``Last-Event-ID`` (or ``?last_event_id=``)
+gets exactly the events after the last one it saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query
+from fastapi.responses import StreamingResponse
+
+from api import sse
+from api.errors import InvalidRequest, NotFound
+from api.follow import IDLE, follow
+from api.relay import valid_id
+from api.schemas import NativeRequest
+from api.state import AppState, State
+from api.submit import submit
+from llmq import keys
+from llmq.schema import RequestRecord
+
+router = APIRouter(tags=["native"])
+
+RequestId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+@router.post("/v1/requests", status_code=202)
+async def create(body: NativeRequest, state: State) -> dict[str, Any]:
+    sub = await submit(state, body, body.prompt, max_tokens=body.max_tokens)
+    return {
+        "id": sub.id,
+        "object": "request",
+        "status": "queued",
+        "model": sub.model,
+        "created": sub.created,
+        "prompt_tokens": sub.prompt_tokens,
+        "max_tokens": sub.max_tokens,
+        "events_url": f"/v1/requests/{sub.id}/events",
+    }
+
+
+async def _record(state: AppState, request_id: str) -> RequestRecord:
+    fields: dict[str, str] = await state.redis.hgetall(keys.request(request_id))  # type: ignore[misc]
+    if not fields:
+        raise NotFound(f"no request '{request_id}'", param="id", code="request_not_found")
+    return RequestRecord.from_redis(fields)
+
+
+@router.get("/v1/requests/{request_id}")
+async def status(request_id: RequestId, state: State) -> dict[str, Any]:
+    record = await _record(state, request_id)
+    body: dict[str, Any] = {"object": "request", **record.model_dump()}
+    body["queue_ms"] = _span(record.created_at, record.started_at)
+    body["run_ms"] = _span(record.started_at, record.finished_at)
+    return body
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return round((end - start) * 1000, 3) if start is not None and end is not None else None
+
+
+async def _events(state: AppState, request_id: str, last_id: str) -> AsyncIterator[bytes]:
+    async for item in follow(state, request_id, last_id):
+        if item is IDLE:
+            yield sse.KEEPALIVE
+            continue
+        stream_id, event = item
+        yield sse.event(stream_id, event.type, event.model_dump_json())
+
+
+@router.get("/v1/requests/{request_id}/events", response_model=None)
+async def events(
+    request_id: RequestId,
+    state: State,
+    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
+) -> StreamingResponse:
+    resume = last_event_id or last_event_id_query or "0-0"
+    if not valid_id(resume):
+        raise InvalidRequest(
+            "Last-Event-ID must be a stream id such as 1700000000000-0",
+            param="Last-Event-ID",
+            code="invalid_value",
+        )
+    await _record(state, request_id)
+    return StreamingResponse(
+        _events(state, request_id, resume), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+    )

@@ -1,0 +1,118 @@
+"""The OpenAI-compatible surface: completions, chat completions, models.
+
+With ``stream: true`` the answer is SSE chunks in OpenAI's shape ending with
+``data: [DONE]``; otherwise one JSON body with ``usage``. A failure after the
+stream started is sent as a ``data: {"error": ...}`` chunk, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from api import sse
+from api.errors import ApiError, error_body
+from api.follow import IDLE, TokenCursor, follow
+from api.openai_format import ChatFormat, CompletionFormat
+from api.schemas import ChatCompletionRequest, CompletionRequest
+from api.state import AppState, State
+from api.submit import submit
+from llmq.schema import DoneEvent, ErrorEvent, TokensEvent
+
+router = APIRouter(tags=["openai"])
+
+
+def _error_status(event: ErrorEvent) -> int:
+    return 504 if event.finish_reason == "timeout" else 500
+
+
+def _error_of(event: ErrorEvent) -> dict[str, Any]:
+    return error_body(event.message, "server_error", None, event.code)
+
+
+async def _stream(state: AppState, fmt: CompletionFormat) -> AsyncIterator[bytes]:
+    opening = fmt.opening()
+    if opening is not None:
+        yield sse.data(opening)
+    cursor = TokenCursor()
+    async for item in follow(state, fmt.sub.id):
+        if item is IDLE:
+            yield sse.KEEPALIVE
+            continue
+        _, event = item
+        if isinstance(event, TokensEvent):
+            text = "".join(cursor.take(event))
+            if text:
+                yield sse.data(fmt.delta(text))
+        elif isinstance(event, DoneEvent):
+            yield sse.data(fmt.closing(event.finish_reason))
+            if fmt.include_usage:
+                yield sse.data(fmt.usage_chunk(event.usage))
+        elif isinstance(event, ErrorEvent):
+            yield sse.data(_error_of(event))
+    yield sse.DONE
+
+
+async def _collect(state: AppState, fmt: CompletionFormat) -> Response:
+    cursor = TokenCursor()
+    parts: list[str] = []
+    async for item in follow(state, fmt.sub.id):
+        if item is IDLE:
+            continue
+        _, event = item
+        if isinstance(event, TokensEvent):
+            parts.extend(cursor.take(event))
+        elif isinstance(event, DoneEvent):
+            return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.usage))
+        elif isinstance(event, ErrorEvent):
+            return JSONResponse(_error_of(event), _error_status(event))
+    raise ApiError("the stream ended without a result", status=500, code="internal_error")
+
+
+async def _respond(state: AppState, fmt: CompletionFormat, stream: bool) -> Response:
+    if stream:
+        return StreamingResponse(
+            _stream(state, fmt), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+        )
+    return await _collect(state, fmt)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, state: State) -> Response:
+    sub = await submit(state, body, body.prompt_text(), max_tokens=body.max_tokens)
+    return await _respond(state, CompletionFormat(sub, body.include_usage), body.stream)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, state: State) -> Response:
+    if not body.content_tokens_present():
+        raise ApiError("messages must contain some text", param="messages", code="invalid_value")
+    requested = body.max_completion_tokens or body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    sub = await submit(
+        state,
+        body,
+        body.prompt_text(),
+        max_tokens=requested,
+        max_tokens_param=param,
+        prompt_param="messages",
+    )
+    return await _respond(state, ChatFormat(sub, body.include_usage), body.stream)
+
+
+@router.get("/v1/models")
+async def models(state: State) -> dict[str, Any]:
+    workers = await state.catalog.workers()
+    first_seen: dict[str, float] = {}
+    for w in workers:
+        first_seen[w.model] = min(first_seen.get(w.model, w.started_at), w.started_at)
+    return {
+        "object": "list",
+        "data": [
+            {"id": m, "object": "model", "created": int(t), "owned_by": "llmq"}
+            for m, t in sorted(first_seen.items())
+        ],
+    }

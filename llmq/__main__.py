@@ -1,0 +1,5 @@
+import sys
+
+from llmq.cli import main
+
+sys.exit(main())

@@ -1,0 +1,132 @@
+"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``loadgen``.
+
+Every settings field of a subcommand's settings class is also a flag
+(``redis_url`` -> ``--redis-url``), and every flag is also an ``LLMQ_*``
+environment variable; a flag wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from llmq.logs import setup_logging
+from llmq.settings import ApiSettings, CommonSettings, RunSettings, WorkerSettings
+
+S = TypeVar("S", bound=CommonSettings)
+
+#: The settings class of each process subcommand.
+SETTINGS: dict[str, type[CommonSettings]] = {
+    "api": ApiSettings,
+    "worker": WorkerSettings,
+    "run": RunSettings,
+}
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[CommonSettings]) -> None:
+    for name, info in cls.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        env = "LLMQ_" + name.upper()
+        help_text = f"{info.description or ''} [env {env}; default {info.default!r}]".strip()
+        if info.annotation in (bool, bool | None):
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
+
+
+def build_settings(cls: type[S], args: argparse.Namespace) -> S:
+    overrides: dict[str, Any] = {
+        name: value for name in cls.model_fields if (value := getattr(args, name, None)) is not None
+    }
+    return cls(**overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmq", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    helps = {
+        "api": "run one API process (uvicorn)",
+        "worker": "run one worker process",
+        "run": "run the whole stack locally: Redis, one API process, N workers",
+    }
+    for name, cls in SETTINGS.items():
+        _add_settings_flags(sub.add_parser(name, help=helps[name]), cls)
+    loadgen = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
+    from loadgen.cli import add_arguments
+
+    add_arguments(loadgen)
+    return parser
+
+
+def _run_api(args: argparse.Namespace) -> int:
+    from api.main import serve
+
+    settings = build_settings(ApiSettings, args)
+    setup_logging(settings, "api")
+    serve(settings)
+    return 0
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from worker.main import serve
+
+    settings = build_settings(WorkerSettings, args)
+    setup_logging(settings, "worker")
+    _run_async(serve(settings))
+    return 0
+
+
+def _run_stack(args: argparse.Namespace) -> int:
+    from llmq.supervisor import run_stack
+
+    settings = build_settings(RunSettings, args)
+    setup_logging(settings, "run")
+    return _run_async(run_stack(settings))
+
+
+def _run_loadgen(args: argparse.Namespace) -> int:
+    from loadgen.cli import main as loadgen_main
+
+    return loadgen_main(args)
+
+
+def _run_async(coro: Any) -> int:
+    try:
+        import uvloop
+
+        result = uvloop.run(coro)
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+        result = asyncio.run(coro)
+    return int(result or 0)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "api": _run_api,
+    "worker": _run_worker,
+    "run": _run_stack,
+    "loadgen": _run_loadgen,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            field = ".".join(str(p) for p in err["loc"])
+            print(f"llmq {args.command}: invalid setting {field}: {err['msg']}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

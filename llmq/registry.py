@@ -1,0 +1,55 @@
+"""The worker registry: who is alive, what model it serves, how busy it is.
+
+Each worker writes its :class:`~llmq.schema.WorkerInfo` under its own key with a
+short TTL and bumps its score in the ``llmq:workers`` sorted set at every
+heartbeat. A worker that stops heartbeating drops out within ``worker_ttl``
+seconds, whether it exited cleanly or was killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from llmq import keys
+from llmq.schema import WorkerInfo
+
+log = logging.getLogger(__name__)
+
+
+async def heartbeat(redis: Redis, info: WorkerInfo, ttl_seconds: float) -> None:
+    ttl_ms = int(ttl_seconds * 1000)
+    now_ms = int(time.time() * 1000)
+    pipe = redis.pipeline(transaction=True)
+    pipe.set(keys.worker(info.id), info.model_dump_json(), px=ttl_ms)
+    pipe.zadd(keys.WORKERS, {info.id: now_ms})
+    pipe.zremrangebyscore(keys.WORKERS, "-inf", now_ms - ttl_ms)
+    await pipe.execute()
+
+
+async def unregister(redis: Redis, worker_id: str) -> None:
+    pipe = redis.pipeline(transaction=True)
+    pipe.delete(keys.worker(worker_id))
+    pipe.zrem(keys.WORKERS, worker_id)
+    await pipe.execute()
+
+
+async def live_workers(redis: Redis, ttl_seconds: float) -> list[WorkerInfo]:
+    """Workers whose heartbeat is younger than ``ttl_seconds``, sorted by id."""
+    since = int((time.time() - ttl_seconds) * 1000)
+    ids = await redis.zrangebyscore(keys.WORKERS, since, "+inf")
+    if not ids:
+        return []
+    raw = await redis.mget([keys.worker(i if isinstance(i, str) else i.decode()) for i in ids])
+    workers: list[WorkerInfo] = []
+    for value in raw:
+        if value is None:
+            continue
+        try:
+            workers.append(WorkerInfo.model_validate_json(value))
+        except ValidationError:
+            log.warning("skipping malformed worker entry %r", value[:200])
+    return sorted(workers, key=lambda w: w.id)

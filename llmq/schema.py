@@ -1,0 +1,177 @@
+"""Pydantic models of what is stored in Redis: job payloads, stream events, records.
+
+This is the documented contract. A token stream (``llmq:stream:<id>``) holds entries
+with two fields: ``type`` (the event's type, for cheap filtering) and ``data`` (the
+event as JSON, ``type`` included). Consumers outside llmq can read it with plain
+``XREAD``/``XRANGE``; the README lists every event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
+Status = Literal["queued", "running", "done", "failed", "cancelled"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SamplingParams(_Frozen):
+    """Sampling parameters, as the worker's model receives them."""
+
+    max_tokens: int = Field(ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+class JobPayload(_Frozen):
+    """The job the API enqueues and a worker runs (arq kwarg ``payload``)."""
+
+    request_id: str
+    model: str
+    prompt: str
+    prompt_tokens: int = Field(ge=0)
+    params: SamplingParams
+    priority: int = 0
+    enqueued_at: float = Field(description="Unix time (s) the API accepted the request.")
+
+
+class Usage(_Frozen):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Timings(_Frozen):
+    """Where a request's time went, in milliseconds, measured by the worker."""
+
+    queue_ms: float = Field(description="Accepted by the API -> started by a worker.")
+    prefill_ms: float = Field(description="Started -> first token produced.")
+    decode_ms: float = Field(description="First token -> last token.")
+
+
+class StartedEvent(_Frozen):
+    """A worker took the request. ``attempt`` > 1 means a re-run after a failure."""
+
+    type: Literal["started"] = "started"
+    worker: str
+    attempt: int = Field(ge=1)
+    queue_ms: float
+
+
+class TokensEvent(_Frozen):
+    """One or more consecutive tokens; ``index`` is the position of the first one."""
+
+    type: Literal["tokens"] = "tokens"
+    index: int = Field(ge=0)
+    tokens: list[str] = Field(min_length=1)
+
+
+class DoneEvent(_Frozen):
+    """The last event of a request that ended normally or was cancelled."""
+
+    type: Literal["done"] = "done"
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+class ErrorEvent(_Frozen):
+    """The last event of a request that failed; ``code`` is machine-readable."""
+
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    finish_reason: FinishReason = "error"
+    usage: Usage | None = None
+
+
+Event = Annotated[StartedEvent | TokensEvent | DoneEvent | ErrorEvent, Field(discriminator="type")]
+_EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def is_terminal(event: Event) -> bool:
+    return isinstance(event, DoneEvent | ErrorEvent)
+
+
+def encode_event(event: Event) -> dict[str, str]:
+    """The fields of the stream entry that carries ``event``."""
+    return {"type": event.type, "data": event.model_dump_json()}
+
+
+def decode_event(fields: Mapping[bytes, bytes] | Mapping[str, str]) -> Event | None:
+    """Parse a stream entry; a malformed or foreign entry is logged and yields None."""
+    raw = fields.get("data", fields.get(b"data")) if fields else None  # type: ignore[call-overload]
+    if raw is None:
+        log.warning("skipping stream entry without data: %r", fields)
+        return None
+    try:
+        return _EVENT.validate_json(raw)
+    except ValidationError as exc:
+        log.warning("skipping malformed stream entry: %s", exc.errors(include_url=False)[:1])
+        return None
+
+
+class RequestRecord(BaseModel):
+    """A request's status and timings (hash ``llmq:req:<id>``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    model: str
+    status: Status
+    priority: int = 0
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    worker: str | None = None
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    def to_redis(self) -> dict[str, str]:
+        """Hash fields; unset fields are left out."""
+        return {
+            k: v if isinstance(v, str) else json.dumps(v)
+            for k, v in self.model_dump(exclude_none=True).items()
+        }
+
+    @classmethod
+    def from_redis(cls, fields: Mapping[str, str]) -> RequestRecord:
+        data: dict[str, object] = {}
+        for k, v in fields.items():
+            try:
+                data[k] = json.loads(v)
+            except ValueError:
+                data[k] = v
+        for k in ("id", "model", "status", "worker", "finish_reason", "error"):
+            if k in fields:
+                data[k] = fields[k]
+        return cls.model_validate(data)
+
+
+class WorkerInfo(_Frozen):
+    """A worker's registry entry, refreshed by its heartbeat."""
+
+    id: str
+    host: str
+    pid: int
+    model: str
+    concurrency: int
+    running: int
+    started_at: float
+    heartbeat_at: float

@@ -1,0 +1,160 @@
+"""The worker process: wiring, background tasks and a graceful shutdown.
+
+``serve`` owns every resource and task it starts: the Redis pool, the stream
+publisher, the wake-up listener, the registry heartbeat and the arq worker.
+SIGTERM/SIGINT stop claiming at once; running requests get ``drain`` seconds to
+finish, then whatever is left is cancelled and handed back to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+
+from arq.connections import ArqRedis
+
+from llmq import keys, registry
+from llmq.connection import make_pool
+from llmq.schema import WorkerInfo
+from llmq.settings import WorkerSettings
+from worker.model import MockModel, Model
+from worker.publisher import StreamPublisher
+from worker.queue_worker import QueueWorker
+from worker.runner import RequestRunner
+
+log = logging.getLogger(__name__)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def mock_model(settings: WorkerSettings) -> MockModel:
+    return MockModel(
+        tokens_per_second=settings.model_tokens_per_second,
+        prefill_seconds_per_token=settings.model_prefill_seconds_per_token,
+        stop_probability=settings.model_stop_probability,
+    )
+
+
+async def _listen_for_wakeups(redis: ArqRedis, channel: str, wake: asyncio.Event) -> None:
+    """Set ``wake`` on every message; reconnect with backoff if Redis goes away."""
+    delay = 0.05
+    while True:
+        try:
+            async with redis.pubsub() as pubsub:
+                await pubsub.subscribe(channel)
+                wake.set()  # anything enqueued while we were not listening
+                delay = 0.05
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("wake-up listener lost Redis (%s); retrying in %.2fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def _heartbeat(
+    redis: ArqRedis, settings: WorkerSettings, runner: RequestRunner, worker_id: str
+) -> None:
+    started_at = time.time()
+    while True:
+        info = WorkerInfo(
+            id=worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            model=settings.model,
+            concurrency=settings.concurrency,
+            running=len(runner.running),
+            started_at=started_at,
+            heartbeat_at=time.time(),
+        )
+        try:
+            await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
+        except Exception as exc:
+            log.warning("heartbeat failed: %s", exc)
+        await asyncio.sleep(settings.heartbeat_seconds)
+
+
+async def serve(
+    settings: WorkerSettings, *, stop: asyncio.Event | None = None, model: Model | None = None
+) -> None:
+    """Run a worker until ``stop`` is set (or SIGTERM/SIGINT arrives)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+
+    worker_id = new_worker_id()
+    redis = ArqRedis(
+        pool_or_conn=make_pool(settings, decode_responses=False),
+        job_serializer=None,
+        job_deserializer=None,
+        default_queue_name=keys.queue(settings.model),
+    )
+    publisher = StreamPublisher(
+        redis,
+        maxlen=settings.stream_maxlen,
+        ttl_seconds=settings.request_ttl_seconds,
+        max_event_tokens=settings.max_event_tokens,
+    )
+    runner = RequestRunner(worker_id, model or mock_model(settings), publisher)
+    worker = QueueWorker(
+        model=settings.model,
+        runner=runner,
+        redis=redis,
+        max_jobs=settings.concurrency,
+        poll_seconds=settings.poll_seconds,
+        job_timeout=settings.job_timeout_seconds,
+        lease_seconds=settings.worker_ttl_seconds,
+    )
+    publisher.start()
+    tasks = [
+        asyncio.create_task(_heartbeat(redis, settings, runner, worker_id), name="heartbeat"),
+        asyncio.create_task(
+            _listen_for_wakeups(redis, keys.wake(settings.model), worker.wake), name="wake"
+        ),
+    ]
+    main = asyncio.create_task(worker.main(), name="claim-loop")
+    log.info(
+        "worker %s serving model %r, concurrency %d",
+        worker_id,
+        settings.model,
+        settings.concurrency,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("worker %s stopping: draining %d running", worker_id, len(worker.tasks))
+        worker.allow_pick_jobs = False
+        await _drain(worker, settings.drain_seconds)
+        main.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(main, *tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await registry.unregister(redis, worker_id)
+        await publisher.stop()
+        await redis.aclose(close_connection_pool=True)
+        log.info("worker %s stopped", worker_id)
+
+
+async def _drain(worker: QueueWorker, seconds: float) -> None:
+    """Let running requests finish for ``seconds``, then cancel (and so re-queue) the rest."""
+    running = [t for t in worker.tasks.values() if not t.done()]
+    if running and seconds > 0:
+        await asyncio.wait(running, timeout=seconds)
+    for task in running:
+        if not task.done():
+            task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)

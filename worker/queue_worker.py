@@ -1,0 +1,161 @@
+"""An arq worker that claims by priority, on a wake-up signal, one slot at a time.
+
+Stock arq polls every 0.5 s, reads a batch of ids it then starts one by one
+(stale while it waits for slots), and keeps running jobs at the head of its
+queue. This subclass keeps arq's job machinery (``run_job``: tries, timeouts,
+cancellation on shutdown) and replaces how work is found:
+
+- ``main`` waits on a wake-up event (Redis pub/sub from the API, or a slot that
+  just freed) and keeps the poll only as a fallback;
+- ``_poll_iteration`` claims one request per free slot with an atomic Lua script
+  that takes the lowest score and moves it to the running set;
+- ``finish_job`` puts a request that did not finish (worker shutting down) back
+  in the queue at its original score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from arq.connections import ArqRedis
+from arq.worker import Worker, func
+
+from llmq import keys
+from llmq.queue import CLAIM, JOB_FUNCTION, REQUEUE, as_str, deserialize, serialize
+from llmq.schema import JobPayload
+from worker.runner import RequestRunner
+
+log = logging.getLogger(__name__)
+
+
+async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
+    """The arq job: validate the payload and hand it to the runner."""
+    runner: RequestRunner = ctx["runner"]
+    try:
+        job = JobPayload.model_validate(payload)
+    except ValueError as exc:
+        rid = payload.get("request_id") if isinstance(payload, dict) else None
+        log.error("skipping malformed job %s: %s", ctx.get("job_id"), exc)
+        if isinstance(rid, str):
+            await runner.fail(rid, "invalid_job", "the job payload is malformed")
+        return
+    await runner.run(job, attempt=int(ctx.get("job_try", 1)))
+
+
+class QueueWorker(Worker):
+    """An arq ``Worker`` for one model's queue; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        runner: RequestRunner,
+        redis: ArqRedis,
+        max_jobs: int,
+        poll_seconds: float,
+        job_timeout: float,
+        lease_seconds: float,
+        max_tries: int = 3,
+    ) -> None:
+        super().__init__(
+            functions=[func(generate, name=JOB_FUNCTION, max_tries=max_tries)],
+            queue_name=keys.queue(model),
+            redis_pool=redis,
+            handle_signals=False,
+            max_jobs=max_jobs,
+            poll_delay=poll_seconds,
+            job_timeout=job_timeout,
+            keep_result=0,
+            max_tries=max_tries,
+            ctx={"runner": runner},
+            job_serializer=serialize,
+            job_deserializer=deserialize,
+            log_results=False,
+        )
+        self.model = model
+        self.runner = runner
+        self.lease_ms = int(lease_seconds * 1000)
+        self.wake = asyncio.Event()
+        self._scores: dict[str, int] = {}
+        self._claim = redis.register_script(CLAIM)
+        self._requeue = redis.register_script(REQUEUE)
+
+    async def main(self) -> None:
+        """Claim work whenever woken; the poll delay is only the fallback timer."""
+        self.ctx["redis"] = self.pool
+        while True:
+            self.wake.clear()
+            await self._poll_iteration()
+            try:
+                await asyncio.wait_for(self.wake.wait(), self.poll_delay_s)
+            except TimeoutError:
+                pass
+
+    async def _poll_iteration(self) -> None:
+        while self.allow_pick_jobs and self.job_counter < self.max_jobs:
+            claimed = await self._claim(
+                keys=[self.queue_name, keys.running(self.model)],
+                args=[
+                    int(time.time() * 1000),
+                    self.lease_ms,
+                    keys.IN_PROGRESS_PREFIX,
+                    int(self.in_progress_timeout_s * 1000),
+                ],
+            )
+            if not claimed:
+                break
+            job_id, score = as_str(claimed[0]), int(float(as_str(claimed[1])))
+            self._scores[job_id] = score
+            await self.sem.acquire()
+            self.job_counter += 1
+            task = self.loop.create_task(self.run_job(job_id, score))
+            task.add_done_callback(self._slot_freed)
+            self.tasks[job_id] = task
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()
+        await self.heart_beat()
+
+    def _slot_freed(self, _: asyncio.Task[None]) -> None:
+        self._release_sem_dec_counter_on_complete()
+        self.wake.set()
+
+    async def finish_job(
+        self,
+        job_id: str,
+        finish: bool,
+        result_data: bytes | None,
+        result_timeout_s: float | None,
+        keep_result_forever: bool,
+        incr_score: int | None,
+        keep_in_progress: float | None,
+    ) -> None:
+        await super().finish_job(
+            job_id,
+            finish,
+            result_data,
+            result_timeout_s,
+            keep_result_forever,
+            incr_score,
+            keep_in_progress,
+        )
+        await self._release(job_id, requeue=not finish)
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        await super().finish_failed_job(job_id, result_data)
+        await self._release(job_id, requeue=False)
+        await self.runner.fail(job_id, "job_failed", "the request could not be run")
+
+    async def _release(self, job_id: str, *, requeue: bool) -> None:
+        score = self._scores.pop(job_id, None)
+        running = keys.running(self.model)
+        if requeue and score is not None:
+            await self._requeue(keys=[self.queue_name, running], args=[job_id, score])
+            await self.pool.publish(keys.wake(self.model), job_id)
+            log.info("request %s handed back to the queue", job_id, extra={"request_id": job_id})
+        else:
+            await self.pool.zrem(running, job_id)
