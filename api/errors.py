@@ -82,9 +82,22 @@ def error_response(
     return JSONResponse(error_body(message, type_, param, code), status, headers=headers)
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "literal"})
+
+
 def _param(loc: tuple[int | str, ...]) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
+    """``("body", "messages", 0, "role")`` -> ``messages[0].role``; union tags dropped."""
+    out = ""
+    for part in loc:
+        if part == "body" and not out:
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.lower() in _TYPE_TAGS or "[" in part or "-" in part:
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out or None
 
 
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:

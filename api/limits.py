@@ -7,11 +7,18 @@ Content-Length, chunked or not), and the app never parses it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_body
+
+
+#: How much of an oversized chunked body is read and dropped before the 413 is sent.
+DISCARD_LIMIT = 64 * 1024 * 1024
+DISCARD_SECONDS = 5.0
 
 
 class BodyLimit:
@@ -36,6 +43,8 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
+                if message.get("more_body", False):
+                    await self._discard_rest(receive)
                 await self._reject(send)
                 return
             chunks.append(chunk)
@@ -52,6 +61,21 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _discard_rest(self, receive: Receive) -> None:
+        """Read and drop the rest of the body (bounded), so the client can read the 413."""
+        budget = DISCARD_LIMIT
+
+        async def drain() -> None:
+            nonlocal budget
+            while budget > 0:
+                message = await receive()
+                budget -= len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(drain(), DISCARD_SECONDS)
 
     async def _reject(self, send: Send) -> None:
         payload = json.dumps(

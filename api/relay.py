@@ -144,16 +144,21 @@ class StreamRelay:
                 delay = min(delay * 2, 2.0)
                 continue
             for key, entries in reply or []:
-                self._dispatch(key, entries)
+                self._dispatch(key, entries, parse_id(streams[key]))
 
-    def _dispatch(self, key: str, entries: list[tuple[str, dict[str, str]]]) -> None:
+    def _dispatch(
+        self, key: str, entries: list[tuple[str, dict[str, str]]], read_from: StreamId
+    ) -> None:
         if key == self._control:
             self._control_id = entries[-1][0]
             return
-        subs = self._subs.get(key)
+        # A subscriber that joined while this read was in flight may want entries
+        # from before ``read_from``: it is left for the next read, which starts at
+        # its position, so it never skips anything.
+        subs = [s for s in self._subs.get(key, ()) if parse_id(s.last_id) >= read_from]
         if not subs:
             return
         for stream_id, fields in entries:
             event = decode_event(fields)
-            for sub in list(subs):
+            for sub in subs:
                 sub._offer(stream_id, event)

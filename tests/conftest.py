@@ -1,0 +1,142 @@
+"""Fixtures: a private redis-server per session, flushed per test, and llmq parts.
+
+Nothing here fakes Redis: every test talks to a real ``redis-server`` on a free
+port. ``start_worker``/``start_api`` run real workers and a real uvicorn server in
+the test's event loop; the end-to-end tests in ``tests/e2e`` use processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from redis.asyncio import Redis
+
+from api.app import create_app
+from llmq.embedded import EmbeddedRedis, free_port
+from llmq.settings import ApiSettings, WorkerSettings
+from tests.waiting import wait_until
+from worker.main import serve
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+async def redis(redis_server: EmbeddedRedis) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis, redis: Redis) -> str:
+    return redis_server.url
+
+
+#: Fast model timings so that tests are quick but tokens still arrive one by one.
+FAST_MODEL = {"model_tokens_per_second": 200.0, "model_prefill_seconds_per_token": 0.0001}
+
+
+@dataclass
+class RunningWorker:
+    settings: WorkerSettings
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 30)
+
+
+StartWorker = Callable[..., Awaitable[RunningWorker]]
+
+
+@pytest.fixture
+async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
+    """Start real workers in this event loop; each is stopped at teardown."""
+    workers: list[RunningWorker] = []
+
+    async def start(**overrides: Any) -> RunningWorker:
+        settings = WorkerSettings(
+            redis_url=redis_url, heartbeat_seconds=0.2, **{**FAST_MODEL, **overrides}
+        )
+        stop = asyncio.Event()
+        running = RunningWorker(settings, stop, asyncio.create_task(serve(settings, stop=stop)))
+        workers.append(running)
+        return running
+
+    yield start
+    for w in workers:
+        with contextlib.suppress(Exception):
+            await w.close()
+
+
+@dataclass
+class RunningApi:
+    settings: ApiSettings
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=30, **kwargs)
+
+
+StartApi = Callable[..., Awaitable[RunningApi]]
+
+
+@pytest.fixture
+async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
+    """Start a real uvicorn server (real sockets) in this event loop."""
+    apis: list[RunningApi] = []
+
+    async def start(**overrides: Any) -> RunningApi:
+        settings = ApiSettings(redis_url=redis_url, port=free_port(), **overrides)
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=settings.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+        )
+        server = uvicorn.Server(config)
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        api = RunningApi(settings, server, asyncio.create_task(server.serve()))
+        apis.append(api)
+        await wait_until(lambda: server.started, timeout=10, what="uvicorn to start")
+        return api
+
+    yield start
+    for api in apis:
+        api.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(api.task, 10)
+
+
+@pytest.fixture
+async def stack(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
+    """One API and one worker, ready to serve the ``mock`` model."""
+    await start_worker()
+    api = await start_api()
+    async with api.client() as client:
+
+        async def ready() -> bool:
+            return (await client.get("/readyz")).status_code == 200
+
+        await wait_until(ready, timeout=10, what="/readyz")
+    return api

@@ -1,0 +1,49 @@
+"""A small SSE reader for tests: frames of ``id``/``event``/``data`` lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Frame:
+    id: str | None
+    event: str | None
+    data: str
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+async def frames(response: httpx.Response) -> AsyncIterator[Frame]:
+    """Frames of an SSE response, comments skipped, in arrival order."""
+    fields: dict[str, str] = {}
+    async for line in response.aiter_lines():
+        if line == "":
+            if "data" in fields:
+                yield Frame(fields.get("id"), fields.get("event"), fields["data"])
+            fields = {}
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+
+
+async def openai_chunks(response: httpx.Response) -> list[Any]:
+    """The JSON chunks of an OpenAI stream; asserts it ends with ``[DONE]``."""
+    chunks: list[Any] = []
+    done = False
+    async for frame in frames(response):
+        assert not done, "data after [DONE]"
+        if frame.data == "[DONE]":
+            done = True
+        else:
+            chunks.append(frame.json())
+    assert done, "stream did not end with [DONE]"
+    return chunks

@@ -1,0 +1,68 @@
+"""The mock model: timing like the seed's, deterministic output, no hidden cap."""
+
+from __future__ import annotations
+
+import time
+
+from worker.model import GenerationRequest, MockModel, count_tokens, seed_for
+
+
+def request(max_tokens: int, seed: int = 1, prompt_tokens: int = 0, **kw: object) -> GenerationRequest:
+    return GenerationRequest(
+        prompt="p", max_tokens=max_tokens, seed=seed, prompt_tokens=prompt_tokens, **kw  # type: ignore[arg-type]
+    )
+
+
+async def collect(model: MockModel, req: GenerationRequest) -> tuple[list[str], list[float]]:
+    tokens: list[str] = []
+    times: list[float] = []
+    start = time.perf_counter()
+    async for token in model.generate(req):
+        tokens.append(token)
+        times.append(time.perf_counter() - start)
+    return tokens, times
+
+
+async def test_no_hidden_cap() -> None:
+    tokens, _ = await collect(MockModel(tokens_per_second=5000), request(300))
+    assert len(tokens) == 300
+
+
+async def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
+    model = MockModel(tokens_per_second=5000)
+    a, _ = await collect(model, request(40, seed=7))
+    b, _ = await collect(model, request(40, seed=7))
+    c, _ = await collect(model, request(40, seed=8))
+    assert a == b
+    assert a != c
+
+
+async def test_timing_prefill_then_one_token_per_interval() -> None:
+    model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.001)
+    _, times = await collect(model, request(10, prompt_tokens=50))
+    # prefill 50 ms, then a token every 10 ms: the 10th at about 150 ms
+    assert times[0] >= 0.058
+    assert times[-1] >= 0.148
+    assert times[-1] < 0.5
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert min(gaps) > 0.003
+
+
+async def test_stop_probability_ends_early() -> None:
+    model = MockModel(tokens_per_second=5000, stop_probability=0.5)
+    lengths = {len((await collect(model, request(100, seed=s)))[0]) for s in range(20)}
+    assert max(lengths) < 100
+
+
+async def test_stop_sequence_ends_before_it() -> None:
+    model = MockModel(tokens_per_second=5000)
+    tokens, _ = await collect(model, request(500, stop=("fox",)))
+    assert tokens and len(tokens) < 500
+    assert all("fox" not in t for t in tokens)
+
+
+def test_count_tokens_and_seed_for() -> None:
+    assert count_tokens("  a b\tc\n") == 3
+    assert count_tokens("") == 0
+    assert seed_for("abc", 5) == 5
+    assert seed_for("abc", None) == seed_for("abc", None) != seed_for("abd", None)

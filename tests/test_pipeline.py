@@ -1,0 +1,175 @@
+"""A request's whole path, in process: real uvicorn, real worker, real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from tests.conftest import RunningApi, StartApi
+from tests.sse import frames, openai_chunks
+
+
+async def test_streaming_completion(stack: RunningApi) -> None:
+    body = {
+        "model": "mock",
+        "prompt": "say something",
+        "max_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with stack.client() as client, client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        chunks = await openai_chunks(r)
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert sum(1 for t in texts if t) == 12
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 12, "total_tokens": 14}
+    assert all(c["object"] == "text_completion" and c["id"].startswith("cmpl-") for c in chunks)
+
+
+async def test_streaming_chat_without_usage(stack: RunningApi) -> None:
+    body = {
+        "model": "mock",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 5,
+        "stream": True,
+    }
+    async with (
+        stack.client() as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
+        chunks = await openai_chunks(r)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    contents = [c["choices"][0]["delta"].get("content") for c in chunks[1:-1]]
+    assert len(contents) == 5 and all(contents)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in c for c in chunks)
+
+
+async def test_non_streaming_is_deterministic_per_seed(stack: RunningApi) -> None:
+    body = {"model": "mock", "prompt": "one two three", "max_tokens": 8, "seed": 42}
+    async with stack.client() as client:
+        first = (await client.post("/v1/completions", json=body)).json()
+        second = (await client.post("/v1/completions", json=body)).json()
+    assert first["object"] == "text_completion"
+    assert first["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+    assert len(first["choices"][0]["text"].split()) == 8
+
+
+async def test_non_streaming_chat(stack: RunningApi) -> None:
+    body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    async with stack.client() as client:
+        r = await client.post("/v1/chat/completions", json=body)
+    data = r.json()
+    assert r.status_code == 200
+    assert data["object"] == "chat.completion"
+    assert data["choices"][0]["message"]["role"] == "assistant"
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert data["usage"]["completion_tokens"] == 3
+
+
+async def test_models_health_and_workers(stack: RunningApi) -> None:
+    async with stack.client() as client:
+        models = (await client.get("/v1/models")).json()
+        health = await client.get("/healthz")
+        workers = (await client.get("/v1/workers")).json()["data"]
+    assert [m["id"] for m in models["data"]] == ["mock"]
+    assert health.json() == {"status": "ok"}
+    assert len(workers) == 1 and workers[0]["model"] == "mock" and workers[0]["concurrency"] == 8
+
+
+async def test_readyz_without_workers(start_api: StartApi) -> None:
+    api = await start_api()
+    async with api.client() as client:
+        r = await client.get("/readyz")
+        models = (await client.get("/v1/models")).json()
+        refused = await client.post("/v1/completions", json={"model": "mock", "prompt": "x"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_workers"
+    assert models["data"] == []
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+
+
+async def test_native_request_status_and_events(stack: RunningApi, redis: Redis) -> None:
+    async with stack.client() as client:
+        created = await client.post(
+            "/v1/requests", json={"model": "mock", "prompt": "a b c d", "max_tokens": 6}
+        )
+        assert created.status_code == 202
+        rid = created.json()["id"]
+        async with client.stream("GET", f"/v1/requests/{rid}/events") as r:
+            got = [f async for f in frames(r)]
+        status = (await client.get(f"/v1/requests/{rid}")).json()
+    kinds = [f.event for f in got]
+    assert kinds[0] == "started" and kinds[-1] == "done"
+    tokens = [t for f in got if f.event == "tokens" for t in f.json()["tokens"]]
+    assert len(tokens) == 6
+    assert all(f.id and "-" in f.id for f in got)
+    assert status["status"] == "done" and status["completion_tokens"] == 6
+    assert status["finish_reason"] == "length" and status["queue_ms"] >= 0
+    assert await redis.ttl(keys.stream(rid)) > 0
+    assert await redis.ttl(keys.request(rid)) > 0
+
+
+async def test_native_resume_with_last_event_id(stack: RunningApi) -> None:
+    async with stack.client() as client:
+        rid = (
+            await client.post(
+                "/v1/requests", json={"model": "mock", "prompt": "resume me", "max_tokens": 20}
+            )
+        ).json()["id"]
+        url = f"/v1/requests/{rid}/events"
+        async with client.stream("GET", url) as r:
+            first: list[str] = []
+            async for f in frames(r):
+                first.append(f.id or "")
+                if len(first) == 3:
+                    break
+        async with client.stream("GET", url, headers={"Last-Event-ID": first[-1]}) as r:
+            rest = [f async for f in frames(r)]
+        async with client.stream("GET", url) as r:
+            everything = [f async for f in frames(r)]
+    assert [f.id for f in everything] == first + [f.id for f in rest]
+    assert rest[-1].event == "done"
+
+
+async def test_unknown_request_is_404(stack: RunningApi) -> None:
+    async with stack.client() as client:
+        status = await client.get("/v1/requests/" + "0" * 32)
+        events = await client.get("/v1/requests/" + "0" * 32 + "/events")
+        bad_resume = await client.get(
+            "/v1/requests/x/events", headers={"Last-Event-ID": "not-an-id"}
+        )
+    assert status.status_code == 404 and status.json()["error"]["code"] == "request_not_found"
+    assert events.status_code == 404
+    assert bad_resume.status_code == 400
+
+
+@pytest.mark.timeout(60)
+async def test_concurrent_streams_share_one_relay_connection(
+    stack: RunningApi, redis: Redis
+) -> None:
+    """50 clients streaming at once do not open 50 blocking Redis connections."""
+    body = {"model": "mock", "prompt": "go", "max_tokens": 20, "stream": True}
+
+    async def one() -> int:
+        async with (
+            stack.client() as client,
+            client.stream("POST", "/v1/completions", json=body) as r,
+        ):
+            chunks = await openai_chunks(r)
+        return sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"])
+
+    tasks = [asyncio.create_task(one()) for _ in range(50)]
+    peak = 0
+    while not all(t.done() for t in tasks):
+        clients = await redis.client_list()
+        peak = max(peak, sum(1 for c in clients if c.get("cmd") == "xread"))
+        await asyncio.sleep(0.02)
+    assert [t.result() for t in tasks] == [20] * 50
+    assert peak <= 1

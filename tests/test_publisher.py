@@ -1,0 +1,73 @@
+"""Stream writes: coalesced tokens, TTLs, bounded length, one round trip per flush."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from llmq.schema import DoneEvent, StartedEvent, Timings, TokensEvent, Usage, decode_event
+from worker.publisher import StreamPublisher
+
+
+@pytest.fixture
+async def publisher(redis: Redis) -> AsyncIterator[StreamPublisher]:
+    p = StreamPublisher(redis, maxlen=16, ttl_seconds=60, max_event_tokens=50)
+    p.start()
+    yield p
+    await p.stop()
+
+
+def done() -> DoneEvent:
+    return DoneEvent(
+        finish_reason="length",
+        usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
+        timings=Timings(queue_ms=0, prefill_ms=0, decode_ms=0),
+    )
+
+
+async def read(redis: Redis, rid: str) -> list[object]:
+    return [decode_event(f) for _, f in await redis.xrange(keys.stream(rid))]
+
+
+async def test_tokens_ready_together_are_coalesced(publisher: StreamPublisher, redis: Redis) -> None:
+    await publisher.emit("r1", StartedEvent(worker="w", attempt=1, queue_ms=0))
+    for i in range(120):
+        publisher.token("r1", i, f" t{i}")
+    await publisher.emit("r1", done(), record={"status": "done"})
+    events = await read(redis, "r1")
+    tokens = [e for e in events if isinstance(e, TokensEvent)]
+    assert [t.index for t in tokens] == [0, 50, 100]  # capped at max_event_tokens
+    assert [len(t.tokens) for t in tokens] == [50, 50, 20]
+    assert isinstance(events[0], StartedEvent) and isinstance(events[-1], DoneEvent)
+    assert await redis.hget(keys.request("r1"), "status") == "done"
+    assert 0 < await redis.ttl(keys.request("r1")) <= 60
+
+
+async def test_every_stream_expires_and_is_bounded(
+    publisher: StreamPublisher, redis: Redis
+) -> None:
+    await publisher.emit("r2", StartedEvent(worker="w", attempt=1, queue_ms=0))
+    for i in range(500):
+        publisher.token("r2", i, "x")
+        if i % 2:
+            await publisher.emit("r2", StartedEvent(worker="w", attempt=2, queue_ms=0))
+    await publisher.emit("r2", done())
+    assert 0 < await redis.ttl(keys.stream("r2")) <= 60
+    # MAXLEN ~ trims whole nodes: a little over the cap, never the full 750 entries
+    assert await redis.xlen(keys.stream("r2")) < 16 + 128
+
+
+async def test_interleaved_streams_keep_their_order(
+    publisher: StreamPublisher, redis: Redis
+) -> None:
+    for i in range(30):
+        publisher.token("a", i, f"a{i}")
+        publisher.token("b", i, f"b{i}")
+    await publisher.emit("a", done())
+    await publisher.emit("b", done())
+    for rid in ("a", "b"):
+        tokens = [t for e in await read(redis, rid) if isinstance(e, TokensEvent) for t in e.tokens]
+        assert tokens == [f"{rid}{i}" for i in range(30)]

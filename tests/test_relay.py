@@ -1,0 +1,82 @@
+"""The relay: one blocked connection for all streams, exact resume, bad entries skipped."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from api.relay import StreamRelay, parse_id, valid_id
+from llmq.schema import TokensEvent, encode_event
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+async def relay(redis_url: str) -> AsyncIterator[StreamRelay]:
+    client = Redis.from_url(redis_url, decode_responses=True, socket_timeout=10)
+    r = StreamRelay(client, "llmq:ctl:test", block_ms=2000)
+    await r.start()
+    yield r
+    await r.stop()
+    await client.aclose()
+
+
+async def add(redis: Redis, key: str, index: int) -> str:
+    entry_id: str = await redis.xadd(key, encode_event(TokensEvent(index=index, tokens=["t"])))  # type: ignore[arg-type]
+    return entry_id
+
+
+async def test_new_subscriber_is_served_without_waiting_for_the_block(
+    relay: StreamRelay, redis: Redis
+) -> None:
+    first = await relay.subscribe("s:1")
+    await add(redis, "s:1", 0)
+    assert await first.next(1.0) is not None
+    # The relay is now blocked on s:1 only; a new key must be picked up at once.
+    second = await relay.subscribe("s:2")
+    await add(redis, "s:2", 0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await second.next(1.5) is not None
+    assert loop.time() - start < 1.0
+
+
+async def test_many_subscribers_one_connection(relay: StreamRelay, redis: Redis) -> None:
+    subs = [await relay.subscribe(f"s:{i}") for i in range(100)]
+    for i in range(100):
+        await add(redis, f"s:{i}", 0)
+    got = await asyncio.gather(*(s.next(2.0) for s in subs))
+    assert all(g is not None for g in got)
+    blocked = [c for c in await redis.client_list() if c.get("cmd") == "xread"]
+    assert len(blocked) <= 1
+
+
+async def test_resume_after_an_id_and_two_readers_of_one_stream(
+    relay: StreamRelay, redis: Redis
+) -> None:
+    ids = [await add(redis, "s:r", i) for i in range(5)]
+    late = await relay.subscribe("s:r", ids[2])
+    full = await relay.subscribe("s:r")
+    got_late = [await late.next(1.0) for _ in range(2)]
+    got_full = [await full.next(1.0) for _ in range(5)]
+    assert [g[0] for g in got_late if g] == ids[3:]
+    assert [g[0] for g in got_full if g] == ids
+    assert await late.next(0.05) is None
+
+
+async def test_malformed_entries_are_stepped_over(relay: StreamRelay, redis: Redis) -> None:
+    sub = await relay.subscribe("s:bad")
+    await redis.xadd("s:bad", {"data": "garbage"})
+    await redis.xadd("s:bad", {"unexpected": "field"})
+    good = await add(redis, "s:bad", 0)
+    item = await sub.next(1.0)
+    assert item is not None and item[0] == good
+    await wait_until(lambda: sub.last_id == good, timeout=1, what="last id to advance")
+
+
+def test_stream_ids() -> None:
+    assert parse_id("5-2") == (5, 2) < parse_id("5-10") < parse_id("6-0")
+    assert valid_id("0-0") and valid_id("1700000000000-3") and valid_id("12")
+    assert not valid_id("x-1") and not valid_id("") and not valid_id("-1-2")
