@@ -15,7 +15,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_body
 
-
 #: How much of an oversized chunked body is read and dropped before the 413 is sent.
 DISCARD_LIMIT = 64 * 1024 * 1024
 DISCARD_SECONDS = 5.0

@@ -113,9 +113,9 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
             log_config=None,
             access_log=False,
             lifespan="on",
+            timeout_graceful_shutdown=2,
         )
         server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         api = RunningApi(settings, server, asyncio.create_task(server.serve()))
         apis.append(api)
         await wait_until(lambda: server.started, timeout=10, what="uvicorn to start")

@@ -143,8 +143,8 @@ def test_dataset_lines_drive_prompts_lengths_and_priorities(tmp_path: Path) -> N
 def test_bad_dataset_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "x"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         load_dataset(path)
     path.write_text('{"prompt": 3, "max_tokens": 2}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         load_dataset(path)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from worker.model import GenerationRequest, MockModel, count_tokens, seed_for
 
 
-def request(max_tokens: int, seed: int = 1, prompt_tokens: int = 0, **kw: object) -> GenerationRequest:
+def request(
+    max_tokens: int, seed: int = 1, prompt_tokens: int = 0, **kw: object
+) -> GenerationRequest:
     return GenerationRequest(
-        prompt="p", max_tokens=max_tokens, seed=seed, prompt_tokens=prompt_tokens, **kw  # type: ignore[arg-type]
+        prompt="p",
+        max_tokens=max_tokens,
+        seed=seed,
+        prompt_tokens=prompt_tokens,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -44,7 +51,7 @@ async def test_timing_prefill_then_one_token_per_interval() -> None:
     assert times[0] >= 0.058
     assert times[-1] >= 0.148
     assert times[-1] < 0.5
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert min(gaps) > 0.003
 
 

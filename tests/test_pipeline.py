@@ -163,7 +163,8 @@ async def test_concurrent_streams_share_one_relay_connection(
             client.stream("POST", "/v1/completions", json=body) as r,
         ):
             chunks = await openai_chunks(r)
-        return sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"])
+        # tokens ready together may share a chunk: count the words
+        return len("".join(c["choices"][0]["text"] for c in chunks if c["choices"]).split())
 
     tasks = [asyncio.create_task(one()) for _ in range(50)]
     peak = 0

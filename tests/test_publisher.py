@@ -32,7 +32,9 @@ async def read(redis: Redis, rid: str) -> list[object]:
     return [decode_event(f) for _, f in await redis.xrange(keys.stream(rid))]
 
 
-async def test_tokens_ready_together_are_coalesced(publisher: StreamPublisher, redis: Redis) -> None:
+async def test_tokens_ready_together_are_coalesced(
+    publisher: StreamPublisher, redis: Redis
+) -> None:
     await publisher.emit("r1", StartedEvent(worker="w", attempt=1, queue_ms=0))
     for i in range(120):
         publisher.token("r1", i, f" t{i}")
@@ -42,7 +44,7 @@ async def test_tokens_ready_together_are_coalesced(publisher: StreamPublisher, r
     assert [t.index for t in tokens] == [0, 50, 100]  # capped at max_event_tokens
     assert [len(t.tokens) for t in tokens] == [50, 50, 20]
     assert isinstance(events[0], StartedEvent) and isinstance(events[-1], DoneEvent)
-    assert await redis.hget(keys.request("r1"), "status") == "done"
+    assert await redis.hget(keys.request("r1"), "status") == "done"  # type: ignore[misc]
     assert 0 < await redis.ttl(keys.request("r1")) <= 60
 
 

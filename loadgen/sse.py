@@ -1,0 +1,130 @@
+"""Server-sent events, decoded incrementally, and OpenAI stream chunks parsed from them.
+
+Network reads cut the stream anywhere: inside a UTF-8 character, between ``\\r``
+and ``\\n``, in the middle of a ``data:`` line. :class:`SSEDecoder` is fed raw
+bytes as they arrive and returns only complete events, per the SSE spec (lines end
+in ``\\n``, ``\\r\\n`` or ``\\r``; a blank line dispatches the event; lines
+starting with ``:`` are comments such as keep-alives; multi-line ``data`` joins
+with ``\\n``). :func:`parse_chunk` then reads one event's data the OpenAI way.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from loadgen.records import RequestFailed
+
+_EOL = re.compile(r"\r\n|\r|\n")
+DONE = "[DONE]"
+
+
+class SSEDecoder:
+    """Bytes in, complete event data strings out. Only ``data`` fields matter here."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buffer = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Add one network read; return the data of every event it completed."""
+        self._buffer += self._utf8.decode(chunk)
+        events: list[str] = []
+        pos = 0
+        while (match := _EOL.search(self._buffer, pos)) is not None:
+            if match.group() == "\r" and match.end() == len(self._buffer):
+                break  # maybe the first half of "\r\n": wait for the next read
+            self._line(self._buffer[pos : match.start()], events)
+            pos = match.end()
+        self._buffer = self._buffer[pos:]
+        return events
+
+    def close(self) -> list[str]:
+        """End of stream: flush a last unterminated line and a pending event.
+
+        The spec drops an event the stream ended inside; being lenient here costs
+        nothing and keeps a final ``data: [DONE]`` without a blank line.
+        """
+        events: list[str] = []
+        tail = self._buffer + self._utf8.decode(b"", final=True)
+        self._buffer = ""
+        for line in _EOL.split(tail):
+            if line:
+                self._line(line, events)
+        self._line("", events)
+        return events
+
+    def _line(self, line: str, events: list[str]) -> None:
+        if not line:
+            if self._data:
+                events.append("\n".join(self._data))
+                self._data = []
+            return
+        if line.startswith(":"):
+            return  # comment / keep-alive
+        name, _, value = line.partition(":")  # a line without ":" is a field with value ""
+        if name == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One parsed stream event: content text, a usage report, or the end marker."""
+
+    content: str = ""
+    completion_tokens: int | None = None
+    done: bool = False
+
+
+def parse_chunk(data: str) -> Chunk:
+    """Read one event's data: ``[DONE]``, an error object, or a completion chunk.
+
+    Content is ``choices[0].text`` (completions) or ``choices[0].delta.content``
+    (chat); either is accepted so one parser serves both endpoints. A usage
+    object, usually in a final chunk with empty ``choices``, gives the output
+    token count. Raises :class:`RequestFailed` on an error chunk (``server_error``)
+    or undecodable data (``other``).
+    """
+    if data.strip() == DONE:
+        return Chunk(done=True)
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:
+        raise RequestFailed("other", f"undecodable stream chunk: {data[:200]!r}") from exc
+    if not isinstance(obj, dict):
+        raise RequestFailed("other", f"stream chunk is not an object: {data[:200]!r}")
+    if obj.get("error") is not None:
+        raise RequestFailed("server_error", _error_message(obj["error"]))
+    return Chunk(content=_content(obj), completion_tokens=_completion_tokens(obj))
+
+
+def _content(obj: dict[str, Any]) -> str:
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    choice = choices[0]
+    text = choice.get("text")
+    if isinstance(text, str):
+        return text
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+        return str(delta["content"])
+    return ""
+
+
+def _completion_tokens(obj: dict[str, Any]) -> int | None:
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        return int(usage["completion_tokens"])
+    return None
+
+
+def _error_message(error: object) -> str:
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("type") or json.dumps(error)
+        return str(message)
+    return str(error)

@@ -1,0 +1,51 @@
+"""The ``llmq`` command: every setting is a flag and an LLMQ_* variable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llmq.cli import SETTINGS, build_parser, build_settings, main
+from llmq.settings import ApiSettings, RunSettings, WorkerSettings
+
+
+@pytest.mark.parametrize("command", sorted(SETTINGS))
+def test_every_setting_is_a_flag(command: str) -> None:
+    cls = SETTINGS[command]
+    parser = build_parser()
+    for name in cls.model_fields:
+        args = parser.parse_args([command])
+        assert hasattr(args, name), f"{command} lacks --{name.replace('_', '-')}"
+
+
+def test_flag_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMQ_PORT", "9001")
+    monkeypatch.setenv("LLMQ_CONCURRENCY", "3")
+    args = build_parser().parse_args(["run", "--port", "9002", "--workers", "4"])
+    settings = build_settings(RunSettings, args)
+    assert (settings.port, settings.workers, settings.concurrency) == (9002, 4, 3)
+
+
+def test_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMQ_MODEL_TOKENS_PER_SECOND", "123.5")
+    monkeypatch.setenv("LLMQ_LOG_JSON", "true")
+    worker = build_settings(WorkerSettings, build_parser().parse_args(["worker"]))
+    assert worker.model_tokens_per_second == 123.5 and worker.log_json
+    api = build_settings(ApiSettings, build_parser().parse_args(["api", "--no-log-json"]))
+    assert api.log_json is False
+
+
+def test_invalid_setting_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--concurrency", "0"]) == 2
+    assert "invalid setting concurrency" in capsys.readouterr().err
+
+
+def test_help_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "llmq", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    for command in ("api", "worker", "run", "loadgen"):
+        assert command in out.stdout

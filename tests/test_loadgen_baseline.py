@@ -1,0 +1,157 @@
+"""The in-process baseline server and runs of the whole generator against it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from loadgen import LoadConfig, run_load
+from loadgen.baseline import InferenceRequest, InferenceServer
+from loadgen.records import StreamClock
+from loadgen.workload import RequestSpec
+from worker.model import GenerationRequest, MockModel
+
+
+@dataclass
+class CountingModel:
+    """Wraps the mock and counts generations running at once, independently of the server."""
+
+    inner: MockModel
+    running: int = 0
+    peak: int = 0
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            async for token in self.inner.generate(request):
+                yield token
+        finally:
+            self.running -= 1
+
+
+async def test_busy_wait_never_exceeds_max_concurrent() -> None:
+    model = CountingModel(MockModel(tokens_per_second=2000.0, prefill_seconds_per_token=0.0))
+    server = InferenceServer(model, max_concurrent=3, poll_seconds=0.001)
+
+    async def consume(i: int) -> int:
+        tokens = 0
+        request = InferenceRequest(f"r{i}", "a b c", max_tokens=5)
+        async for response in server.handle_request(request):
+            assert server.active_requests <= 3
+            tokens = response.generated_tokens
+        return tokens
+
+    counts = await asyncio.gather(*(consume(i) for i in range(25)))
+    assert counts == [5] * 25
+    assert model.peak == 3 and server.peak_active == 3
+    assert server.active_requests == 0 and server.completed == 25
+
+
+async def test_cancelled_request_frees_its_slot() -> None:
+    server = InferenceServer(MockModel(tokens_per_second=1.0), max_concurrent=1)
+    stream = server.handle_request(InferenceRequest("slow", "x", max_tokens=100))
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await anext(stream)  # admitted, then stuck in the first token's wait
+    await stream.aclose()
+    assert server.active_requests == 0
+
+
+def _config(**overrides: object) -> LoadConfig:
+    base: dict[str, object] = {
+        "in_process": True,
+        "tokens_per_second": 100.0,
+        "prefill_seconds_per_token": 0.001,
+        "prompt_tokens": (20, 20),
+        "output_tokens": (5, 5),
+        "num_requests": 6,
+        "baseline_concurrency": 8,
+        "seed": 3,
+    }
+    base.update(overrides)
+    return LoadConfig(**base)  # type: ignore[arg-type]
+
+
+async def test_in_process_run_reports_model_timings() -> None:
+    result = await run_load(_config())
+    s = result.summary()
+    assert result.target == "in_process"
+    assert s["completed"] == 6 and s["failed"] == 0
+    # TTFT = prefill (20 x 1 ms) + one decode step (10 ms); TPOT = 10 ms; E2E = 20 + 5 x 10.
+    assert 0.027 <= s["ttft_ms_median"] / 1000 <= 0.06
+    assert s["tpot_ms_median"] == pytest.approx(10.0, rel=0.25)
+    assert s["e2el_ms_median"] == pytest.approx(70.0, rel=0.4)
+    assert all(r.output_tokens == 5 and len(r.itl_s) == 4 for r in result.records)
+    assert [r.index for r in result.records] == list(range(6))
+
+
+async def test_one_slot_makes_requests_wait_their_turn() -> None:
+    result = await run_load(_config(baseline_concurrency=1, num_requests=3))
+    ttfts = sorted(r.ttft_s or 0.0 for r in result.records)
+    e2e = min(r.e2e_s or 0.0 for r in result.records)
+    # The second admitted request cannot get a token before the first one finishes.
+    assert ttfts[1] > e2e
+    assert ttfts[2] > 2 * e2e * 0.9
+
+
+async def test_closed_loop_keeps_n_users_in_flight_and_warmup_is_excluded() -> None:
+    result = await run_load(_config(concurrency=2, num_requests=6, warmup=2))
+    s = result.summary()
+    assert s["completed"] == 6 and s["peak_in_flight"] == 2
+    assert s["warmup"] == 2 and len(result.warmup_records) == 2
+    assert all(r.lag_s < 0.01 for r in result.records)
+
+
+async def test_duration_bounds_a_closed_loop() -> None:
+    result = await run_load(_config(concurrency=2, num_requests=None, duration=0.2))
+    assert 2 <= len(result.records) <= 12  # ~70 ms per request, two users, 0.2 s
+    assert all(r.sent_s < 0.2 for r in result.records)
+
+
+async def test_timeouts_are_classified_and_free_the_server() -> None:
+    result = await run_load(_config(tokens_per_second=5.0, timeout=0.1, num_requests=3))
+    assert result.summary()["failures"]["timeout"] == 3
+
+
+class _BlockingTarget:
+    """A target whose sends block the event loop: the generator must notice it lagged."""
+
+    name = "blocking"
+
+    async def send(self, spec: RequestSpec, clock: StreamClock) -> None:
+        clock.sent()
+        time.sleep(0.03)  # the injected fault: CPU work holding the loop
+        clock.content()
+
+    async def prepare(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_lagging_generator_is_flagged() -> None:
+    config = LoadConfig(request_rate=200.0, num_requests=10, seed=1)
+    result = await run_load(config, target=_BlockingTarget())
+    s = result.summary()
+    assert s["lagged"] is True and s["lag_ms_p99"] > 10.0
+    calm = await run_load(
+        LoadConfig(
+            request_rate=200.0,
+            num_requests=10,
+            seed=1,
+            in_process=True,
+            tokens_per_second=1000.0,
+            output_tokens=(2, 2),
+            prompt_tokens=(2, 2),
+        )
+    )
+    assert calm.summary()["lagged"] is False
