@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -18,8 +19,9 @@ from api.routes import health, native, openai
 from api.state import AppState
 from llmq import __version__, keys
 from llmq.connection import connect
-from llmq.queue import ENQUEUE
+from llmq.queue import Queue
 from llmq.settings import ApiSettings
+from llmq.sweep import sweep_forever
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -40,13 +42,21 @@ def create_app(settings: ApiSettings) -> FastAPI:
             redis=redis,
             relay=relay,
             catalog=Catalog(redis, settings.worker_ttl_seconds),
-            enqueue=redis.register_script(ENQUEUE),
+            queue=Queue(
+                redis,
+                stream_maxlen=settings.stream_maxlen,
+                ttl_seconds=settings.request_ttl_seconds,
+            ),
+            accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
         )
         await relay.start()
+        sweeper = asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds))
         app.state.llmq = state
         try:
             yield
         finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, *state.background, return_exceptions=True)
             await relay.stop()
             await blocking.aclose(close_connection_pool=True)
             await redis.aclose(close_connection_pool=True)

@@ -35,6 +35,12 @@ class GenerationParams(_Body):
     stop: str | list[str] | None = None
     seed: int | None = None
     priority: int = Field(0, ge=-PRIORITY_RANGE, le=PRIORITY_RANGE)
+    queue_timeout: float | None = Field(
+        None, gt=0, description="Seconds the request may wait in the queue."
+    )
+    generation_timeout: float | None = Field(
+        None, gt=0, description="Seconds the request may run once started."
+    )
     user: str | None = None
 
     @field_validator("stop")

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 from api.catalog import Catalog
 from api.relay import StreamRelay
+from llmq.queue import Queue
 from llmq.settings import ApiSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,7 +26,23 @@ class AppState:
     redis: Redis
     relay: StreamRelay
     catalog: Catalog
-    enqueue: AsyncScript
+    queue: Queue
+    accept_models: frozenset[str]
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` detached from the request (e.g. a cancel after a disconnect).
+
+        The task is owned here and awaited at shutdown, so it is never lost.
+        """
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task failed: %s", task.exception())
 
 
 def get_state(request: Request) -> AppState:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable
 from api.schemas import GenerationParams
 from api.state import AppState
-from llmq import keys
 from llmq.queue import effective_score, serialize_job
 from llmq.schema import JobPayload, RequestRecord, SamplingParams
 from worker.model import count_tokens
@@ -27,6 +26,41 @@ class Submitted:
     created: int
     prompt_tokens: int
     max_tokens: int
+    queue_deadline: float
+
+
+def _timeout(requested: float | None, limit: float, param: str) -> float:
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise InvalidRequest(
+            f"{param} must be at most {limit:g} seconds", param=param, code="invalid_value"
+        )
+    return requested
+
+
+def _check_priority(state: AppState, priority: int) -> None:
+    low, high = state.settings.min_priority, state.settings.max_priority
+    if not low <= priority <= high:
+        raise InvalidRequest(
+            f"priority must be between {low} and {high}", param="priority", code="invalid_value"
+        )
+
+
+async def _check_model(state: AppState, model: str) -> None:
+    if await state.catalog.is_served(model) or model in state.accept_models:
+        return
+    if not await state.catalog.models():
+        raise Unavailable(
+            "no worker is running; retry when one is up",
+            code="no_workers",
+            headers={"Retry-After": "1"},
+        )
+    raise NotFound(
+        f"the model '{model}' does not exist or no worker serves it",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def _max_tokens(state: AppState, requested: int | None, param: str) -> int:
@@ -64,18 +98,12 @@ async def submit(
             code="context_length_exceeded",
         )
     tokens = _max_tokens(state, max_tokens, max_tokens_param)
-    if not await state.catalog.is_served(params.model):
-        if not await state.catalog.models():
-            raise Unavailable(
-                "no worker is running; retry when one is up",
-                code="no_workers",
-                headers={"Retry-After": "1"},
-            )
-        raise NotFound(
-            f"the model '{params.model}' does not exist or no worker serves it",
-            param="model",
-            code="model_not_found",
-        )
+    _check_priority(state, params.priority)
+    queue_timeout = _timeout(params.queue_timeout, settings.queue_timeout_seconds, "queue_timeout")
+    generation_timeout = _timeout(
+        params.generation_timeout, settings.generation_timeout_seconds, "generation_timeout"
+    )
+    await _check_model(state, params.model)
     now = time.time()
     now_ms = int(now * 1000)
     rid = uuid.uuid4().hex
@@ -93,6 +121,8 @@ async def submit(
         ),
         priority=params.priority,
         enqueued_at=now,
+        queue_deadline=now + queue_timeout,
+        generation_timeout=generation_timeout,
     )
     record = RequestRecord(
         id=rid,
@@ -102,18 +132,15 @@ async def submit(
         created_at=now,
         prompt_tokens=prompt_tokens,
     )
-    fields = [x for kv in record.to_redis().items() for x in kv]
-    accepted = await state.enqueue(
-        keys=[keys.queue(params.model), keys.job(rid), keys.request(rid)],
-        args=[
-            rid,
-            effective_score(now_ms, params.priority, settings.priority_step_ms),
-            serialize_job(payload.model_dump(mode="json"), now_ms),
-            settings.request_ttl_seconds * 1000,
-            settings.max_queue_depth,
-            keys.wake(params.model),
-            *fields,
-        ],
+    accepted = await state.queue.enqueue(
+        rid,
+        params.model,
+        job=serialize_job(payload.model_dump(mode="json"), now_ms),
+        score=effective_score(now_ms, params.priority, settings.priority_step_ms),
+        max_depth=settings.max_queue_depth,
+        cost=prompt_tokens + tokens,
+        deadline_ms=int(payload.queue_deadline * 1000),
+        record=record.to_redis(),
     )
     if not accepted:
         raise Overloaded(
@@ -122,4 +149,4 @@ async def submit(
             code="queue_full",
             headers={"Retry-After": "1"},
         )
-    return Submitted(rid, params.model, int(now), prompt_tokens, tokens)
+    return Submitted(rid, params.model, int(now), prompt_tokens, tokens, payload.queue_deadline)

@@ -13,6 +13,13 @@ PREFIX = "llmq"
 #: Sorted set of live worker ids, scored by their last heartbeat (ms).
 WORKERS = f"{PREFIX}:workers"
 
+#: Sorted set of queued requests' deadlines (member ``<id>:<model>``, score ms).
+DEADLINES = f"{PREFIX}:deadlines"
+
+QUEUE_PREFIX = f"{PREFIX}:queue:"
+COSTS_PREFIX = f"{PREFIX}:costs:"
+CANCEL_FLAG_PREFIX = f"{PREFIX}:cancelled:"
+
 # arq's prefixes, re-exported so that no other module spells them.
 JOB_PREFIX: str = job_key_prefix
 IN_PROGRESS_PREFIX: str = in_progress_key_prefix
@@ -21,7 +28,26 @@ RETRY_PREFIX: str = retry_key_prefix
 
 def queue(model: str) -> str:
     """The arq queue (sorted set of request ids, scored by effective start time)."""
-    return f"{PREFIX}:queue:{model}"
+    return f"{QUEUE_PREFIX}{model}"
+
+
+def costs(model: str) -> str:
+    """Hash of queued request id -> prompt + max_tokens (token-aware admission)."""
+    return f"{COSTS_PREFIX}{model}"
+
+
+def deadline_member(request_id: str, model: str) -> str:
+    return f"{request_id}:{model}"
+
+
+def cancel_flag(request_id: str) -> str:
+    """Set (with a TTL) when a request that was not queued any more is cancelled."""
+    return f"{CANCEL_FLAG_PREFIX}{request_id}"
+
+
+def cancel_channel(model: str) -> str:
+    """Pub/sub channel that tells the model's workers to stop a request."""
+    return f"{PREFIX}:cancel:{model}"
 
 
 def running(model: str) -> str:

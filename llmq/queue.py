@@ -1,4 +1,4 @@
-"""The queue's semantics: Lua scripts that enqueue and claim atomically.
+"""The queue: enqueue, claim, requeue, cancel and expire, each one atomic script.
 
 The queue of a model is arq's sorted set, scored by an *effective time*:
 ``arrival_ms + priority * priority_step_ms`` (never below 1, since arq treats a
@@ -6,55 +6,21 @@ score of 0 as "not queued"). Workers always take the lowest score, so equal
 priorities are first-in first-out and a lower priority waits at most
 ``priority * step`` behind later arrivals. A claimed request leaves the queue for
 the model's running set (scored by lease expiry), so running requests never sit
-at the head of the queue the way they do in stock arq.
+at the head of the queue the way they do in stock arq. The scripts themselves are
+in :mod:`llmq.scripts`.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from llmq import keys
-
-#: KEYS: queue, job, record. ARGV: id, score, job, ttl_ms, max_depth, wake channel,
-#: then record field/value pairs. Returns 1, or 0 when the queue is full.
-ENQUEUE = """
-local max_depth = tonumber(ARGV[5])
-if max_depth > 0 and redis.call('ZCARD', KEYS[1]) >= max_depth then
-  return 0
-end
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[3], unpack(ARGV, 7))
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
-redis.call('PUBLISH', ARGV[6], ARGV[1])
-return 1
-"""
-
-#: KEYS: queue, running. ARGV: now_ms, lease_ms, in-progress prefix, in-progress ttl ms.
-#: Moves the lowest-scored id from the queue to the running set; returns {id, score}.
-CLAIM = """
-local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #head == 0 then
-  return false
-end
-redis.call('ZREM', KEYS[1], head[1])
-redis.call('ZADD', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]), head[1])
-redis.call('SET', ARGV[3] .. head[1], '1', 'PX', ARGV[4])
-return head
-"""
-
-#: KEYS: queue, running. ARGV: id, score. Puts a claimed id back in its old place.
-REQUEUE = """
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
-  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-  return 1
-end
-return 0
-"""
-
+from llmq import keys, scripts
+from llmq.streams import add_event, add_record, unstarted_end
 
 #: The arq function name of every llmq job.
 JOB_FUNCTION = "generate"
@@ -87,14 +53,164 @@ def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
     return max(1, arrival_ms + priority * step_ms)
 
 
-async def queue_depth(redis: Redis, model: str) -> int:
-    return cast(int, await redis.zcard(keys.queue(model)))
-
-
-async def running_count(redis: Redis, model: str) -> int:
-    return cast(int, await redis.zcard(keys.running(model)))
-
-
 def as_str(value: Any) -> str:
     """Redis replies are bytes or str depending on the client; normalise."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim attempt found: a request to run, and requests it dropped."""
+
+    request_id: str | None = None
+    score: int = 0
+    cost: int = 0
+    expired: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+
+
+class Queue:
+    """Typed calls of the queue scripts on one Redis client (str or bytes replies)."""
+
+    def __init__(self, redis: Redis, *, stream_maxlen: int, ttl_seconds: int) -> None:
+        self.redis = redis
+        self.stream_maxlen = stream_maxlen
+        self.ttl = ttl_seconds
+        self._enqueue = redis.register_script(scripts.ENQUEUE)
+        self._claim = redis.register_script(scripts.CLAIM)
+        self._requeue = redis.register_script(scripts.REQUEUE)
+        self._cancel = redis.register_script(scripts.CANCEL)
+        self._sweep = redis.register_script(scripts.SWEEP)
+
+    async def enqueue(
+        self,
+        request_id: str,
+        model: str,
+        *,
+        job: bytes,
+        score: int,
+        max_depth: int,
+        cost: int,
+        deadline_ms: int,
+        record: dict[str, str],
+    ) -> bool:
+        """Add a request unless the model's queue holds ``max_depth`` already."""
+        accepted = await self._enqueue(
+            keys=[
+                keys.queue(model),
+                keys.job(request_id),
+                keys.request(request_id),
+                keys.costs(model),
+                keys.DEADLINES,
+            ],
+            args=[
+                request_id,
+                score,
+                job,
+                self.ttl * 1000,
+                max_depth,
+                keys.wake(model),
+                cost,
+                deadline_ms,
+                keys.deadline_member(request_id, model),
+                *(x for kv in record.items() for x in kv),
+            ],
+        )
+        return bool(accepted)
+
+    async def claim(
+        self, model: str, *, lease_ms: int, in_progress_ms: int, budget_left: int | None, idle: bool
+    ) -> Claim:
+        reply = await self._claim(
+            keys=[keys.queue(model), keys.running(model), keys.costs(model), keys.DEADLINES],
+            args=[
+                now_ms(),
+                lease_ms,
+                keys.IN_PROGRESS_PREFIX,
+                in_progress_ms,
+                -1 if budget_left is None else max(budget_left, 0),
+                "1" if idle else "0",
+                model,
+                keys.JOB_PREFIX,
+                keys.CANCEL_FLAG_PREFIX,
+            ],
+        )
+        items = [as_str(x) for x in reply]
+        split = items.index("|")
+        request_id, score, cost = items[:3]
+        return Claim(
+            request_id=request_id or None,
+            score=int(float(score)),
+            cost=int(float(cost)),
+            expired=items[3:split],
+            cancelled=items[split + 1 :],
+        )
+
+    async def requeue(self, model: str, request_id: str, score: int, cost: int) -> bool:
+        done = await self._requeue(
+            keys=[keys.queue(model), keys.running(model), keys.costs(model)],
+            args=[request_id, score, cost, keys.wake(model)],
+        )
+        return bool(done)
+
+    async def release(self, model: str, request_id: str) -> None:
+        await self.redis.zrem(keys.running(model), request_id)
+
+    async def cancel(self, model: str, request_id: str) -> bool:
+        """Cancel a request; True if it was still queued (and is now gone)."""
+        was_queued = await self._cancel(
+            keys=[
+                keys.queue(model),
+                keys.costs(model),
+                keys.DEADLINES,
+                keys.job(request_id),
+                keys.cancel_flag(request_id),
+            ],
+            args=[
+                request_id,
+                keys.deadline_member(request_id, model),
+                self.ttl * 1000,
+                keys.cancel_channel(model),
+            ],
+        )
+        if was_queued:
+            await self.end_unstarted([request_id], "cancelled")
+        return bool(was_queued)
+
+    async def sweep(self, limit: int = 100) -> list[str]:
+        """Expire queued requests past their deadline; returns their ids."""
+        reply = await self._sweep(
+            keys=[keys.DEADLINES],
+            args=[now_ms(), limit, keys.QUEUE_PREFIX, keys.COSTS_PREFIX, keys.JOB_PREFIX],
+        )
+        expired = [as_str(x) for x in reply]
+        await self.end_unstarted(expired, "timeout")
+        return expired
+
+    async def end_unstarted(self, request_ids: list[str], reason: str) -> None:
+        """Write the terminal event and record of requests that never started."""
+        if not request_ids:
+            return
+        read = self.redis.pipeline(transaction=False)
+        for rid in request_ids:
+            read.hmget(keys.request(rid), ["created_at", "prompt_tokens"])
+        found = await read.execute()
+        write = self.redis.pipeline(transaction=False)
+        for rid, (created, prompt_tokens) in zip(request_ids, found, strict=True):
+            event, record = unstarted_end(
+                rid,
+                reason,
+                queued_since=float(as_str(created)) if created else None,
+                prompt_tokens=int(as_str(prompt_tokens)) if prompt_tokens else 0,
+            )
+            add_event(write, rid, event, maxlen=self.stream_maxlen, ttl=self.ttl)
+            add_record(write, rid, record, ttl=self.ttl)
+        await write.execute()
+
+
+async def queue_depth(redis: Redis, model: str) -> int:
+    return cast(int, await redis.zcard(keys.queue(model)))

@@ -46,6 +46,8 @@ class JobPayload(_Frozen):
     params: SamplingParams
     priority: int = 0
     enqueued_at: float = Field(description="Unix time (s) the API accepted the request.")
+    queue_deadline: float = Field(description="Unix time (s) after which it must not start.")
+    generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
 
 
 class Usage(_Frozen):

@@ -44,6 +44,9 @@ class CommonSettings(BaseSettings):
     worker_ttl_seconds: float = Field(
         5.0, gt=0, description="A worker whose heartbeat is older than this counts as dead."
     )
+    sweep_seconds: float = Field(
+        0.25, gt=0, description="Interval of the sweep that expires overdue queued requests."
+    )
     log_level: LogLevel = "INFO"
     log_json: bool = Field(False, description="One JSON object per log line.")
 
@@ -62,6 +65,19 @@ class ApiSettings(CommonSettings):
     max_tokens_limit: int = Field(4096, ge=1, description="Largest accepted max_tokens.")
     default_max_tokens: int = Field(
         128, ge=1, description="max_tokens of a request that does not set it."
+    )
+    min_priority: int = Field(-1000, description="Lowest accepted priority value.")
+    max_priority: int = Field(1000, description="Highest accepted priority value.")
+    queue_timeout_seconds: float = Field(
+        300.0, gt=0, description="Longest a request may wait in the queue (per request: less)."
+    )
+    generation_timeout_seconds: float = Field(
+        600.0, gt=0, description="Longest a request may run (per request: less)."
+    )
+    accept_models: str = Field(
+        "",
+        description="Comma-separated models accepted while no worker serves them; their "
+        "requests wait up to their queue timeout. Empty: such requests get 503.",
     )
     max_queue_depth: int = Field(
         1000, ge=1, description="Requests that may wait per model; more get 429."
@@ -88,6 +104,12 @@ class WorkerSettings(CommonSettings):
     )
     model_stop_probability: float = Field(
         0.0, ge=0, lt=1, description="Chance per token that the mock ends with 'stop'."
+    )
+    worker_token_budget: int = Field(
+        0,
+        ge=0,
+        description="Token-aware admission: most prompt + max_tokens a worker runs at once "
+        "(0: off). An idle worker always takes the next request.",
     )
     poll_seconds: float = Field(
         0.5, gt=0, description="Fallback poll of the queue when no wake-up arrives."

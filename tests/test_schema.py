@@ -79,6 +79,8 @@ def test_job_payload_is_an_arq_job() -> None:
         prompt_tokens=1,
         params=SamplingParams(max_tokens=3, stop=("x",)),
         enqueued_at=2.0,
+        queue_deadline=5.0,
+        generation_timeout=9.0,
     )
     job = deserialize(serialize_job(payload.model_dump(mode="json"), 2000))
     assert job["f"] == "generate" and job["et"] == 2000 and job["a"] == []

@@ -21,8 +21,10 @@ from arq.connections import ArqRedis
 
 from llmq import keys, registry
 from llmq.connection import make_pool
+from llmq.queue import Queue, as_str
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
+from llmq.sweep import sweep_forever
 from worker.model import MockModel, Model
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
@@ -43,18 +45,27 @@ def mock_model(settings: WorkerSettings) -> MockModel:
     )
 
 
-async def _listen_for_wakeups(redis: ArqRedis, channel: str, wake: asyncio.Event) -> None:
-    """Set ``wake`` on every message; reconnect with backoff if Redis goes away."""
+async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
+    """Wake-ups and cancels for the model, on one pub/sub connection.
+
+    Reconnects with backoff if Redis goes away; after a reconnect the worker polls
+    once, since a wake-up may have been missed meanwhile.
+    """
+    wake_channel, cancel_channel = keys.wake(model), keys.cancel_channel(model)
     delay = 0.05
     while True:
         try:
             async with redis.pubsub() as pubsub:
-                await pubsub.subscribe(channel)
-                wake.set()  # anything enqueued while we were not listening
+                await pubsub.subscribe(wake_channel, cancel_channel)
+                worker.wake.set()
                 delay = 0.05
                 async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        wake.set()
+                    if message.get("type") != "message":
+                        continue
+                    if as_str(message["channel"]) == cancel_channel:
+                        worker.runner.cancel(as_str(message["data"]))
+                    else:
+                        worker.wake.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -109,10 +120,15 @@ async def serve(
         max_event_tokens=settings.max_event_tokens,
     )
     runner = RequestRunner(worker_id, model or mock_model(settings), publisher)
+    queue = Queue(
+        redis, stream_maxlen=settings.stream_maxlen, ttl_seconds=settings.request_ttl_seconds
+    )
     worker = QueueWorker(
         model=settings.model,
         runner=runner,
         redis=redis,
+        queue=queue,
+        token_budget=settings.worker_token_budget,
         max_jobs=settings.concurrency,
         poll_seconds=settings.poll_seconds,
         job_timeout=settings.job_timeout_seconds,
@@ -121,9 +137,8 @@ async def serve(
     publisher.start()
     tasks = [
         asyncio.create_task(_heartbeat(redis, settings, runner, worker_id), name="heartbeat"),
-        asyncio.create_task(
-            _listen_for_wakeups(redis, keys.wake(settings.model), worker.wake), name="wake"
-        ),
+        asyncio.create_task(_listen(redis, settings.model, worker), name="pubsub"),
+        asyncio.create_task(sweep_forever(queue, settings.sweep_seconds), name="sweep"),
     ]
     main = asyncio.create_task(worker.main(), name="claim-loop")
     log.info(

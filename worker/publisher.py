@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from redis.asyncio import Redis
 
-from llmq import keys
-from llmq.schema import Event, TokensEvent, encode_event
+from llmq.schema import Event, TokensEvent
+from llmq.streams import add_event, add_record
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +105,10 @@ class StreamPublisher:
         pipe = self._redis.pipeline(transaction=False)
         for request_id, p in batch.items():
             p.close_tokens()
-            stream = keys.stream(request_id)
             for event in p.events:
-                fields: dict[Any, Any] = encode_event(event)
-                pipe.xadd(stream, fields, maxlen=self._maxlen, approximate=True)
-            if any(event.type != "tokens" for event in p.events):
-                # XADD does not refresh a TTL: set it with every non-token event,
-                # so a stream that was ever written always expires.
-                pipe.expire(stream, self._ttl)
+                add_event(pipe, request_id, event, maxlen=self._maxlen, ttl=self._ttl)
             if p.record:
-                pipe.hset(keys.request(request_id), mapping=p.record)
-                pipe.expire(keys.request(request_id), self._ttl)
+                add_record(pipe, request_id, p.record, ttl=self._ttl)
         try:
             await pipe.execute()
         except BaseException as exc:

@@ -7,8 +7,10 @@ cancellation on shutdown) and replaces how work is found:
 
 - ``main`` waits on a wake-up event (Redis pub/sub from the API, or a slot that
   just freed) and keeps the poll only as a fallback;
-- ``_poll_iteration`` claims one request per free slot with an atomic Lua script
-  that takes the lowest score and moves it to the running set;
+- ``_poll_iteration`` claims one request per free slot with an atomic script that
+  takes the lowest score, honours the worker's token budget, drops requests that
+  are past their deadline or cancelled, and moves the claimed one to the running
+  set;
 - ``finish_job`` puts a request that did not finish (worker shutting down) back
   in the queue at its original score.
 """
@@ -17,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from arq.connections import ArqRedis
 from arq.worker import Worker, func
 
 from llmq import keys
-from llmq.queue import CLAIM, JOB_FUNCTION, REQUEUE, as_str, deserialize, serialize
+from llmq.queue import JOB_FUNCTION, Queue, deserialize, serialize
 from llmq.schema import JobPayload
 from worker.runner import RequestRunner
 
@@ -54,10 +55,12 @@ class QueueWorker(Worker):
         model: str,
         runner: RequestRunner,
         redis: ArqRedis,
+        queue: Queue,
         max_jobs: int,
         poll_seconds: float,
         job_timeout: float,
         lease_seconds: float,
+        token_budget: int = 0,
         max_tries: int = 3,
     ) -> None:
         super().__init__(
@@ -77,11 +80,15 @@ class QueueWorker(Worker):
         )
         self.model = model
         self.runner = runner
+        self.queue = queue
         self.lease_ms = int(lease_seconds * 1000)
+        self.token_budget = token_budget
         self.wake = asyncio.Event()
-        self._scores: dict[str, int] = {}
-        self._claim = redis.register_script(CLAIM)
-        self._requeue = redis.register_script(REQUEUE)
+        self._claims: dict[str, tuple[int, int]] = {}  # id -> (score, cost)
+
+    @property
+    def tokens_in_use(self) -> int:
+        return sum(cost for _, cost in self._claims.values())
 
     async def main(self) -> None:
         """Claim work whenever woken; the poll delay is only the fallback timer."""
@@ -96,29 +103,33 @@ class QueueWorker(Worker):
 
     async def _poll_iteration(self) -> None:
         while self.allow_pick_jobs and self.job_counter < self.max_jobs:
-            claimed = await self._claim(
-                keys=[self.queue_name, keys.running(self.model)],
-                args=[
-                    int(time.time() * 1000),
-                    self.lease_ms,
-                    keys.IN_PROGRESS_PREFIX,
-                    int(self.in_progress_timeout_s * 1000),
-                ],
+            claim = await self.queue.claim(
+                self.model,
+                lease_ms=self.lease_ms,
+                in_progress_ms=int(self.in_progress_timeout_s * 1000),
+                budget_left=self.token_budget - self.tokens_in_use if self.token_budget else None,
+                idle=not self._claims,
             )
-            if not claimed:
+            if claim.expired:
+                await self.queue.end_unstarted(claim.expired, "timeout")
+            if claim.cancelled:
+                await self.queue.end_unstarted(claim.cancelled, "cancelled")
+            if claim.request_id is None:
                 break
-            job_id, score = as_str(claimed[0]), int(float(as_str(claimed[1])))
-            self._scores[job_id] = score
-            await self.sem.acquire()
-            self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, score))
-            task.add_done_callback(self._slot_freed)
-            self.tasks[job_id] = task
+            await self.sem.acquire()  # never waits: job_counter < max_jobs
+            self._start(claim.request_id, claim.score, claim.cost)
         for job_id, task in list(self.tasks.items()):
             if task.done():
                 del self.tasks[job_id]
                 task.result()
         await self.heart_beat()
+
+    def _start(self, job_id: str, score: int, cost: int) -> None:
+        self._claims[job_id] = (score, cost)
+        self.job_counter += 1
+        task = self.loop.create_task(self.run_job(job_id, score))
+        task.add_done_callback(self._slot_freed)
+        self.tasks[job_id] = task
 
     def _slot_freed(self, _: asyncio.Task[None]) -> None:
         self._release_sem_dec_counter_on_complete()
@@ -151,11 +162,9 @@ class QueueWorker(Worker):
         await self.runner.fail(job_id, "job_failed", "the request could not be run")
 
     async def _release(self, job_id: str, *, requeue: bool) -> None:
-        score = self._scores.pop(job_id, None)
-        running = keys.running(self.model)
-        if requeue and score is not None:
-            await self._requeue(keys=[self.queue_name, running], args=[job_id, score])
-            await self.pool.publish(keys.wake(self.model), job_id)
+        score, cost = self._claims.pop(job_id, (0, 0))
+        if requeue and score:
+            await self.queue.requeue(self.model, job_id, score, cost)
             log.info("request %s handed back to the queue", job_id, extra={"request_id": job_id})
         else:
-            await self.pool.zrem(running, job_id)
+            await self.queue.release(self.model, job_id)

@@ -1,12 +1,22 @@
 """Running one request: the model's tokens become events on the request's stream.
 
 The runner publishes ``started``, then ``tokens`` (coalesced by the publisher),
-then exactly one terminal event (``done`` or ``error``), updating the request's
-record alongside the events that change its status.
+then exactly one terminal event, updating the request's record alongside the
+events that change its status:
+
+- ``done`` with ``stop``/``length`` when the model finished;
+- ``done`` with ``cancelled`` when the client cancelled (the generation task is
+  cancelled at once, so the slot frees within about one token interval);
+- ``error`` with ``finish_reason: timeout`` when the generation timeout fired;
+- ``error`` with ``model_error`` when the model raised.
+
+When the worker itself is stopping, the cancellation is not a client's: it
+propagates, and arq hands the request back to the queue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,19 +35,44 @@ from worker.publisher import StreamPublisher
 
 log = logging.getLogger(__name__)
 
+#: How long a cancel received for an unknown request is remembered (it may be
+#: about to start on this worker).
+CANCEL_MEMORY_SECONDS = 60.0
+
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
 @dataclass
+class _Progress:
+    produced: int = 0
+    first_at: float | None = None
+
+
+@dataclass
 class RequestRunner:
-    """Runs requests for one worker process; ``running`` counts what it runs now."""
+    """Runs requests for one worker process; ``running`` maps id -> start time."""
 
     worker_id: str
     model: Model
     publisher: StreamPublisher
     running: dict[str, float] = field(default_factory=dict)
+    _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
+    _cancelled: dict[str, float] = field(default_factory=dict)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a running request (True), or remember the cancel in case it starts here."""
+        now = time.monotonic()
+        self._cancelled[request_id] = now
+        for rid, at in list(self._cancelled.items()):
+            if now - at > CANCEL_MEMORY_SECONDS:
+                del self._cancelled[rid]
+        task = self._generations.get(request_id)
+        if task is None:
+            return False
+        task.cancel()
+        return True
 
     async def run(self, payload: JobPayload, attempt: int) -> None:
         rid = payload.request_id
@@ -47,6 +82,7 @@ class RequestRunner:
             await self._run(payload, attempt, started)
         finally:
             self.running.pop(rid, None)
+            self._cancelled.pop(rid, None)
 
     async def _run(self, payload: JobPayload, attempt: int, started: float) -> None:
         rid = payload.request_id
@@ -61,6 +97,36 @@ class RequestRunner:
                 "attempts": str(attempt),
             },
         )
+        progress = _Progress()
+        generation = asyncio.create_task(self._generate(payload, progress))
+        self._generations[rid] = generation
+        if rid in self._cancelled:
+            generation.cancel()
+        try:
+            finish = await generation
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the worker is stopping: let arq hand the request back
+            finish = "cancelled"
+        except Exception as exc:
+            log.exception("model failed on request %s", rid, extra={"request_id": rid})
+            await self._finish_error(
+                payload, progress.produced, "model_error", f"model failed: {exc}", "error"
+            )
+            return
+        finally:
+            self._generations.pop(rid, None)
+        if finish == "timeout":
+            message = f"generation stopped after its timeout of {payload.generation_timeout:g} s"
+            await self._finish_error(
+                payload, progress.produced, "generation_timeout", message, "timeout"
+            )
+            return
+        await self._finish_done(payload, progress, finish, queue_ms, started)
+
+    async def _generate(self, payload: JobPayload, progress: _Progress) -> FinishReason:
+        rid = payload.request_id
         params = payload.params
         request = GenerationRequest(
             prompt=payload.prompt,
@@ -70,61 +136,57 @@ class RequestRunner:
             stop=params.stop,
             temperature=params.temperature,
         )
-        produced = 0
-        first_at: float | None = None
         try:
-            async for token in self.model.generate(request):
-                if first_at is None:
-                    first_at = time.time()
-                self.publisher.token(rid, produced, token)
-                produced += 1
-        except Exception as exc:
-            log.exception("model failed on request %s", rid, extra={"request_id": rid})
-            await self._finish_error(payload, produced, "model_error", f"model failed: {exc}")
-            return
-        finish: FinishReason = "length" if produced >= params.max_tokens else "stop"
-        await self._finish_done(payload, produced, finish, queue_ms, started, first_at)
+            async with asyncio.timeout(payload.generation_timeout):
+                async for token in self.model.generate(request):
+                    if progress.first_at is None:
+                        progress.first_at = time.time()
+                    self.publisher.token(rid, progress.produced, token)
+                    progress.produced += 1
+        except TimeoutError:
+            return "timeout"
+        return "length" if progress.produced >= params.max_tokens else "stop"
 
     async def _finish_done(
         self,
         payload: JobPayload,
-        produced: int,
+        progress: _Progress,
         finish: FinishReason,
         queue_ms: float,
         started: float,
-        first_at: float | None,
     ) -> None:
         now = time.time()
-        first = first_at if first_at is not None else now
+        first = progress.first_at if progress.first_at is not None else now
         event = DoneEvent(
             finish_reason=finish,
-            usage=_usage(payload, produced),
+            usage=_usage(payload, progress.produced),
             timings=Timings(
                 queue_ms=queue_ms, prefill_ms=_ms(first - started), decode_ms=_ms(now - first)
             ),
         )
-        status = "cancelled" if finish == "cancelled" else "done"
         await self.publisher.emit(
             payload.request_id,
             event,
             record={
-                "status": status,
+                "status": "cancelled" if finish == "cancelled" else "done",
                 "finished_at": str(now),
                 "finish_reason": finish,
-                "completion_tokens": str(produced),
+                "completion_tokens": str(progress.produced),
             },
         )
 
     async def _finish_error(
-        self, payload: JobPayload, produced: int, code: str, message: str
+        self, payload: JobPayload, produced: int, code: str, message: str, finish: FinishReason
     ) -> None:
         await self.publisher.emit(
             payload.request_id,
-            ErrorEvent(code=code, message=message, usage=_usage(payload, produced)),
+            ErrorEvent(
+                code=code, message=message, finish_reason=finish, usage=_usage(payload, produced)
+            ),
             record={
                 "status": "failed",
                 "finished_at": str(time.time()),
-                "finish_reason": "error",
+                "finish_reason": finish,
                 "completion_tokens": str(produced),
                 "error": message,
             },

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 
 from api import sse
+from api.cancel import cancel
 from api.errors import InvalidRequest, NotFound
 from api.follow import IDLE, follow
 from api.relay import valid_id
@@ -21,7 +22,7 @@ from api.schemas import NativeRequest
 from api.state import AppState, State
 from api.submit import submit
 from llmq import keys
-from llmq.schema import RequestRecord
+from llmq.schema import TERMINAL_STATUSES, RequestRecord
 
 router = APIRouter(tags=["native"])
 
@@ -70,6 +71,21 @@ async def _events(state: AppState, request_id: str, last_id: str) -> AsyncIterat
             continue
         stream_id, event = item
         yield sse.event(stream_id, event.type, event.model_dump_json())
+
+
+@router.delete("/v1/requests/{request_id}")
+async def delete(request_id: RequestId, state: State) -> dict[str, Any]:
+    """Cancel: a queued request never runs; a running one stops within a token interval."""
+    record = await _record(state, request_id)
+    if record.status in TERMINAL_STATUSES:
+        return {"id": request_id, "object": "request", "status": record.status, "cancelled": False}
+    was_queued = await cancel(state, record.model, request_id)
+    return {
+        "id": request_id,
+        "object": "request",
+        "status": "cancelled" if was_queued else "cancelling",
+        "cancelled": True,
+    }
 
 
 @router.get("/v1/requests/{request_id}/events", response_model=None)

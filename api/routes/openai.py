@@ -2,7 +2,9 @@
 
 With ``stream: true`` the answer is SSE chunks in OpenAI's shape ending with
 ``data: [DONE]``; otherwise one JSON body with ``usage``. A failure after the
-stream started is sent as a ``data: {"error": ...}`` chunk, then ``[DONE]``.
+stream started is sent as a ``data: {"error": ...}`` chunk, then ``[DONE]``; a
+generation timeout first closes the choice with ``finish_reason: "timeout"``.
+A client that disconnects, streaming or not, cancels its request.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api import sse
+from api.cancel import cancel_later, unless_disconnected
 from api.errors import ApiError, error_body
 from api.follow import IDLE, TokenCursor, follow
 from api.openai_format import ChatFormat, CompletionFormat
@@ -24,36 +27,51 @@ from llmq.schema import DoneEvent, ErrorEvent, TokensEvent
 
 router = APIRouter(tags=["openai"])
 
+#: Status of a client that went away before its answer (nginx's convention).
+CLIENT_CLOSED = 499
+
 
 def _error_status(event: ErrorEvent) -> int:
     return 504 if event.finish_reason == "timeout" else 500
 
 
 def _error_of(event: ErrorEvent) -> dict[str, Any]:
-    return error_body(event.message, "server_error", None, event.code)
+    kind = "timeout_error" if event.finish_reason == "timeout" else "server_error"
+    return error_body(event.message, kind, None, event.code)
 
 
 async def _stream(state: AppState, fmt: CompletionFormat) -> AsyncIterator[bytes]:
-    opening = fmt.opening()
-    if opening is not None:
-        yield sse.data(opening)
-    cursor = TokenCursor()
-    async for item in follow(state, fmt.sub.id):
-        if item is IDLE:
-            yield sse.KEEPALIVE
-            continue
-        _, event = item
-        if isinstance(event, TokensEvent):
-            text = "".join(cursor.take(event))
-            if text:
-                yield sse.data(fmt.delta(text))
-        elif isinstance(event, DoneEvent):
-            yield sse.data(fmt.closing(event.finish_reason))
-            if fmt.include_usage:
-                yield sse.data(fmt.usage_chunk(event.usage))
-        elif isinstance(event, ErrorEvent):
-            yield sse.data(_error_of(event))
-    yield sse.DONE
+    finished = False
+    try:
+        opening = fmt.opening()
+        if opening is not None:
+            yield sse.data(opening)
+        cursor = TokenCursor()
+        async for item in follow(state, fmt.sub.id):
+            if item is IDLE:
+                yield sse.KEEPALIVE
+                continue
+            _, event = item
+            if isinstance(event, TokensEvent):
+                text = "".join(cursor.take(event))
+                if text:
+                    yield sse.data(fmt.delta(text))
+            elif isinstance(event, DoneEvent):
+                finished = True
+                yield sse.data(fmt.closing(event.finish_reason))
+                if fmt.include_usage:
+                    yield sse.data(fmt.usage_chunk(event.usage))
+            elif isinstance(event, ErrorEvent):
+                finished = True
+                if event.code == "generation_timeout":
+                    yield sse.data(fmt.closing(event.finish_reason))
+                yield sse.data(_error_of(event))
+                if fmt.include_usage and event.usage:
+                    yield sse.data(fmt.usage_chunk(event.usage))
+        yield sse.DONE
+    finally:
+        if not finished:
+            cancel_later(state, fmt.sub.model, fmt.sub.id)
 
 
 async def _collect(state: AppState, fmt: CompletionFormat) -> Response:
@@ -72,22 +90,28 @@ async def _collect(state: AppState, fmt: CompletionFormat) -> Response:
     raise ApiError("the stream ended without a result", status=500, code="internal_error")
 
 
-async def _respond(state: AppState, fmt: CompletionFormat, stream: bool) -> Response:
+async def _respond(
+    request: Request, state: AppState, fmt: CompletionFormat, stream: bool
+) -> Response:
     if stream:
         return StreamingResponse(
             _stream(state, fmt), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
         )
-    return await _collect(state, fmt)
+    response = await unless_disconnected(request, _collect(state, fmt))
+    if response is None:
+        cancel_later(state, fmt.sub.model, fmt.sub.id)
+        return Response(status_code=CLIENT_CLOSED)
+    return response
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(body: CompletionRequest, state: State) -> Response:
+async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
     sub = await submit(state, body, body.prompt_text(), max_tokens=body.max_tokens)
-    return await _respond(state, CompletionFormat(sub, body.include_usage), body.stream)
+    return await _respond(request, state, CompletionFormat(sub, body.include_usage), body.stream)
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, state: State) -> Response:
+async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     if not body.content_tokens_present():
         raise ApiError("messages must contain some text", param="messages", code="invalid_value")
     requested = body.max_completion_tokens or body.max_tokens
@@ -100,7 +124,7 @@ async def chat_completions(body: ChatCompletionRequest, state: State) -> Respons
         max_tokens_param=param,
         prompt_param="messages",
     )
-    return await _respond(state, ChatFormat(sub, body.include_usage), body.stream)
+    return await _respond(request, state, ChatFormat(sub, body.include_usage), body.stream)
 
 
 @router.get("/v1/models")

@@ -1,0 +1,160 @@
+"""The ``python -m bench`` command: pick scenarios, run them, write and print the results.
+
+A failing scenario is recorded (with its error) and the next one still runs, so
+one broken part does not cost the other figures. Ctrl-C or SIGTERM stops the
+current scenario's processes through the normal unwinding, writes what was
+measured so far, and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench import report
+from bench.procs import ROOT
+from bench.scenario import Context, ScenarioResult
+from bench.scenarios import SCENARIOS
+from bench.sysinfo import machine_info
+from llmq.embedded import find_redis_server
+
+DEFAULT_OUT = ROOT / "bench" / "results"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per system (default 3)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (for the smoke test)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
+    return parser
+
+
+def _scenarios(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise SystemExit(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
+    return names
+
+
+def _redis_version() -> str:
+    try:
+        out = subprocess.run(
+            [find_redis_server(), "--version"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError, RuntimeError):
+        return "unknown"
+    found = re.search(r"v=(\S+)", out)
+    return found.group(1) if found else out.strip()
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _markdown(
+    stamp: str, info: dict[str, Any], args: argparse.Namespace, results: list[ScenarioResult]
+) -> str:
+    head = [
+        f"# llmq benchmark {stamp}",
+        "",
+        f"{info['cpu_count']} CPUs ({info['cpu_model']}), Python {info['python']}, "
+        f"Redis {info['redis_version']}, commit `{info['git_commit'][:12]}`"
+        f"{' (dirty)' if info['git_dirty'] else ''}, load average at start "
+        f"{info['loadavg_at_start'][0]:.2f}. Repeats: {args.repeats}"
+        f"{', quick sizes' if args.quick else ''}. "
+        f"Wall time {info['wall_s']:.0f} s. Command: `{info['command']}`.",
+        "",
+        "## Targets",
+        "",
+        report.table(
+            ["scenario", "target", "result", "detail"],
+            [
+                [r.name, t.description, {True: "met", False: "**MISSED**", None: "n/a"}[t.met],
+                 t.detail]
+                for r in results
+                for t in r.targets
+            ],
+        ),
+    ]
+    sections = [f"## {r.name}: {r.title}\n\n{r.markdown}" for r in results]
+    return "\n".join(head) + "\n\n" + "\n\n".join(sections) + "\n"
+
+
+def _failed(name: str, exc: BaseException, log_dir: Path) -> ScenarioResult:
+    detail = f"{type(exc).__name__}: {exc}"
+    md = f"**Failed**: `{detail[:2000]}`\n\nProcess logs were kept in `{log_dir}`."
+    data = {"error": detail, "traceback": traceback.format_exc()}
+    return ScenarioResult(name, "failed", data, md, [])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    names = _scenarios(args.scenarios)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stamp = report.timestamp()
+    log_dir = Path(tempfile.mkdtemp(prefix="llmq-bench-"))
+    ctx = Context(repeats=args.repeats, quick=args.quick, log_dir=log_dir)
+    info = machine_info()
+    info["redis_version"] = _redis_version()
+    info["command"] = " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])])
+    info["hostname"] = platform.node()
+    started = time.monotonic()
+    results: list[ScenarioResult] = []
+    interrupted = False
+    keep_logs = False
+    try:
+        for name in names:
+            ctx.say(f"scenario {name}")
+            began = time.monotonic()
+            try:
+                result = SCENARIOS[name](ctx)
+            except Exception as exc:
+                keep_logs = True
+                ctx.say(f"scenario {name} failed: {type(exc).__name__}: {exc}")
+                result = _failed(name, exc, log_dir)
+            result.wall_s = time.monotonic() - began
+            ctx.say(f"scenario {name} took {result.wall_s:.0f} s")
+            results.append(result)
+    except KeyboardInterrupt:
+        interrupted = True
+        ctx.say("interrupted: writing what was measured")
+    info["wall_s"] = time.monotonic() - started
+    payload = {
+        "timestamp": stamp,
+        "command": info["command"],
+        "options": {"scenarios": names, "repeats": args.repeats, "quick": args.quick},
+        "machine": info,
+        "interrupted": interrupted,
+        "scenarios": {r.name: r.to_dict() for r in results},
+    }
+    markdown = _markdown(stamp, info, args, results)
+    paths = report.write(args.out, stamp, payload, markdown)
+    print(markdown)
+    ctx.say("wrote " + ", ".join(str(p) for p in paths))
+    if keep_logs:
+        ctx.say(f"process logs kept in {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if interrupted:
+        return 130
+    return 1 if keep_logs else 0

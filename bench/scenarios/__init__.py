@@ -1,0 +1,16 @@
+"""The scenarios, in the order a full run executes them (cheap and informative first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.scenario import Context, ScenarioResult
+from bench.scenarios import capacity, light, overload, pickup, scaling
+
+SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
+    "light": light.run,
+    "pickup": pickup.run,
+    "scaling": scaling.run,
+    "overload": overload.run,
+    "capacity": capacity.run,
+}

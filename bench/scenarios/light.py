@@ -1,0 +1,106 @@
+"""Light load, llmq against the in-process baseline: what the distribution costs.
+
+At light load nothing queues, so any difference in TTFT is the price of the
+pipeline itself (HTTP, the Redis enqueue, the wake-up, the claim, the stream
+relay) over the seed's in-process server running the same mock model. Both
+systems get the identical LoadConfig (same seed per repeat, so the same arrival
+times and prompts) and the same number of slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench import traffic
+from bench.procs import Stack
+from bench.report import fmt, table, target_line
+from bench.scenario import Context, ScenarioResult, Target, interleave
+from bench.stats import median_of, paired_ratios
+from loadgen import LoadConfig
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rate: float = 2.0
+    requests: int = 60
+    warmup: int = 3
+    prompt_tokens: int = 100
+    output_tokens: int = 32
+    tokens_per_second: float = 50.0
+    prefill_seconds_per_token: float = 0.0001
+    concurrency: int = 16
+
+
+QUICK = Sizes(rate=5.0, requests=10, warmup=2, output_tokens=8)
+KEYS = ("ttft_ms_median", "ttft_ms_p99", "e2el_ms_median", "e2el_ms_p99", "itl_ms_median")
+LABELS = {
+    "ttft_ms_median": "TTFT median (ms)",
+    "ttft_ms_p99": "TTFT p99 (ms)",
+    "e2el_ms_median": "E2E median (ms)",
+    "e2el_ms_p99": "E2E p99 (ms)",
+    "itl_ms_median": "ITL median (ms)",
+}
+TTFT_TARGET = 1.10
+
+
+def _config(s: Sizes, seed: int, **target: Any) -> LoadConfig:
+    return LoadConfig(
+        request_rate=s.rate,
+        num_requests=s.requests,
+        warmup=s.warmup,
+        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
+        output_tokens=(s.output_tokens, s.output_tokens),
+        tokens_per_second=s.tokens_per_second,
+        prefill_seconds_per_token=s.prefill_seconds_per_token,
+        baseline_concurrency=s.concurrency,
+        seed=seed,
+        timeout=60.0,
+        **target,
+    )
+
+
+def run(ctx: Context) -> ScenarioResult:
+    s = QUICK if ctx.quick else Sizes()
+    worker_env = {
+        "LLMQ_CONCURRENCY": str(s.concurrency),
+        "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
+        "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
+    }
+    with Stack(ctx.log_dir) as stack:
+        stack.scale(1, worker_env)
+
+        def ours(i: int) -> dict[str, Any]:
+            return traffic.figures(traffic.run(_config(s, i, base_url=stack.url)))
+
+        def baseline(i: int) -> dict[str, Any]:
+            return traffic.figures(traffic.run(_config(s, i, in_process=True)))
+
+        runs = interleave(ctx, ctx.repeats, [("llmq", ours), ("baseline", baseline)])
+    med = {name: {k: median_of(rs, k) for k in KEYS} for name, rs in runs.items()}
+    ratios = {k: paired_ratios(runs["llmq"], runs["baseline"], k) for k in KEYS}
+    ttft_ratio = ratios["ttft_ms_median"]["median"]
+    target = Target(
+        f"llmq median TTFT within {TTFT_TARGET - 1:.0%} of the baseline's",
+        None if ttft_ratio is None else ttft_ratio <= TTFT_TARGET,
+        f"ratio {fmt(ttft_ratio, 2)}; llmq {fmt(med['llmq']['ttft_ms_median'])} ms, "
+        f"baseline {fmt(med['baseline']['ttft_ms_median'])} ms",
+    )
+    rows = [
+        [LABELS[k], fmt(med["llmq"][k]), fmt(med["baseline"][k]), fmt(ratios[k]["median"], 2)]
+        for k in KEYS
+    ]
+    failed = {name: sum(r["failed"] or 0 for r in rs) for name, rs in runs.items()}
+    md = "\n\n".join(
+        [
+            f"Poisson {s.rate:g} req/s, {s.requests} requests, prompt {s.prompt_tokens} / "
+            f"output {s.output_tokens} tokens, model {s.tokens_per_second:g} tok/s + "
+            f"{s.prefill_seconds_per_token:g} s/prompt token, {s.concurrency} slots each; "
+            f"medians of {ctx.repeats} interleaved runs; ratio = median of per-pair ratios. "
+            f"Failed requests: llmq {failed['llmq']}, baseline {failed['baseline']}.",
+            table(["figure", "llmq", "baseline", "llmq / baseline"], rows),
+            target_line(target.description, target.met, target.detail),
+        ]
+    )
+    data = {"settings": asdict(s), "runs": runs, "medians": med, "ratios": ratios}
+    return ScenarioResult("light", "Light load: llmq vs in-process baseline", data, md, [target])

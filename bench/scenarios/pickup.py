@@ -1,0 +1,163 @@
+"""Queue wait at light load: a stock arq worker against llmq's woken worker.
+
+Stock arq finds work by polling every ``poll_delay`` (0.5 s): a job enqueued
+just after a poll waits for the next one. llmq's worker is woken by a Redis
+pub/sub message from the API and claims at once. Both get the same spacing of
+arrivals (uniform 100-300 ms, seeded per repeat), so no job ever waits for a
+slot and the figure is the pickup alone:
+
+* stock arq: ``job start - time.time() just before ArqRedis.enqueue_job``;
+* llmq: ``queue_ms`` of ``GET /v1/requests/{id}`` (worker start - API accept),
+  for requests submitted through the native API.
+
+Both run against the same Redis; their keys do not overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+from arq.connections import ArqRedis, RedisSettings, create_pool
+
+from bench.procs import BenchError, Child, Stack, clean_env
+from bench.report import fmt, table, target_line
+from bench.scenario import Context, ScenarioResult, Target, interleave
+from bench.stats import describe_ms, median_of, paired_ratios
+from bench.stock_arq import JOB
+
+WAITS_KEY = "bench:pickup:waits"
+WARM_KEY = "bench:pickup:warm"
+TARGET_MS = 3.0
+FINAL = ("done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    jobs: int = 40
+    warmup: int = 3
+    gap_low_s: float = 0.1
+    gap_high_s: float = 0.3
+    max_tokens: int = 2
+
+
+QUICK = Sizes(jobs=8, warmup=1)
+
+
+def _gaps(s: Sizes, seed: int, count: int) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.uniform(s.gap_low_s, s.gap_high_s) for _ in range(count)]
+
+
+async def _arq_waits(pool: ArqRedis, key: str, gaps: list[float]) -> list[float]:
+    """Enqueue one job per gap, then wait until each has recorded its wait (ms)."""
+    await pool.delete(key)
+    for gap in gaps:
+        await pool.enqueue_job(JOB, key, time.time())
+        await asyncio.sleep(gap)
+    deadline = time.monotonic() + 30
+    while await pool.llen(key) < len(gaps):
+        if time.monotonic() > deadline:
+            raise BenchError("the stock arq worker did not run every job within 30 s")
+        await asyncio.sleep(0.05)
+    values = await pool.lrange(key, 0, -1)
+    return [float(v) * 1000.0 for v in values]
+
+
+async def _stock(redis_url: str, s: Sizes, seed: int) -> list[float]:
+    pool = await create_pool(RedisSettings.from_dsn(redis_url))
+    try:
+        await _arq_waits(pool, WARM_KEY, [0.05] * s.warmup)
+        return await _arq_waits(pool, WAITS_KEY, _gaps(s, seed, s.jobs))
+    finally:
+        await pool.aclose()
+
+
+async def _submit(client: httpx.AsyncClient, s: Sizes, n: int) -> str:
+    body = {"model": "mock", "prompt": f"pickup probe {n}", "max_tokens": s.max_tokens}
+    response = await client.post("/v1/requests", json=body)
+    if response.status_code != 202:
+        raise BenchError(f"POST /v1/requests answered {response.status_code}: {response.text}")
+    rid: str = response.json()["id"]
+    return rid
+
+
+async def _queue_ms(client: httpx.AsyncClient, rid: str) -> float:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        record = (await client.get(f"/v1/requests/{rid}")).json()
+        if record.get("status") in FINAL:
+            if record.get("queue_ms") is None:
+                raise BenchError(f"request {rid} ended {record.get('status')} without queue_ms")
+            return float(record["queue_ms"])
+        await asyncio.sleep(0.05)
+    raise BenchError(f"request {rid} did not finish within 30 s")
+
+
+async def _ours(url: str, s: Sizes, seed: int) -> list[float]:
+    async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+        for n in range(s.warmup):
+            await _queue_ms(client, await _submit(client, s, -1 - n))
+        ids = []
+        for n, gap in enumerate(_gaps(s, seed, s.jobs)):
+            ids.append(await _submit(client, s, n))
+            await asyncio.sleep(gap)
+        return [await _queue_ms(client, rid) for rid in ids]
+
+
+def _figures(waits_ms: list[float]) -> dict[str, Any]:
+    stats = describe_ms(waits_ms)
+    return {**{f"wait_ms_{k}": v for k, v in stats.items()}, "waits_ms": waits_ms}
+
+
+def run(ctx: Context) -> ScenarioResult:
+    s = QUICK if ctx.quick else Sizes()
+    with Stack(ctx.log_dir) as stack:
+        stack.scale(1, {})
+        arq = Child("stock-arq", ["bench.stock_arq", stack.redis.url], clean_env(), ctx.log_dir)
+        try:
+
+            def stock(i: int) -> dict[str, Any]:
+                if not arq.running():
+                    raise BenchError(f"the stock arq worker exited:\n{arq.tail()}")
+                return _figures(asyncio.run(_stock(stack.redis.url, s, i)))
+
+            def ours(i: int) -> dict[str, Any]:
+                return _figures(asyncio.run(_ours(stack.url, s, i)))
+
+            runs = interleave(ctx, ctx.repeats, [("stock_arq", stock), ("llmq", ours)])
+        finally:
+            arq.stop()
+    keys = ("wait_ms_median", "wait_ms_p90", "wait_ms_p99", "wait_ms_max")
+    med = {name: {k: median_of(rs, k) for k in keys} for name, rs in runs.items()}
+    ratios = {k: paired_ratios(runs["stock_arq"], runs["llmq"], k) for k in keys}
+    ours_median = med["llmq"]["wait_ms_median"]
+    target = Target(
+        f"llmq median queue wait <= {TARGET_MS:g} ms",
+        None if ours_median is None else ours_median <= TARGET_MS,
+        f"llmq {fmt(ours_median, 2)} ms, stock arq {fmt(med['stock_arq']['wait_ms_median'])} ms",
+    )
+    rows = [
+        [
+            k.removeprefix("wait_ms_"),
+            fmt(med["stock_arq"][k]),
+            fmt(med["llmq"][k], 2),
+            fmt(ratios[k]["median"], 0) + "×" if ratios[k]["median"] else "—",
+        ]
+        for k in keys
+    ]
+    md = "\n\n".join(
+        [
+            f"{s.jobs} jobs per run, arrivals spaced uniformly {s.gap_low_s * 1000:.0f}-"
+            f"{s.gap_high_s * 1000:.0f} ms; wait = job start - enqueue (ms); medians of "
+            f"{ctx.repeats} interleaved runs (each statistic is per run, then the median).",
+            table(["wait (ms)", "stock arq (poll 0.5 s)", "llmq (wake-up)", "arq / llmq"], rows),
+            target_line(target.description, target.met, target.detail),
+        ]
+    )
+    data = {"settings": asdict(s), "runs": runs, "medians": med, "ratios": ratios}
+    return ScenarioResult("pickup", "Pickup: queue wait at light load", data, md, [target])

@@ -1,0 +1,129 @@
+"""The Lua scripts that make every queue transition atomic.
+
+Keys are passed where a script touches a fixed set of them; scripts that work
+across models (the deadline sweep) build key names from prefixes, which is fine
+on a single Redis node (llmq does not target Redis Cluster).
+
+A queued request lives in three places, always changed together: the model's
+queue (sorted set, score = effective start time), the model's cost hash (prompt +
+max_tokens, for token-aware admission) and the global deadline set (member
+``<id>:<model>``, score = queue deadline in ms).
+"""
+
+#: KEYS: queue, job, record, costs, deadlines.
+#: ARGV: id, score, job, ttl_ms, max_depth, wake channel, cost, deadline_ms,
+#: deadline member, then record field/value pairs. 1, or 0 when the queue is full.
+ENQUEUE = """
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[7])
+redis.call('ZADD', KEYS[5], ARGV[8], ARGV[9])
+redis.call('HSET', KEYS[3], unpack(ARGV, 10))
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+redis.call('PUBLISH', ARGV[6], ARGV[1])
+return 1
+"""
+
+#: KEYS: queue, running, costs, deadlines.
+#: ARGV: now_ms, lease_ms, in-progress prefix, in-progress ttl ms, budget left (-1: no
+#: budget), idle ('1' if the worker runs nothing), model, job prefix, cancel prefix.
+#: Takes the lowest-scored request; requests past their deadline or cancelled are
+#: removed on the way and reported. Returns {id, score, cost, expired..., '|',
+#: cancelled...}; id is '' when nothing was claimed.
+CLAIM = """
+local now = tonumber(ARGV[1])
+local expired, cancelled = {}, {}
+local function drop(id, member)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZREM', KEYS[4], member)
+  redis.call('HDEL', KEYS[3], id)
+end
+local function reply(id, score, cost)
+  local out = {id, score, cost}
+  for _, x in ipairs(expired) do table.insert(out, x) end
+  table.insert(out, '|')
+  for _, x in ipairs(cancelled) do table.insert(out, x) end
+  return out
+end
+for _ = 1, 100 do
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    return reply('', '0', '0')
+  end
+  local id = head[1]
+  local member = id .. ':' .. ARGV[7]
+  local deadline = redis.call('ZSCORE', KEYS[4], member)
+  if redis.call('EXISTS', ARGV[9] .. id) == 1 then
+    drop(id, member)
+    redis.call('DEL', ARGV[8] .. id)
+    table.insert(cancelled, id)
+  elseif deadline and tonumber(deadline) <= now then
+    drop(id, member)
+    redis.call('DEL', ARGV[8] .. id)
+    table.insert(expired, id)
+  else
+    local cost = redis.call('HGET', KEYS[3], id) or '0'
+    local budget = tonumber(ARGV[5])
+    if budget >= 0 and ARGV[6] ~= '1' and tonumber(cost) > budget then
+      return reply('', '0', '0')
+    end
+    drop(id, member)
+    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), id)
+    redis.call('SET', ARGV[3] .. id, '1', 'PX', ARGV[4])
+    return reply(id, head[2], cost)
+  end
+end
+return reply('', '0', '0')
+"""
+
+#: KEYS: queue, running, costs. ARGV: id, score, cost, wake channel.
+#: Puts a claimed request back at its old place (its worker is stopping).
+REQUEUE = """
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+  redis.call('PUBLISH', ARGV[4], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+#: KEYS: queue, costs, deadlines, job, cancel flag.
+#: ARGV: id, deadline member, flag ttl ms, cancel channel.
+#: 1: it was queued and is gone. 0: not queued (running or finished): the flag is
+#: set and the workers are told, so whoever runs or re-claims it stops.
+CANCEL = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[2])
+  redis.call('DEL', KEYS[4])
+  return 1
+end
+redis.call('SET', KEYS[5], '1', 'PX', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[1])
+return 0
+"""
+
+#: KEYS: deadlines. ARGV: now_ms, limit, queue prefix, costs prefix, job prefix.
+#: Removes queued requests whose deadline passed; returns their ids.
+SWEEP = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+local out = {}
+for _, member in ipairs(due) do
+  redis.call('ZREM', KEYS[1], member)
+  local sep = string.find(member, ':', 1, true)
+  if sep then
+    local id = string.sub(member, 1, sep - 1)
+    local model = string.sub(member, sep + 1)
+    if redis.call('ZREM', ARGV[3] .. model, id) == 1 then
+      redis.call('HDEL', ARGV[4] .. model, id)
+      redis.call('DEL', ARGV[5] .. id)
+      table.insert(out, id)
+    end
+  end
+end
+return out
+"""
