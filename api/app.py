@@ -22,6 +22,7 @@ from llmq.connection import connect
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
 from llmq.sweep import sweep_forever
+from llmq.tasks import cancel_and_wait
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -55,8 +56,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         try:
             yield
         finally:
-            sweeper.cancel()
-            await asyncio.gather(sweeper, *state.background, return_exceptions=True)
+            await cancel_and_wait([sweeper], timeout=5)
+            # disconnect-triggered cancels are short Redis calls: let them finish
+            if state.background:
+                await asyncio.wait(state.background, timeout=5)
+            await cancel_and_wait(state.background, timeout=2)
             await relay.stop()
             await blocking.aclose(close_connection_pool=True)
             await redis.aclose(close_connection_pool=True)

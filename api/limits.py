@@ -74,7 +74,8 @@ class BodyLimit:
                     return
 
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(drain(), DISCARD_SECONDS)
+            async with asyncio.timeout(DISCARD_SECONDS):
+                await drain()
 
     async def _reject(self, send: Send) -> None:
         payload = json.dumps(

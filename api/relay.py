@@ -22,6 +22,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from llmq.schema import Event, decode_event
+from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class Subscription:
     async def next(self, timeout: float) -> tuple[str, Event] | None:
         """The next entry, or None if none arrived within ``timeout`` seconds."""
         try:
-            return await asyncio.wait_for(self.queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                return await self.queue.get()
         except TimeoutError:
             return None
 
@@ -76,6 +78,7 @@ class StreamRelay:
         self._subs: dict[str, set[Subscription]] = {}
         self._control_id = "0-0"
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @property
     def subscribers(self) -> int:
@@ -89,9 +92,18 @@ class StreamRelay:
         self._task = asyncio.create_task(self._run(), name="stream-relay")
 
     async def stop(self) -> None:
+        """Stop the reader by nudging it out of its XREAD, not by cancelling the read.
+
+        Cancelling a blocked read mid-reply can leave its connection unusable; the
+        cancel is only the fallback if Redis does not answer.
+        """
         if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            self._stopping = True
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await self._nudge()
+            await asyncio.wait({self._task}, timeout=2)
+            await cancel_and_wait([self._task], timeout=5)
             self._task = None
         with contextlib.suppress(Exception):
             await self._redis.delete(self._control)
@@ -131,7 +143,7 @@ class StreamRelay:
 
     async def _run(self) -> None:
         delay = 0.05
-        while True:
+        while not self._stopping:
             try:
                 streams: dict[Any, Any] = self._positions()
                 reply = await self._redis.xread(streams, count=self._count, block=self._block_ms)

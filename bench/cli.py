@@ -70,7 +70,11 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _markdown(
-    stamp: str, info: dict[str, Any], args: argparse.Namespace, results: list[ScenarioResult]
+    stamp: str,
+    info: dict[str, Any],
+    args: argparse.Namespace,
+    results: list[ScenarioResult],
+    interrupted: bool,
 ) -> str:
     head = [
         f"# llmq benchmark {stamp}",
@@ -81,14 +85,19 @@ def _markdown(
         f"{info['loadavg_at_start'][0]:.2f}. Repeats: {args.repeats}"
         f"{', quick sizes' if args.quick else ''}. "
         f"Wall time {info['wall_s']:.0f} s. Command: `{info['command']}`.",
+        *(["", "**Interrupted**: only the scenarios below finished."] if interrupted else []),
         "",
         "## Targets",
         "",
         report.table(
             ["scenario", "target", "result", "detail"],
             [
-                [r.name, t.description, {True: "met", False: "**MISSED**", None: "n/a"}[t.met],
-                 t.detail]
+                [
+                    r.name,
+                    t.description,
+                    {True: "met", False: "**MISSED**", None: "n/a"}[t.met],
+                    t.detail,
+                ]
                 for r in results
                 for t in r.targets
             ],
@@ -111,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     stamp = report.timestamp()
     log_dir = Path(tempfile.mkdtemp(prefix="llmq-bench-"))
     ctx = Context(repeats=args.repeats, quick=args.quick, log_dir=log_dir)
@@ -147,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "interrupted": interrupted,
         "scenarios": {r.name: r.to_dict() for r in results},
     }
-    markdown = _markdown(stamp, info, args, results)
+    markdown = _markdown(stamp, info, args, results, interrupted)
     paths = report.write(args.out, stamp, payload, markdown)
     print(markdown)
     ctx.say("wrote " + ", ".join(str(p) for p in paths))

@@ -14,10 +14,11 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -61,7 +62,7 @@ def redis_cpu_seconds(url: str) -> float:
     """``used_cpu_sys + used_cpu_user`` of the Redis server (main thread and children)."""
     client = redis.Redis.from_url(url)
     try:
-        info: dict[str, Any] = client.info("cpu")
+        info = cast(dict[str, Any], client.info("cpu"))
     finally:
         client.close()
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
@@ -70,17 +71,20 @@ def redis_cpu_seconds(url: str) -> float:
 def redis_version(url: str) -> str:
     client = redis.Redis.from_url(url)
     try:
-        info: dict[str, Any] = client.info("server")
+        info = cast(dict[str, Any], client.info("server"))
     finally:
         client.close()
     return str(info["redis_version"])
 
 
 class CpuMeter:
-    """CPU seconds per role (``api``, ``workers``, ``redis``) and machine utilisation.
+    """CPU seconds per role (``api``, ``workers``, ``redis``...) and machine utilisation.
 
     ``start`` then ``stop``; ``pids`` maps a name to a pid, names starting with
-    ``worker`` are summed into ``workers``.
+    ``worker`` are summed into ``workers``. ``cpus_ours`` is the measured
+    processes' CPU per wall second, ``cpus_others`` what the rest of the machine
+    used meanwhile (neighbours on a shared host): together they tell whether the
+    stack or a neighbour used up the cores.
     """
 
     def __init__(self, pids: dict[str, int], redis_url: str | None) -> None:
@@ -89,12 +93,14 @@ class CpuMeter:
         self._machine = CpuSample.now()
         self._procs: dict[str, float] = {}
         self._redis = 0.0
+        self._wall = time.monotonic()
         self.result: dict[str, float] = {}
 
     def start(self) -> CpuMeter:
         self._procs = {name: process_cpu_seconds(pid) or 0.0 for name, pid in self.pids.items()}
         self._redis = redis_cpu_seconds(self.redis_url) if self.redis_url else 0.0
         self._machine = CpuSample.now()
+        self._wall = time.monotonic()
         return self
 
     def stop(self) -> dict[str, float]:
@@ -107,8 +113,13 @@ class CpuMeter:
                 roles[role] = roles.get(role, 0.0) + seconds
         if self.redis_url:
             roles["redis"] = redis_cpu_seconds(self.redis_url) - self._redis
+        wall = time.monotonic() - self._wall
+        ours = sum(roles.values())
+        roles["wall_s"] = wall
         roles["machine_utilisation"] = utilisation(self._machine, machine)
-        roles["wall_cpus_busy"] = roles["machine_utilisation"] * (os.cpu_count() or 1)
+        roles["cpus_busy"] = roles["machine_utilisation"] * (os.cpu_count() or 1)
+        roles["cpus_ours"] = ours / wall if wall > 0 else 0.0
+        roles["cpus_others"] = max(0.0, roles["cpus_busy"] - roles["cpus_ours"])
         self.result = roles
         return roles
 

@@ -53,9 +53,7 @@ def figures(result: RunResult) -> dict[str, Any]:
 
 def rejected(result: RunResult, kind: str = "http_429") -> list[float]:
     """Latency (ms) of the answers that refused a request: send to end of the response."""
-    return [
-        (r.end_s - r.sent_s) * 1000.0 for r in result.records if r.failure == kind and r.end_s
-    ]
+    return [(r.end_s - r.sent_s) * 1000.0 for r in result.records if r.failure == kind and r.end_s]
 
 
 def first_errors(result: RunResult, limit: int = 3) -> list[str]:

@@ -66,7 +66,8 @@ async def _stop(children: list[Child]) -> None:
                 child.process.send_signal(signal.SIGTERM)
     for child in children:
         try:
-            await asyncio.wait_for(child.process.wait(), STOP_TIMEOUT)
+            async with asyncio.timeout(STOP_TIMEOUT):
+                await child.process.wait()
         except TimeoutError:
             log.warning("%s did not stop in %.0fs; killing it", child.name, STOP_TIMEOUT)
             with contextlib.suppress(ProcessLookupError):

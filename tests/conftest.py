@@ -8,7 +8,6 @@ the test's event loop; the end-to-end tests in ``tests/e2e`` use processes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,10 @@ import uvicorn
 from redis.asyncio import Redis
 
 from api.app import create_app
+from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.settings import ApiSettings, WorkerSettings
+from tests.procs import Proc, clean_env
 from tests.waiting import wait_until
 from worker.main import serve
 
@@ -56,7 +57,8 @@ class RunningWorker:
 
     async def close(self) -> None:
         self.stop.set()
-        await asyncio.wait_for(self.task, 30)
+        async with asyncio.timeout(30):
+            await self.task
 
 
 StartWorker = Callable[..., Awaitable[RunningWorker]]
@@ -69,7 +71,10 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
 
     async def start(**overrides: Any) -> RunningWorker:
         settings = WorkerSettings(
-            redis_url=redis_url, heartbeat_seconds=0.2, **{**FAST_MODEL, **overrides}
+            redis_url=redis_url,
+            heartbeat_seconds=0.2,
+            drain_seconds=1,
+            **{**FAST_MODEL, **overrides},
         )
         stop = asyncio.Event()
         running = RunningWorker(settings, stop, asyncio.create_task(serve(settings, stop=stop)))
@@ -77,9 +82,7 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
         return running
 
     yield start
-    for w in workers:
-        with contextlib.suppress(Exception):
-            await w.close()
+    await asyncio.gather(*(w.close() for w in workers))
 
 
 @dataclass
@@ -124,8 +127,8 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
     yield start
     for api in apis:
         api.server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(api.task, 10)
+    async with asyncio.timeout(15):
+        await asyncio.gather(*(api.task for api in apis))
 
 
 @pytest.fixture
@@ -140,3 +143,32 @@ async def stack(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
 
         await wait_until(ready, timeout=10, what="/readyz")
     return api
+
+
+SpawnWorkers = Callable[..., Awaitable[list[Proc]]]
+
+
+@pytest.fixture
+async def spawn_workers(redis_url: str, redis: Redis) -> AsyncIterator[SpawnWorkers]:
+    """Start ``llmq worker`` processes; returns once all are in the registry."""
+    procs: list[Proc] = []
+
+    async def spawn(n: int = 1, **settings: Any) -> list[Proc]:
+        env = clean_env(
+            LLMQ_REDIS_URL=redis_url,
+            LLMQ_HEARTBEAT_SECONDS="0.2",
+            LLMQ_DRAIN_SECONDS="1",
+            **{f"LLMQ_{k.upper()}": str(v) for k, v in {**FAST_MODEL, **settings}.items()},
+        )
+        new = [Proc(["worker"], env) for _ in range(n)]
+        procs.extend(new)
+        expected = len(procs)
+
+        async def registered() -> bool:
+            return int(await redis.zcard(keys.WORKERS)) >= expected
+
+        await wait_until(registered, timeout=30, what=f"{expected} workers to register")
+        return new
+
+    yield spawn
+    await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))

@@ -25,6 +25,7 @@ from llmq.queue import Queue, as_str
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.sweep import sweep_forever
+from llmq.tasks import cancel_and_wait
 from worker.model import MockModel, Model
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
@@ -153,13 +154,13 @@ async def serve(
         log.info("worker %s stopping: draining %d running", worker_id, len(worker.tasks))
         worker.allow_pick_jobs = False
         await _drain(worker, settings.drain_seconds)
-        main.cancel()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(main, *tasks, return_exceptions=True)
+        await cancel_and_wait([main, *tasks], timeout=5)
         with contextlib.suppress(Exception):
-            await registry.unregister(redis, worker_id)
-        await publisher.stop()
+            async with asyncio.timeout(2):
+                await registry.unregister(redis, worker_id)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await publisher.stop()
         await redis.aclose(close_connection_pool=True)
         log.info("worker %s stopped", worker_id)
 
@@ -169,7 +170,5 @@ async def _drain(worker: QueueWorker, seconds: float) -> None:
     running = [t for t in worker.tasks.values() if not t.done()]
     if running and seconds > 0:
         await asyncio.wait(running, timeout=seconds)
-    for task in running:
-        if not task.done():
-            task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
+    # once: arq's run_job hands the request back to the queue after the cancel
+    await cancel_and_wait(running, timeout=10, recancel=False)

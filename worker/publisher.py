@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from llmq.schema import Event, TokensEvent
 from llmq.streams import add_event, add_record
+from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ class StreamPublisher:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task], timeout=5)
             self._task = None
         await self._flush()
 

@@ -18,6 +18,7 @@ cancellation on shutdown) and replaces how work is found:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -96,10 +97,11 @@ class QueueWorker(Worker):
         while True:
             self.wake.clear()
             await self._poll_iteration()
-            try:
-                await asyncio.wait_for(self.wake.wait(), self.poll_delay_s)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # races with the event being set, and this loop would never stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_delay_s):
+                    await self.wake.wait()
 
     async def _poll_iteration(self) -> None:
         while self.allow_pick_jobs and self.job_counter < self.max_jobs:

@@ -87,16 +87,29 @@ class RequestRunner:
     async def _run(self, payload: JobPayload, attempt: int, started: float) -> None:
         rid = payload.request_id
         queue_ms = _ms(max(0.0, started - payload.enqueued_at))
-        await self.publisher.emit(
-            rid,
-            StartedEvent(worker=self.worker_id, attempt=attempt, queue_ms=queue_ms),
-            record={
-                "status": "running",
-                "started_at": str(started),
-                "worker": self.worker_id,
-                "attempts": str(attempt),
-            },
+        # Not awaited before the model starts: the publisher keeps the stream's order,
+        # so "started" still precedes the tokens, and prefill is not delayed by a round trip.
+        announced = asyncio.ensure_future(
+            self.publisher.emit(
+                rid,
+                StartedEvent(worker=self.worker_id, attempt=attempt, queue_ms=queue_ms),
+                record={
+                    "status": "running",
+                    "started_at": str(started),
+                    "worker": self.worker_id,
+                    "attempts": str(attempt),
+                },
+            )
         )
+        try:
+            await self._generate_and_finish(payload, queue_ms, started)
+        finally:
+            await announced
+
+    async def _generate_and_finish(
+        self, payload: JobPayload, queue_ms: float, started: float
+    ) -> None:
+        rid = payload.request_id
         progress = _Progress()
         generation = asyncio.create_task(self._generate(payload, progress))
         self._generations[rid] = generation

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench import traffic
+from bench.breakdown import pipeline_breakdown
 from bench.procs import Stack
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
@@ -60,6 +61,23 @@ def _config(s: Sizes, seed: int, **target: Any) -> LoadConfig:
     )
 
 
+def _where(s: Sizes, ours: list[dict[str, Any]], med: dict[str, dict[str, Any]]) -> str:
+    """One sentence splitting llmq's median TTFT into pipeline stages."""
+    queue = median_of(ours, "accept_to_start_ms")
+    first = median_of(ours, "start_to_first_token_ms")
+    ttft, base = med["llmq"]["ttft_ms_median"], med["baseline"]["ttft_ms_median"]
+    if queue is None or first is None or ttft is None or base is None:
+        return "Pipeline breakdown unavailable (request records not found)."
+    model = 1000 * (s.prompt_tokens * s.prefill_seconds_per_token + 1 / s.tokens_per_second)
+    rest = ttft - queue - first
+    return (
+        f"Where llmq's median TTFT goes (medians from the request records and stream ids): "
+        f"API accept -> worker start {queue:.1f} ms; worker start -> first token written "
+        f"{first:.1f} ms (the model alone: {model:.0f} ms); the rest (HTTP in, relay, SSE "
+        f"out, client) ~{rest:.1f} ms. Extra over the baseline: {ttft - base:.1f} ms."
+    )
+
+
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
     worker_env = {
@@ -71,7 +89,11 @@ def run(ctx: Context) -> ScenarioResult:
         stack.scale(1, worker_env)
 
         def ours(i: int) -> dict[str, Any]:
-            return traffic.figures(traffic.run(_config(s, i, base_url=stack.url)))
+            result = traffic.run(_config(s, i, base_url=stack.url))
+            out = traffic.figures(result)
+            out["breakdown"] = pipeline_breakdown(stack.redis.url, result.started_at)
+            out.update(out["breakdown"])
+            return out
 
         def baseline(i: int) -> dict[str, Any]:
             return traffic.figures(traffic.run(_config(s, i, in_process=True)))
@@ -99,6 +121,7 @@ def run(ctx: Context) -> ScenarioResult:
             f"medians of {ctx.repeats} interleaved runs; ratio = median of per-pair ratios. "
             f"Failed requests: llmq {failed['llmq']}, baseline {failed['baseline']}.",
             table(["figure", "llmq", "baseline", "llmq / baseline"], rows),
+            _where(s, runs["llmq"], med),
             target_line(target.description, target.met, target.detail),
         ]
     )

@@ -129,10 +129,16 @@ def run(ctx: Context) -> ScenarioResult:
         ["TTFT median, accepted (ms)", fmt(o["ttft_ms_median"]), fmt(b["ttft_ms_median"])],
         ["TTFT p99, accepted (ms)", fmt(o["ttft_ms_p99"]), fmt(b["ttft_ms_p99"])],
         ["E2E p99, accepted (ms)", fmt(o["e2el_ms_p99"]), fmt(b["e2el_ms_p99"])],
-        ["429 answer median / p99 (ms)", f"{fmt(o['reject_ms_median'])} / "
-         f"{fmt(o['reject_ms_p99'])}", "— (never rejects)"],
-        ["/healthz p99 / max during burst (ms)", f"{fmt(o['healthz_ms_p99'])} / "
-         f"{fmt(o['healthz_ms_max'])}", "— (no HTTP)"],
+        [
+            "429 answer median / p99 (ms)",
+            f"{fmt(o['reject_ms_median'])} / {fmt(o['reject_ms_p99'])}",
+            "— (never rejects)",
+        ],
+        [
+            "/healthz p99 / max during burst (ms)",
+            f"{fmt(o['healthz_ms_p99'])} / {fmt(o['healthz_ms_max'])}",
+            "— (no HTTP)",
+        ],
         ["/healthz failures", fmt(o["healthz_failures"], 0), "—"],
         ["run duration (s)", fmt(o["duration_s"]), fmt(b["duration_s"])],
     ]

@@ -60,11 +60,11 @@ async def _arq_waits(pool: ArqRedis, key: str, gaps: list[float]) -> list[float]
         await pool.enqueue_job(JOB, key, time.time())
         await asyncio.sleep(gap)
     deadline = time.monotonic() + 30
-    while await pool.llen(key) < len(gaps):
+    while await pool.llen(key) < len(gaps):  # type: ignore[misc]
         if time.monotonic() > deadline:
             raise BenchError("the stock arq worker did not run every job within 30 s")
         await asyncio.sleep(0.05)
-    values = await pool.lrange(key, 0, -1)
+    values = await pool.lrange(key, 0, -1)  # type: ignore[misc]
     return [float(v) * 1000.0 for v in values]
 
 
@@ -146,7 +146,7 @@ def run(ctx: Context) -> ScenarioResult:
             k.removeprefix("wait_ms_"),
             fmt(med["stock_arq"][k]),
             fmt(med["llmq"][k], 2),
-            fmt(ratios[k]["median"], 0) + "×" if ratios[k]["median"] else "—",
+            fmt(ratios[k]["median"], 0) + "x" if ratios[k]["median"] else "—",
         ]
         for k in keys
     ]

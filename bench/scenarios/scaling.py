@@ -61,6 +61,8 @@ def _one(stack: Stack, s: Sizes, workers: int, seed: int, env: dict[str, str]) -
     out.update(traffic.steady_throughput(result, s.steady_from_s, s.duration_s))
     out["cpu"] = cpu
     out["machine_utilisation"] = cpu["machine_utilisation"]
+    out["cpus_ours"] = cpu["cpus_ours"]
+    out["cpus_others"] = cpu["cpus_others"]
     out["ideal_requests_per_s"] = (
         workers
         * s.cap
@@ -77,9 +79,7 @@ def run(ctx: Context) -> ScenarioResult:
         "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
     }
     with Stack(ctx.log_dir) as stack:
-        systems = [
-            (f"{n}w", lambda i, n=n: _one(stack, s, n, i, env)) for n in s.workers
-        ]
+        systems = [(f"{n}w", lambda i, n=n: _one(stack, s, n, i, env)) for n in s.workers]
         runs = interleave(ctx, ctx.repeats, systems)
     one = runs[f"{s.workers[0]}w"]
     rows, targets, summary = [], [], {}
@@ -98,6 +98,8 @@ def run(ctx: Context) -> ScenarioResult:
             "efficiency": median(eff_each),
             "efficiency_each": eff_each,
             "machine_utilisation": median_of(rs, "machine_utilisation"),
+            "cpus_ours": median_of(rs, "cpus_ours"),
+            "cpus_others": median_of(rs, "cpus_others"),
             "ttft_ms_median": median_of(rs, "ttft_ms_median"),
             "itl_ms_p99": median_of(rs, "itl_ms_p99"),
             "failed": sum(r["failed"] or 0 for r in rs),
@@ -117,6 +119,7 @@ def run(ctx: Context) -> ScenarioResult:
                 fmt(row["output_tokens_per_s"], 0),
                 pct(row["efficiency"]),
                 pct(row["machine_utilisation"]),
+                f"{fmt(row['cpus_ours'], 2)} / {fmt(row['cpus_others'], 2)}",
                 " / ".join(fmt(cpu[k], 1) for k in ("api", "workers", "redis", "loadgen")),
                 fmt(row["ttft_ms_median"]),
                 str(row["failed"]),
@@ -126,12 +129,13 @@ def run(ctx: Context) -> ScenarioResult:
             targets.append(_target(n, row))
     md = "\n\n".join(
         [
-            f"Closed loop of 2 × total cap users for {s.duration_s:g} s, cap {s.cap} per "
+            f"Closed loop of 2 x total cap users for {s.duration_s:g} s, cap {s.cap} per "
             f"worker, prompt {s.prompt_tokens} / output {s.output_tokens} tokens at "
             f"{s.tokens_per_second:g} tok/s; throughput counted from "
             f"{s.steady_from_s:g} s to {s.duration_s:g} s; efficiency = tput(N) / "
-            f"(N × tput(1)), per repeat then median over {ctx.repeats}; CPU = whole machine "
-            f"({os.cpu_count()} cores) over the run; CPU seconds per run by process.",
+            f"(N x tput(1)), per repeat then median over {ctx.repeats}; CPU = whole machine "
+            f"({os.cpu_count()} cores) over the run, split into the benchmarked processes "
+            f"(stack + loadgen) and everything else; CPU seconds per run by process.",
             table(
                 [
                     "workers",
@@ -141,6 +145,7 @@ def run(ctx: Context) -> ScenarioResult:
                     "output tok/s",
                     "efficiency",
                     "machine CPU",
+                    "cores ours / others",
                     "CPU s api / workers / redis / loadgen",
                     "TTFT median (ms)",
                     "failed",

@@ -1,0 +1,48 @@
+"""Stopping background tasks reliably.
+
+A single ``Task.cancel()`` is not always enough: a cancellation that races with a
+timeout inside a library (a Redis read under ``asyncio.timeout``, say) can be
+absorbed, and a ``while True`` loop then carries on. :func:`cancel_and_wait`
+repeats the cancel until the tasks are done or the deadline passes, and logs the
+stack of any task that would not stop instead of hanging shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RECANCEL_SECONDS = 0.1
+
+
+async def cancel_and_wait(
+    tasks: Iterable[asyncio.Task[Any]], timeout: float, *, recancel: bool = True
+) -> None:
+    """Cancel and await ``tasks`` for at most ``timeout`` seconds.
+
+    ``recancel=False`` cancels once: for tasks that clean up (shielded) after a
+    cancel and must not be interrupted while doing so.
+    """
+    pending = {t for t in tasks if not t.done()}
+    for task in pending:
+        task.cancel()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while pending and loop.time() < deadline:
+        if recancel:
+            for task in pending:
+                task.cancel()
+        _, pending = await asyncio.wait(
+            pending, timeout=min(RECANCEL_SECONDS, deadline - loop.time())
+        )
+    for task in pending:
+        out = io.StringIO()
+        task.print_stack(file=out)
+        log.error(
+            "task %s did not stop within %.0fs:\n%s", task.get_name(), timeout, out.getvalue()
+        )

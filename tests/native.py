@@ -1,0 +1,36 @@
+"""Small helpers over the native API for tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.waiting import wait_until
+
+
+async def submit(client: httpx.AsyncClient, prompt: str = "p", **body: Any) -> str:
+    r = await client.post("/v1/requests", json={"model": "mock", "prompt": prompt, **body})
+    assert r.status_code == 202, r.text
+    rid: str = r.json()["id"]
+    return rid
+
+
+async def record(client: httpx.AsyncClient, rid: str) -> dict[str, Any]:
+    r = await client.get(f"/v1/requests/{rid}")
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()
+    return data
+
+
+async def wait_status(
+    client: httpx.AsyncClient, rid: str, *statuses: str, timeout: float = 20
+) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    async def reached() -> bool:
+        found.update(await record(client, rid))
+        return found["status"] in statuses
+
+    await wait_until(reached, timeout=timeout, what=f"{rid} to be {'/'.join(statuses)}")
+    return found

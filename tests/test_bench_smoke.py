@@ -1,0 +1,53 @@
+"""The benchmark suite runs end to end at tiny sizes and writes its figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(120)
+def test_bench_quick_light_and_pickup(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--scenarios",
+            "light,pickup",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [json_path] = tmp_path.glob("*.json")
+    md_path = json_path.with_suffix(".md")
+    assert md_path.exists() and (tmp_path / "latest.md").read_text() == md_path.read_text()
+
+    results = json.loads(json_path.read_text())
+    assert results["machine"]["cpu_count"] >= 1 and results["machine"]["redis_version"]
+    light = results["scenarios"]["light"]["medians"]
+    for system in ("llmq", "baseline"):
+        assert light[system]["ttft_ms_median"] > 0
+        assert light[system]["e2el_ms_p99"] > 0
+    pickup = results["scenarios"]["pickup"]["medians"]
+    for system in ("llmq", "stock_arq"):
+        assert pickup[system]["wait_ms_median"] >= 0
+
+    markdown = md_path.read_text()
+    assert "## light" in markdown and "## pickup" in markdown
+    assert "TTFT median (ms)" in markdown and "stock arq" in markdown
+    assert done.stdout.strip().startswith("# llmq benchmark")

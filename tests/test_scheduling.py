@@ -1,0 +1,128 @@
+"""Start order under contention, with real worker processes.
+
+Priorities shift a request's effective arrival by ``priority * priority_step_ms``;
+workers always take the lowest. These tests fill every slot, build a backlog,
+then check which request starts next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from tests.conftest import SpawnWorkers, StartApi
+from tests.native import record, submit, wait_status
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+#: 20 tokens at 100 tok/s: each request holds its slot for ~0.2 s.
+SHORT = {"max_tokens": 20}
+SLOW = {"model_tokens_per_second": 100}
+
+
+async def started_order(client: httpx.AsyncClient, ids: list[str]) -> list[str]:
+    records = {rid: await wait_status(client, rid, "done") for rid in ids}
+    return sorted(ids, key=lambda rid: records[rid]["started_at"])
+
+
+async def test_fifo_within_a_priority(start_api: StartApi, spawn_workers: SpawnWorkers) -> None:
+    await spawn_workers(1, concurrency=1, **SLOW)
+    api = await start_api()
+    async with api.client() as client:
+        ids = [await submit(client, f"n{i}", **SHORT) for i in range(6)]
+        assert await started_order(client, ids) == ids
+
+
+async def test_higher_priority_overtakes_a_backlog(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
+) -> None:
+    await spawn_workers(1, concurrency=1, **SLOW)
+    api = await start_api()
+    async with api.client() as client:
+        busy = await submit(client, "busy", max_tokens=40)
+        await wait_status(client, busy, "running")
+        backlog = [await submit(client, f"low{i}", priority=5, **SHORT) for i in range(5)]
+        urgent = await submit(client, "urgent", priority=0, **SHORT)
+        order = await started_order(client, [busy, *backlog, urgent])
+    assert order == [busy, urgent, *backlog]
+
+
+async def test_three_workers_compete(start_api: StartApi, spawn_workers: SpawnWorkers) -> None:
+    await spawn_workers(3, concurrency=1, **SLOW)
+    api = await start_api()
+    async with api.client() as client:
+        busy = [await submit(client, f"busy{i}", max_tokens=40) for i in range(3)]
+        for rid in busy:
+            await wait_status(client, rid, "running")
+        backlog = [await submit(client, f"low{i}", priority=5, **SHORT) for i in range(9)]
+        urgent = [await submit(client, f"urgent{i}", priority=-1, **SHORT) for i in range(2)]
+        order = await started_order(client, busy + backlog + urgent)
+        workers = {(await record(client, rid))["worker"] for rid in busy + backlog + urgent}
+    assert set(order[3:5]) == set(urgent), order
+    assert order[5:] == backlog  # FIFO among equals, across three workers
+    assert len(workers) == 3
+
+
+async def test_low_priority_does_not_starve(
+    start_api: StartApi, spawn_workers: SpawnWorkers
+) -> None:
+    """With a 100 ms step, priority 5 waits at most ~0.5 s behind later arrivals."""
+    await spawn_workers(1, concurrency=1, **SLOW)
+    api = await start_api(priority_step_ms=100)
+    async with api.client() as client:
+        busy = await submit(client, "busy", max_tokens=10)
+        await wait_status(client, busy, "running")
+        low = await submit(client, "low", priority=5, max_tokens=5)
+        stream: list[str] = []
+        for i in range(12):  # a steady stream of urgent work, arriving every 100 ms
+            stream.append(await submit(client, f"hi{i}", priority=0, max_tokens=10))
+            await asyncio.sleep(0.1)
+        low_record = await wait_status(client, low, "done")
+        overtook = [
+            r
+            for r in [await wait_status(client, rid, "done") for rid in stream]
+            if r["started_at"] < low_record["started_at"]
+        ]
+    # Everything that started first arrived within the 0.5 s window after `low`.
+    assert overtook, "the test did not create contention"
+    assert all(r["created_at"] <= low_record["created_at"] + 0.5 for r in overtook)
+    assert len(overtook) < len(stream)
+
+
+@pytest.mark.timeout(150)
+async def test_more_running_than_arqs_read_limit(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
+) -> None:
+    """Six workers of 20 slots (arq's read limit: 100 each) run 110 requests; more start."""
+    await spawn_workers(6, concurrency=20, model_tokens_per_second=20)
+    api = await start_api()
+    async with api.client() as client:
+        for i in range(110):
+            await submit(client, f"long{i}", max_tokens=400)
+
+        async def all_running() -> bool:
+            return int(await redis.zcard(keys.running("mock"))) == 110
+
+        await wait_until(all_running, timeout=30, what="110 running requests")
+        assert await redis.zcard(keys.queue("mock")) == 0
+        extra = await submit(client, "extra", max_tokens=2)
+        done = await wait_status(client, extra, "done", timeout=10)
+    assert done["queue_ms"] < 1000
+
+
+async def test_wakeup_not_poll(start_api: StartApi, spawn_workers: SpawnWorkers) -> None:
+    """With the fallback poll at 60 s, work still starts at once: enqueue and freed slot."""
+    await spawn_workers(1, concurrency=1, poll_seconds=60, **SLOW)
+    api = await start_api()
+    async with api.client() as client:
+        first = await submit(client, "first", **SHORT)
+        second = await submit(client, "second", **SHORT)
+        one = await wait_status(client, first, "done", timeout=10)
+        two = await wait_status(client, second, "done", timeout=10)
+    assert one["queue_ms"] < 1000
+    assert two["started_at"] - one["finished_at"] < 1.0
