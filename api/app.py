@@ -16,8 +16,9 @@ from api.catalog import Catalog
 from api.limits import BodyLimit
 from api.relay import StreamRelay
 from api.routes import health, native, openai
+from api.routes import metrics as metrics_routes
 from api.state import AppState
-from llmq import __version__, keys
+from llmq import __version__, keys, metrics
 from llmq.connection import connect
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
@@ -37,6 +38,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             settings, max_connections=2, socket_timeout=settings.relay_block_ms / 1000 + 5
         )
         relay = StreamRelay(blocking, keys.control(process_id), block_ms=settings.relay_block_ms)
+        recorder = metrics.Recorder()
         state = AppState(
             settings=settings,
             process_id=process_id,
@@ -47,20 +49,24 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 redis,
                 stream_maxlen=settings.stream_maxlen,
                 ttl_seconds=settings.request_ttl_seconds,
+                recorder=recorder,
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
+            metrics=recorder,
         )
         await relay.start()
         sweeper = asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds))
+        flusher = asyncio.create_task(metrics.flush_forever(state.metrics, redis))
         app.state.llmq = state
         try:
             yield
         finally:
-            await cancel_and_wait([sweeper], timeout=5)
+            await cancel_and_wait([sweeper, flusher], timeout=5)
             # disconnect-triggered cancels are short Redis calls: let them finish
             if state.background:
                 await asyncio.wait(state.background, timeout=5)
             await cancel_and_wait(state.background, timeout=2)
+            await metrics.final_flush(state.metrics, redis)
             await relay.stop()
             await blocking.aclose(close_connection_pool=True)
             await redis.aclose(close_connection_pool=True)
@@ -75,5 +81,6 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(native.router)
     app.include_router(health.router)
+    app.include_router(metrics_routes.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

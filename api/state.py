@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from api.catalog import Catalog
 from api.relay import StreamRelay
+from llmq.metrics import Recorder
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
 
@@ -29,6 +30,8 @@ class AppState:
     queue: Queue
     accept_models: frozenset[str]
     background: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: This process's not-yet-flushed metrics (see :mod:`llmq.metrics`).
+    metrics: Recorder = field(default_factory=Recorder)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` detached from the request (e.g. a cancel after a disconnect).
@@ -45,7 +48,9 @@ class AppState:
             log.warning("background task failed: %s", task.exception())
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """Async on purpose: FastAPI runs a sync dependency in a thread pool, a thread
+    hop per request that costs about a millisecond."""
     state: AppState = request.app.state.llmq
     return state
 

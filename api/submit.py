@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable
 from api.schemas import GenerationParams
 from api.state import AppState
+from llmq import metrics
 from llmq.queue import effective_score, serialize_job
 from llmq.schema import JobPayload, RequestRecord, SamplingParams
 from worker.model import count_tokens
@@ -143,6 +144,7 @@ async def submit(
         record=record.to_redis(),
     )
     if not accepted:
+        state.metrics.inc(metrics.REQUESTS, params.model, "rejected")
         raise Overloaded(
             f"the queue of model '{params.model}' is full ({settings.max_queue_depth} waiting); "
             "retry later",

@@ -114,6 +114,8 @@ class EmbeddedRedis:
         if self.process and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.process and self.process.stderr:
+            self.process.stderr.close()
 
     def stop(self, *, remove: bool = True) -> None:
         if self.process and self.process.poll() is None:

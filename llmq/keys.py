@@ -31,6 +31,11 @@ def queue(model: str) -> str:
     return f"{QUEUE_PREFIX}{model}"
 
 
+def leases(model: str) -> str:
+    """Hash of running request id -> "score:cost", to requeue it if its worker dies."""
+    return f"{PREFIX}:leases:{model}"
+
+
 def costs(model: str) -> str:
     """Hash of queued request id -> prompt + max_tokens (token-aware admission)."""
     return f"{COSTS_PREFIX}{model}"
@@ -91,3 +96,16 @@ def worker(worker_id: str) -> str:
 def control(process_id: str) -> str:
     """A tiny stream that wakes one API process's relay when it gains a subscriber."""
     return f"{PREFIX}:ctl:{process_id}"
+
+
+METRICS_PREFIX = f"{PREFIX}:metrics:"
+
+
+def metric(family: str) -> str:
+    """Hash of a metric family's cluster-wide totals (see :mod:`llmq.metrics`)."""
+    return f"{METRICS_PREFIX}{family}"
+
+
+def metrics_second(unix_second: int) -> str:
+    """Hash of counter totals flushed during one second (short TTL): recent rates."""
+    return f"{PREFIX}:metrics-second:{unix_second}"

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from llmq import keys, scripts
+from llmq import keys, metrics, scripts
 from llmq.streams import add_event, add_record, unstarted_end
 
 #: The arq function name of every llmq job.
@@ -76,8 +76,17 @@ class Claim:
 class Queue:
     """Typed calls of the queue scripts on one Redis client (str or bytes replies)."""
 
-    def __init__(self, redis: Redis, *, stream_maxlen: int, ttl_seconds: int) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        stream_maxlen: int,
+        ttl_seconds: int,
+        recorder: metrics.Recorder | None = None,
+    ) -> None:
         self.redis = redis
+        #: Counts the outcome of requests that end without starting (cancelled, timeout).
+        self.recorder = recorder
         self.stream_maxlen = stream_maxlen
         self.ttl = ttl_seconds
         self._enqueue = redis.register_script(scripts.ENQUEUE)
@@ -85,6 +94,8 @@ class Queue:
         self._requeue = redis.register_script(scripts.REQUEUE)
         self._cancel = redis.register_script(scripts.CANCEL)
         self._sweep = redis.register_script(scripts.SWEEP)
+        self._renew = redis.register_script(scripts.RENEW)
+        self._reap = redis.register_script(scripts.REAP)
 
     async def enqueue(
         self,
@@ -126,7 +137,13 @@ class Queue:
         self, model: str, *, lease_ms: int, in_progress_ms: int, budget_left: int | None, idle: bool
     ) -> Claim:
         reply = await self._claim(
-            keys=[keys.queue(model), keys.running(model), keys.costs(model), keys.DEADLINES],
+            keys=[
+                keys.queue(model),
+                keys.running(model),
+                keys.costs(model),
+                keys.DEADLINES,
+                keys.leases(model),
+            ],
             args=[
                 now_ms(),
                 lease_ms,
@@ -152,13 +169,33 @@ class Queue:
 
     async def requeue(self, model: str, request_id: str, score: int, cost: int) -> bool:
         done = await self._requeue(
-            keys=[keys.queue(model), keys.running(model), keys.costs(model)],
+            keys=[keys.queue(model), keys.running(model), keys.costs(model), keys.leases(model)],
             args=[request_id, score, cost, keys.wake(model)],
         )
         return bool(done)
 
     async def release(self, model: str, request_id: str) -> None:
-        await self.redis.zrem(keys.running(model), request_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrem(keys.running(model), request_id)
+        pipe.hdel(keys.leases(model), request_id)
+        await pipe.execute()
+
+    async def renew(self, model: str, request_ids: list[str], lease_ms: int) -> int:
+        """Extend this worker's leases; a worker that stops renewing is presumed dead."""
+        if not request_ids:
+            return 0
+        renewed = await self._renew(
+            keys=[keys.running(model)], args=[now_ms() + lease_ms, *request_ids]
+        )
+        return int(renewed)
+
+    async def reap(self, model: str, limit: int = 100) -> list[str]:
+        """Requeue requests whose lease expired; returns their ids."""
+        reply = await self._reap(
+            keys=[keys.running(model), keys.queue(model), keys.leases(model), keys.costs(model)],
+            args=[now_ms(), limit, keys.wake(model), keys.IN_PROGRESS_PREFIX],
+        )
+        return [as_str(x) for x in reply]
 
     async def cancel(self, model: str, request_id: str) -> bool:
         """Cancel a request; True if it was still queued (and is now gone)."""
@@ -197,10 +234,13 @@ class Queue:
             return
         read = self.redis.pipeline(transaction=False)
         for rid in request_ids:
-            read.hmget(keys.request(rid), ["created_at", "prompt_tokens"])
+            read.hmget(keys.request(rid), ["created_at", "prompt_tokens", "model"])
         found = await read.execute()
         write = self.redis.pipeline(transaction=False)
-        for rid, (created, prompt_tokens) in zip(request_ids, found, strict=True):
+        for rid, (created, prompt_tokens, model) in zip(request_ids, found, strict=True):
+            if self.recorder is not None:
+                label = as_str(model) if model else ""
+                self.recorder.inc(metrics.REQUESTS, label, reason)
             event, record = unstarted_end(
                 rid,
                 reason,

@@ -27,7 +27,7 @@ redis.call('PUBLISH', ARGV[6], ARGV[1])
 return 1
 """
 
-#: KEYS: queue, running, costs, deadlines.
+#: KEYS: queue, running, costs, deadlines, leases.
 #: ARGV: now_ms, lease_ms, in-progress prefix, in-progress ttl ms, budget left (-1: no
 #: budget), idle ('1' if the worker runs nothing), model, job prefix, cancel prefix.
 #: Takes the lowest-scored request; requests past their deadline or cancelled are
@@ -72,6 +72,7 @@ for _ = 1, 100 do
     end
     drop(id, member)
     redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), id)
+    redis.call('HSET', KEYS[5], id, head[2] .. ':' .. cost)
     redis.call('SET', ARGV[3] .. id, '1', 'PX', ARGV[4])
     return reply(id, head[2], cost)
   end
@@ -79,9 +80,10 @@ end
 return reply('', '0', '0')
 """
 
-#: KEYS: queue, running, costs. ARGV: id, score, cost, wake channel.
+#: KEYS: queue, running, costs, leases. ARGV: id, score, cost, wake channel.
 #: Puts a claimed request back at its old place (its worker is stopping).
 REQUEUE = """
+redis.call('HDEL', KEYS[4], ARGV[1])
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
@@ -126,4 +128,36 @@ for _, member in ipairs(due) do
   end
 end
 return out
+"""
+
+#: KEYS: running. ARGV: expiry_ms, ids... Extends the leases this worker still holds
+#: (XX: a lease that was already reaped is not resurrected).
+RENEW = """
+local n = 0
+for i = 2, #ARGV do
+  n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', ARGV[1], ARGV[i])
+end
+return n
+"""
+
+#: KEYS: running, queue, leases, costs. ARGV: now_ms, limit, wake channel,
+#: in-progress prefix. Requests whose lease expired (their worker died) go back to
+#: the queue at their original score; returns their ids.
+REAP = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('DEL', ARGV[4] .. id)
+  local lease = redis.call('HGET', KEYS[3], id)
+  redis.call('HDEL', KEYS[3], id)
+  if lease then
+    local sep = string.find(lease, ':', 1, true)
+    redis.call('ZADD', KEYS[2], string.sub(lease, 1, sep - 1), id)
+    redis.call('HSET', KEYS[4], id, string.sub(lease, sep + 1))
+  end
+end
+if #due > 0 then
+  redis.call('PUBLISH', ARGV[3], 'reaped')
+end
+return due
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -114,7 +114,15 @@ class WorkerSettings(CommonSettings):
     poll_seconds: float = Field(
         0.5, gt=0, description="Fallback poll of the queue when no wake-up arrives."
     )
-    heartbeat_seconds: float = Field(1.0, gt=0, description="Registry heartbeat interval.")
+    heartbeat_seconds: float = Field(
+        1.0, gt=0, description="Registry heartbeat and lease renewal interval."
+    )
+    lease_seconds: float = Field(
+        3.0,
+        gt=0,
+        description="A running request whose worker has not renewed its lease for this "
+        "long goes back to the queue (the worker is presumed dead).",
+    )
     job_timeout_seconds: float = Field(
         600.0, gt=0, description="Hard limit on one request's run time in a worker."
     )
@@ -124,6 +132,12 @@ class WorkerSettings(CommonSettings):
     max_event_tokens: int = Field(
         256, ge=1, description="Most tokens coalesced into one stream event."
     )
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeat(self) -> WorkerSettings:
+        if self.lease_seconds <= self.heartbeat_seconds:
+            raise ValueError("lease_seconds must be longer than heartbeat_seconds")
+        return self
 
 
 class RunSettings(CommonSettings):

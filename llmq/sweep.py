@@ -15,12 +15,18 @@ from llmq.queue import Queue
 log = logging.getLogger(__name__)
 
 
-async def sweep_forever(queue: Queue, interval: float) -> None:
+async def sweep_forever(queue: Queue, interval: float, reap: tuple[str, ...] = ()) -> None:
+    """Expire overdue queued requests; also requeue the ``reap`` models' requests
+    whose worker lease ran out (a worker that died without handing them back)."""
     while True:
         try:
             expired = await queue.sweep()
             if expired:
                 log.info("expired %d queued requests past their deadline", len(expired))
+            for model in reap:
+                reaped = await queue.reap(model)
+                if reaped:
+                    log.warning("requeued %d requests of a dead worker: %s", len(reaped), reaped)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

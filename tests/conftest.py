@@ -154,11 +154,10 @@ async def spawn_workers(redis_url: str, redis: Redis) -> AsyncIterator[SpawnWork
     procs: list[Proc] = []
 
     async def spawn(n: int = 1, **settings: Any) -> list[Proc]:
+        chosen = {"heartbeat_seconds": 0.2, "drain_seconds": 1, **FAST_MODEL, **settings}
         env = clean_env(
             LLMQ_REDIS_URL=redis_url,
-            LLMQ_HEARTBEAT_SECONDS="0.2",
-            LLMQ_DRAIN_SECONDS="1",
-            **{f"LLMQ_{k.upper()}": str(v) for k, v in {**FAST_MODEL, **settings}.items()},
+            **{f"LLMQ_{k.upper()}": str(v) for k, v in chosen.items()},
         )
         new = [Proc(["worker"], env) for _ in range(n)]
         procs.extend(new)

@@ -34,3 +34,10 @@ async def wait_status(
 
     await wait_until(reached, timeout=timeout, what=f"{rid} to be {'/'.join(statuses)}")
     return found
+
+
+async def wait_ready(client: httpx.AsyncClient, timeout: float = 10) -> None:
+    async def ready() -> bool:
+        return (await client.get("/readyz")).status_code == 200
+
+    await wait_until(ready, timeout=timeout, what="/readyz")

@@ -1,4 +1,4 @@
-"""docker-compose.yml is valid and each service runs a real ``llmq`` subcommand.
+"""docker-compose.yml is valid and each llmq service runs a real ``llmq`` subcommand.
 
 There is no Docker engine in CI, so the file is validated statically: by
 ``docker-compose config`` (Debian's docker-compose package, installed by
@@ -27,12 +27,17 @@ def subcommands() -> set[str]:
     return set(action.choices or ())
 
 
+def is_llmq(service: dict[str, Any]) -> bool:
+    """Built from this repository (``image: llmq:...``); Redis, Prometheus... are not."""
+    return str(service.get("image", "")).startswith("llmq:")
+
+
 def check(config: dict[str, Any]) -> None:
     services = config["services"]
-    assert {"redis", "api", "worker"} <= set(services)
+    assert {"redis", "api", "worker", "prometheus", "grafana"} <= set(services)
     commands = subcommands()
     for name, service in services.items():
-        if name == "redis":
+        if not is_llmq(service):
             continue
         command = service["command"]
         assert command[0] == "llmq" and command[1] in commands, (name, command)
@@ -46,6 +51,9 @@ def check(config: dict[str, Any]) -> None:
     assert "healthcheck" in services["redis"]
     assert "ports" not in services["worker"], "workers must scale without port clashes"
     assert "container_name" not in services["worker"]
+    for name, port in (("prometheus", 9090), ("grafana", 3000)):
+        published = [str(p) for p in services[name].get("ports", [])]
+        assert len(published) == 1 and str(port) in published[0], (name, published)
 
 
 def test_compose_file_statically() -> None:

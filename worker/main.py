@@ -19,7 +19,7 @@ import time
 
 from arq.connections import ArqRedis
 
-from llmq import keys, registry
+from llmq import keys, metrics, registry
 from llmq.connection import make_pool
 from llmq.queue import Queue, as_str
 from llmq.schema import WorkerInfo
@@ -76,8 +76,11 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
 
 
 async def _heartbeat(
-    redis: ArqRedis, settings: WorkerSettings, runner: RequestRunner, worker_id: str
+    redis: ArqRedis, settings: WorkerSettings, worker: QueueWorker, worker_id: str
 ) -> None:
+    """Registry entry and request leases, renewed together every heartbeat."""
+    runner = worker.runner
+    lease_ms = int(settings.lease_seconds * 1000)
     started_at = time.time()
     while True:
         info = WorkerInfo(
@@ -92,6 +95,7 @@ async def _heartbeat(
         )
         try:
             await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
+            await worker.queue.renew(settings.model, worker.claimed, lease_ms)
         except Exception as exc:
             log.warning("heartbeat failed: %s", exc)
         await asyncio.sleep(settings.heartbeat_seconds)
@@ -120,9 +124,19 @@ async def serve(
         ttl_seconds=settings.request_ttl_seconds,
         max_event_tokens=settings.max_event_tokens,
     )
-    runner = RequestRunner(worker_id, model or mock_model(settings), publisher)
+    recorder = metrics.Recorder()
+    runner = RequestRunner(
+        worker_id,
+        model or mock_model(settings),
+        publisher,
+        metrics=recorder,
+        model_name=settings.model,
+    )
     queue = Queue(
-        redis, stream_maxlen=settings.stream_maxlen, ttl_seconds=settings.request_ttl_seconds
+        redis,
+        stream_maxlen=settings.stream_maxlen,
+        ttl_seconds=settings.request_ttl_seconds,
+        recorder=recorder,
     )
     worker = QueueWorker(
         model=settings.model,
@@ -133,13 +147,16 @@ async def serve(
         max_jobs=settings.concurrency,
         poll_seconds=settings.poll_seconds,
         job_timeout=settings.job_timeout_seconds,
-        lease_seconds=settings.worker_ttl_seconds,
+        lease_seconds=settings.lease_seconds,
     )
     publisher.start()
     tasks = [
-        asyncio.create_task(_heartbeat(redis, settings, runner, worker_id), name="heartbeat"),
+        asyncio.create_task(_heartbeat(redis, settings, worker, worker_id), name="heartbeat"),
         asyncio.create_task(_listen(redis, settings.model, worker), name="pubsub"),
-        asyncio.create_task(sweep_forever(queue, settings.sweep_seconds), name="sweep"),
+        asyncio.create_task(
+            sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
+        ),
+        asyncio.create_task(metrics.flush_forever(recorder, redis), name="metrics-flush"),
     ]
     main = asyncio.create_task(worker.main(), name="claim-loop")
     log.info(
@@ -148,13 +165,19 @@ async def serve(
         settings.model,
         settings.concurrency,
     )
+    stopping = asyncio.create_task(stop.wait(), name="stop")
     try:
-        await stop.wait()
+        # The claim loop only ends on a bug; then the worker exits rather than idle.
+        await asyncio.wait({stopping, main}, return_when=asyncio.FIRST_COMPLETED)
+        if main.done() and not main.cancelled() and main.exception() is not None:
+            log.error("claim loop failed; stopping the worker", exc_info=main.exception())
     finally:
+        stopping.cancel()
         log.info("worker %s stopping: draining %d running", worker_id, len(worker.tasks))
         worker.allow_pick_jobs = False
         await _drain(worker, settings.drain_seconds)
         await cancel_and_wait([main, *tasks], timeout=5)
+        await metrics.final_flush(recorder, redis)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await registry.unregister(redis, worker_id)

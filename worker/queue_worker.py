@@ -24,6 +24,8 @@ from typing import Any
 
 from arq.connections import ArqRedis
 from arq.worker import Worker, func
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq import keys
 from llmq.queue import JOB_FUNCTION, Queue, deserialize, serialize
@@ -31,6 +33,9 @@ from llmq.schema import JobPayload
 from worker.runner import RequestRunner
 
 log = logging.getLogger(__name__)
+
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 2.0
 
 
 async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
@@ -88,15 +93,29 @@ class QueueWorker(Worker):
         self._claims: dict[str, tuple[int, int]] = {}  # id -> (score, cost)
 
     @property
+    def claimed(self) -> list[str]:
+        """Ids of the requests this worker holds (and must keep leasing)."""
+        return list(self._claims)
+
+    @property
     def tokens_in_use(self) -> int:
         return sum(cost for _, cost in self._claims.values())
 
     async def main(self) -> None:
         """Claim work whenever woken; the poll delay is only the fallback timer."""
         self.ctx["redis"] = self.pool
+        backoff = BACKOFF_MIN
         while True:
             self.wake.clear()
-            await self._poll_iteration()
+            try:
+                await self._poll_iteration()
+                backoff = BACKOFF_MIN
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # Redis is away: keep the running requests, retry claiming with backoff.
+                log.warning("claiming failed (%s); retrying in %.2fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
             # races with the event being set, and this loop would never stop.
             with contextlib.suppress(TimeoutError):

@@ -21,6 +21,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from llmq import metrics
+from llmq.metrics import Recorder
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,
@@ -48,15 +50,22 @@ def _ms(seconds: float) -> float:
 class _Progress:
     produced: int = 0
     first_at: float | None = None
+    last_at: float = 0.0
 
 
 @dataclass
 class RequestRunner:
-    """Runs requests for one worker process; ``running`` maps id -> start time."""
+    """Runs requests for one worker process; ``running`` maps id -> start time.
+
+    ``metrics`` receives the worker-side figures (queue, prefill, decode, ITL, TPOT,
+    tokens, outcomes); ``model_name`` labels those of jobs too malformed to name one.
+    """
 
     worker_id: str
     model: Model
     publisher: StreamPublisher
+    metrics: Recorder = field(default_factory=Recorder)
+    model_name: str = ""
     running: dict[str, float] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
@@ -86,7 +95,9 @@ class RequestRunner:
 
     async def _run(self, payload: JobPayload, attempt: int, started: float) -> None:
         rid = payload.request_id
-        queue_ms = _ms(max(0.0, started - payload.enqueued_at))
+        queue_seconds = max(0.0, started - payload.enqueued_at)
+        queue_ms = _ms(queue_seconds)
+        self.metrics.observe(metrics.QUEUE_TIME, queue_seconds, payload.model)
         # Not awaited before the model starts: the publisher keeps the stream's order,
         # so "started" still precedes the tokens, and prefill is not delayed by a round trip.
         announced = asyncio.ensure_future(
@@ -149,11 +160,16 @@ class RequestRunner:
             stop=params.stop,
             temperature=params.temperature,
         )
+        observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         try:
             async with asyncio.timeout(payload.generation_timeout):
                 async for token in self.model.generate(request):
+                    now = time.time()
                     if progress.first_at is None:
-                        progress.first_at = time.time()
+                        progress.first_at = now
+                    else:
+                        observe(itl, now - progress.last_at, model)
+                    progress.last_at = now
                     self.publisher.token(rid, progress.produced, token)
                     progress.produced += 1
         except TimeoutError:
@@ -170,6 +186,13 @@ class RequestRunner:
     ) -> None:
         now = time.time()
         first = progress.first_at if progress.first_at is not None else now
+        self._count(payload, progress.produced, finish)
+        m, model = self.metrics, payload.model
+        if progress.first_at is not None:
+            m.observe(metrics.PREFILL_TIME, first - started, model)
+            m.observe(metrics.DECODE_TIME, now - first, model)
+        if progress.produced > 1:
+            m.observe(metrics.TPOT, (now - first) / (progress.produced - 1), model)
         event = DoneEvent(
             finish_reason=finish,
             usage=_usage(payload, progress.produced),
@@ -191,6 +214,7 @@ class RequestRunner:
     async def _finish_error(
         self, payload: JobPayload, produced: int, code: str, message: str, finish: FinishReason
     ) -> None:
+        self._count(payload, produced, finish)
         await self.publisher.emit(
             payload.request_id,
             ErrorEvent(
@@ -207,6 +231,7 @@ class RequestRunner:
 
     async def fail(self, request_id: str, code: str, message: str) -> None:
         """Publish a terminal error for a request the runner could not start."""
+        self.metrics.inc(metrics.REQUESTS, self.model_name, "error")
         await self.publisher.emit(
             request_id,
             ErrorEvent(code=code, message=message),
@@ -217,6 +242,15 @@ class RequestRunner:
                 "error": message,
             },
         )
+
+    def _count(self, payload: JobPayload, produced: int, finish: FinishReason) -> None:
+        """The outcome and token figures of a request that ended here."""
+        m, model = self.metrics, payload.model
+        m.inc(metrics.REQUESTS, model, finish)
+        m.inc(metrics.PROMPT_TOKENS, model, amount=payload.prompt_tokens)
+        m.inc(metrics.GENERATION_TOKENS, model, amount=produced)
+        m.observe(metrics.PROMPT_TOKENS_HIST, payload.prompt_tokens, model)
+        m.observe(metrics.GENERATION_TOKENS_HIST, produced, model)
 
 
 def _usage(payload: JobPayload, produced: int) -> Usage:

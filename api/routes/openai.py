@@ -9,6 +9,7 @@ A client that disconnects, streaming or not, cancels its request.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,12 +24,29 @@ from api.openai_format import ChatFormat, CompletionFormat
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState, State
 from api.submit import submit
+from llmq import metrics
 from llmq.schema import DoneEvent, ErrorEvent, TokensEvent
 
 router = APIRouter(tags=["openai"])
 
 #: Status of a client that went away before its answer (nginx's convention).
 CLIENT_CLOSED = 499
+
+
+class _Timer:
+    """TTFT and e2e as the API relays them, from the request's arrival at the handler."""
+
+    def __init__(self, state: AppState, model: str, arrived: float) -> None:
+        self.metrics, self.model, self.arrived = state.metrics, model, arrived
+        self.first = False
+
+    def tokens(self) -> None:
+        if not self.first:
+            self.first = True
+            self.metrics.observe(metrics.TTFT, time.monotonic() - self.arrived, self.model)
+
+    def end(self) -> None:
+        self.metrics.observe(metrics.E2E, time.monotonic() - self.arrived, self.model)
 
 
 def _error_status(event: ErrorEvent) -> int:
@@ -40,7 +58,8 @@ def _error_of(event: ErrorEvent) -> dict[str, Any]:
     return error_body(event.message, kind, None, event.code)
 
 
-async def _stream(state: AppState, fmt: CompletionFormat) -> AsyncIterator[bytes]:
+async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> AsyncIterator[bytes]:
+    timer = _Timer(state, fmt.sub.model, arrived)
     finished = False
     try:
         opening = fmt.opening()
@@ -56,13 +75,16 @@ async def _stream(state: AppState, fmt: CompletionFormat) -> AsyncIterator[bytes
                 text = "".join(cursor.take(event))
                 if text:
                     yield sse.data(fmt.delta(text))
+                    timer.tokens()
             elif isinstance(event, DoneEvent):
                 finished = True
+                timer.end()
                 yield sse.data(fmt.closing(event.finish_reason))
                 if fmt.include_usage:
                     yield sse.data(fmt.usage_chunk(event.usage))
             elif isinstance(event, ErrorEvent):
                 finished = True
+                timer.end()
                 if event.code == "generation_timeout":
                     yield sse.data(fmt.closing(event.finish_reason))
                 yield sse.data(_error_of(event))
@@ -74,7 +96,8 @@ async def _stream(state: AppState, fmt: CompletionFormat) -> AsyncIterator[bytes
             cancel_later(state, fmt.sub.model, fmt.sub.id)
 
 
-async def _collect(state: AppState, fmt: CompletionFormat) -> Response:
+async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Response:
+    timer = _Timer(state, fmt.sub.model, arrived)
     cursor = TokenCursor()
     parts: list[str] = []
     async for item in follow(state, fmt.sub.id):
@@ -83,21 +106,24 @@ async def _collect(state: AppState, fmt: CompletionFormat) -> Response:
         _, event = item
         if isinstance(event, TokensEvent):
             parts.extend(cursor.take(event))
+            timer.tokens()
         elif isinstance(event, DoneEvent):
+            timer.end()
             return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.usage))
         elif isinstance(event, ErrorEvent):
+            timer.end()
             return JSONResponse(_error_of(event), _error_status(event))
     raise ApiError("the stream ended without a result", status=500, code="internal_error")
 
 
 async def _respond(
-    request: Request, state: AppState, fmt: CompletionFormat, stream: bool
+    request: Request, state: AppState, fmt: CompletionFormat, stream: bool, arrived: float
 ) -> Response:
     if stream:
         return StreamingResponse(
-            _stream(state, fmt), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+            _stream(state, fmt, arrived), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
         )
-    response = await unless_disconnected(request, _collect(state, fmt))
+    response = await unless_disconnected(request, _collect(state, fmt, arrived))
     if response is None:
         cancel_later(state, fmt.sub.model, fmt.sub.id)
         return Response(status_code=CLIENT_CLOSED)
@@ -106,12 +132,15 @@ async def _respond(
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
+    arrived = time.monotonic()
     sub = await submit(state, body, body.prompt_text(), max_tokens=body.max_tokens)
-    return await _respond(request, state, CompletionFormat(sub, body.include_usage), body.stream)
+    fmt = CompletionFormat(sub, body.include_usage)
+    return await _respond(request, state, fmt, body.stream, arrived)
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
+    arrived = time.monotonic()
     if not body.content_tokens_present():
         raise ApiError("messages must contain some text", param="messages", code="invalid_value")
     requested = body.max_completion_tokens or body.max_tokens
@@ -124,7 +153,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         max_tokens_param=param,
         prompt_param="messages",
     )
-    return await _respond(request, state, ChatFormat(sub, body.include_usage), body.stream)
+    return await _respond(request, state, ChatFormat(sub, body.include_usage), body.stream, arrived)
 
 
 @router.get("/v1/models")

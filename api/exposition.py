@@ -1,0 +1,110 @@
+"""``/metrics`` in Prometheus text format: cluster totals plus gauges taken at scrape time.
+
+The figures are not this process's: they are the totals every process flushed to
+Redis (:mod:`llmq.metrics`), so any API replica answers for the whole cluster and
+Prometheus may scrape one replica or all of them (then aggregate with ``max``,
+not ``sum``). A custom collector on a private registry renders them, so nothing
+of prometheus_client's global state is involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+
+from api.totals import Totals, read_totals
+from llmq import metrics, registry
+from llmq.queue import queue_depth
+from llmq.schema import WorkerInfo
+
+QUEUE_DEPTH = "llmq_queue_depth"
+WORKER_RUNNING = "llmq_worker_running_requests"
+LIVE_WORKERS = "llmq_live_workers"
+CAPACITY = "llmq_capacity_requests"
+RUNNING = "llmq_running_requests"
+UTILIZATION = "llmq_utilization_ratio"
+
+#: Names of the scrape-time gauges, for tests and dashboards.
+GAUGES = (QUEUE_DEPTH, WORKER_RUNNING, LIVE_WORKERS, CAPACITY, RUNNING, UTILIZATION)
+
+
+@dataclass(frozen=True)
+class Scrape:
+    totals: Totals
+    workers: list[WorkerInfo]
+    depths: dict[str, int]
+
+
+async def scrape(redis: Redis, worker_ttl: float, extra_models: frozenset[str]) -> Scrape:
+    """Everything ``/metrics`` shows, read from Redis (a few round trips)."""
+    totals = await read_totals(redis)
+    workers = await registry.live_workers(redis, worker_ttl)
+    models = sorted(totals.models() | {w.model for w in workers} | extra_models)
+    depths = {m: await queue_depth(redis, m) for m in models}
+    return Scrape(totals, workers, depths)
+
+
+class ClusterCollector(Collector):
+    def __init__(self, data: Scrape) -> None:
+        self.data = data
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+        totals = self.data.totals
+        for counter in metrics.COUNTERS:
+            c = CounterMetricFamily(counter.name, counter.help, labels=counter.labels)
+            for labels, value in sorted(totals.counters.get(counter.name, {}).items()):
+                c.add_metric(list(labels), value)
+            yield c
+        for hist in metrics.HISTOGRAMS:
+            h = HistogramMetricFamily(hist.name, hist.help, labels=hist.labels)
+            for labels, series in sorted(totals.histograms.get(hist.name, {}).items()):
+                counts = [n for _, n in series.cumulative(hist.buckets)]
+                buckets = list(zip(hist.bounds, counts, strict=True))
+                h.add_metric(list(labels), buckets, series.sum)
+            yield h
+        yield from self._gauges()
+
+    def _gauges(self) -> Iterator[GaugeMetricFamily]:
+        data = self.data
+        depth = GaugeMetricFamily(QUEUE_DEPTH, "Requests waiting per model.", labels=["model"])
+        for model, n in data.depths.items():
+            depth.add_metric([model], n)
+        yield depth
+        per_worker = GaugeMetricFamily(
+            WORKER_RUNNING, "Requests running on each live worker.", labels=["worker", "model"]
+        )
+        for w in data.workers:
+            per_worker.add_metric([w.id, w.model], w.running)
+        yield per_worker
+        live = GaugeMetricFamily(LIVE_WORKERS, "Live workers per model.", labels=["model"])
+        capacity = GaugeMetricFamily(
+            CAPACITY, "Sum of live workers' concurrency per model.", labels=["model"]
+        )
+        running = GaugeMetricFamily(RUNNING, "Requests running per model.", labels=["model"])
+        utilization = GaugeMetricFamily(
+            UTILIZATION, "Running / capacity per model (0 without workers).", labels=["model"]
+        )
+        for model in data.depths:
+            mine = [w for w in data.workers if w.model == model]
+            cap = sum(w.concurrency for w in mine)
+            busy = sum(w.running for w in mine)
+            live.add_metric([model], len(mine))
+            capacity.add_metric([model], cap)
+            running.add_metric([model], busy)
+            utilization.add_metric([model], busy / cap if cap else 0.0)
+        yield from (live, capacity, running, utilization)
+
+
+def render(data: Scrape) -> bytes:
+    registry_ = CollectorRegistry(auto_describe=False)
+    registry_.register(ClusterCollector(data))
+    return generate_latest(registry_)

@@ -1,0 +1,33 @@
+"""Cluster-wide metrics: ``/metrics`` for Prometheus, ``/v1/metrics/summary`` as JSON.
+
+Both read what every process flushed to Redis, so they are the same on any API
+replica, and at most about one flush interval (1 s) behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from api.exposition import render, scrape
+from api.state import State
+from api.summary import summarize, window_rates
+from api.totals import read_totals
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response)
+async def prometheus_metrics(state: State) -> Response:
+    """Counters and histograms of the whole cluster, plus queue and worker gauges."""
+    data = await scrape(state.redis, state.settings.worker_ttl_seconds, state.accept_models)
+    return Response(render(data), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/metrics/summary")
+async def summary(state: State) -> dict[str, Any]:
+    """Outcome counts, estimated latency percentiles and recent rates (see api.summary)."""
+    return summarize(await read_totals(state.redis), await window_rates(state.redis))

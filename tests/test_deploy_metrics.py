@@ -1,0 +1,62 @@
+"""The deploy/ files (Prometheus config, Grafana dashboard) name only real metrics.
+
+A renamed metric would otherwise leave a dashboard panel silently empty: every
+``llmq_*`` name in those files must appear in a live ``/metrics`` answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmq import metrics
+from tests.conftest import RunningApi
+from tests.waiting import wait_until
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+FILES = [DEPLOY / "prometheus.yml", *sorted((DEPLOY / "grafana").rglob("*.json"))]
+NAME = re.compile(r"\bllmq_[a-z0-9_]+")
+
+
+def exposed(text: str) -> set[str]:
+    names = set()
+    for family in text_string_to_metric_families(text):
+        names.add(family.name)
+        names.update(s.name for s in family.samples)
+    return names
+
+
+def test_dashboard_is_valid_json_with_queries() -> None:
+    dashboards = sorted((DEPLOY / "grafana").rglob("*.json"))
+    assert dashboards
+    for path in dashboards:
+        board = json.loads(path.read_text())
+        exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+        assert exprs and all(NAME.search(e) for e in exprs), path
+
+
+def test_prometheus_config_scrapes_the_api() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"][0]["targets"] == ["api:8000"]
+
+
+async def test_every_metric_named_in_deploy_files_is_exposed(stack: RunningApi) -> None:
+    used = {name for path in FILES for name in NAME.findall(path.read_text())}
+    assert "llmq_time_to_first_token_seconds_bucket" in used
+    async with stack.client() as client:
+        body = {"model": "mock", "prompt": "hello", "max_tokens": 3}
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+
+        async def flushed() -> bool:
+            text = (await client.get("/metrics")).text
+            return f"{metrics.E2E.name}_count" in exposed(text) and "llmq_requests_total" in text
+
+        await wait_until(flushed, timeout=10, what="the request's metrics to be flushed")
+        names = exposed((await client.get("/metrics")).text)
+    assert used <= names, sorted(used - names)

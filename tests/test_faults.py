@@ -1,0 +1,94 @@
+"""Work survives failures: a worker killed or stopped mid-generation loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from tests.conftest import SpawnWorkers, StartApi
+from tests.native import record, submit, wait_status
+from tests.sse import frames
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+BODY = {"model": "mock", "prompt": "survive this", "max_tokens": 80, "seed": 11}
+
+
+async def test_worker_killed_mid_stream_the_client_sees_every_token_once(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
+) -> None:
+    procs = await spawn_workers(2, concurrency=1, model_tokens_per_second=50, lease_seconds=1)
+    api = await start_api()
+    async with api.client() as client:
+        expected = (await client.post("/v1/completions", json=BODY)).json()
+        text = ""
+        killed = False
+        rid = ""
+        body = {**BODY, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            async for frame in frames(r):
+                if frame.data == "[DONE]":
+                    break
+                chunk = frame.json()
+                rid = chunk["id"].split("-", 1)[1]
+                text += chunk["choices"][0]["text"] if chunk["choices"] else ""
+                if not killed and len(text.split()) >= 10:
+                    worker = (await record(client, rid))["worker"]
+                    victim = next(p for p in procs if f"-{p.pid}-" in worker)
+                    victim.signal(signal.SIGKILL)
+                    killed = True
+        final = await record(client, rid)
+    assert killed
+    assert text == expected["choices"][0]["text"], "tokens lost or repeated"
+    assert final["attempts"] == 2 and final["status"] == "done"
+    assert final["worker"] != worker
+
+
+async def test_sigterm_hands_back_what_the_drain_window_could_not_finish(
+    start_api: StartApi, spawn_workers: SpawnWorkers
+) -> None:
+    procs = await spawn_workers(2, concurrency=1, model_tokens_per_second=50, drain_seconds=0.3)
+    api = await start_api()
+    async with api.client() as client:
+        rid = await submit(client, "survive this", max_tokens=80, seed=11)
+        running = await wait_status(client, rid, "running")
+        owner = next(p for p in procs if f"-{p.pid}-" in running["worker"])
+        owner.signal(signal.SIGTERM)
+        assert owner.wait(15) == 0
+        done = await wait_status(client, rid, "done", timeout=20)
+    assert done["attempts"] == 2 and done["completion_tokens"] == 80
+    assert "handed back to the queue" in owner.output()
+
+
+async def test_reaper_requeues_a_dead_workers_requests(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
+) -> None:
+    """Recovery is driven by leases: within seconds, not arq's job_timeout + 10 s."""
+    (victim,) = await spawn_workers(1, concurrency=2, model_tokens_per_second=20, lease_seconds=1)
+    api = await start_api()
+    async with api.client() as client:
+        ids = [await submit(client, f"r{i}", max_tokens=200) for i in range(2)]
+        for rid in ids:
+            await wait_status(client, rid, "running")
+        (survivor,) = await spawn_workers(1, concurrency=2, model_tokens_per_second=400)
+        loop = asyncio.get_running_loop()
+        killed_at = loop.time()
+        victim.signal(signal.SIGKILL)
+
+        async def recovered() -> bool:
+            records = [await record(client, rid) for rid in ids]
+            return all(r["attempts"] == 2 for r in records)
+
+        await wait_until(recovered, timeout=10, what="the dead worker's requests to restart")
+        recovery = loop.time() - killed_at
+        for rid in ids:
+            done = await wait_status(client, rid, "done", timeout=20)
+            assert done["completion_tokens"] == 200
+            assert f"-{survivor.pid}-" in done["worker"]
+    assert recovery < 5.0  # lease 1 s + sweep; stock arq: job_timeout + 10 s
+    assert await redis.zcard(keys.running("mock")) == 0

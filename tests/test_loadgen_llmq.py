@@ -1,0 +1,77 @@
+"""The load generator against llmq's own API: real SSE, 429s and dropped streams."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from llmq.embedded import free_port
+from loadgen import LoadConfig, run_load
+from tests.conftest import StartApi, StartWorker
+from tests.native import wait_ready
+from tests.procs import Proc, clean_env
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_parses_our_stream_and_counts_429s(
+    start_api: StartApi, start_worker: StartWorker
+) -> None:
+    await start_worker(concurrency=2, model_tokens_per_second=200)
+    api = await start_api(max_queue_depth=2)
+    async with api.client() as client:
+        await wait_ready(client)
+    config = LoadConfig(
+        base_url=api.url,
+        endpoint="chat",
+        num_requests=20,
+        request_rate=float("inf"),
+        prompt_tokens=(5, 5),
+        output_tokens=(12, 12),
+        seed=3,
+    )
+    result = await run_load(config)
+    summary = result.summary()
+    ok = [r for r in result.records if r.ok]
+    assert summary["failures"]["http_429"] > 0
+    assert summary["completed"] == len(ok) >= 2
+    assert summary["completed"] + summary["failures"]["http_429"] == 20
+    assert all(r.output_tokens == 12 for r in ok)  # from the usage chunk
+    assert all(r.ttft_s is not None and r.ttft_s > 0 for r in ok)
+
+
+async def test_dropped_connection_is_a_connection_failure(
+    start_worker: StartWorker, redis_url: str
+) -> None:
+    """The API process is killed (SIGKILL) under three open streams."""
+    await start_worker(concurrency=4, model_tokens_per_second=20)
+    port = free_port()
+    api = Proc(["api"], clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port)))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+
+            async def up() -> bool:
+                try:
+                    return (await client.get("/readyz")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            await wait_until(up, timeout=30, what="the API process")
+        config = LoadConfig(
+            base_url=f"http://127.0.0.1:{port}",
+            num_requests=3,
+            request_rate=float("inf"),
+            prompt_tokens=(5, 5),
+            output_tokens=(200, 200),
+            timeout=30,
+        )
+        run = asyncio.create_task(run_load(config))
+        await asyncio.sleep(0.5)  # let the streams start, then kill the server under them
+        api.popen.kill()
+        result = await run
+    finally:
+        api.stop()
+    assert result.summary()["failures"]["connection"] == 3

@@ -1,0 +1,64 @@
+"""A model that raises: the request ends with an error event, the worker lives on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
+
+from llmq import keys
+from llmq.settings import WorkerSettings
+from tests.conftest import StartApi
+from tests.native import submit, wait_ready, wait_status
+from tests.sse import openai_chunks
+from worker.main import serve
+from worker.model import GenerationRequest, MockModel, count_tokens
+
+
+class Flaky:
+    """Fails after three tokens when the prompt says so: a backend outside llmq."""
+
+    def __init__(self) -> None:
+        self.inner = MockModel(tokens_per_second=500)
+
+    def count_tokens(self, text: str) -> int:
+        return count_tokens(text)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        n = 0
+        async for token in self.inner.generate(request):
+            if "explode" in request.prompt and n == 3:
+                raise RuntimeError("device lost")
+            n += 1
+            yield token
+
+
+async def test_model_error_ends_the_request_not_the_worker(
+    start_api: StartApi, redis_url: str, redis: Redis
+) -> None:
+    stop = asyncio.Event()
+    settings = WorkerSettings(redis_url=redis_url, heartbeat_seconds=0.2, drain_seconds=1)
+    task = asyncio.create_task(serve(settings, stop=stop, model=Flaky()))
+    try:
+        api = await start_api()
+        async with api.client() as client:
+            await wait_ready(client)
+            body = {"model": "mock", "prompt": "please explode", "max_tokens": 10, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                chunks = await openai_chunks(r)
+            failed = await submit(client, "explode again", max_tokens=10)
+            rec = await wait_status(client, failed, "failed")
+            fine = await submit(client, "all good", max_tokens=10)
+            ok = await wait_status(client, fine, "done")
+    finally:
+        stop.set()
+        await task
+    texts = [c["choices"][0]["text"] for c in chunks if c.get("choices")]
+    assert len("".join(texts).split()) == 3
+    assert chunks[-1]["error"]["code"] == "model_error"
+    assert "device lost" in chunks[-1]["error"]["message"]
+    assert rec["finish_reason"] == "error" and rec["completion_tokens"] == 3
+    assert ok["completion_tokens"] == 10
+    last = (await redis.xrevrange(keys.stream(failed), count=1))[0][1]
+    assert last["type"] == "error"
