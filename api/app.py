@@ -50,6 +50,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 stream_maxlen=settings.stream_maxlen,
                 ttl_seconds=settings.request_ttl_seconds,
                 recorder=recorder,
+                lifecycle_maxlen=settings.lifecycle_maxlen,
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             metrics=recorder,

@@ -7,6 +7,7 @@ refused request leaves no job, key or queue entry behind.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,8 +17,10 @@ from api.schemas import GenerationParams
 from api.state import AppState
 from llmq import metrics
 from llmq.queue import effective_score, serialize_job
-from llmq.schema import JobPayload, RequestRecord, SamplingParams
+from llmq.schema import JobPayload, Lifecycle, RequestRecord, SamplingParams
 from worker.model import count_tokens
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,14 @@ async def submit(
         cost=prompt_tokens + tokens,
         deadline_ms=int(payload.queue_deadline * 1000),
         record=record.to_redis(),
+        lifecycle=Lifecycle(
+            event="queued",
+            request_id=rid,
+            model=params.model,
+            ts=now,
+            priority=params.priority,
+            prompt_tokens=prompt_tokens,
+        ),
     )
     if not accepted:
         state.metrics.inc(metrics.REQUESTS, params.model, "rejected")
@@ -151,4 +162,13 @@ async def submit(
             code="queue_full",
             headers={"Retry-After": "1"},
         )
+    log.info(
+        "accepted request %s (model %s, priority %d, %d+%d tokens)",
+        rid,
+        params.model,
+        params.priority,
+        prompt_tokens,
+        tokens,
+        extra={"request_id": rid},
+    )
     return Submitted(rid, params.model, int(now), prompt_tokens, tokens, payload.queue_deadline)

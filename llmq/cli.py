@@ -25,6 +25,7 @@ SETTINGS: dict[str, type[CommonSettings]] = {
     "api": ApiSettings,
     "worker": WorkerSettings,
     "run": RunSettings,
+    "tail": CommonSettings,
 }
 
 
@@ -55,9 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
         "api": "run one API process (uvicorn)",
         "worker": "run one worker process",
         "run": "run the whole stack locally: Redis, one API process, N workers",
+        "tail": "follow the lifecycle stream (queued, started, first token, finished...)",
     }
+    parsers = {}
     for name, cls in SETTINGS.items():
-        _add_settings_flags(sub.add_parser(name, help=helps[name]), cls)
+        parsers[name] = sub.add_parser(name, help=helps[name])
+        _add_settings_flags(parsers[name], cls)
+    parsers["tail"].add_argument(
+        "--from-start", action="store_true", help="print the entries Redis still keeps first"
+    )
     loadgen = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
     from loadgen.cli import add_arguments
 
@@ -91,6 +98,13 @@ def _run_stack(args: argparse.Namespace) -> int:
     return _run_async(run_stack(settings))
 
 
+def _run_tail(args: argparse.Namespace) -> int:
+    from llmq.tail import follow
+
+    settings = build_settings(CommonSettings, args)
+    return _run_async(follow(settings, from_start=args.from_start))
+
+
 def _run_loadgen(args: argparse.Namespace) -> int:
     from loadgen.cli import main as loadgen_main
 
@@ -112,6 +126,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "worker": _run_worker,
     "run": _run_stack,
     "loadgen": _run_loadgen,
+    "tail": _run_tail,
 }
 
 

@@ -13,6 +13,9 @@ PREFIX = "llmq"
 #: Sorted set of live worker ids, scored by their last heartbeat (ms).
 WORKERS = f"{PREFIX}:workers"
 
+#: The lifecycle stream: one entry per request state change (see llmq.schema.Lifecycle).
+LIFECYCLE = f"{PREFIX}:lifecycle"
+
 #: Sorted set of queued requests' deadlines (member ``<id>:<model>``, score ms).
 DEADLINES = f"{PREFIX}:deadlines"
 

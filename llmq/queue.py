@@ -20,7 +20,8 @@ from typing import Any, cast
 from redis.asyncio import Redis
 
 from llmq import keys, metrics, scripts
-from llmq.streams import add_event, add_record, unstarted_end
+from llmq.schema import Lifecycle
+from llmq.streams import add_event, add_lifecycle, add_record, unstarted_end
 
 #: The arq function name of every llmq job.
 JOB_FUNCTION = "generate"
@@ -83,8 +84,10 @@ class Queue:
         stream_maxlen: int,
         ttl_seconds: int,
         recorder: metrics.Recorder | None = None,
+        lifecycle_maxlen: int = 100_000,
     ) -> None:
         self.redis = redis
+        self.lifecycle_maxlen = lifecycle_maxlen
         #: Counts the outcome of requests that end without starting (cancelled, timeout).
         self.recorder = recorder
         self.stream_maxlen = stream_maxlen
@@ -108,6 +111,7 @@ class Queue:
         cost: int,
         deadline_ms: int,
         record: dict[str, str],
+        lifecycle: Lifecycle,
     ) -> bool:
         """Add a request unless the model's queue holds ``max_depth`` already."""
         accepted = await self._enqueue(
@@ -117,6 +121,7 @@ class Queue:
                 keys.request(request_id),
                 keys.costs(model),
                 keys.DEADLINES,
+                keys.LIFECYCLE,
             ],
             args=[
                 request_id,
@@ -128,6 +133,9 @@ class Queue:
                 cost,
                 deadline_ms,
                 keys.deadline_member(request_id, model),
+                self.lifecycle_maxlen,
+                model,
+                lifecycle.model_dump_json(exclude_none=True),
                 *(x for kv in record.items() for x in kv),
             ],
         )
@@ -249,6 +257,15 @@ class Queue:
             )
             add_event(write, rid, event, maxlen=self.stream_maxlen, ttl=self.ttl)
             add_record(write, rid, record, ttl=self.ttl)
+            note = Lifecycle(
+                event="cancelled" if reason == "cancelled" else "failed",
+                request_id=rid,
+                model=as_str(model) if model else "",
+                ts=time.time(),
+                finish_reason=event.finish_reason,  # type: ignore[union-attr]
+                completion_tokens=0,
+            )
+            add_lifecycle(write, note, maxlen=self.lifecycle_maxlen)
         await write.execute()
 
 

@@ -166,6 +166,41 @@ class RequestRecord(BaseModel):
         return cls.model_validate(data)
 
 
+LifecycleKind = Literal["queued", "started", "first_token", "finished", "cancelled", "failed"]
+
+
+class Lifecycle(BaseModel):
+    """One entry of the lifecycle stream ``llmq:lifecycle``.
+
+    Stream fields: ``event``, ``request_id``, ``model`` (for cheap filtering) and
+    ``data`` (this model as JSON). Times are Unix seconds; durations milliseconds.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    event: LifecycleKind
+    request_id: str
+    model: str
+    ts: float
+    priority: int | None = None
+    worker: str | None = None
+    attempt: int | None = None
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "event": self.event,
+            "request_id": self.request_id,
+            "model": self.model,
+            "data": self.model_dump_json(exclude_none=True),
+        }
+
+
 class WorkerInfo(_Frozen):
     """A worker's registry entry, refreshed by its heartbeat."""
 

@@ -10,9 +10,10 @@ max_tokens, for token-aware admission) and the global deadline set (member
 ``<id>:<model>``, score = queue deadline in ms).
 """
 
-#: KEYS: queue, job, record, costs, deadlines.
+#: KEYS: queue, job, record, costs, deadlines, lifecycle.
 #: ARGV: id, score, job, ttl_ms, max_depth, wake channel, cost, deadline_ms,
-#: deadline member, then record field/value pairs. 1, or 0 when the queue is full.
+#: deadline member, lifecycle maxlen, model, lifecycle data, then record field/value
+#: pairs. 1, or 0 when the queue is full.
 ENQUEUE = """
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
   return 0
@@ -21,8 +22,10 @@ redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[8], ARGV[9])
-redis.call('HSET', KEYS[3], unpack(ARGV, 10))
+redis.call('HSET', KEYS[3], unpack(ARGV, 13))
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[10], '*', 'event', 'queued',
+  'request_id', ARGV[1], 'model', ARGV[11], 'data', ARGV[12])
 redis.call('PUBLISH', ARGV[6], ARGV[1])
 return 1
 """

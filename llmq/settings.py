@@ -41,6 +41,9 @@ class CommonSettings(BaseSettings):
     stream_maxlen: int = Field(
         10_000, ge=16, description="Approximate cap on the number of events in one stream."
     )
+    lifecycle_maxlen: int = Field(
+        100_000, ge=100, description="Approximate cap on entries of the lifecycle stream."
+    )
     worker_ttl_seconds: float = Field(
         5.0, gt=0, description="A worker whose heartbeat is older than this counts as dead."
     )
@@ -125,6 +128,9 @@ class WorkerSettings(CommonSettings):
     )
     job_timeout_seconds: float = Field(
         600.0, gt=0, description="Hard limit on one request's run time in a worker."
+    )
+    max_tries: int = Field(
+        3, ge=1, le=20, description="Runs of one request (crashes, model errors) before it fails."
     )
     drain_seconds: float = Field(
         10.0, ge=0, description="On SIGTERM, how long running requests may finish."

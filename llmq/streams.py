@@ -14,7 +14,7 @@ from typing import Any
 from redis.asyncio.client import Pipeline
 
 from llmq import keys
-from llmq.schema import DoneEvent, ErrorEvent, Event, Timings, Usage, encode_event
+from llmq.schema import DoneEvent, ErrorEvent, Event, Lifecycle, Timings, Usage, encode_event
 
 
 def add_event(pipe: Pipeline, request_id: str, event: Event, *, maxlen: int, ttl: int) -> None:
@@ -24,6 +24,11 @@ def add_event(pipe: Pipeline, request_id: str, event: Event, *, maxlen: int, ttl
     pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)
     if event.type != "tokens":
         pipe.expire(stream, ttl)
+
+
+def add_lifecycle(pipe: Pipeline, note: Lifecycle, *, maxlen: int) -> None:
+    fields: dict[Any, Any] = note.fields()
+    pipe.xadd(keys.LIFECYCLE, fields, maxlen=maxlen, approximate=True)
 
 
 def add_record(pipe: Pipeline, request_id: str, fields: dict[str, str], *, ttl: int) -> None:

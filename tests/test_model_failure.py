@@ -21,14 +21,19 @@ class Flaky:
 
     def __init__(self) -> None:
         self.inner = MockModel(tokens_per_second=500)
+        self.seen: set[int] = set()
 
     def count_tokens(self, text: str) -> int:
         return count_tokens(text)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
         n = 0
+        first_run = request.seed not in self.seen
+        self.seen.add(request.seed)
         async for token in self.inner.generate(request):
-            if "explode" in request.prompt and n == 3:
+            if n == 3 and (
+                "explode" in request.prompt or ("hiccup" in request.prompt and first_run)
+            ):
                 raise RuntimeError("device lost")
             n += 1
             yield token
@@ -51,6 +56,12 @@ async def test_model_error_ends_the_request_not_the_worker(
             rec = await wait_status(client, failed, "failed")
             fine = await submit(client, "all good", max_tokens=10)
             ok = await wait_status(client, fine, "done")
+            hiccup = {"model": "mock", "prompt": "a hiccup", "max_tokens": 10, "seed": 5}
+            async with client.stream(
+                "POST", "/v1/completions", json={**hiccup, "stream": True}
+            ) as r:
+                recovered = await openai_chunks(r)
+            clean = (await client.post("/v1/completions", json=hiccup)).json()
     finally:
         stop.set()
         await task
@@ -58,7 +69,13 @@ async def test_model_error_ends_the_request_not_the_worker(
     assert len("".join(texts).split()) == 3
     assert chunks[-1]["error"]["code"] == "model_error"
     assert "device lost" in chunks[-1]["error"]["message"]
+    # a poison request: retried up to max_tries (3), each run repeating the same
+    # tokens (dropped by index), then failed; the worker serves on
     assert rec["finish_reason"] == "error" and rec["completion_tokens"] == 3
+    assert rec["attempts"] == 3
     assert ok["completion_tokens"] == 10
+    # a transient failure: the second run succeeds, and the client sees each token once
+    text = "".join(c["choices"][0]["text"] for c in recovered if c.get("choices"))
+    assert text == clean["choices"][0]["text"] and len(text.split()) == 10
     last = (await redis.xrevrange(keys.stream(failed), count=1))[0][1]
     assert last["type"] == "error"

@@ -123,6 +123,7 @@ async def serve(
         maxlen=settings.stream_maxlen,
         ttl_seconds=settings.request_ttl_seconds,
         max_event_tokens=settings.max_event_tokens,
+        lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     recorder = metrics.Recorder()
     runner = RequestRunner(
@@ -131,12 +132,14 @@ async def serve(
         publisher,
         metrics=recorder,
         model_name=settings.model,
+        max_tries=settings.max_tries,
     )
     queue = Queue(
         redis,
         stream_maxlen=settings.stream_maxlen,
         ttl_seconds=settings.request_ttl_seconds,
         recorder=recorder,
+        lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     worker = QueueWorker(
         model=settings.model,
@@ -144,6 +147,7 @@ async def serve(
         redis=redis,
         queue=queue,
         token_budget=settings.worker_token_budget,
+        max_tries=settings.max_tries,
         max_jobs=settings.concurrency,
         poll_seconds=settings.poll_seconds,
         job_timeout=settings.job_timeout_seconds,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from llmq.schema import Event, TokensEvent
-from llmq.streams import add_event, add_record
+from llmq.schema import Event, Lifecycle, TokensEvent
+from llmq.streams import add_event, add_lifecycle, add_record
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,18 @@ class _Pending:
 class StreamPublisher:
     """Owns the flusher task; ``start`` and ``stop`` bracket its life."""
 
-    def __init__(self, redis: Redis, *, maxlen: int, ttl_seconds: int, max_event_tokens: int):
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        maxlen: int,
+        ttl_seconds: int,
+        max_event_tokens: int,
+        lifecycle_maxlen: int = 100_000,
+    ):
         self._redis = redis
+        self._lifecycle_maxlen = lifecycle_maxlen
+        self._notes: list[Lifecycle] = []
         self._maxlen = maxlen
         self._ttl = ttl_seconds
         self._max_event_tokens = max_event_tokens
@@ -69,6 +79,11 @@ class StreamPublisher:
         if not p.tokens:
             p.tokens_start = index
         p.tokens.append(token)
+        self._wake.set()
+
+    def note(self, lifecycle: Lifecycle) -> None:
+        """Queue a lifecycle entry for the next flush; no round trip of its own."""
+        self._notes.append(lifecycle)
         self._wake.set()
 
     async def emit(
@@ -99,10 +114,13 @@ class StreamPublisher:
                 await asyncio.sleep(0.1)
 
     async def _flush(self) -> None:
-        if not self._pending:
+        if not self._pending and not self._notes:
             return
         batch, self._pending = self._pending, {}
+        notes, self._notes = self._notes, []
         pipe = self._redis.pipeline(transaction=False)
+        for note in notes:
+            add_lifecycle(pipe, note, maxlen=self._lifecycle_maxlen)
         for request_id, p in batch.items():
             p.close_tokens()
             for event in p.events:

@@ -20,6 +20,9 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from arq.worker import Retry
 
 from llmq import metrics
 from llmq.metrics import Recorder
@@ -28,6 +31,8 @@ from llmq.schema import (
     ErrorEvent,
     FinishReason,
     JobPayload,
+    Lifecycle,
+    LifecycleKind,
     StartedEvent,
     Timings,
     Usage,
@@ -66,6 +71,7 @@ class RequestRunner:
     publisher: StreamPublisher
     metrics: Recorder = field(default_factory=Recorder)
     model_name: str = ""
+    max_tries: int = 3
     running: dict[str, float] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
@@ -100,6 +106,7 @@ class RequestRunner:
         self.metrics.observe(metrics.QUEUE_TIME, queue_seconds, payload.model)
         # Not awaited before the model starts: the publisher keeps the stream's order,
         # so "started" still precedes the tokens, and prefill is not delayed by a round trip.
+        self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
         announced = asyncio.ensure_future(
             self.publisher.emit(
                 rid,
@@ -113,12 +120,12 @@ class RequestRunner:
             )
         )
         try:
-            await self._generate_and_finish(payload, queue_ms, started)
+            await self._generate_and_finish(payload, attempt, queue_ms, started)
         finally:
             await announced
 
     async def _generate_and_finish(
-        self, payload: JobPayload, queue_ms: float, started: float
+        self, payload: JobPayload, attempt: int, queue_ms: float, started: float
     ) -> None:
         rid = payload.request_id
         progress = _Progress()
@@ -134,7 +141,17 @@ class RequestRunner:
                 raise  # the worker is stopping: let arq hand the request back
             finish = "cancelled"
         except Exception as exc:
-            log.exception("model failed on request %s", rid, extra={"request_id": rid})
+            log.exception(
+                "model failed on request %s (attempt %d of %d)",
+                rid,
+                attempt,
+                self.max_tries,
+                extra={"request_id": rid},
+            )
+            if attempt < self.max_tries:
+                # arq hands it back to the queue; the re-run repeats the same tokens,
+                # which readers drop by index. A poison request ends after max_tries.
+                raise Retry() from exc
             await self._finish_error(
                 payload, progress.produced, "model_error", f"model failed: {exc}", "error"
             )
@@ -167,6 +184,7 @@ class RequestRunner:
                     now = time.time()
                     if progress.first_at is None:
                         progress.first_at = now
+                        self._note(payload, "first_token", ttft_ms=_ms(now - payload.enqueued_at))
                     else:
                         observe(itl, now - progress.last_at, model)
                     progress.last_at = now
@@ -200,6 +218,13 @@ class RequestRunner:
                 queue_ms=queue_ms, prefill_ms=_ms(first - started), decode_ms=_ms(now - first)
             ),
         )
+        self._note(
+            payload,
+            "cancelled" if finish == "cancelled" else "finished",
+            e2e_ms=_ms(now - payload.enqueued_at),
+            finish_reason=finish,
+            completion_tokens=progress.produced,
+        )
         await self.publisher.emit(
             payload.request_id,
             event,
@@ -215,6 +240,13 @@ class RequestRunner:
         self, payload: JobPayload, produced: int, code: str, message: str, finish: FinishReason
     ) -> None:
         self._count(payload, produced, finish)
+        self._note(
+            payload,
+            "failed",
+            e2e_ms=_ms(time.time() - payload.enqueued_at),
+            finish_reason=finish,
+            completion_tokens=produced,
+        )
         await self.publisher.emit(
             payload.request_id,
             ErrorEvent(
@@ -227,6 +259,27 @@ class RequestRunner:
                 "completion_tokens": str(produced),
                 "error": message,
             },
+        )
+
+    def _note(self, payload: JobPayload, event: LifecycleKind, **fields: Any) -> None:
+        if event not in ("first_token",):
+            log.info(
+                "request %s %s %s",
+                payload.request_id,
+                event,
+                " ".join(f"{k}={v}" for k, v in fields.items()),
+                extra={"request_id": payload.request_id, "event": event},
+            )
+        self.publisher.note(
+            Lifecycle(
+                event=event,
+                request_id=payload.request_id,
+                model=payload.model,
+                ts=time.time(),
+                worker=self.worker_id,
+                priority=payload.priority,
+                **fields,
+            )
         )
 
     async def fail(self, request_id: str, code: str, message: str) -> None:

@@ -1,0 +1,65 @@
+"""``llmq tail``: follow the lifecycle stream live in the terminal.
+
+It reads ``llmq:lifecycle`` with a plain ``XREAD`` from the newest entry (or from
+the oldest kept one with ``--from-start``), one line per state change. Consumers
+that must not miss entries across restarts should use a consumer group instead
+(``XGROUP CREATE llmq:lifecycle NAME $ MKSTREAM`` then ``XREADGROUP``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from llmq import keys
+from llmq.connection import connect
+from llmq.schema import Lifecycle
+from llmq.settings import CommonSettings
+
+BLOCK_MS = 1000
+
+_DETAILS = ("worker", "attempt", "priority", "queue_ms", "ttft_ms", "e2e_ms")
+
+
+def format_line(note: Lifecycle) -> str:
+    stamp = time.strftime("%H:%M:%S", time.gmtime(note.ts)) + f".{int(note.ts % 1 * 1000):03d}"
+    parts = [stamp, f"{note.event:<11}", note.request_id, note.model]
+    for name in _DETAILS:
+        value: Any = getattr(note, name)
+        if value is not None:
+            parts.append(f"{name}={value}")
+    if note.finish_reason:
+        parts.append(f"finish={note.finish_reason} tokens={note.completion_tokens}")
+    return " ".join(parts)
+
+
+async def follow(
+    settings: CommonSettings,
+    *,
+    from_start: bool = False,
+    limit: int | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Print entries until interrupted (or ``limit`` entries were printed)."""
+    redis: Redis = connect(settings, max_connections=2, socket_timeout=BLOCK_MS / 1000 + 5)
+    last = "0-0" if from_start else "$"
+    printed = 0
+    try:
+        while limit is None or printed < limit:
+            reply = await redis.xread({keys.LIFECYCLE: last}, count=500, block=BLOCK_MS)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    try:
+                        note = Lifecycle.model_validate_json(fields.get("data", ""))
+                    except ValidationError:
+                        continue  # a foreign or malformed entry
+                    print(format_line(note), file=out, flush=True)
+                    printed += 1
+    finally:
+        await redis.aclose(close_connection_pool=True)
+    return 0

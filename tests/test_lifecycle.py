@@ -1,0 +1,92 @@
+"""The lifecycle stream: every state change, readable by consumer groups and `llmq tail`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from tests.conftest import StartApi, StartWorker
+from tests.native import submit, wait_ready, wait_status
+from tests.procs import Proc, clean_env
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def entries(redis: Redis, rid: str) -> list[dict[str, object]]:
+    out = []
+    for _, fields in await redis.xrange(keys.LIFECYCLE):
+        if fields["request_id"] == rid:
+            data = json.loads(fields["data"])
+            assert data["event"] == fields["event"] and data["model"] == fields["model"]
+            out.append(data)
+    return out
+
+
+async def test_a_request_leaves_its_trail(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    await redis.xgroup_create(keys.LIFECYCLE, "observers", id="0", mkstream=True)
+    await start_worker()
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        rid = await submit(client, "trail", max_tokens=5, priority=2)
+        await wait_status(client, rid, "done")
+
+        async def all_four() -> bool:
+            return len(await entries(redis, rid)) == 4
+
+        await wait_until(all_four, timeout=5, what="four lifecycle entries")
+    trail = await entries(redis, rid)
+    assert [e["event"] for e in trail] == ["queued", "started", "first_token", "finished"]
+    assert trail[0]["priority"] == 2 and trail[1]["attempt"] == 1
+    assert trail[3]["finish_reason"] == "length" and trail[3]["completion_tokens"] == 5
+    assert 0 < trail[2]["ttft_ms"] <= trail[3]["e2e_ms"]  # type: ignore[operator]
+    read = await redis.xreadgroup("observers", "one", {keys.LIFECYCLE: ">"}, count=100)
+    assert {f["event"] for _, f in read[0][1] if f["request_id"] == rid} == {
+        "queued",
+        "started",
+        "first_token",
+        "finished",
+    }
+
+
+async def test_cancelled_and_expired_while_queued(start_api: StartApi, redis: Redis) -> None:
+    api = await start_api(accept_models="mock", sweep_seconds=0.05)
+    async with api.client() as client:
+        cancelled = await submit(client, "never", max_tokens=5)
+        await client.delete(f"/v1/requests/{cancelled}")
+        expired = await submit(client, "late", max_tokens=5, queue_timeout=0.2)
+        await wait_status(client, expired, "failed")
+    assert [e["event"] for e in await entries(redis, cancelled)] == ["queued", "cancelled"]
+    last = (await entries(redis, expired))[-1]
+    assert last["event"] == "failed" and last["finish_reason"] == "timeout"
+
+
+async def test_llmq_tail_follows_live(
+    start_api: StartApi, start_worker: StartWorker, redis_url: str
+) -> None:
+    await start_worker()
+    api = await start_api()
+    tail = Proc(["tail", "--redis-url", redis_url], clean_env())
+    try:
+        async with api.client() as client:
+            await wait_ready(client)
+            await wait_until(lambda: tail.popen.poll() is None, timeout=5, what="tail to run")
+            # tail starts from the newest entry: keep sending until it has seen one finish
+            rids: list[str] = []
+
+            async def seen() -> bool:
+                rids.append(await submit(client, "watched", max_tokens=3))
+                await wait_status(client, rids[-1], "done")
+                return any(f"finished    {rid}" in tail.output() for rid in rids)
+
+            await wait_until(seen, timeout=30, what="llmq tail to print a finished request")
+    finally:
+        tail.stop()
+    out = tail.output()
+    assert " queued " in out and " started " in out and "first_token" in out
