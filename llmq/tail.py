@@ -16,11 +16,12 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from llmq import keys
-from llmq.connection import connect
 from llmq.schema import Lifecycle
 from llmq.settings import CommonSettings
 
 BLOCK_MS = 1000
+#: Redis client name of the follower, visible in CLIENT LIST.
+CLIENT_NAME = "llmq-tail"
 
 _DETAILS = ("worker", "attempt", "priority", "queue_ms", "ttft_ms", "e2e_ms")
 
@@ -45,7 +46,12 @@ async def follow(
     out: TextIO = sys.stdout,
 ) -> int:
     """Print entries until interrupted (or ``limit`` entries were printed)."""
-    redis: Redis = connect(settings, max_connections=2, socket_timeout=BLOCK_MS / 1000 + 5)
+    redis: Redis = Redis.from_url(
+        settings.redis_url,
+        decode_responses=True,
+        client_name=CLIENT_NAME,
+        socket_timeout=BLOCK_MS / 1000 + 5,
+    )
     last = "0-0" if from_start else "$"
     printed = 0
     try:

@@ -70,12 +70,14 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     workers: list[RunningWorker] = []
 
     async def start(**overrides: Any) -> RunningWorker:
-        settings = WorkerSettings(
-            redis_url=redis_url,
-            heartbeat_seconds=0.2,
-            drain_seconds=1,
-            **{**FAST_MODEL, **overrides},
-        )
+        chosen: dict[str, Any] = {
+            "redis_url": redis_url,
+            "heartbeat_seconds": 0.2,
+            "drain_seconds": 1,
+            **FAST_MODEL,
+            **overrides,
+        }
+        settings = WorkerSettings(**chosen)
         stop = asyncio.Event()
         running = RunningWorker(settings, stop, asyncio.create_task(serve(settings, stop=stop)))
         workers.append(running)
@@ -96,7 +98,7 @@ class RunningApi:
         return f"http://127.0.0.1:{self.settings.port}"
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=30, **kwargs)
+        return httpx.AsyncClient(base_url=self.url, **{"timeout": 30, **kwargs})
 
 
 StartApi = Callable[..., Awaitable[RunningApi]]
@@ -108,7 +110,8 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
     apis: list[RunningApi] = []
 
     async def start(**overrides: Any) -> RunningApi:
-        settings = ApiSettings(redis_url=redis_url, port=free_port(), **overrides)
+        chosen: dict[str, Any] = {"redis_url": redis_url, "port": free_port(), **overrides}
+        settings = ApiSettings(**chosen)
         config = uvicorn.Config(
             create_app(settings),
             host="127.0.0.1",

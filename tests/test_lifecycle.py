@@ -8,6 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
+from llmq.tail import CLIENT_NAME
 from tests.conftest import StartApi, StartWorker
 from tests.native import submit, wait_ready, wait_status
 from tests.procs import Proc, clean_env
@@ -68,25 +69,28 @@ async def test_cancelled_and_expired_while_queued(start_api: StartApi, redis: Re
 
 
 async def test_llmq_tail_follows_live(
-    start_api: StartApi, start_worker: StartWorker, redis_url: str
+    start_api: StartApi, start_worker: StartWorker, redis_url: str, redis: Redis
 ) -> None:
     await start_worker()
     api = await start_api()
     tail = Proc(["tail", "--redis-url", redis_url], clean_env())
     try:
+
+        async def following() -> bool:
+            clients = await redis.client_list()
+            return any(c.get("name") == CLIENT_NAME and c.get("cmd") == "xread" for c in clients)
+
+        await wait_until(following, timeout=20, what="llmq tail to block on the stream")
         async with api.client() as client:
             await wait_ready(client)
-            await wait_until(lambda: tail.popen.poll() is None, timeout=5, what="tail to run")
-            # tail starts from the newest entry: keep sending until it has seen one finish
-            rids: list[str] = []
+            rid = await submit(client, "watched", max_tokens=3)
+            await wait_status(client, rid, "done")
 
-            async def seen() -> bool:
-                rids.append(await submit(client, "watched", max_tokens=3))
-                await wait_status(client, rids[-1], "done")
-                return any(f"finished    {rid}" in tail.output() for rid in rids)
+        def events() -> list[str]:
+            lines = [line.split() for line in tail.output().splitlines()]
+            return [words[1] for words in lines if len(words) > 2 and words[2] == rid]
 
-            await wait_until(seen, timeout=30, what="llmq tail to print a finished request")
+        await wait_until(lambda: len(events()) == 4, timeout=10, what="four lines")
     finally:
         tail.stop()
-    out = tail.output()
-    assert " queued " in out and " started " in out and "first_token" in out
+    assert events() == ["queued", "started", "first_token", "finished"]
