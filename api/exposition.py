@@ -23,10 +23,11 @@ from redis.asyncio import Redis
 
 from api.totals import Totals, read_totals
 from llmq import metrics, registry
-from llmq.queue import queue_depth
+from llmq.queue import queue_depth, queued_by_priority
 from llmq.schema import WorkerInfo
 
 QUEUE_DEPTH = "llmq_queue_depth"
+QUEUE_DEPTH_BY_PRIORITY = "llmq_queue_depth_by_priority"
 WORKER_RUNNING = "llmq_worker_running_requests"
 LIVE_WORKERS = "llmq_live_workers"
 CAPACITY = "llmq_capacity_requests"
@@ -34,7 +35,15 @@ RUNNING = "llmq_running_requests"
 UTILIZATION = "llmq_utilization_ratio"
 
 #: Names of the scrape-time gauges, for tests and dashboards.
-GAUGES = (QUEUE_DEPTH, WORKER_RUNNING, LIVE_WORKERS, CAPACITY, RUNNING, UTILIZATION)
+GAUGES = (
+    QUEUE_DEPTH,
+    QUEUE_DEPTH_BY_PRIORITY,
+    WORKER_RUNNING,
+    LIVE_WORKERS,
+    CAPACITY,
+    RUNNING,
+    UTILIZATION,
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,7 @@ class Scrape:
     totals: Totals
     workers: list[WorkerInfo]
     depths: dict[str, int]
+    priorities: dict[str, dict[int, int]]
 
 
 async def scrape(redis: Redis, worker_ttl: float, extra_models: frozenset[str]) -> Scrape:
@@ -50,7 +60,8 @@ async def scrape(redis: Redis, worker_ttl: float, extra_models: frozenset[str]) 
     workers = await registry.live_workers(redis, worker_ttl)
     models = sorted(totals.models() | {w.model for w in workers} | extra_models)
     depths = {m: await queue_depth(redis, m) for m in models}
-    return Scrape(totals, workers, depths)
+    priorities = {m: await queued_by_priority(redis, m) for m in models if depths[m]}
+    return Scrape(totals, workers, depths, priorities)
 
 
 class ClusterCollector(Collector):
@@ -79,6 +90,15 @@ class ClusterCollector(Collector):
         for model, n in data.depths.items():
             depth.add_metric([model], n)
         yield depth
+        by_priority = GaugeMetricFamily(
+            QUEUE_DEPTH_BY_PRIORITY,
+            "Requests waiting per model and priority.",
+            labels=["model", "priority"],
+        )
+        for model, counts in data.priorities.items():
+            for priority, n in sorted(counts.items()):
+                by_priority.add_metric([model, str(priority)], n)
+        yield by_priority
         per_worker = GaugeMetricFamily(
             WORKER_RUNNING, "Requests running on each live worker.", labels=["worker", "model"]
         )

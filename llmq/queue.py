@@ -271,3 +271,21 @@ class Queue:
 
 async def queue_depth(redis: Redis, model: str) -> int:
     return cast(int, await redis.zcard(keys.queue(model)))
+
+
+async def queued_by_priority(redis: Redis, model: str, limit: int = 10_000) -> dict[int, int]:
+    """How many of the model's queued requests have each priority (first ``limit``).
+
+    Read from the job payloads at scrape time, so the hot path keeps no extra state.
+    """
+    ids = await redis.zrange(keys.queue(model), 0, limit - 1)
+    if not ids:
+        return {}
+    counts: dict[int, int] = {}
+    for raw in await redis.mget([keys.job(as_str(i)) for i in ids]):
+        try:
+            priority = int(deserialize(raw)["k"]["payload"]["priority"])
+        except (TypeError, ValueError, KeyError):
+            continue  # gone meanwhile, or not an llmq job
+        counts[priority] = counts.get(priority, 0) + 1
+    return counts

@@ -94,3 +94,20 @@ async def test_llmq_tail_follows_live(
     finally:
         tail.stop()
     assert events() == ["queued", "started", "first_token", "finished"]
+
+
+async def test_queue_depth_by_priority_gauge(start_api: StartApi) -> None:
+    api = await start_api(accept_models="mock")
+    async with api.client() as client:
+        for priority in (0, 0, 5, 5, 5, -1):
+            await submit(client, "waiting", max_tokens=2, priority=priority)
+        text = (await client.get("/metrics")).text
+    lines = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("llmq_queue_depth")
+    }
+    assert lines['llmq_queue_depth{model="mock"}'] == 6
+    assert lines['llmq_queue_depth_by_priority{model="mock",priority="5"}'] == 3
+    assert lines['llmq_queue_depth_by_priority{model="mock",priority="0"}'] == 2
+    assert lines['llmq_queue_depth_by_priority{model="mock",priority="-1"}'] == 1

@@ -68,7 +68,7 @@ async def test_recorder_flushes_deltas_that_exposition_renders(redis: Redis) -> 
     assert len(fields) == 6  # 4 buckets + sum + count
 
     totals = await read_totals(redis)
-    text = render(Scrape(totals, [], {"m1": 0})).decode()
+    text = render(Scrape(totals, [], {"m1": 0}, {})).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["llmq_requests"].type == "counter"
     assert families[metrics.TTFT.name].type == "histogram"
