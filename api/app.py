@@ -53,6 +53,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 lifecycle_maxlen=settings.lifecycle_maxlen,
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
+            api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),
             metrics=recorder,
         )
         await relay.start()

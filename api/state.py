@@ -29,6 +29,7 @@ class AppState:
     catalog: Catalog
     queue: Queue
     accept_models: frozenset[str]
+    api_keys: frozenset[str] = frozenset()
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     #: This process's not-yet-flushed metrics (see :mod:`llmq.metrics`).
     metrics: Recorder = field(default_factory=Recorder)

@@ -86,6 +86,7 @@ async def submit(
     max_tokens: int | None,
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
+    owner: str | None = None,
 ) -> Submitted:
     """Validate and enqueue; raise an :class:`~api.errors.ApiError` to refuse."""
     settings = state.settings
@@ -135,6 +136,7 @@ async def submit(
         priority=params.priority,
         created_at=now,
         prompt_tokens=prompt_tokens,
+        owner=owner,
     )
     accepted = await state.queue.enqueue(
         rid,

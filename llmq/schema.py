@@ -144,6 +144,7 @@ class RequestRecord(BaseModel):
     completion_tokens: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    owner: str | None = None
 
     def to_redis(self) -> dict[str, str]:
         """Hash fields; unset fields are left out."""
@@ -160,7 +161,7 @@ class RequestRecord(BaseModel):
                 data[k] = json.loads(v)
             except ValueError:
                 data[k] = v
-        for k in ("id", "model", "status", "worker", "finish_reason", "error"):
+        for k in ("id", "model", "status", "worker", "finish_reason", "error", "owner"):
             if k in fields:
                 data[k] = fields[k]
         return cls.model_validate(data)

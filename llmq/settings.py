@@ -59,6 +59,11 @@ class ApiSettings(CommonSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    api_keys: str = Field(
+        "",
+        description="Comma-separated API keys; empty: no auth. With keys, a request is "
+        "visible only with the key that created it.",
+    )
     max_body_bytes: int = Field(
         1_048_576, ge=1024, description="Largest accepted request body, in bytes."
     )

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from api.auth import Caller
 from api.errors import error_response
 from api.state import State
 
@@ -35,7 +36,7 @@ async def readyz(state: State) -> dict[str, Any] | JSONResponse:
 
 
 @router.get("/v1/workers")
-async def workers(state: State) -> dict[str, Any]:
+async def workers(state: State, _: Caller) -> dict[str, Any]:
     """Live workers from the registry: id, host, pid, model, cap, running."""
     listed = await state.catalog.workers()
     return {"object": "list", "data": [w.model_dump() for w in listed]}

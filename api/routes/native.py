@@ -14,6 +14,7 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 
 from api import sse
+from api.auth import Caller
 from api.cancel import cancel
 from api.errors import InvalidRequest, NotFound
 from api.follow import IDLE, follow
@@ -30,8 +31,8 @@ RequestId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
 @router.post("/v1/requests", status_code=202)
-async def create(body: NativeRequest, state: State) -> dict[str, Any]:
-    sub = await submit(state, body, body.prompt, max_tokens=body.max_tokens)
+async def create(body: NativeRequest, state: State, owner: Caller) -> dict[str, Any]:
+    sub = await submit(state, body, body.prompt, max_tokens=body.max_tokens, owner=owner)
     return {
         "id": sub.id,
         "object": "request",
@@ -44,17 +45,19 @@ async def create(body: NativeRequest, state: State) -> dict[str, Any]:
     }
 
 
-async def _record(state: AppState, request_id: str) -> RequestRecord:
+async def _record(state: AppState, request_id: str, owner: str | None) -> RequestRecord:
+    """The request's record; another key's request is reported as missing."""
     fields: dict[str, str] = await state.redis.hgetall(keys.request(request_id))  # type: ignore[misc]
-    if not fields:
+    record = RequestRecord.from_redis(fields) if fields else None
+    if record is None or (owner is not None and record.owner != owner):
         raise NotFound(f"no request '{request_id}'", param="id", code="request_not_found")
-    return RequestRecord.from_redis(fields)
+    return record
 
 
 @router.get("/v1/requests/{request_id}")
-async def status(request_id: RequestId, state: State) -> dict[str, Any]:
-    record = await _record(state, request_id)
-    body: dict[str, Any] = {"object": "request", **record.model_dump()}
+async def status(request_id: RequestId, state: State, owner: Caller) -> dict[str, Any]:
+    record = await _record(state, request_id, owner)
+    body: dict[str, Any] = {"object": "request", **record.model_dump(exclude={"owner"})}
     body["queue_ms"] = _span(record.created_at, record.started_at)
     body["run_ms"] = _span(record.started_at, record.finished_at)
     return body
@@ -74,9 +77,9 @@ async def _events(state: AppState, request_id: str, last_id: str) -> AsyncIterat
 
 
 @router.delete("/v1/requests/{request_id}")
-async def delete(request_id: RequestId, state: State) -> dict[str, Any]:
+async def delete(request_id: RequestId, state: State, owner: Caller) -> dict[str, Any]:
     """Cancel: a queued request never runs; a running one stops within a token interval."""
-    record = await _record(state, request_id)
+    record = await _record(state, request_id, owner)
     if record.status in TERMINAL_STATUSES:
         return {"id": request_id, "object": "request", "status": record.status, "cancelled": False}
     was_queued = await cancel(state, record.model, request_id)
@@ -92,6 +95,7 @@ async def delete(request_id: RequestId, state: State) -> dict[str, Any]:
 async def events(
     request_id: RequestId,
     state: State,
+    owner: Caller,
     last_event_id: Annotated[str | None, Header()] = None,
     last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
 ) -> StreamingResponse:
@@ -102,7 +106,7 @@ async def events(
             param="Last-Event-ID",
             code="invalid_value",
         )
-    await _record(state, request_id)
+    await _record(state, request_id, owner)
     return StreamingResponse(
         _events(state, request_id, resume), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
     )

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api import sse
+from api.auth import Caller
 from api.cancel import cancel_later, unless_disconnected
 from api.errors import ApiError, error_body
 from api.follow import IDLE, TokenCursor, follow
@@ -131,15 +132,19 @@ async def _respond(
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
+async def completions(
+    body: CompletionRequest, request: Request, state: State, owner: Caller
+) -> Response:
     arrived = time.monotonic()
-    sub = await submit(state, body, body.prompt_text(), max_tokens=body.max_tokens)
+    sub = await submit(state, body, body.prompt_text(), max_tokens=body.max_tokens, owner=owner)
     fmt = CompletionFormat(sub, body.include_usage)
     return await _respond(request, state, fmt, body.stream, arrived)
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, state: State, owner: Caller
+) -> Response:
     arrived = time.monotonic()
     if not body.content_tokens_present():
         raise ApiError("messages must contain some text", param="messages", code="invalid_value")
@@ -152,12 +157,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         max_tokens=requested,
         max_tokens_param=param,
         prompt_param="messages",
+        owner=owner,
     )
     return await _respond(request, state, ChatFormat(sub, body.include_usage), body.stream, arrived)
 
 
 @router.get("/v1/models")
-async def models(state: State) -> dict[str, Any]:
+async def models(state: State, _: Caller) -> dict[str, Any]:
     workers = await state.catalog.workers()
     first_seen: dict[str, float] = {}
     for w in workers:
