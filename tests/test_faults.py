@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
+from llmq.embedded import free_port
 from tests.conftest import SpawnWorkers, StartApi
 from tests.native import record, submit, wait_status
+from tests.procs import Proc, clean_env
 from tests.sse import frames
 from tests.waiting import wait_until
 
@@ -92,3 +96,42 @@ async def test_reaper_requeues_a_dead_workers_requests(
             assert f"-{survivor.pid}-" in done["worker"]
     assert recovery < 5.0  # lease 1 s + sweep; stock arq: job_timeout + 10 s
     assert await redis.zcard(keys.running("mock")) == 0
+
+
+async def test_native_client_resumes_on_another_api_after_one_dies(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis_url: str
+) -> None:
+    """API A is SIGKILLed mid-stream; the client resumes on API B with Last-Event-ID."""
+    await spawn_workers(1, concurrency=1, model_tokens_per_second=50)
+    port = free_port()
+    doomed = Proc(["api"], clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port)))
+    survivor = await start_api()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as a:
+
+            async def up() -> bool:
+                try:
+                    return (await a.get("/healthz")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            await wait_until(up, timeout=30, what="API A")
+            rid = await submit(a, "keep streaming", max_tokens=40)
+            seen: list[tuple[str | None, str]] = []
+            with pytest.raises(httpx.HTTPError):
+                async with a.stream("GET", f"/v1/requests/{rid}/events") as r:
+                    async for frame in frames(r):
+                        seen.append((frame.id, frame.data))
+                        if len(seen) == 3:
+                            doomed.popen.kill()
+        async with survivor.client() as b:
+            headers = {"Last-Event-ID": seen[-1][0] or ""}
+            async with b.stream("GET", f"/v1/requests/{rid}/events", headers=headers) as r:
+                rest = [(f.id, f.data) async for f in frames(r)]
+    finally:
+        doomed.stop()
+    events = [json.loads(d) for _, d in seen + rest]
+    ids = [i for i, _ in seen + rest]
+    assert len(set(ids)) == len(ids), "an event was repeated"
+    tokens = [t for e in events if e["type"] == "tokens" for t in e["tokens"]]
+    assert len(tokens) == 40 and events[-1]["type"] == "done"
