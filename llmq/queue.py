@@ -36,7 +36,7 @@ def serialize_job(payload: dict[str, Any], enqueue_ms: int) -> bytes:
         "k": {"payload": payload},
         "et": enqueue_ms,
     }
-    return json.dumps(data, separators=(",", ":")).encode()
+    return serialize(data)
 
 
 def serialize(data: dict[str, Any]) -> bytes:

@@ -36,8 +36,13 @@ async def wait_status(
     return found
 
 
-async def wait_ready(client: httpx.AsyncClient, timeout: float = 10) -> None:
-    async def ready() -> bool:
-        return (await client.get("/readyz")).status_code == 200
+async def wait_ready(client: httpx.AsyncClient, timeout: float = 10, path: str = "/readyz") -> None:
+    """Until ``path`` answers 200; a server still starting (refused) is waited for."""
 
-    await wait_until(ready, timeout=timeout, what="/readyz")
+    async def ready() -> bool:
+        try:
+            return (await client.get(path)).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await wait_until(ready, timeout=timeout, what=path)

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.embedded import free_port
 from tests.conftest import SpawnWorkers, StartApi
-from tests.native import record, submit, wait_status
+from tests.native import record, submit, wait_ready, wait_status
 from tests.procs import Proc, clean_env
 from tests.sse import frames
 from tests.waiting import wait_until
@@ -108,14 +108,7 @@ async def test_native_client_resumes_on_another_api_after_one_dies(
     survivor = await start_api()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as a:
-
-            async def up() -> bool:
-                try:
-                    return (await a.get("/healthz")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            await wait_until(up, timeout=30, what="API A")
+            await wait_ready(a, timeout=30, path="/healthz")
             rid = await submit(a, "keep streaming", max_tokens=40)
             seen: list[tuple[str | None, str]] = []
             with pytest.raises(httpx.HTTPError):

@@ -12,7 +12,6 @@ from loadgen import LoadConfig, run_load
 from tests.conftest import StartApi, StartWorker
 from tests.native import wait_ready
 from tests.procs import Proc, clean_env
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,14 +51,7 @@ async def test_dropped_connection_is_a_connection_failure(
     api = Proc(["api"], clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port)))
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-
-            async def up() -> bool:
-                try:
-                    return (await client.get("/readyz")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            await wait_until(up, timeout=30, what="the API process")
+            await wait_ready(client, timeout=30)
         config = LoadConfig(
             base_url=f"http://127.0.0.1:{port}",
             num_requests=3,
