@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from redis.asyncio import Redis
 
 from api import errors
 from api.catalog import Catalog
@@ -18,12 +20,24 @@ from api.relay import StreamRelay
 from api.routes import health, native, openai
 from api.routes import metrics as metrics_routes
 from api.state import AppState
-from llmq import __version__, keys, metrics
+from llmq import __version__, keys, metrics, registry
 from llmq.connection import connect
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
 from llmq.sweep import sweep_forever
 from llmq.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+
+async def _heartbeat(redis: Redis, settings: ApiSettings, process_id: str) -> None:
+    """Keep this process's liveness lease, which its attached requests depend on."""
+    while True:
+        try:
+            await registry.api_heartbeat(redis, process_id, settings.orphan_grace_seconds)
+        except Exception as exc:
+            log.warning("API heartbeat failed: %s", exc)
+        await asyncio.sleep(settings.heartbeat_seconds)
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -57,17 +71,23 @@ def create_app(settings: ApiSettings) -> FastAPI:
             metrics=recorder,
         )
         await relay.start()
-        sweeper = asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds))
-        flusher = asyncio.create_task(metrics.flush_forever(state.metrics, redis))
+        tasks = [
+            asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds)),
+            asyncio.create_task(metrics.flush_forever(state.metrics, redis)),
+            asyncio.create_task(_heartbeat(redis, settings, process_id)),
+        ]
         app.state.llmq = state
         try:
             yield
         finally:
-            await cancel_and_wait([sweeper, flusher], timeout=5)
+            await cancel_and_wait(tasks, timeout=5)
             # disconnect-triggered cancels are short Redis calls: let them finish
             if state.background:
                 await asyncio.wait(state.background, timeout=5)
             await cancel_and_wait(state.background, timeout=2)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await registry.api_gone(redis, process_id)
             await metrics.final_flush(state.metrics, redis)
             await relay.stop()
             await blocking.aclose(close_connection_pool=True)

@@ -34,8 +34,15 @@ async def cancel(state: AppState, model: str, request_id: str) -> bool:
     return was_queued
 
 
-def cancel_later(state: AppState, model: str, request_id: str) -> None:
-    state.spawn(cancel(state, model, request_id))
+async def _release(state: AppState, model: str, request_id: str, cancelled: bool) -> None:
+    if cancelled:
+        await cancel(state, model, request_id)
+    await state.queue.detach(state.process_id, request_id, model)
+
+
+def release_later(state: AppState, model: str, request_id: str, *, cancel: bool) -> None:
+    """An attached request's client is done (``cancel``: it left before the end)."""
+    state.spawn(_release(state, model, request_id, cancel))
 
 
 async def _disconnected(request: Request) -> None:

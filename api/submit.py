@@ -87,8 +87,14 @@ async def submit(
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
     owner: str | None = None,
+    attach: bool = False,
 ) -> Submitted:
-    """Validate and enqueue; raise an :class:`~api.errors.ApiError` to refuse."""
+    """Validate and enqueue; raise an :class:`~api.errors.ApiError` to refuse.
+
+    ``attach``: the request lives only as long as this API process (its client
+    cannot reconnect elsewhere); the caller must :meth:`~llmq.queue.Queue.detach`
+    it once the client is done.
+    """
     settings = state.settings
     prompt_tokens = count_tokens(prompt)
     if prompt_tokens == 0:
@@ -155,6 +161,7 @@ async def submit(
             priority=params.priority,
             prompt_tokens=prompt_tokens,
         ),
+        attach_to=state.process_id if attach else None,
     )
     if not accepted:
         state.metrics.inc(metrics.REQUESTS, params.model, "rejected")

@@ -16,12 +16,17 @@ WORKERS = f"{PREFIX}:workers"
 #: The lifecycle stream: one entry per request state change (see llmq.schema.Lifecycle).
 LIFECYCLE = f"{PREFIX}:lifecycle"
 
+#: Sorted set of live API process ids, scored by when they count as dead (ms): the
+#: OpenAI requests attached to a process that stopped renewing this get cancelled.
+APIS = f"{PREFIX}:apis"
+
 #: Sorted set of queued requests' deadlines (member ``<id>:<model>``, score ms).
 DEADLINES = f"{PREFIX}:deadlines"
 
 QUEUE_PREFIX = f"{PREFIX}:queue:"
 COSTS_PREFIX = f"{PREFIX}:costs:"
 CANCEL_FLAG_PREFIX = f"{PREFIX}:cancelled:"
+ATTACHED_PREFIX = f"{PREFIX}:attached:"
 
 # arq's prefixes, re-exported so that no other module spells them.
 JOB_PREFIX: str = job_key_prefix
@@ -46,6 +51,12 @@ def costs(model: str) -> str:
 
 def deadline_member(request_id: str, model: str) -> str:
     return f"{request_id}:{model}"
+
+
+def attached(process_id: str) -> str:
+    """Set of ``<id>:<model>`` of OpenAI requests whose client is connected to this API
+    process: nobody can resume them, so they are cancelled if the process dies."""
+    return f"{ATTACHED_PREFIX}{process_id}"
 
 
 def cancel_flag(request_id: str) -> str:

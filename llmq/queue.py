@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -99,6 +100,7 @@ class Queue:
         self._sweep = redis.register_script(scripts.SWEEP)
         self._renew = redis.register_script(scripts.RENEW)
         self._reap = redis.register_script(scripts.REAP)
+        self._orphans = redis.register_script(scripts.ORPHANS)
 
     async def enqueue(
         self,
@@ -112,8 +114,14 @@ class Queue:
         deadline_ms: int,
         record: dict[str, str],
         lifecycle: Lifecycle,
+        attach_to: str | None = None,
     ) -> bool:
-        """Add a request unless the model's queue holds ``max_depth`` already."""
+        """Add a request unless the model's queue holds ``max_depth`` already.
+
+        ``attach_to`` (an API process id) ties the request to that process's
+        liveness in the same atomic step: if the process dies before it calls
+        :meth:`detach`, the sweep cancels the request (see :meth:`cancel_orphans`).
+        """
         accepted = await self._enqueue(
             keys=[
                 keys.queue(model),
@@ -122,6 +130,8 @@ class Queue:
                 keys.costs(model),
                 keys.DEADLINES,
                 keys.LIFECYCLE,
+                # an unused key name when not attaching; the script touches it only with '1'
+                keys.attached(attach_to) if attach_to else keys.APIS,
             ],
             args=[
                 request_id,
@@ -136,6 +146,7 @@ class Queue:
                 self.lifecycle_maxlen,
                 model,
                 lifecycle.model_dump_json(exclude_none=True),
+                "1" if attach_to else "0",
                 *(x for kv in record.items() for x in kv),
             ],
         )
@@ -225,6 +236,26 @@ class Queue:
         if was_queued:
             await self.end_unstarted([request_id], "cancelled")
         return bool(was_queued)
+
+    async def detach(self, process_id: str, request_id: str, model: str) -> None:
+        """The request's client is done with it: its API process may die in peace."""
+        member = keys.deadline_member(request_id, model)
+        await cast("Awaitable[int]", self.redis.srem(keys.attached(process_id), member))
+
+    async def cancel_orphans(self, limit: int = 100) -> list[str]:
+        """Cancel requests attached to API processes that stopped renewing their lease.
+
+        Their clients' connections died with the process and an OpenAI client cannot
+        resume, so finishing them would only waste worker slots. Returns their ids.
+        """
+        reply = await self._orphans(keys=[keys.APIS], args=[now_ms(), keys.ATTACHED_PREFIX, limit])
+        cancelled = []
+        for member in reply:
+            request_id, _, model = as_str(member).partition(":")
+            if request_id and model:
+                await self.cancel(model, request_id)
+                cancelled.append(request_id)
+        return cancelled
 
     async def sweep(self, limit: int = 100) -> list[str]:
         """Expire queued requests past their deadline; returns their ids."""

@@ -1,4 +1,6 @@
-"""The worker registry: who is alive, what model it serves, how busy it is.
+"""The process registry: which workers and API processes are alive.
+
+Workers: who is alive, what model it serves, how busy it is.
 
 Each worker writes its :class:`~llmq.schema.WorkerInfo` under its own key with a
 short TTL and bumps its score in the ``llmq:workers`` sorted set at every
@@ -53,3 +55,15 @@ async def live_workers(redis: Redis, ttl_seconds: float) -> list[WorkerInfo]:
         except ValidationError:
             log.warning("skipping malformed worker entry %r", value[:200])
     return sorted(workers, key=lambda w: w.id)
+
+
+async def api_heartbeat(redis: Redis, process_id: str, grace_seconds: float) -> None:
+    """Renew an API process's lease: it counts as dead ``grace_seconds`` from now."""
+    expires_ms = int((time.time() + grace_seconds) * 1000)
+    await redis.zadd(keys.APIS, {process_id: expires_ms})
+
+
+async def api_gone(redis: Redis, process_id: str) -> None:
+    """An API process stops: expire its lease now, so the sweep cancels whatever
+    is still attached to it and then forgets it."""
+    await redis.zadd(keys.APIS, {process_id: 0})

@@ -10,19 +10,23 @@ max_tokens, for token-aware admission) and the global deadline set (member
 ``<id>:<model>``, score = queue deadline in ms).
 """
 
-#: KEYS: queue, job, record, costs, deadlines, lifecycle.
+#: KEYS: queue, job, record, costs, deadlines, lifecycle, attached.
 #: ARGV: id, score, job, ttl_ms, max_depth, wake channel, cost, deadline_ms,
-#: deadline member, lifecycle maxlen, model, lifecycle data, then record field/value
+#: deadline member, lifecycle maxlen, model, lifecycle data, attach ('1': add the
+#: deadline member to the API process's attached set), then record field/value
 #: pairs. 1, or 0 when the queue is full.
 ENQUEUE = """
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
   return 0
 end
+if ARGV[13] == '1' then
+  redis.call('SADD', KEYS[7], ARGV[9])
+end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[7])
 redis.call('ZADD', KEYS[5], ARGV[8], ARGV[9])
-redis.call('HSET', KEYS[3], unpack(ARGV, 13))
+redis.call('HSET', KEYS[3], unpack(ARGV, 14))
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[10], '*', 'event', 'queued',
   'request_id', ARGV[1], 'model', ARGV[11], 'data', ARGV[12])
@@ -163,4 +167,27 @@ if #due > 0 then
   redis.call('PUBLISH', ARGV[3], 'reaped')
 end
 return due
+"""
+
+#: KEYS: apis. ARGV: now_ms, attached prefix, limit.
+#: Takes (SPOP) up to ``limit`` attached requests of API processes whose lease ran
+#: out, and forgets a dead process once it has none left; returns the members
+#: (``<id>:<model>``) for the caller to cancel.
+ORPHANS = """
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 10)
+local out = {}
+local left = tonumber(ARGV[3])
+for _, pid in ipairs(dead) do
+  local key = ARGV[2] .. pid
+  if left > 0 then
+    for _, m in ipairs(redis.call('SPOP', key, left)) do
+      table.insert(out, m)
+      left = left - 1
+    end
+  end
+  if redis.call('SCARD', key) == 0 then
+    redis.call('ZREM', KEYS[1], pid)
+  end
+end
+return out
 """

@@ -99,6 +99,21 @@ class ApiSettings(CommonSettings):
     sse_keepalive_seconds: float = Field(
         15.0, gt=0, description="Interval of SSE comment lines while a stream is idle."
     )
+    heartbeat_seconds: float = Field(
+        1.0, gt=0, description="Interval at which the API process renews its liveness lease."
+    )
+    orphan_grace_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="If this API process dies, its OpenAI-API requests (whose clients cannot "
+        "resume) are cancelled after this long.",
+    )
+
+    @model_validator(mode="after")
+    def _grace_outlives_heartbeat(self) -> ApiSettings:
+        if self.orphan_grace_seconds <= self.heartbeat_seconds:
+            raise ValueError("orphan_grace_seconds must be longer than heartbeat_seconds")
+        return self
 
 
 class WorkerSettings(CommonSettings):

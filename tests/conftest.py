@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from api.app import create_app
+from api.state import AppState
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.settings import ApiSettings, WorkerSettings
@@ -99,6 +101,12 @@ class RunningApi:
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, **{"timeout": 30, **kwargs})
+
+    def app_state(self) -> AppState:
+        """The running app's state (its process id, Redis client...)."""
+        app = cast(FastAPI, self.server.config.app)
+        state: AppState = app.state.llmq
+        return state
 
 
 StartApi = Callable[..., Awaitable[RunningApi]]

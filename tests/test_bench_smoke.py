@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.timeout(120)
-def test_bench_quick_light_and_pickup(tmp_path: Path) -> None:
+def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -21,7 +21,7 @@ def test_bench_quick_light_and_pickup(tmp_path: Path) -> None:
             "bench",
             "--quick",
             "--scenarios",
-            "light,pickup",
+            "light,pickup,recovery",
             "--repeats",
             "1",
             "--out",
@@ -47,7 +47,11 @@ def test_bench_quick_light_and_pickup(tmp_path: Path) -> None:
     for system in ("llmq", "stock_arq"):
         assert pickup[system]["wait_ms_median"] >= 0
 
+    recovery = results["scenarios"]["recovery"]
+    assert recovery["incorrect_streams"] == 0
+    assert 0 < recovery["summary"]["restart_s"]["median"] < recovery["summary"]["stall_s"]["max"]
+
     markdown = md_path.read_text()
-    assert "## light" in markdown and "## pickup" in markdown
+    assert "## light" in markdown and "## pickup" in markdown and "## recovery" in markdown
     assert "TTFT median (ms)" in markdown and "stock arq" in markdown
     assert done.stdout.strip().startswith("# llmq benchmark")

@@ -128,3 +128,45 @@ async def test_native_client_resumes_on_another_api_after_one_dies(
     assert len(set(ids)) == len(ids), "an event was repeated"
     tokens = [t for e in events if e["type"] == "tokens" for t in e["tokens"]]
     assert len(tokens) == 40 and events[-1]["type"] == "done"
+
+
+async def test_openai_stream_is_cancelled_after_its_api_process_dies(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis_url: str, redis: Redis
+) -> None:
+    """An OpenAI client cannot resume elsewhere: its request must not hold a slot."""
+    await spawn_workers(1, concurrency=1, model_tokens_per_second=50)
+    port = free_port()
+    env = clean_env(
+        LLMQ_REDIS_URL=redis_url,
+        LLMQ_PORT=str(port),
+        LLMQ_HEARTBEAT_SECONDS="0.2",
+        LLMQ_ORPHAN_GRACE_SECONDS="1",
+    )
+    doomed = Proc(["api"], env)
+    survivor = await start_api()
+    body = {**BODY, "max_tokens": 1000, "stream": True}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as a:
+            await wait_ready(a, timeout=30, path="/healthz")
+            chunks = 0
+            with pytest.raises(httpx.HTTPError):
+                async with a.stream("POST", "/v1/completions", json=body) as r:
+                    async for frame in frames(r):
+                        rid = json.loads(frame.data)["id"].removeprefix("cmpl-")
+                        chunks += 1
+                        if chunks == 3:
+                            doomed.popen.kill()
+        async with survivor.client() as b:
+            killed = await wait_status(b, rid, "cancelled", timeout=10)
+            assert killed["completion_tokens"] < 1000
+            # the slot is free: the next request starts at once
+            nxt = await submit(b, "next", max_tokens=2)
+            await wait_status(b, nxt, "done", timeout=10)
+    finally:
+        doomed.stop()
+    assert await redis.zcard(keys.running("mock")) == 0
+
+    async def forgotten() -> bool:
+        return int(await redis.zcard(keys.APIS)) == 1  # only the survivor is left
+
+    await wait_until(forgotten, timeout=10, what="the dead API process to be forgotten")

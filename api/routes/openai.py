@@ -4,7 +4,9 @@ With ``stream: true`` the answer is SSE chunks in OpenAI's shape ending with
 ``data: [DONE]``; otherwise one JSON body with ``usage``. A failure after the
 stream started is sent as a ``data: {"error": ...}`` chunk, then ``[DONE]``; a
 generation timeout first closes the choice with ``finish_reason: "timeout"``.
-A client that disconnects, streaming or not, cancels its request.
+A client that disconnects, streaming or not, cancels its request, and so does
+the death of this API process (after ``orphan_grace_seconds``): an OpenAI client
+cannot reconnect elsewhere, so its request is *attached* to this process.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api import sse
 from api.auth import Caller
-from api.cancel import cancel_later, unless_disconnected
+from api.cancel import release_later, unless_disconnected
 from api.errors import ApiError, error_body
 from api.follow import IDLE, TokenCursor, follow
 from api.openai_format import ChatFormat, CompletionFormat
@@ -93,8 +95,7 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
                     yield sse.data(fmt.usage_chunk(event.usage))
         yield sse.DONE
     finally:
-        if not finished:
-            cancel_later(state, fmt.sub.model, fmt.sub.id)
+        release_later(state, fmt.sub.model, fmt.sub.id, cancel=not finished)
 
 
 async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Response:
@@ -124,9 +125,12 @@ async def _respond(
         return StreamingResponse(
             _stream(state, fmt, arrived), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
         )
-    response = await unless_disconnected(request, _collect(state, fmt, arrived))
+    response = None
+    try:
+        response = await unless_disconnected(request, _collect(state, fmt, arrived))
+    finally:
+        release_later(state, fmt.sub.model, fmt.sub.id, cancel=response is None)
     if response is None:
-        cancel_later(state, fmt.sub.model, fmt.sub.id)
         return Response(status_code=CLIENT_CLOSED)
     return response
 
@@ -136,7 +140,9 @@ async def completions(
     body: CompletionRequest, request: Request, state: State, owner: Caller
 ) -> Response:
     arrived = time.monotonic()
-    sub = await submit(state, body, body.prompt_text(), max_tokens=body.max_tokens, owner=owner)
+    sub = await submit(
+        state, body, body.prompt_text(), max_tokens=body.max_tokens, owner=owner, attach=True
+    )
     fmt = CompletionFormat(sub, body.include_usage)
     return await _respond(request, state, fmt, body.stream, arrived)
 
@@ -158,6 +164,7 @@ async def chat_completions(
         max_tokens_param=param,
         prompt_param="messages",
         owner=owner,
+        attach=True,
     )
     return await _respond(request, state, ChatFormat(sub, body.include_usage), body.stream, arrived)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bench.scenario import Context, ScenarioResult
-from bench.scenarios import capacity, light, overload, pickup, scaling
+from bench.scenarios import capacity, light, overload, pickup, recovery, scaling
 
 SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "light": light.run,
@@ -13,4 +13,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "scaling": scaling.run,
     "overload": overload.run,
     "capacity": capacity.run,
+    "recovery": recovery.run,
 }
