@@ -1,9 +1,11 @@
 """Following one request's stream: events in order, tokens without gaps or repeats.
 
-A request re-run after a worker failure publishes its tokens again from index 0;
-:class:`TokenCursor` drops what was already relayed, so a client sees each token
-exactly once. :func:`follow` ends after the terminal event, and ends with an
-``expired`` error if the request's record vanished while the stream was idle.
+A request re-run after a worker failure resumes after the tokens already in its
+stream, but an index can still appear twice (a stopping worker's last write racing
+its re-run, or tokens a dead worker generated but never wrote); :class:`TokenCursor`
+drops what was already relayed, so a client sees each token exactly once.
+:func:`follow` ends after the terminal event, and ends with an ``expired`` error if
+the request's record vanished while the stream was idle.
 """
 
 from __future__ import annotations

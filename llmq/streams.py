@@ -3,18 +3,31 @@
 Workers write through their batching publisher; the API and the deadline sweep
 write the terminal event of a request that never reached a worker (cancelled or
 timed out while queued). Both use these helpers so that every written stream
-gets its TTL and stays capped.
+gets its TTL and stays capped. :func:`published_tokens` reads back what a stream
+already holds, so that a re-run can resume after it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from llmq import keys
-from llmq.schema import DoneEvent, ErrorEvent, Event, Lifecycle, Timings, Usage, encode_event
+from llmq.schema import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    Lifecycle,
+    Timings,
+    TokensEvent,
+    Usage,
+    decode_event,
+    encode_event,
+)
 
 
 def add_event(pipe: Pipeline, request_id: str, event: Event, *, maxlen: int, ttl: int) -> None:
@@ -34,6 +47,34 @@ def add_lifecycle(pipe: Pipeline, note: Lifecycle, *, maxlen: int) -> None:
 def add_record(pipe: Pipeline, request_id: str, fields: dict[str, str], *, ttl: int) -> None:
     pipe.hset(keys.request(request_id), mapping=fields)
     pipe.expire(keys.request(request_id), ttl)
+
+
+async def published_tokens(redis: Redis, request_id: str) -> list[str]:
+    """The token texts in the request's stream, contiguous from index 0.
+
+    One ``XRANGE`` of the whole stream (capped by ``stream_maxlen``); see
+    :func:`contiguous_tokens` for how its events are merged.
+    """
+    entries = await redis.xrange(keys.stream(request_id))
+    return contiguous_tokens(decode_event(fields) for _, fields in entries)
+
+
+def contiguous_tokens(events: Iterable[Event | None]) -> list[str]:
+    """The tokens of ``tokens`` events, in stream order, from index 0 up to the first gap.
+
+    Other events and ``None`` (malformed entries) are skipped. Overlapping events
+    (tokens written by more than one run) are merged as a reader's cursor does: the
+    first text written for an index wins. The scan stops at an event that starts
+    beyond the tokens gathered so far (the stream was trimmed, or a write was lost).
+    """
+    tokens: list[str] = []
+    for event in events:
+        if not isinstance(event, TokensEvent):
+            continue
+        if event.index > len(tokens):
+            break
+        tokens.extend(event.tokens[len(tokens) - event.index :])
+    return tokens
 
 
 def unstarted_end(

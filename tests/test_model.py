@@ -73,3 +73,41 @@ def test_count_tokens_and_seed_for() -> None:
     assert count_tokens("") == 0
     assert seed_for("abc", 5) == 5
     assert seed_for("abc", None) == seed_for("abc", None) != seed_for("abd", None)
+
+
+async def test_resumed_run_continues_exactly_where_an_uninterrupted_one_would() -> None:
+    """For any cut point, generated + the resumed run's tokens == the uninterrupted run."""
+    stopped_early = 0
+    for stop_probability, stop, seed in itertools.product(
+        (0.0, 0.04, 0.3), ((), ("fox",), ("lazy", "queue")), (3, 21, 77)
+    ):
+        model = MockModel(tokens_per_second=1e6, stop_probability=stop_probability)
+        full, _ = await collect(model, request(60, seed=seed, stop=stop))
+        stopped_early += len(full) < 60
+        cuts = {0, 1, 2, len(full) // 2, len(full) - 1, len(full)} - {-1}
+        for cut in sorted(cuts):
+            resumed = request(60, seed=seed, stop=stop, generated=tuple(full[:cut]))
+            rest, _ = await collect(model, resumed)
+            assert full[:cut] + rest == full, (stop_probability, stop, seed, cut)
+    assert stopped_early >= 10  # the stop draws and stop sequences were exercised
+
+
+async def test_resumed_run_after_max_tokens_yields_nothing() -> None:
+    model = MockModel(tokens_per_second=1e6)
+    full, _ = await collect(model, request(8, seed=4))
+    rest, _ = await collect(model, request(8, seed=4, generated=tuple(full)))
+    assert len(full) == 8 and rest == []
+
+
+async def test_resumed_run_prefills_the_generated_tokens_and_does_not_regenerate_them() -> None:
+    model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.001)
+    full, _ = await collect(MockModel(tokens_per_second=1e6), request(50, seed=9))
+    rest, times = await collect(
+        model, request(50, seed=9, prompt_tokens=10, generated=tuple(full[:40]))
+    )
+    assert rest == full[40:]
+    # prefill of 10 + 40 tokens (50 ms), then 10 tokens at 10 ms: about 150 ms;
+    # generating the 40 again at model speed would have taken 400 ms more
+    assert times[0] >= 0.058
+    assert times[-1] >= 0.148
+    assert times[-1] < 0.4

@@ -17,7 +17,12 @@ from worker.model import GenerationRequest, MockModel, count_tokens
 
 
 class Flaky:
-    """Fails after three tokens when the prompt says so: a backend outside llmq."""
+    """Fails at token index 3 when the prompt says so: a backend outside llmq.
+
+    The position is the request's, not the run's: a re-run resumes after the
+    tokens already published (``request.generated``), and a poison request fails
+    at the same place every time.
+    """
 
     def __init__(self) -> None:
         self.inner = MockModel(tokens_per_second=500)
@@ -27,7 +32,7 @@ class Flaky:
         return count_tokens(text)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        n = 0
+        n = len(request.generated)
         first_run = request.seed not in self.seen
         self.seen.add(request.seed)
         async for token in self.inner.generate(request):
@@ -69,8 +74,8 @@ async def test_model_error_ends_the_request_not_the_worker(
     assert len("".join(texts).split()) == 3
     assert chunks[-1]["error"]["code"] == "model_error"
     assert "device lost" in chunks[-1]["error"]["message"]
-    # a poison request: retried up to max_tries (3), each run repeating the same
-    # tokens (dropped by index), then failed; the worker serves on
+    # a poison request: retried up to max_tries (3), each re-run resuming after the
+    # 3 tokens published and failing again at once, then failed; the worker serves on
     assert rec["finish_reason"] == "error" and rec["completion_tokens"] == 3
     assert rec["attempts"] == 3
     assert ok["completion_tokens"] == 10

@@ -60,6 +60,11 @@ class StreamPublisher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def redis(self) -> Redis:
+        """The client the publisher writes with (a re-run reads its stream back with it)."""
+        return self._redis
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="stream-publisher")
 

@@ -12,6 +12,14 @@ events that change its status:
 
 When the worker itself is stopping, the cancellation is not a client's: it
 propagates, and arq hands the request back to the queue.
+
+A re-run (``attempt`` > 1: the previous worker died or stopped, or the model
+raised) resumes instead of starting over: once its ``started`` event is written,
+the runner reads the tokens the stream already holds (contiguous from index 0),
+passes them to the model as ``GenerationRequest.generated`` and publishes the new
+tokens from the next index. Tokens a dead worker never wrote are generated again;
+tokens written twice (a stopping worker's last flush racing the re-run) carry the
+same indices, which readers drop. A first run pays no extra round trip.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arq.worker import Retry
+from redis.asyncio import Redis
 
 from llmq import metrics
 from llmq.metrics import Recorder
@@ -37,6 +46,7 @@ from llmq.schema import (
     Timings,
     Usage,
 )
+from llmq.streams import published_tokens
 from worker.model import GenerationRequest, Model, seed_for
 from worker.publisher import StreamPublisher
 
@@ -53,7 +63,11 @@ def _ms(seconds: float) -> float:
 
 @dataclass
 class _Progress:
+    #: Tokens of the request so far, those of earlier runs included (the next index).
     produced: int = 0
+    #: Tokens already published by earlier runs, which this run resumed after.
+    resumed: int = 0
+    #: When this run produced its first token, and its latest.
     first_at: float | None = None
     last_at: float = 0.0
 
@@ -64,6 +78,7 @@ class RequestRunner:
 
     ``metrics`` receives the worker-side figures (queue, prefill, decode, ITL, TPOT,
     tokens, outcomes); ``model_name`` labels those of jobs too malformed to name one.
+    ``redis`` reads a re-run's stream back; by default, the publisher's client.
     """
 
     worker_id: str
@@ -72,6 +87,7 @@ class RequestRunner:
     metrics: Recorder = field(default_factory=Recorder)
     model_name: str = ""
     max_tries: int = 3
+    redis: Redis | None = None
     running: dict[str, float] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
@@ -104,8 +120,9 @@ class RequestRunner:
         queue_seconds = max(0.0, started - payload.enqueued_at)
         queue_ms = _ms(queue_seconds)
         self.metrics.observe(metrics.QUEUE_TIME, queue_seconds, payload.model)
-        # Not awaited before the model starts: the publisher keeps the stream's order,
-        # so "started" still precedes the tokens, and prefill is not delayed by a round trip.
+        # Not awaited before a first run's model starts: the publisher keeps the stream's
+        # order, so "started" still precedes the tokens, and prefill is not delayed by a
+        # round trip. A re-run waits for it (and reads the stream) to resume.
         self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
         announced = asyncio.ensure_future(
             self.publisher.emit(
@@ -120,16 +137,51 @@ class RequestRunner:
             )
         )
         try:
-            await self._generate_and_finish(payload, attempt, queue_ms, started)
+            generated = await self._published(rid, announced) if attempt > 1 else []
+            await self._generate_and_finish(payload, attempt, queue_ms, started, generated)
         finally:
             await announced
 
+    async def _published(self, rid: str, announced: asyncio.Future[None]) -> list[str]:
+        """The tokens earlier runs published; none if they cannot be read (start over).
+
+        Read once ``announced`` (this run's "started") is written: the publisher writes
+        a stream's events in order, so tokens an earlier run in this process had still
+        queued (a model error, retried here) are in the stream by then. Only a dead or
+        stopping process's unwritten tokens are missed: they are generated again.
+        """
+        try:
+            await asyncio.shield(announced)  # a worker stopping cancels us, not the write
+            redis = self.redis if self.redis is not None else self.publisher.redis
+            generated = await published_tokens(redis, rid)
+        except Exception as exc:
+            log.warning(
+                "request %s: could not read its published tokens (%s); generating from 0",
+                rid,
+                exc,
+                extra={"request_id": rid},
+            )
+            return []
+        if generated:
+            log.info(
+                "request %s resumes after %d published tokens",
+                rid,
+                len(generated),
+                extra={"request_id": rid},
+            )
+        return generated
+
     async def _generate_and_finish(
-        self, payload: JobPayload, attempt: int, queue_ms: float, started: float
+        self,
+        payload: JobPayload,
+        attempt: int,
+        queue_ms: float,
+        started: float,
+        generated: list[str],
     ) -> None:
         rid = payload.request_id
-        progress = _Progress()
-        generation = asyncio.create_task(self._generate(payload, progress))
+        progress = _Progress(produced=len(generated), resumed=len(generated))
+        generation = asyncio.create_task(self._generate(payload, progress, generated))
         self._generations[rid] = generation
         if rid in self._cancelled:
             generation.cancel()
@@ -149,8 +201,8 @@ class RequestRunner:
                 extra={"request_id": rid},
             )
             if attempt < self.max_tries:
-                # arq hands it back to the queue; the re-run repeats the same tokens,
-                # which readers drop by index. A poison request ends after max_tries.
+                # arq hands it back to the queue; the re-run resumes after the tokens
+                # published so far. A poison request ends after max_tries.
                 raise Retry() from exc
             await self._finish_error(
                 payload, progress.produced, "model_error", f"model failed: {exc}", "error"
@@ -166,7 +218,9 @@ class RequestRunner:
             return
         await self._finish_done(payload, progress, finish, queue_ms, started)
 
-    async def _generate(self, payload: JobPayload, progress: _Progress) -> FinishReason:
+    async def _generate(
+        self, payload: JobPayload, progress: _Progress, generated: list[str]
+    ) -> FinishReason:
         rid = payload.request_id
         params = payload.params
         request = GenerationRequest(
@@ -176,6 +230,7 @@ class RequestRunner:
             prompt_tokens=payload.prompt_tokens,
             stop=params.stop,
             temperature=params.temperature,
+            generated=tuple(generated),
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         try:
@@ -183,8 +238,12 @@ class RequestRunner:
                 async for token in self.model.generate(request):
                     now = time.time()
                     if progress.first_at is None:
+                        # No ITL across the gap between runs; and a resumed request's
+                        # first token reached its readers in an earlier run.
                         progress.first_at = now
-                        self._note(payload, "first_token", ttft_ms=_ms(now - payload.enqueued_at))
+                        if not progress.resumed:
+                            ttft_ms = _ms(now - payload.enqueued_at)
+                            self._note(payload, "first_token", ttft_ms=ttft_ms)
                     else:
                         observe(itl, now - progress.last_at, model)
                     progress.last_at = now
@@ -209,8 +268,9 @@ class RequestRunner:
         if progress.first_at is not None:
             m.observe(metrics.PREFILL_TIME, first - started, model)
             m.observe(metrics.DECODE_TIME, now - first, model)
-        if progress.produced > 1:
-            m.observe(metrics.TPOT, (now - first) / (progress.produced - 1), model)
+        decoded = progress.produced - progress.resumed  # by this run: its decode time
+        if decoded > 1:
+            m.observe(metrics.TPOT, (now - first) / (decoded - 1), model)
         event = DoneEvent(
             finish_reason=finish,
             usage=_usage(payload, progress.produced),
