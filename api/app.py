@@ -75,6 +75,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds)),
             asyncio.create_task(metrics.flush_forever(state.metrics, redis)),
             asyncio.create_task(_heartbeat(redis, settings, process_id)),
+            asyncio.create_task(state.catalog.refresh_forever()),
         ]
         app.state.llmq = state
         try:

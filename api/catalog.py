@@ -1,19 +1,29 @@
-"""Which models are served right now, from the worker registry, briefly cached.
+"""Which models are served right now, from the worker registry, kept fresh off the
+request path.
 
 Every request names a model; checking it must not cost a Redis round trip per
-request, so the set of live models is cached for ``max_age`` seconds. A model
-missing from the cache triggers one refresh before it is refused, so a worker
-that just started is found at once.
+request, nor one every time a cache expires (at light load that would be most
+requests). :meth:`Catalog.refresh_forever` re-reads the registry every
+``max_age`` seconds in the background. A model missing from the cache triggers
+one refresh before it is refused, so a worker that just started is found at once;
+if the background refresh stalls (Redis away), reads refresh inline again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from redis.asyncio import Redis
 
 from llmq import registry
 from llmq.schema import WorkerInfo
+
+log = logging.getLogger(__name__)
+
+#: A model missing from the cache is looked up again at most this often.
+MISS_REFRESH_SECONDS = 0.05
 
 
 class Catalog:
@@ -30,6 +40,15 @@ class Catalog:
         self._fetched = time.monotonic()
         return workers
 
+    async def refresh_forever(self) -> None:
+        """Keep the cache younger than ``max_age`` (twice a period, so reads never wait)."""
+        while True:
+            try:
+                await self.workers()
+            except Exception as exc:
+                log.warning("worker registry refresh failed: %s", exc)
+            await asyncio.sleep(self._max_age / 2)
+
     async def models(self) -> frozenset[str]:
         if time.monotonic() - self._fetched > self._max_age:
             await self.workers()
@@ -38,6 +57,6 @@ class Catalog:
     async def is_served(self, model: str) -> bool:
         if model in await self.models():
             return True
-        if time.monotonic() - self._fetched > 0.05:
+        if time.monotonic() - self._fetched > MISS_REFRESH_SECONDS:
             await self.workers()
         return model in self._models

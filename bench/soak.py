@@ -26,6 +26,7 @@ from typing import Any
 import redis
 
 from bench.procs import Stack
+from llmq import keys
 from loadgen import LoadConfig, run_load
 
 
@@ -45,6 +46,7 @@ def sample(stack: Stack, client: redis.Redis) -> dict[str, float]:
     out["redis_keys"] = float(client.dbsize())  # type: ignore[arg-type]
     out["redis_used_memory"] = float(info["used_memory"])
     out["redis_clients"] = float(info["connected_clients"])
+    out["lifecycle_entries"] = float(client.xlen(keys.LIFECYCLE))  # type: ignore[arg-type]
     return out
 
 
@@ -91,10 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     series: list[dict[str, float]] = []
-    worker_env = {"LLMQ_CONCURRENCY": str(args.concurrency), "LLMQ_REQUEST_TTL_SECONDS": "30"}
+    # Bounds small enough to be reached within the run, so that "flat" proves them:
+    # request keys expire after 30 s, the lifecycle stream stops at ~5,000 entries.
+    bounds = {"LLMQ_REQUEST_TTL_SECONDS": "30", "LLMQ_LIFECYCLE_MAXLEN": "5000"}
+    worker_env = {"LLMQ_CONCURRENCY": str(args.concurrency), **bounds}
     with (
         tempfile.TemporaryDirectory() as logs,
-        Stack(Path(logs), {"LLMQ_REQUEST_TTL_SECONDS": "30"}) as stack,
+        Stack(Path(logs), bounds) as stack,
     ):
         stack.scale(2, worker_env)
         client = redis.Redis.from_url(stack.redis.url)
