@@ -33,11 +33,11 @@ log = logging.getLogger(__name__)
 async def _heartbeat(redis: Redis, settings: ApiSettings, process_id: str) -> None:
     """Keep this process's liveness lease, which its attached requests depend on."""
     while True:
+        await asyncio.sleep(settings.heartbeat_seconds)
         try:
             await registry.api_heartbeat(redis, process_id, settings.orphan_grace_seconds)
         except Exception as exc:
             log.warning("API heartbeat failed: %s", exc)
-        await asyncio.sleep(settings.heartbeat_seconds)
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -71,6 +71,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
             metrics=recorder,
         )
         await relay.start()
+        # The first beat before serving, so the process is known before it attaches requests.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                await registry.api_heartbeat(redis, process_id, settings.orphan_grace_seconds)
         tasks = [
             asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds)),
             asyncio.create_task(metrics.flush_forever(state.metrics, redis)),

@@ -180,4 +180,6 @@ async def submit(
         tokens,
         extra={"request_id": rid},
     )
+    if settings.log_prompts:
+        log.info("request %s prompt: %r", rid, prompt, extra={"request_id": rid})
     return Submitted(rid, params.model, int(now), prompt_tokens, tokens, payload.queue_deadline)

@@ -102,6 +102,10 @@ class ApiSettings(CommonSettings):
     heartbeat_seconds: float = Field(
         1.0, gt=0, description="Interval at which the API process renews its liveness lease."
     )
+    log_prompts: bool = Field(
+        False,
+        description="Log each accepted request's prompt (off: prompts never reach the logs).",
+    )
     orphan_grace_seconds: float = Field(
         5.0,
         gt=0,

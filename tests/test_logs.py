@@ -10,6 +10,7 @@ import pytest
 
 from llmq.logs import setup_logging
 from llmq.settings import CommonSettings
+from tests.conftest import StartApi, StartWorker
 
 
 def test_json_lines_carry_the_request_id(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,3 +29,24 @@ def test_json_lines_carry_the_request_id(monkeypatch: pytest.MonkeyPatch) -> Non
     line = json.loads(stream.getvalue().strip().splitlines()[-1])
     assert line["request_id"] == "abc" and line["process"] == "worker"
     assert line["message"] == "request abc finished" and line["level"] == "INFO"
+
+
+@pytest.mark.timeout(30)
+async def test_prompts_reach_the_logs_only_when_asked_for(
+    start_api: StartApi, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    await start_worker()
+    quiet = await start_api()
+    chatty = await start_api(log_prompts=True)
+    body = {"model": "mock", "max_tokens": 1}
+    with caplog.at_level(logging.INFO, logger="api.submit"):
+        async with quiet.client() as client:
+            r = await client.post("/v1/completions", json={**body, "prompt": "secret one"})
+            assert r.status_code == 200, r.text
+        async with chatty.client() as client:
+            r = await client.post("/v1/completions", json={**body, "prompt": "secret two"})
+            assert r.status_code == 200, r.text
+    logged = "\n".join(rec.getMessage() for rec in caplog.records)
+    assert "accepted request" in logged  # the records were captured at all
+    assert "secret one" not in logged
+    assert "secret two" in logged
