@@ -27,6 +27,9 @@ from llmq.streams import add_event, add_lifecycle, add_record, unstarted_end
 #: The arq function name of every llmq job.
 JOB_FUNCTION = "generate"
 
+#: Lifetime of a job's try counter, as arq sets it.
+RETRY_TTL_SECONDS = 88400
+
 
 def serialize_job(payload: dict[str, Any], enqueue_ms: int) -> bytes:
     """An arq job record (arq's own field names), as JSON rather than arq's pickle."""
@@ -71,6 +74,9 @@ class Claim:
     request_id: str | None = None
     score: int = 0
     cost: int = 0
+    #: The claimed request's job record (None if it expired) and its try number.
+    job: bytes | None = None
+    job_try: int = 0
     expired: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
 
@@ -173,17 +179,21 @@ class Queue:
                 model,
                 keys.JOB_PREFIX,
                 keys.CANCEL_FLAG_PREFIX,
+                keys.RETRY_PREFIX,
+                RETRY_TTL_SECONDS,
             ],
         )
-        items = [as_str(x) for x in reply]
-        split = items.index("|")
-        request_id, score, cost = items[:3]
+        request_id, score, cost, job, job_try = reply[:5]
+        rest = [as_str(x) for x in reply[5:]]
+        split = rest.index("|")
         return Claim(
-            request_id=request_id or None,
-            score=int(float(score)),
-            cost=int(float(cost)),
-            expired=items[3:split],
-            cancelled=items[split + 1 :],
+            request_id=as_str(request_id) or None,
+            score=int(float(as_str(score))),
+            cost=int(float(as_str(cost))),
+            job=(job if isinstance(job, bytes) else as_str(job).encode()) or None,
+            job_try=int(job_try),
+            expired=rest[:split],
+            cancelled=rest[split + 1 :],
         )
 
     async def requeue(self, model: str, request_id: str, score: int, cost: int) -> bool:

@@ -36,10 +36,13 @@ return 1
 
 #: KEYS: queue, running, costs, deadlines, leases.
 #: ARGV: now_ms, lease_ms, in-progress prefix, in-progress ttl ms, budget left (-1: no
-#: budget), idle ('1' if the worker runs nothing), model, job prefix, cancel prefix.
+#: budget), idle ('1' if the worker runs nothing), model, job prefix, cancel prefix,
+#: retry prefix, retry ttl s.
 #: Takes the lowest-scored request; requests past their deadline or cancelled are
-#: removed on the way and reported. Returns {id, score, cost, expired..., '|',
-#: cancelled...}; id is '' when nothing was claimed.
+#: removed on the way and reported. The claimed request's job record is read and its
+#: try counter bumped here, as arq's run_job would do in a round trip of its own.
+#: Returns {id, score, cost, job ('' if gone), try, expired..., '|', cancelled...};
+#: id is '' when nothing was claimed.
 CLAIM = """
 local now = tonumber(ARGV[1])
 local expired, cancelled = {}, {}
@@ -48,8 +51,8 @@ local function drop(id, member)
   redis.call('ZREM', KEYS[4], member)
   redis.call('HDEL', KEYS[3], id)
 end
-local function reply(id, score, cost)
-  local out = {id, score, cost}
+local function reply(id, score, cost, job, try)
+  local out = {id, score, cost, job or '', try or 0}
   for _, x in ipairs(expired) do table.insert(out, x) end
   table.insert(out, '|')
   for _, x in ipairs(cancelled) do table.insert(out, x) end
@@ -81,7 +84,10 @@ for _ = 1, 100 do
     redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), id)
     redis.call('HSET', KEYS[5], id, head[2] .. ':' .. cost)
     redis.call('SET', ARGV[3] .. id, '1', 'PX', ARGV[4])
-    return reply(id, head[2], cost)
+    local job = redis.call('GET', ARGV[8] .. id)
+    local try = redis.call('INCR', ARGV[10] .. id)
+    redis.call('EXPIRE', ARGV[10] .. id, ARGV[11])
+    return reply(id, head[2], cost, job, try)
   end
 end
 return reply('', '0', '0')

@@ -26,6 +26,7 @@ from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.sweep import sweep_forever
 from llmq.tasks import cancel_and_wait
+from worker.claimed import ClaimingRedis
 from worker.model import MockModel, Model
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
@@ -112,7 +113,7 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
 
     worker_id = new_worker_id()
-    redis = ArqRedis(
+    redis = ClaimingRedis(
         pool_or_conn=make_pool(settings, decode_responses=False),
         job_serializer=None,
         job_deserializer=None,

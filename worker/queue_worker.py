@@ -9,8 +9,8 @@ cancellation on shutdown) and replaces how work is found:
   just freed) and keeps the poll only as a fallback;
 - ``_poll_iteration`` claims one request per free slot with an atomic script that
   takes the lowest score, honours the worker's token budget, drops requests that
-  are past their deadline or cancelled, and moves the claimed one to the running
-  set;
+  are past their deadline or cancelled, moves the claimed one to the running set,
+  and reads its job record for ``run_job`` (see :mod:`worker.claimed`);
 - ``finish_job`` puts a request that did not finish (worker shutting down) back
   in the queue at its original score.
 """
@@ -22,7 +22,6 @@ import contextlib
 import logging
 from typing import Any
 
-from arq.connections import ArqRedis
 from arq.worker import Worker, func
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -30,6 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from llmq import keys
 from llmq.queue import JOB_FUNCTION, Queue, deserialize, serialize
 from llmq.schema import JobPayload
+from worker.claimed import ClaimedJob, ClaimingRedis, carry
 from worker.runner import RequestRunner
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class QueueWorker(Worker):
         *,
         model: str,
         runner: RequestRunner,
-        redis: ArqRedis,
+        redis: ClaimingRedis,
         queue: Queue,
         max_jobs: int,
         poll_seconds: float,
@@ -91,6 +91,7 @@ class QueueWorker(Worker):
         self.token_budget = token_budget
         self.wake = asyncio.Event()
         self._claims: dict[str, tuple[int, int]] = {}  # id -> (score, cost)
+        self._reads: dict[str, ClaimedJob] = {}  # claimed, not yet read by run_job
 
     @property
     def claimed(self) -> list[str]:
@@ -138,6 +139,7 @@ class QueueWorker(Worker):
             if claim.request_id is None:
                 break
             await self.sem.acquire()  # never waits: job_counter < max_jobs
+            self._reads[claim.request_id] = ClaimedJob(claim.request_id, claim.job, claim.job_try)
             self._start(claim.request_id, claim.score, claim.cost)
         for job_id, task in list(self.tasks.items()):
             if task.done():
@@ -151,6 +153,13 @@ class QueueWorker(Worker):
         task = self.loop.create_task(self.run_job(job_id, score))
         task.add_done_callback(self._slot_freed)
         self.tasks[job_id] = task
+
+    async def run_job(self, job_id: str, score: int) -> None:
+        """arq's run_job, reading the job from the claim rather than from Redis."""
+        claimed = self._reads.pop(job_id, None)
+        if claimed is not None:
+            carry(claimed)  # this task's context: only this run_job's read sees it
+        await super().run_job(job_id, score)
 
     def _slot_freed(self, _: asyncio.Task[None]) -> None:
         self._release_sem_dec_counter_on_complete()

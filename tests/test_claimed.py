@@ -1,0 +1,99 @@
+"""The claim script reads the job for arq's run_job, which then skips its own read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from llmq.connection import make_pool
+from llmq.queue import Claim, Queue
+from llmq.schema import Lifecycle
+from llmq.settings import WorkerSettings
+from tests.conftest import RunningApi
+from tests.native import record, submit, wait_status
+from worker.claimed import ClaimedJob, ClaimingRedis, carry
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def arq_pool(redis_url: str) -> AsyncIterator[ClaimingRedis]:
+    pool = ClaimingRedis(
+        pool_or_conn=make_pool(WorkerSettings(redis_url=redis_url), decode_responses=False)
+    )
+    yield pool
+    await pool.aclose(close_connection_pool=True)
+
+
+async def enqueue(queue: Queue, rid: str, job: bytes) -> None:
+    assert await queue.enqueue(
+        rid,
+        "mock",
+        job=job,
+        score=1,
+        max_depth=10,
+        cost=1,
+        deadline_ms=2**50,
+        record={"id": rid},
+        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+    )
+
+
+async def claim(queue: Queue) -> Claim:
+    return await queue.claim(
+        "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
+    )
+
+
+async def test_a_claim_returns_the_job_and_bumps_its_try_count(arq_pool: ClaimingRedis) -> None:
+    queue = Queue(arq_pool, stream_maxlen=100, ttl_seconds=60)
+    await enqueue(queue, "r1", b'{"job": 1}')
+    first = await queue.claim(
+        "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
+    )
+    assert (first.request_id, first.job, first.job_try) == ("r1", b'{"job": 1}', 1)
+    assert await queue.requeue("mock", "r1", first.score, first.cost)
+    again = await queue.claim(
+        "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
+    )
+    assert (again.request_id, again.job_try) == ("r1", 2)
+    assert 0 < await arq_pool.ttl(keys.retry("r1")) <= 88400
+
+
+async def test_the_carried_claim_answers_one_read_only(arq_pool: ClaimingRedis) -> None:
+    async def in_task() -> list[object]:
+        carry(ClaimedJob("r2", b"job", 3))
+        async with arq_pool.pipeline(transaction=True) as pipe:
+            pipe.get(keys.job("r2"))
+            pipe.incr(keys.retry("r2"))
+            pipe.expire(keys.retry("r2"), 88400)
+            answered = await pipe.execute()
+        async with arq_pool.pipeline(transaction=True) as pipe:  # a real one now
+            pipe.incr(keys.retry("r2"))
+            real = await pipe.execute()
+        return [answered, real]
+
+    answered, real = await asyncio.create_task(in_task())
+    assert answered == [b"job", 3, True]
+    assert real == [1]  # it reached Redis, where nothing had counted before
+
+
+async def test_a_read_arq_was_not_expected_to_make_fails_loudly(arq_pool: ClaimingRedis) -> None:
+    async def in_task() -> None:
+        carry(ClaimedJob("r3", b"job", 1))
+        async with arq_pool.pipeline(transaction=True) as pipe:
+            pipe.get(keys.job("someone-else"))
+
+    with pytest.raises(RuntimeError, match="expected"):
+        await asyncio.create_task(in_task())
+
+
+async def test_a_request_run_once_counts_one_attempt(stack: RunningApi, redis: Redis) -> None:
+    async with stack.client() as client:
+        rid = await submit(client, max_tokens=2)
+        await wait_status(client, rid, "done")
+        assert (await record(client, rid))["attempts"] == 1
