@@ -6,8 +6,10 @@ completions (``choices[].delta`` / ``message``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from api import sse
 from api.submit import Submitted
 from llmq.schema import Usage
 
@@ -25,6 +27,19 @@ class CompletionFormat:
         self.sub = sub
         self.include_usage = include_usage
         self.id = self.id_prefix + sub.id
+        self._frame: tuple[bytes, bytes] | None = None
+
+    def delta_frame(self, text: str) -> bytes:
+        """``sse.data(self.delta(text))``, byte for byte, without re-encoding the
+        envelope for every token: it is encoded once around a placeholder, and only
+        the text is encoded per chunk (the hot path of every stream)."""
+        if self._frame is None:
+            placeholder = "\x00text\x00"
+            whole = sse.data(self.delta(placeholder))
+            prefix, _, suffix = whole.partition(json.dumps(placeholder).encode())
+            self._frame = (prefix, suffix)
+        prefix, suffix = self._frame
+        return prefix + json.dumps(text).encode() + suffix
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {

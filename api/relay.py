@@ -50,16 +50,23 @@ class Subscription:
     last_id: str = "0-0"
     queue: asyncio.Queue[tuple[str, Event]] = field(default_factory=asyncio.Queue)
     failed: BaseException | None = None
+    #: ``last_id`` parsed, kept alongside so that the relay's loop never re-parses it.
+    last: StreamId = field(init=False)
 
-    def _offer(self, stream_id: str, event: Event | None) -> None:
+    def __post_init__(self) -> None:
+        self.last = parse_id(self.last_id)
+
+    def _offer(self, stream_id: str, parsed: StreamId, event: Event | None) -> None:
         """Deliver an entry past ``last_id``; a malformed one (None) is only stepped over."""
-        if parse_id(stream_id) > parse_id(self.last_id):
-            self.last_id = stream_id
+        if parsed > self.last:
+            self.last_id, self.last = stream_id, parsed
             if event is not None:
                 self.queue.put_nowait((stream_id, event))
 
     async def next(self, timeout: float) -> tuple[str, Event] | None:
         """The next entry, or None if none arrived within ``timeout`` seconds."""
+        if not self.queue.empty():  # the common case under load: no timer to arm
+            return self.queue.get_nowait()
         try:
             async with asyncio.timeout(timeout):
                 return await self.queue.get()
@@ -138,7 +145,11 @@ class StreamRelay:
     def _positions(self) -> dict[str, str]:
         streams = {self._control: self._control_id}
         for key, subs in self._subs.items():
-            streams[key] = min((s.last_id for s in subs), key=parse_id)
+            if len(subs) == 1:
+                (only,) = subs
+                streams[key] = only.last_id
+            else:
+                streams[key] = min(subs, key=lambda s: s.last).last_id
         return streams
 
     async def _run(self) -> None:
@@ -167,10 +178,11 @@ class StreamRelay:
         # A subscriber that joined while this read was in flight may want entries
         # from before ``read_from``: it is left for the next read, which starts at
         # its position, so it never skips anything.
-        subs = [s for s in self._subs.get(key, ()) if parse_id(s.last_id) >= read_from]
+        subs = [s for s in self._subs.get(key, ()) if s.last >= read_from]
         if not subs:
             return
         for stream_id, fields in entries:
             event = decode_event(fields)
+            parsed = parse_id(stream_id)
             for sub in subs:
-                sub._offer(stream_id, event)
+                sub._offer(stream_id, parsed, event)

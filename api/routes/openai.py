@@ -77,7 +77,7 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
             if isinstance(event, TokensEvent):
                 text = "".join(cursor.take(event))
                 if text:
-                    yield sse.data(fmt.delta(text))
+                    yield fmt.delta_frame(text)
                     timer.tokens()
             elif isinstance(event, DoneEvent):
                 finished = True

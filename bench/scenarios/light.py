@@ -9,8 +9,13 @@ times and prompts) and the same number of slots.
 
 from __future__ import annotations
 
+import asyncio
+import statistics
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import httpx
 
 from bench import traffic
 from bench.breakdown import pipeline_breakdown
@@ -78,6 +83,39 @@ def _where(s: Sizes, ours: list[dict[str, Any]], med: dict[str, dict[str, Any]])
     )
 
 
+#: Idle time before each probe of the "after idle" series: a gap like the light
+#: load's (Poisson 2 req/s leaves ~0.5 s between requests).
+IDLE_GAP_S = 0.3
+PROBES = 30
+
+
+async def _healthz_ms(url: str, gap: float, probes: int) -> float:
+    """Median ``GET /healthz`` round trip, ``gap`` seconds of idleness before each."""
+    times: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+        await client.get("/healthz")  # connect first
+        for _ in range(probes):
+            if gap:
+                await asyncio.sleep(gap)
+            began = time.perf_counter()
+            await client.get("/healthz")
+            times.append((time.perf_counter() - began) * 1000)
+    return statistics.median(times)
+
+
+def wake_cost(url: str, probes: int = PROBES) -> dict[str, float]:
+    """What one HTTP hop costs here back to back, and after the system went idle.
+
+    The light load leaves every process idle between requests, so each hop of the
+    pipeline starts from idle; on a VM an idle process is slow to wake. This puts
+    a number on it for the report, with the same HTTP client as the load.
+    """
+    return {
+        "healthz_ms_back_to_back": asyncio.run(_healthz_ms(url, 0.0, probes)),
+        "healthz_ms_after_idle": asyncio.run(_healthz_ms(url, IDLE_GAP_S, probes)),
+    }
+
+
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
     worker_env = {
@@ -99,6 +137,7 @@ def run(ctx: Context) -> ScenarioResult:
             return traffic.figures(traffic.run(_config(s, i, in_process=True)))
 
         runs = interleave(ctx, ctx.repeats, [("llmq", ours), ("baseline", baseline)])
+        wake = wake_cost(stack.url, 5 if ctx.quick else PROBES)
     med = {name: {k: median_of(rs, k) for k in KEYS} for name, rs in runs.items()}
     ratios = {k: paired_ratios(runs["llmq"], runs["baseline"], k) for k in KEYS}
     ttft_ratio = ratios["ttft_ms_median"]["median"]
@@ -122,8 +161,18 @@ def run(ctx: Context) -> ScenarioResult:
             f"Failed requests: llmq {failed['llmq']}, baseline {failed['baseline']}.",
             table(["figure", "llmq", "baseline", "llmq / baseline"], rows),
             _where(s, runs["llmq"], med),
+            f"One HTTP hop on this machine (`GET /healthz`, httpx, median): "
+            f"{wake['healthz_ms_back_to_back']:.2f} ms back to back, "
+            f"{wake['healthz_ms_after_idle']:.2f} ms after {IDLE_GAP_S:g} s idle; at light "
+            "load every hop of the pipeline starts from idle.",
             target_line(target.description, target.met, target.detail),
         ]
     )
-    data = {"settings": asdict(s), "runs": runs, "medians": med, "ratios": ratios}
+    data = {
+        "settings": asdict(s),
+        "runs": runs,
+        "medians": med,
+        "ratios": ratios,
+        "wake_cost": wake,
+    }
     return ScenarioResult("light", "Light load: llmq vs in-process baseline", data, md, [target])
