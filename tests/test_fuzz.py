@@ -89,11 +89,14 @@ def test_nothing_left_behind(fuzz_target: str, redis_server: EmbeddedRedis) -> N
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         pending = client.zcard(keys.queue("mock")) + client.zcard(keys.running("mock"))  # type: ignore[operator]
-        if pending == 0:
+        attached = list(client.scan_iter(match=keys.ATTACHED_PREFIX + "*"))
+        if pending == 0 and not attached:
             break
         time.sleep(0.1)
     assert client.zcard(keys.queue("mock")) == 0
     assert client.zcard(keys.running("mock")) == 0
+    # every OpenAI request was detached from its API process once its client was done
+    assert not list(client.scan_iter(match=keys.ATTACHED_PREFIX + "*"))
     # every key that exists will expire (records, streams) or is a fixed llmq key
     for key in client.scan_iter(count=1000):
         ttl = client.ttl(key)
