@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,17 @@ def test_every_setting_is_a_flag(command: str) -> None:
     for name in cls.model_fields:
         args = parser.parse_args([command])
         assert hasattr(args, name), f"{command} lacks --{name.replace('_', '-')}"
+
+
+@pytest.mark.parametrize("command", sorted(SETTINGS))
+def test_every_setting_is_documented_in_the_readme(command: str) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    missing = [
+        f"LLMQ_{name.upper()}"
+        for name in SETTINGS[command].model_fields
+        if f"`LLMQ_{name.upper()}`" not in readme
+    ]
+    assert not missing, f"README.md does not document {missing}"
 
 
 def test_flag_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None:
