@@ -15,7 +15,7 @@ previous one ends (its due time is that moment).
 Warmup requests (distinct prompts, same lengths) are sent before the measured run
 with the run's concurrency cap and all must end before its clock starts. Then the
 target prepares itself (the HTTP client opens a connection, which also warms
-httpx's code paths: the first request otherwise blocks the loop for ~20 ms) and
+the client's code paths: the first request otherwise blocks the loop) and
 the objects alive so far are frozen out of the garbage collector's scans. Every
 request is bounded by ``timeout`` seconds, counted as a ``timeout`` failure.
 """
