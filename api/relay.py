@@ -86,6 +86,9 @@ class StreamRelay:
         self._control_id = "0-0"
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        #: Subscriptions changed since the last nudge was sent (see :meth:`_wake_reader`).
+        self._dirty = False
+        self._nudger: asyncio.Task[None] | None = None
 
     @property
     def subscribers(self) -> int:
@@ -104,6 +107,8 @@ class StreamRelay:
         Cancelling a blocked read mid-reply can leave its connection unusable; the
         cancel is only the fallback if Redis does not answer.
         """
+        if self._nudger is not None:
+            await cancel_and_wait([self._nudger], timeout=2)
         if self._task:
             self._stopping = True
             with contextlib.suppress(Exception):
@@ -118,8 +123,31 @@ class StreamRelay:
     async def subscribe(self, key: str, last_id: str = "0-0") -> Subscription:
         sub = Subscription(key, last_id)
         self._subs.setdefault(key, set()).add(sub)
-        await self._nudge()
+        self._wake_reader()
         return sub
+
+    def _wake_reader(self) -> None:
+        """Get the reader out of its blocked XREAD so that its next one has every key.
+
+        Nudges are coalesced: one at a time, and another only if subscriptions
+        changed meanwhile, so a burst of new streams costs a couple of round trips
+        on the relay's small pool, not one each (which would exhaust it). Nothing
+        waits for the nudge: a subscription reads from its own position, so a late
+        nudge only delays its first entries, and without any the reader's block
+        timeout still picks it up.
+        """
+        self._dirty = True
+        if self._nudger is None or self._nudger.done():
+            self._nudger = asyncio.create_task(self._nudge_while_dirty(), name="relay-nudge")
+
+    async def _nudge_while_dirty(self) -> None:
+        while self._dirty and not self._stopping:
+            self._dirty = False
+            try:
+                await self._nudge()
+            except Exception as exc:
+                log.warning("could not nudge the relay (%s); it reads the new stream later", exc)
+                return
 
     def unsubscribe(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.key)

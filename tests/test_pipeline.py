@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
+from api.routes import openai as routes
 from llmq import keys
 from tests.conftest import RunningApi, StartApi
 from tests.sse import frames, openai_chunks
+from tests.waiting import wait_until
 
 
 async def test_streaming_completion(stack: RunningApi) -> None:
@@ -174,3 +178,31 @@ async def test_concurrent_streams_share_one_relay_connection(
         await asyncio.sleep(0.02)
     assert [t.result() for t in tasks] == [20] * 50
     assert peak <= 1
+
+
+async def test_a_stream_that_breaks_ends_with_an_error_chunk_and_done(
+    stack: RunningApi, monkeypatch: pytest.MonkeyPatch, redis: Redis
+) -> None:
+    """After the status line, a failure in the API (here: injected into its stream
+    reader) must end the stream as OpenAI does, not cut the connection."""
+
+    async def broken(*args: object, **kwargs: object) -> AsyncIterator[object]:
+        raise ConnectionError("No connection available.")
+        yield  # an async generator
+
+    monkeypatch.setattr(routes, "follow", broken)
+    body = {"model": "mock", "prompt": "p", "max_tokens": 50, "stream": True}
+    async with stack.client() as client, client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        data = [f.data async for f in frames(r)]
+    assert data[-1] == "[DONE]"
+    error = json.loads(data[-2])["error"]
+    assert error["code"] == "stream_failed" and error["type"] == "server_error"
+
+    async def released() -> bool:
+        return (
+            int(await redis.zcard(keys.running("mock"))) == 0
+            and not await redis.keys(keys.ATTACHED_PREFIX + "*")
+        ) or False
+
+    await wait_until(released, timeout=10, what="the request to be cancelled and detached")

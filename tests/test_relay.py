@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from api.relay import StreamRelay, parse_id, valid_id
 from llmq.schema import TokensEvent, encode_event
@@ -80,3 +80,32 @@ def test_stream_ids() -> None:
     assert parse_id("5-2") == (5, 2) < parse_id("5-10") < parse_id("6-0")
     assert valid_id("0-0") and valid_id("1700000000000-3") and valid_id("12")
     assert not valid_id("x-1") and not valid_id("") and not valid_id("-1-2")
+
+
+class CountingRelay(StreamRelay):
+    nudges = 0
+
+    async def _nudge(self) -> None:
+        self.nudges += 1
+        await super()._nudge()
+
+
+async def test_a_burst_of_subscribers_costs_a_few_nudges(redis_url: str, redis: Redis) -> None:
+    """Nudges are coalesced: a burst of new streams must not queue one round trip each
+    on the relay's two-connection pool (under load that exhausted it)."""
+    pool = BlockingConnectionPool.from_url(
+        redis_url, decode_responses=True, max_connections=2, timeout=0.5
+    )
+    client = Redis(connection_pool=pool, socket_timeout=10)
+    relay = CountingRelay(client, "llmq:ctl:burst", block_ms=2000)
+    await relay.start()
+    try:
+        subs = await asyncio.gather(*(relay.subscribe(f"b:{i}") for i in range(300)))
+        for i in range(300):
+            await add(redis, f"b:{i}", 0)
+        got = await asyncio.gather(*(s.next(3.0) for s in subs))
+        assert all(g is not None for g in got)
+        assert relay.nudges <= 3
+    finally:
+        await relay.stop()
+        await client.aclose(close_connection_pool=True)

@@ -11,6 +11,7 @@ cannot reconnect elsewhere, so its request is *attached* to this process.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,6 +30,8 @@ from api.state import AppState, State
 from api.submit import submit
 from llmq import metrics
 from llmq.schema import DoneEvent, ErrorEvent, TokensEvent
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["openai"])
 
@@ -93,6 +96,12 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
                 yield sse.data(_error_of(event))
                 if fmt.include_usage and event.usage:
                     yield sse.data(fmt.usage_chunk(event.usage))
+        yield sse.DONE
+    except Exception as exc:
+        # The status line is sent: end the stream the way OpenAI does, not truncated.
+        log.exception("stream of request %s failed", fmt.sub.id, extra={"request_id": fmt.sub.id})
+        message = f"the stream failed: {type(exc).__name__}"
+        yield sse.data(error_body(message, "server_error", None, "stream_failed"))
         yield sse.DONE
     finally:
         release_later(state, fmt.sub.model, fmt.sub.id, cancel=not finished)
