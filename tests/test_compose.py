@@ -51,7 +51,11 @@ def check(config: dict[str, Any]) -> None:
     assert "healthcheck" in services["redis"]
     assert "ports" not in services["worker"], "workers must scale without port clashes"
     assert "container_name" not in services["worker"]
+    default = {n for n, s in services.items() if not s.get("profiles")}
+    publishing = {n for n in default if services[n].get("ports")}
+    assert publishing == {"api"}, f"`docker compose up` must publish only the API: {publishing}"
     for name, port in (("prometheus", 9090), ("grafana", 3000)):
+        assert services[name]["profiles"] == ["monitoring"], name
         published = [str(p) for p in services[name].get("ports", [])]
         assert len(published) == 1 and str(port) in published[0], (name, published)
 
