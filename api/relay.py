@@ -173,11 +173,7 @@ class StreamRelay:
     def _positions(self) -> dict[str, str]:
         streams = {self._control: self._control_id}
         for key, subs in self._subs.items():
-            if len(subs) == 1:
-                (only,) = subs
-                streams[key] = only.last_id
-            else:
-                streams[key] = min(subs, key=lambda s: s.last).last_id
+            streams[key] = min(subs, key=lambda s: s.last).last_id
         return streams
 
     async def _run(self) -> None:

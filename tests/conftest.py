@@ -26,6 +26,7 @@ from llmq.settings import ApiSettings, WorkerSettings
 from tests.procs import Proc, clean_env
 from tests.waiting import wait_until
 from worker.main import serve
+from worker.model import Model
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +72,8 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     """Start real workers in this event loop; each is stopped at teardown."""
     workers: list[RunningWorker] = []
 
-    async def start(**overrides: Any) -> RunningWorker:
+    async def start(model: Model | None = None, **overrides: Any) -> RunningWorker:
+        """``model``: run this model instead of the settings' mock (e.g. one that fails)."""
         chosen: dict[str, Any] = {
             "redis_url": redis_url,
             "heartbeat_seconds": 0.2,
@@ -81,7 +83,8 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
         }
         settings = WorkerSettings(**chosen)
         stop = asyncio.Event()
-        running = RunningWorker(settings, stop, asyncio.create_task(serve(settings, stop=stop)))
+        task = asyncio.create_task(serve(settings, stop=stop, model=model))
+        running = RunningWorker(settings, stop, task)
         workers.append(running)
         return running
 

@@ -11,9 +11,9 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.connection import make_pool
 from llmq.queue import Claim, Queue
-from llmq.schema import Lifecycle
 from llmq.settings import WorkerSettings
 from tests.conftest import RunningApi
+from tests.jobs import enqueue_raw
 from tests.native import record, submit, wait_status
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
 
@@ -29,20 +29,6 @@ async def arq_pool(redis_url: str) -> AsyncIterator[ClaimingRedis]:
     await pool.aclose(close_connection_pool=True)
 
 
-async def enqueue(queue: Queue, rid: str, job: bytes) -> None:
-    assert await queue.enqueue(
-        rid,
-        "mock",
-        job=job,
-        score=1,
-        max_depth=10,
-        cost=1,
-        deadline_ms=2**50,
-        record={"id": rid},
-        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
-    )
-
-
 async def claim(queue: Queue) -> Claim:
     return await queue.claim(
         "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
@@ -51,7 +37,7 @@ async def claim(queue: Queue) -> Claim:
 
 async def test_a_claim_returns_the_job_and_bumps_its_try_count(arq_pool: ClaimingRedis) -> None:
     queue = Queue(arq_pool, stream_maxlen=100, ttl_seconds=60)
-    await enqueue(queue, "r1", b'{"job": 1}')
+    await enqueue_raw(queue, "r1", b'{"job": 1}')
     first = await queue.claim(
         "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
     )

@@ -9,28 +9,13 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.queue import Queue, serialize_job
-from llmq.schema import Lifecycle
 from tests.conftest import SpawnWorkers, StartApi
+from tests.jobs import enqueue_raw
 from tests.native import record, submit, wait_status
 from tests.procs import alive
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def enqueue_raw(redis: Redis, rid: str, job: bytes) -> None:
-    queue = Queue(redis, stream_maxlen=100, ttl_seconds=60)
-    assert await queue.enqueue(
-        rid,
-        "mock",
-        job=job,
-        score=1,
-        max_depth=100,
-        cost=1,
-        deadline_ms=2**50,
-        record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
-        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
-    )
 
 
 @pytest.mark.parametrize(
@@ -47,7 +32,7 @@ async def test_a_corrupt_job_ends_with_an_error_and_the_worker_goes_on(
 ) -> None:
     (worker,) = await spawn_workers(1, concurrency=1)
     api = await start_api()
-    await enqueue_raw(redis, "bad2", job)
+    await enqueue_raw(Queue(redis, stream_maxlen=100, ttl_seconds=60), "bad2", job)
     await redis.publish(keys.wake("mock"), "bad2")
     async with api.client() as client:
         rid = await submit(client, "after the bad one", max_tokens=3)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
 from llmq import keys
-from llmq.settings import WorkerSettings
-from tests.conftest import StartApi
+from tests.conftest import StartApi, StartWorker
 from tests.native import submit, wait_ready, wait_status
 from tests.sse import openai_chunks
-from worker.main import serve
 from worker.model import GenerationRequest, MockModel, count_tokens
 
 
@@ -45,31 +42,23 @@ class Flaky:
 
 
 async def test_model_error_ends_the_request_not_the_worker(
-    start_api: StartApi, redis_url: str, redis: Redis
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
-    stop = asyncio.Event()
-    settings = WorkerSettings(redis_url=redis_url, heartbeat_seconds=0.2, drain_seconds=1)
-    task = asyncio.create_task(serve(settings, stop=stop, model=Flaky()))
-    try:
-        api = await start_api()
-        async with api.client() as client:
-            await wait_ready(client)
-            body = {"model": "mock", "prompt": "please explode", "max_tokens": 10, "stream": True}
-            async with client.stream("POST", "/v1/completions", json=body) as r:
-                chunks = await openai_chunks(r)
-            failed = await submit(client, "explode again", max_tokens=10)
-            rec = await wait_status(client, failed, "failed")
-            fine = await submit(client, "all good", max_tokens=10)
-            ok = await wait_status(client, fine, "done")
-            hiccup = {"model": "mock", "prompt": "a hiccup", "max_tokens": 10, "seed": 5}
-            async with client.stream(
-                "POST", "/v1/completions", json={**hiccup, "stream": True}
-            ) as r:
-                recovered = await openai_chunks(r)
-            clean = (await client.post("/v1/completions", json=hiccup)).json()
-    finally:
-        stop.set()
-        await task
+    await start_worker(model=Flaky())
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        body = {"model": "mock", "prompt": "please explode", "max_tokens": 10, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            chunks = await openai_chunks(r)
+        failed = await submit(client, "explode again", max_tokens=10)
+        rec = await wait_status(client, failed, "failed")
+        fine = await submit(client, "all good", max_tokens=10)
+        ok = await wait_status(client, fine, "done")
+        hiccup = {"model": "mock", "prompt": "a hiccup", "max_tokens": 10, "seed": 5}
+        async with client.stream("POST", "/v1/completions", json={**hiccup, "stream": True}) as r:
+            recovered = await openai_chunks(r)
+        clean = (await client.post("/v1/completions", json=hiccup)).json()
     texts = [c["choices"][0]["text"] for c in chunks if c.get("choices")]
     assert len("".join(texts).split()) == 3
     assert chunks[-1]["error"]["code"] == "model_error"

@@ -8,7 +8,6 @@ stream holds each token once, and the client's text is the undisturbed run's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import time
@@ -31,12 +30,10 @@ from llmq.schema import (
     TokensEvent,
     decode_event,
 )
-from llmq.settings import WorkerSettings
 from llmq.streams import contiguous_tokens, published_tokens
-from tests.conftest import FAST_MODEL, SpawnWorkers, StartApi
+from tests.conftest import FAST_MODEL, SpawnWorkers, StartApi, StartWorker
 from tests.native import record, wait_ready
 from tests.sse import frames, openai_chunks
-from worker.main import serve
 from worker.model import GenerationRequest, MockModel, count_tokens
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
@@ -177,33 +174,27 @@ class FailsOnce:
 
 
 async def test_rerun_after_a_model_error_resumes_after_the_published_tokens(
-    start_api: StartApi, redis_url: str, redis: Redis
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
     max_tokens, seed, fail_at = 60, 8, 25
     expected = await undisturbed(max_tokens, seed)
     model = FailsOnce(fail_at)
-    stop = asyncio.Event()
-    settings = WorkerSettings(redis_url=redis_url, heartbeat_seconds=0.2, drain_seconds=1)
-    task = asyncio.create_task(serve(settings, stop=stop, model=model))
-    try:
-        api = await start_api()
-        async with api.client() as client:
-            await wait_ready(client)
-            body = {
-                "model": "mock",
-                "prompt": "hiccup",
-                "max_tokens": max_tokens,
-                "seed": seed,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            async with client.stream("POST", "/v1/completions", json=body) as r:
-                chunks = await openai_chunks(r)
-            rid = chunks[0]["id"].split("-", 1)[1]
-            final = await record(client, rid)
-    finally:
-        stop.set()
-        await task
+    await start_worker(model=model)
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        body = {
+            "model": "mock",
+            "prompt": "hiccup",
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            chunks = await openai_chunks(r)
+        rid = chunks[0]["id"].split("-", 1)[1]
+        final = await record(client, rid)
     assert all("error" not in c for c in chunks), chunks[-1]
     text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
     assert text == "".join(expected)

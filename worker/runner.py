@@ -322,7 +322,7 @@ class RequestRunner:
         )
 
     def _note(self, payload: JobPayload, event: LifecycleKind, **fields: Any) -> None:
-        if event not in ("first_token",):
+        if event != "first_token":
             log.info(
                 "request %s %s %s",
                 payload.request_id,
