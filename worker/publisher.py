@@ -98,6 +98,12 @@ class StreamPublisher:
 
         ``record`` fields are written to the request's record in the same round trip.
         """
+        await self.post(request_id, event, record)
+
+    def post(
+        self, request_id: str, event: Event, record: dict[str, str] | None = None
+    ) -> asyncio.Future[None]:
+        """:meth:`emit` without the wait: queued now, in order; the future says when written."""
         p = self._pending.setdefault(request_id, _Pending())
         p.close_tokens()
         p.events.append(event)
@@ -106,7 +112,7 @@ class StreamPublisher:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         p.waiters.append(done)
         self._wake.set()
-        await done
+        return done
 
     async def _run(self) -> None:
         while True:

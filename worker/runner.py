@@ -116,31 +116,33 @@ class RequestRunner:
             self._cancelled.pop(rid, None)
 
     async def _run(self, payload: JobPayload, attempt: int, started: float) -> None:
-        rid = payload.request_id
-        queue_seconds = max(0.0, started - payload.enqueued_at)
-        queue_ms = _ms(queue_seconds)
-        self.metrics.observe(metrics.QUEUE_TIME, queue_seconds, payload.model)
-        # Not awaited before a first run's model starts: the publisher keeps the stream's
-        # order, so "started" still precedes the tokens, and prefill is not delayed by a
-        # round trip. A re-run waits for it (and reads the stream) to resume.
-        self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
-        announced = asyncio.ensure_future(
-            self.publisher.emit(
-                rid,
-                StartedEvent(worker=self.worker_id, attempt=attempt, queue_ms=queue_ms),
-                record={
-                    "status": "running",
-                    "started_at": str(started),
-                    "worker": self.worker_id,
-                    "attempts": str(attempt),
-                },
-            )
-        )
+        queue_ms = _ms(max(0.0, started - payload.enqueued_at))
+        if attempt == 1:
+            await self._generate_and_finish(payload, attempt, queue_ms, started, [], None)
+            return
+        # A re-run resumes: its "started" is written, then the stream read, before the model.
+        announced = self._announce(payload, attempt, queue_ms, started)
         try:
-            generated = await self._published(rid, announced) if attempt > 1 else []
-            await self._generate_and_finish(payload, attempt, queue_ms, started, generated)
-        finally:
-            await announced
+            generated = await self._published(payload.request_id, announced)
+        except BaseException:
+            await asyncio.shield(announced)
+            raise
+        await self._generate_and_finish(payload, attempt, queue_ms, started, generated, announced)
+
+    def _announce(
+        self, payload: JobPayload, attempt: int, queue_ms: float, started: float
+    ) -> asyncio.Future[None]:
+        """Queue the ``started`` event and record update; the future says when written."""
+        return self.publisher.post(
+            payload.request_id,
+            StartedEvent(worker=self.worker_id, attempt=attempt, queue_ms=queue_ms),
+            record={
+                "status": "running",
+                "started_at": str(started),
+                "worker": self.worker_id,
+                "attempts": str(attempt),
+            },
+        )
 
     async def _published(self, rid: str, announced: asyncio.Future[None]) -> list[str]:
         """The tokens earlier runs published; none if they cannot be read (start over).
@@ -178,18 +180,48 @@ class RequestRunner:
         queue_ms: float,
         started: float,
         generated: list[str],
+        announced: asyncio.Future[None] | None,
     ) -> None:
+        """Run the model and publish the outcome; a first run (``announced`` None)
+        announces itself once the model is started, so that prefill waits for nothing."""
         rid = payload.request_id
         progress = _Progress(produced=len(generated), resumed=len(generated))
         generation = asyncio.create_task(self._generate(payload, progress, generated))
         self._generations[rid] = generation
         if rid in self._cancelled:
             generation.cancel()
+        first_run = announced is None
+        if announced is None:
+            # Queued before the model has run a step, so "started" precedes every token.
+            announced = self._announce(payload, attempt, queue_ms, started)
         try:
+            await self._outcome(
+                payload, attempt, queue_ms, started, progress, generation, first_run
+            )
+        finally:
+            await asyncio.shield(announced)
+
+    async def _outcome(
+        self,
+        payload: JobPayload,
+        attempt: int,
+        queue_ms: float,
+        started: float,
+        progress: _Progress,
+        generation: asyncio.Task[FinishReason],
+        first_run: bool,
+    ) -> None:
+        rid = payload.request_id
+        try:
+            if first_run:
+                await asyncio.sleep(0)  # the model's first step (prefill) starts before this
+            self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
+            self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
             finish = await generation
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
+                generation.cancel()
                 raise  # the worker is stopping: let arq hand the request back
             finish = "cancelled"
         except Exception as exc:
