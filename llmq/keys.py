@@ -79,6 +79,25 @@ def wake(model: str) -> str:
     return f"{PREFIX}:wake:{model}"
 
 
+def parked(model: str) -> str:
+    """Sorted set of the model's parked workers (a free slot, nothing queued for them),
+    scored by when they parked: the longest-waiting is handed the next request."""
+    return f"{PREFIX}:parked:{model}"
+
+
+def parked_terms(model: str) -> str:
+    """Hash of parked worker id -> "free|budget|idle|lease ms|in-progress ms"."""
+    return f"{PREFIX}:parked-terms:{model}"
+
+
+HANDOFF_PREFIX = f"{PREFIX}:handoff:"
+
+
+def handoff(worker_id: str) -> str:
+    """Pub/sub channel on which one worker is handed requests claimed for it."""
+    return f"{HANDOFF_PREFIX}{worker_id}"
+
+
 def job(request_id: str) -> str:
     """arq's job record: the serialized :class:`~llmq.schema.JobPayload`."""
     return f"{JOB_PREFIX}{request_id}"

@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -67,6 +68,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+#: How long a worker stays parked without claiming again (its fallback poll renews it).
+PARK_TTL_MS = 60_000
+
+
+class Admission(IntEnum):
+    """What :meth:`Queue.enqueue` did; false only when the request was refused."""
+
+    FULL = 0
+    QUEUED = 1
+    #: Claimed at once for a parked worker and sent on its hand-off channel.
+    HANDED_OFF = 2
+
+
 @dataclass(frozen=True)
 class Claim:
     """What one claim attempt found: a request to run, and requests it dropped."""
@@ -79,6 +93,21 @@ class Claim:
     job_try: int = 0
     expired: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    #: The queue still held requests after this claim: worth claiming again.
+    more: bool = False
+
+
+def parse_handoff(message: bytes | str) -> Claim:
+    """The claim ENQUEUE made for this worker: ``id|score|cost|try|job``."""
+    raw = message if isinstance(message, bytes) else message.encode()
+    request_id, score, cost, job_try, job = raw.split(b"|", 4)
+    return Claim(
+        request_id=request_id.decode(),
+        score=int(score),
+        cost=int(cost),
+        job=job,
+        job_try=int(job_try),
+    )
 
 
 class Queue:
@@ -121,14 +150,16 @@ class Queue:
         record: dict[str, str],
         lifecycle: Lifecycle,
         attach_to: str | None = None,
-    ) -> bool:
+    ) -> Admission:
         """Add a request unless the model's queue holds ``max_depth`` already.
 
+        If the queue is empty and a worker is parked, the request is handed to that
+        worker instead of queued (see :data:`llmq.scripts.ENQUEUE`).
         ``attach_to`` (an API process id) ties the request to that process's
         liveness in the same atomic step: if the process dies before it calls
         :meth:`detach`, the sweep cancels the request (see :meth:`cancel_orphans`).
         """
-        accepted = await self._enqueue(
+        admitted = await self._enqueue(
             keys=[
                 keys.queue(model),
                 keys.job(request_id),
@@ -138,6 +169,10 @@ class Queue:
                 keys.LIFECYCLE,
                 # an unused key name when not attaching; the script touches it only with '1'
                 keys.attached(attach_to) if attach_to else keys.APIS,
+                keys.parked(model),
+                keys.parked_terms(model),
+                keys.running(model),
+                keys.leases(model),
             ],
             args=[
                 request_id,
@@ -153,14 +188,32 @@ class Queue:
                 model,
                 lifecycle.model_dump_json(exclude_none=True),
                 "1" if attach_to else "0",
+                now_ms(),
+                keys.HANDOFF_PREFIX,
+                keys.IN_PROGRESS_PREFIX,
+                keys.RETRY_PREFIX,
+                RETRY_TTL_SECONDS,
                 *(x for kv in record.items() for x in kv),
             ],
         )
-        return bool(accepted)
+        return Admission(int(admitted))
 
     async def claim(
-        self, model: str, *, lease_ms: int, in_progress_ms: int, budget_left: int | None, idle: bool
+        self,
+        model: str,
+        *,
+        lease_ms: int,
+        in_progress_ms: int,
+        budget_left: int | None,
+        idle: bool,
+        worker_id: str = "",
+        free_slots: int = 0,
     ) -> Claim:
+        """Claim the next request for ``worker_id``, which has ``free_slots`` free.
+
+        A worker that leaves the queue empty with a slot still free is parked, so
+        that the next request is handed to it (a ``worker_id`` of "" never parks).
+        """
         reply = await self._claim(
             keys=[
                 keys.queue(model),
@@ -168,6 +221,8 @@ class Queue:
                 keys.costs(model),
                 keys.DEADLINES,
                 keys.leases(model),
+                keys.parked(model),
+                keys.parked_terms(model),
             ],
             args=[
                 now_ms(),
@@ -181,10 +236,13 @@ class Queue:
                 keys.CANCEL_FLAG_PREFIX,
                 keys.RETRY_PREFIX,
                 RETRY_TTL_SECONDS,
+                worker_id,
+                free_slots,
+                PARK_TTL_MS,
             ],
         )
-        request_id, score, cost, job, job_try = reply[:5]
-        rest = [as_str(x) for x in reply[5:]]
+        request_id, score, cost, job, job_try, more = reply[:6]
+        rest = [as_str(x) for x in reply[6:]]
         split = rest.index("|")
         return Claim(
             request_id=as_str(request_id) or None,
@@ -194,7 +252,15 @@ class Queue:
             job_try=int(job_try),
             expired=rest[:split],
             cancelled=rest[split + 1 :],
+            more=as_str(more) == "1",
         )
+
+    async def unpark(self, model: str, worker_id: str) -> None:
+        """Stop handing requests to ``worker_id`` (it is stopping)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrem(keys.parked(model), worker_id)
+        pipe.hdel(keys.parked_terms(model), worker_id)
+        await pipe.execute()
 
     async def requeue(self, model: str, request_id: str, score: int, cost: int) -> bool:
         done = await self._requeue(

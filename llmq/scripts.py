@@ -10,11 +10,19 @@ max_tokens, for token-aware admission) and the global deadline set (member
 ``<id>:<model>``, score = queue deadline in ms).
 """
 
-#: KEYS: queue, job, record, costs, deadlines, lifecycle, attached.
+#: KEYS: queue, job, record, costs, deadlines, lifecycle, attached, parked, parked
+#: terms, running, leases.
 #: ARGV: id, score, job, ttl_ms, max_depth, wake channel, cost, deadline_ms,
 #: deadline member, lifecycle maxlen, model, lifecycle data, attach ('1': add the
-#: deadline member to the API process's attached set), then record field/value
-#: pairs. 1, or 0 when the queue is full.
+#: deadline member to the API process's attached set), now_ms, handoff channel
+#: prefix, in-progress prefix, retry prefix, retry ttl s, then record field/value
+#: pairs. 0 when the queue is full, 1 when queued, 2 when handed to a parked worker.
+#:
+#: The hand-off: when the queue is empty and a worker is parked (see CLAIM), the
+#: request is claimed for that worker here and published to its own channel with
+#: everything CLAIM would have returned, so it starts without a claim round trip.
+#: PUBLISH counts the receivers: a worker that is not listening (dead, reconnecting)
+#: is unparked and the next one tried; with none, the request is queued as usual.
 ENQUEUE = """
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
   return 0
@@ -23,26 +31,65 @@ if ARGV[13] == '1' then
   redis.call('SADD', KEYS[7], ARGV[9])
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[7])
-redis.call('ZADD', KEYS[5], ARGV[8], ARGV[9])
-redis.call('HSET', KEYS[3], unpack(ARGV, 14))
+redis.call('HSET', KEYS[3], unpack(ARGV, 19))
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[10], '*', 'event', 'queued',
   'request_id', ARGV[1], 'model', ARGV[11], 'data', ARGV[12])
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  local now, cost = tonumber(ARGV[14]), tonumber(ARGV[7])
+  for _, w in ipairs(redis.call('ZRANGE', KEYS[8], 0, 15)) do
+    local terms = redis.call('HGET', KEYS[9], w)
+    local free, budget, idle, lease, held
+    if terms then
+      free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
+    end
+    if not free then
+      redis.call('ZREM', KEYS[8], w)
+      redis.call('HDEL', KEYS[9], w)
+    elseif idle == '1' or tonumber(budget) < 0 or cost <= tonumber(budget) then
+      local message = ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[7] .. '|1|' .. ARGV[3]
+      if redis.call('PUBLISH', ARGV[15] .. w, message) > 0 then
+        redis.call('ZADD', KEYS[10], now + tonumber(lease), ARGV[1])
+        redis.call('HSET', KEYS[11], ARGV[1], ARGV[2] .. ':' .. ARGV[7])
+        redis.call('SET', ARGV[16] .. ARGV[1], '1', 'PX', held)
+        redis.call('SET', ARGV[17] .. ARGV[1], '1', 'EX', ARGV[18])
+        if tonumber(free) > 1 then
+          local left = tonumber(budget) < 0 and -1 or math.max(tonumber(budget) - cost, 0)
+          redis.call('HSET', KEYS[9], w,
+            (free - 1) .. '|' .. left .. '|0|' .. lease .. '|' .. held)
+          local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+          redis.call('ZADD', KEYS[8], math.max(now, tonumber(last[2]) + 1), w)
+        else
+          redis.call('ZREM', KEYS[8], w)
+          redis.call('HDEL', KEYS[9], w)
+        end
+        return 2
+      end
+      redis.call('ZREM', KEYS[8], w)
+      redis.call('HDEL', KEYS[9], w)
+    end
+  end
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[7])
+redis.call('ZADD', KEYS[5], ARGV[8], ARGV[9])
 redis.call('PUBLISH', ARGV[6], ARGV[1])
 return 1
 """
 
-#: KEYS: queue, running, costs, deadlines, leases.
+#: KEYS: queue, running, costs, deadlines, leases, parked, parked terms.
 #: ARGV: now_ms, lease_ms, in-progress prefix, in-progress ttl ms, budget left (-1: no
 #: budget), idle ('1' if the worker runs nothing), model, job prefix, cancel prefix,
-#: retry prefix, retry ttl s.
+#: retry prefix, retry ttl s, worker id, free slots (before this claim), park ttl ms.
 #: Takes the lowest-scored request; requests past their deadline or cancelled are
 #: removed on the way and reported. The claimed request's job record is read and its
 #: try counter bumped here, as arq's run_job would do in a round trip of its own.
-#: Returns {id, score, cost, job ('' if gone), try, expired..., '|', cancelled...};
-#: id is '' when nothing was claimed.
+#: A worker that leaves the queue empty with a slot still free is *parked*: ENQUEUE
+#: then hands it the next request directly. Parked terms: "free|budget|idle|lease
+#: ms|in-progress ms"; the parked set is ordered by when the worker parked (each
+#: newcomer, or a worker handed a request, goes to the back: workers take turns).
+#: Returns {id, score, cost, job ('' if gone), try, more ('1': the queue still holds
+#: requests), expired..., '|', cancelled...}; id is '' when nothing was claimed.
 CLAIM = """
 local now = tonumber(ARGV[1])
 local expired, cancelled = {}, {}
@@ -51,8 +98,24 @@ local function drop(id, member)
   redis.call('ZREM', KEYS[4], member)
   redis.call('HDEL', KEYS[3], id)
 end
+local function park(free, budget, idle)
+  if free > 0 and ARGV[12] ~= '' then
+    redis.call('HSET', KEYS[7], ARGV[12],
+      free .. '|' .. budget .. '|' .. idle .. '|' .. ARGV[2] .. '|' .. ARGV[4])
+    local last = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+    local at = now
+    if last[1] and last[1] ~= ARGV[12] then at = math.max(now, tonumber(last[2]) + 1) end
+    redis.call('ZADD', KEYS[6], at, ARGV[12])
+    redis.call('PEXPIRE', KEYS[6], ARGV[14])
+    redis.call('PEXPIRE', KEYS[7], ARGV[14])
+  else
+    redis.call('ZREM', KEYS[6], ARGV[12])
+    redis.call('HDEL', KEYS[7], ARGV[12])
+  end
+end
 local function reply(id, score, cost, job, try)
-  local out = {id, score, cost, job or '', try or 0}
+  local more = redis.call('ZCARD', KEYS[1]) > 0
+  local out = {id, score, cost, job or '', try or 0, more and '1' or '0'}
   for _, x in ipairs(expired) do table.insert(out, x) end
   table.insert(out, '|')
   for _, x in ipairs(cancelled) do table.insert(out, x) end
@@ -61,6 +124,7 @@ end
 for _ = 1, 100 do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #head == 0 then
+    park(tonumber(ARGV[13]), ARGV[5], ARGV[6])
     return reply('', '0', '0')
   end
   local id = head[1]
@@ -78,6 +142,7 @@ for _ = 1, 100 do
     local cost = redis.call('HGET', KEYS[3], id) or '0'
     local budget = tonumber(ARGV[5])
     if budget >= 0 and ARGV[6] ~= '1' and tonumber(cost) > budget then
+      park(0)
       return reply('', '0', '0')
     end
     drop(id, member)
@@ -87,6 +152,11 @@ for _ = 1, 100 do
     local job = redis.call('GET', ARGV[8] .. id)
     local try = redis.call('INCR', ARGV[10] .. id)
     redis.call('EXPIRE', ARGV[10] .. id, ARGV[11])
+    if redis.call('ZCARD', KEYS[1]) == 0 then
+      park(tonumber(ARGV[13]) - 1, budget < 0 and -1 or math.max(budget - cost, 0), '0')
+    else
+      park(0)
+    end
     return reply(id, head[2], cost, job, try)
   end
 end

@@ -21,7 +21,7 @@ from arq.connections import ArqRedis
 
 from llmq import keys, metrics, registry
 from llmq.connection import make_pool
-from llmq.queue import Queue, as_str
+from llmq.queue import Queue, as_str, parse_handoff
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.sweep import sweep_forever
@@ -48,23 +48,28 @@ def mock_model(settings: WorkerSettings) -> MockModel:
 
 
 async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
-    """Wake-ups and cancels for the model, on one pub/sub connection.
+    """Wake-ups, cancels and hand-offs for this worker, on one pub/sub connection.
 
     Reconnects with backoff if Redis goes away; after a reconnect the worker polls
-    once, since a wake-up may have been missed meanwhile.
+    once, since a wake-up may have been missed meanwhile. The worker parks (and so
+    can be handed requests) only through that poll, after its channel is subscribed.
     """
     wake_channel, cancel_channel = keys.wake(model), keys.cancel_channel(model)
+    handoff_channel = keys.handoff(worker.worker_id)
     delay = 0.05
     while True:
         try:
             async with redis.pubsub() as pubsub:
-                await pubsub.subscribe(wake_channel, cancel_channel)
+                await pubsub.subscribe(wake_channel, cancel_channel, handoff_channel)
                 worker.wake.set()
                 delay = 0.05
                 async for message in pubsub.listen():
                     if message.get("type") != "message":
                         continue
-                    if as_str(message["channel"]) == cancel_channel:
+                    channel = as_str(message["channel"])
+                    if channel == handoff_channel:
+                        await _handoff(worker, message["data"])
+                    elif channel == cancel_channel:
                         worker.runner.cancel(as_str(message["data"]))
                     else:
                         worker.wake.set()
@@ -74,6 +79,15 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
             log.warning("wake-up listener lost Redis (%s); retrying in %.2fs", exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+async def _handoff(worker: QueueWorker, data: bytes) -> None:
+    try:
+        claim = parse_handoff(data)
+    except ValueError:
+        log.error("ignoring a malformed hand-off message: %r", data[:200])
+        return
+    await worker.take_handoff(claim)
 
 
 async def _heartbeat(
@@ -144,6 +158,7 @@ async def serve(
     )
     worker = QueueWorker(
         model=settings.model,
+        worker_id=worker_id,
         runner=runner,
         redis=redis,
         queue=queue,
@@ -180,6 +195,9 @@ async def serve(
         stopping.cancel()
         log.info("worker %s stopping: draining %d running", worker_id, len(worker.tasks))
         worker.allow_pick_jobs = False
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                await queue.unpark(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
         await cancel_and_wait([main, *tasks], timeout=5)
         await metrics.final_flush(recorder, redis)

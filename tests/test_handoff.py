@@ -1,0 +1,239 @@
+"""Hand-off: a request that finds a parked worker is claimed for it by the enqueue script."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from llmq import keys
+from llmq.queue import Admission, Claim, Queue, parse_handoff
+from llmq.schema import Lifecycle
+from tests.conftest import StartApi, StartWorker
+from tests.native import submit, wait_ready, wait_status
+from tests.waiting import wait_until
+from worker.claimed import ClaimingRedis
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def queue(redis: Redis) -> Queue:
+    return Queue(redis, stream_maxlen=100, ttl_seconds=60)
+
+
+@pytest.fixture
+async def listener(redis: Redis) -> AsyncIterator[PubSub]:
+    pubsub = redis.pubsub()
+    yield pubsub
+    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+async def enqueue(queue: Queue, rid: str, cost: int = 1, score: int = 1) -> Admission:
+    return await queue.enqueue(
+        rid,
+        "mock",
+        job=f'{{"job": "{rid}"}}'.encode(),
+        score=score,
+        max_depth=100,
+        cost=cost,
+        deadline_ms=2**50,
+        record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
+        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+    )
+
+
+async def claim(
+    queue: Queue, worker: str, free: int, budget: int | None = None, idle: bool = True
+) -> Claim:
+    return await queue.claim(
+        "mock",
+        lease_ms=3000,
+        in_progress_ms=4000,
+        budget_left=budget,
+        idle=idle,
+        worker_id=worker,
+        free_slots=free,
+    )
+
+
+async def next_message(pubsub: PubSub) -> dict[str, Any]:
+    """The next published message (subscribe confirmations are skipped)."""
+    async with asyncio.timeout(5):
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            if message is not None:
+                found: dict[str, Any] = message
+                return found
+
+
+async def terms(redis: Redis, worker: str) -> str | None:
+    """The parked terms of ``worker``, or None if it is not parked."""
+    found: str | None = await redis.hget(keys.parked_terms("mock"), worker)  # type: ignore[misc]
+    return found
+
+
+async def handed(pubsub: PubSub) -> Claim:
+    return parse_handoff((await next_message(pubsub))["data"])
+
+
+async def test_a_worker_that_finds_the_queue_empty_parks(redis: Redis, queue: Queue) -> None:
+    found = await claim(queue, "w1", free=2)
+    assert found.request_id is None and not found.more
+    assert await redis.zrange(keys.parked("mock"), 0, -1) == ["w1"]
+    assert await terms(redis, "w1") == "2|-1|1|3000|4000"
+    assert 0 < await redis.pttl(keys.parked("mock")) <= 60_000
+
+
+async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
+    redis: Redis, queue: Queue, listener: PubSub
+) -> None:
+    await listener.subscribe(keys.handoff("w1"))
+    await claim(queue, "w1", free=2)
+    assert await enqueue(queue, "r1", cost=7, score=42) == Admission.HANDED_OFF
+    got = await handed(listener)
+    assert (got.request_id, got.score, got.cost, got.job, got.job_try) == (
+        "r1",
+        42,
+        7,
+        b'{"job": "r1"}',
+        1,
+    )
+    # Claimed exactly as CLAIM would have: running with a lease, never queued.
+    assert await redis.zcard(keys.queue("mock")) == 0
+    assert await redis.zscore(keys.running("mock"), "r1") is not None
+    assert await redis.hget(keys.leases("mock"), "r1") == "42:7"  # type: ignore[misc]
+    assert await redis.get(keys.retry("r1")) == "1"
+    assert 0 < await redis.pttl(keys.in_progress("r1")) <= 4000
+    assert await redis.zscore(keys.DEADLINES, keys.deadline_member("r1", "mock")) is None
+    # One slot left: still parked, with one free.
+    assert await terms(redis, "w1") == "1|-1|0|3000|4000"
+
+
+async def test_the_hand_off_that_takes_the_last_free_slot_unparks(
+    redis: Redis, queue: Queue, listener: PubSub
+) -> None:
+    await listener.subscribe(keys.handoff("w1"))
+    await claim(queue, "w1", free=1)
+    assert await enqueue(queue, "r1") == Admission.HANDED_OFF
+    assert await redis.zcard(keys.parked("mock")) == 0
+    assert await enqueue(queue, "r2") == Admission.QUEUED
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r2"]
+
+
+async def test_a_parked_worker_that_does_not_listen_is_dropped_and_the_request_queued(
+    redis: Redis, queue: Queue, listener: PubSub
+) -> None:
+    await listener.subscribe(keys.wake("mock"))
+    await claim(queue, "gone", free=4)  # parked, but nobody reads its channel
+    assert await enqueue(queue, "r1") == Admission.QUEUED
+    assert await redis.zcard(keys.parked("mock")) == 0
+    assert await terms(redis, "gone") is None
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
+    assert (await next_message(listener))["data"] == "r1"  # the usual wake-up went out
+
+
+async def test_parked_workers_take_turns(redis: Redis, queue: Queue, listener: PubSub) -> None:
+    await listener.subscribe(keys.handoff("w1"), keys.handoff("w2"))
+    await claim(queue, "w1", free=4)
+    await claim(queue, "w2", free=4)
+    assert await enqueue(queue, "r1") == Admission.HANDED_OFF
+    assert await enqueue(queue, "r2") == Admission.HANDED_OFF
+    first, second = await next_message(listener), await next_message(listener)
+    assert [(m["channel"], parse_handoff(m["data"]).request_id) for m in (first, second)] == [
+        (keys.handoff("w1"), "r1"),
+        (keys.handoff("w2"), "r2"),
+    ]
+
+
+async def test_no_hand_off_over_budget_or_past_a_queued_request(
+    redis: Redis, queue: Queue, listener: PubSub
+) -> None:
+    await listener.subscribe(keys.handoff("w1"))
+    await claim(queue, "w1", free=4, budget=5, idle=False)
+    assert await enqueue(queue, "big", cost=10) == Admission.QUEUED
+    assert await redis.zrange(keys.parked("mock"), 0, -1) == ["w1"]  # it still fits others
+    # "small" fits the budget, but "big" is queued ahead of it: order comes first.
+    assert await enqueue(queue, "small", cost=1, score=2) == Admission.QUEUED
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["big", "small"]
+    assert await listener.get_message(True, timeout=0.2) is None
+
+
+async def test_a_claim_says_whether_requests_remain_and_parks_on_the_last(
+    redis: Redis, queue: Queue
+) -> None:
+    await enqueue(queue, "r1", score=1)
+    await enqueue(queue, "r2", score=2)
+    first = await claim(queue, "w1", free=3)
+    assert (first.request_id, first.more) == ("r1", True)
+    assert await redis.zcard(keys.parked("mock")) == 0
+    last = await claim(queue, "w1", free=2)
+    assert (last.request_id, last.more) == ("r2", False)
+    assert await terms(redis, "w1") == "1|-1|0|3000|4000"
+
+
+async def test_an_idle_worker_is_handed_requests_and_runs_them(
+    redis: Redis, start_worker: StartWorker, start_api: StartApi, listener: PubSub
+) -> None:
+    await start_worker()
+
+    async def parked() -> bool:
+        return bool(await redis.zcard(keys.parked("mock")))
+
+    await wait_until(parked, timeout=10, what="the worker to park")
+    (worker_id,) = await redis.zrange(keys.parked("mock"), 0, -1)
+    await listener.subscribe(keys.handoff(worker_id))  # a second reader of its channel
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        rid = await submit(client, max_tokens=3)
+        assert (await handed(listener)).request_id == rid
+        done = await wait_status(client, rid, "done")
+    assert done["completion_tokens"] == 3
+
+
+async def test_a_stopping_worker_unparks(redis: Redis, start_worker: StartWorker) -> None:
+    worker = await start_worker()
+
+    async def parked() -> bool:
+        return bool(await redis.zcard(keys.parked("mock")))
+
+    await wait_until(parked, timeout=10, what="the worker to park")
+    await worker.close()
+    assert await redis.zcard(keys.parked("mock")) == 0
+
+
+async def test_a_hand_off_to_a_full_worker_goes_back_to_the_queue(
+    redis: Redis, start_worker: StartWorker, start_api: StartApi
+) -> None:
+    await start_worker(concurrency=1)
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        busy = await submit(client, max_tokens=400)  # 2 s at 200 tok/s: the slot is taken
+        await wait_status(client, busy, "running")
+        (worker_id,) = await redis.zrange(keys.WORKERS, 0, -1)
+        # A hand-off that crossed a claim: claimed for the worker, which has no slot.
+        arq = ClaimingRedis.from_url(api.settings.redis_url)
+        queue = Queue(arq, stream_maxlen=100, ttl_seconds=60)
+        try:
+            late = await submit(client, max_tokens=2)
+            got = await claim(queue, "", free=1)
+            assert got.request_id == late and got.job is not None
+            message = b"|".join(
+                [late.encode(), str(got.score).encode(), str(got.cost).encode(), b"1", got.job]
+            )
+            assert await redis.publish(keys.handoff(worker_id), message) == 1
+
+            async def requeued() -> bool:
+                return await redis.zscore(keys.queue("mock"), late) is not None
+
+            await wait_until(requeued, timeout=5, what="the hand-off to be put back")
+            assert await redis.zscore(keys.running("mock"), late) is None
+        finally:
+            await arq.aclose()
+        await wait_status(client, late, "done", timeout=20)
