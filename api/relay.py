@@ -190,8 +190,13 @@ class StreamRelay:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
-            for key, entries in reply or []:
+            if not reply:
+                continue
+            for key, entries in reply:
                 self._dispatch(key, entries, parse_id(streams[key]))
+            # Let the subscribers relay what they just got before the next XREAD is sent:
+            # their clients are waiting, the read is not.
+            await asyncio.sleep(0)
 
     def _dispatch(
         self, key: str, entries: list[tuple[str, dict[str, str]]], read_from: StreamId

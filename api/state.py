@@ -49,11 +49,17 @@ class AppState:
             log.warning("background task failed: %s", task.exception())
 
 
+def state_of(request: Request) -> AppState:
+    """The process's state, read directly: the generation routes, on the latency path,
+    skip a dependency for it (each one costs FastAPI a resolution step per request)."""
+    state: AppState = request.app.state.llmq
+    return state
+
+
 async def get_state(request: Request) -> AppState:
     """Async on purpose: FastAPI runs a sync dependency in a thread pool, a thread
     hop per request that costs about a millisecond."""
-    state: AppState = request.app.state.llmq
-    return state
+    return state_of(request)
 
 
 #: The process's state as a FastAPI dependency.

@@ -26,7 +26,7 @@ from api.errors import ApiError, error_body
 from api.follow import IDLE, TokenCursor, follow
 from api.openai_format import ChatFormat, CompletionFormat
 from api.schemas import ChatCompletionRequest, CompletionRequest
-from api.state import AppState, State
+from api.state import AppState, State, state_of
 from api.submit import submit
 from llmq import metrics
 from llmq.schema import DoneEvent, ErrorEvent, TokensEvent
@@ -145,10 +145,9 @@ async def _respond(
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(
-    body: CompletionRequest, request: Request, state: State, owner: Caller
-) -> Response:
+async def completions(body: CompletionRequest, request: Request, owner: Caller) -> Response:
     arrived = time.monotonic()
+    state = state_of(request)
     sub = await submit(
         state, body, body.prompt_text(), max_tokens=body.max_tokens, owner=owner, attach=True
     )
@@ -158,9 +157,10 @@ async def completions(
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, state: State, owner: Caller
+    body: ChatCompletionRequest, request: Request, owner: Caller
 ) -> Response:
     arrived = time.monotonic()
+    state = state_of(request)
     if not body.content_tokens_present():
         raise ApiError("messages must contain some text", param="messages", code="invalid_value")
     requested = body.max_completion_tokens or body.max_tokens
