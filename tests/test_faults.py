@@ -179,3 +179,28 @@ async def test_openai_stream_is_cancelled_after_its_api_process_dies(
         return int(await redis.zcard(keys.APIS)) == 1  # only the survivor is left
 
     await wait_until(forgotten, timeout=10, what="the dead API process to be forgotten")
+
+
+async def test_a_killed_parked_worker_is_skipped_and_nothing_waits_for_it(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
+) -> None:
+    """A dead idle worker is still parked, but no request is handed to it: the enqueue
+    script's PUBLISH finds nobody on its channel, drops it and tries the next one."""
+    victim, survivor = await spawn_workers(2, concurrency=2)
+
+    async def both_parked() -> bool:
+        return int(await redis.zcard(keys.parked("mock"))) == 2
+
+    await wait_until(both_parked, timeout=10, what="both workers to park")
+    victim.signal(signal.SIGKILL)
+    await asyncio.to_thread(victim.wait, 10)
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        ids = [await submit(client, f"r{i}", max_tokens=3) for i in range(4)]
+        for rid in ids:
+            done = await wait_status(client, rid, "done", timeout=10)
+            assert f"-{survivor.pid}-" in done["worker"]
+            assert done["attempts"] == 1  # never handed to the dead one (that needs a re-run)
+    parked = await redis.zrange(keys.parked("mock"), 0, -1)
+    assert not [w for w in parked if f"-{victim.pid}-" in w]

@@ -1,8 +1,9 @@
-"""Queue wait at light load: a stock arq worker against llmq's woken worker.
+"""Queue wait at light load: a stock arq worker against llmq's parked worker.
 
 Stock arq finds work by polling every ``poll_delay`` (0.5 s): a job enqueued
-just after a poll waits for the next one. llmq's worker is woken by a Redis
-pub/sub message from the API and claims at once. Both get the same spacing of
+just after a poll waits for the next one. llmq's idle worker is parked, so the
+API's enqueue script claims the request for it and publishes it on the worker's
+own channel: one message, no claim round trip. Both get the same spacing of
 arrivals (uniform 100-300 ms, seeded per repeat), so no job ever waits for a
 slot and the figure is the pickup alone:
 
@@ -155,7 +156,7 @@ def run(ctx: Context) -> ScenarioResult:
             f"{s.jobs} jobs per run, arrivals spaced uniformly {s.gap_low_s * 1000:.0f}-"
             f"{s.gap_high_s * 1000:.0f} ms; wait = job start - enqueue (ms); medians of "
             f"{ctx.repeats} interleaved runs (each statistic is per run, then the median).",
-            table(["wait (ms)", "stock arq (poll 0.5 s)", "llmq (wake-up)", "arq / llmq"], rows),
+            table(["wait (ms)", "stock arq (poll 0.5 s)", "llmq (hand-off)", "arq / llmq"], rows),
             target_line(target.description, target.met, target.detail),
         ]
     )
