@@ -265,22 +265,23 @@ class RequestRunner:
             generated=tuple(generated),
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(payload.generation_timeout):
                 async for token in self.model.generate(request):
                     now = time.time()
+                    self.publisher.token(rid, progress.produced, token)
+                    progress.produced += 1
                     if progress.first_at is None:
                         # No ITL across the gap between runs; and a resumed request's
                         # first token reached its readers in an earlier run.
                         progress.first_at = now
                         if not progress.resumed:
-                            ttft_ms = _ms(now - payload.enqueued_at)
-                            self._note(payload, "first_token", ttft_ms=ttft_ms)
+                            # Noted once the token's flush is under way: not on its path.
+                            loop.call_soon(self._note_first_token, payload, now)
                     else:
                         observe(itl, now - progress.last_at, model)
                     progress.last_at = now
-                    self.publisher.token(rid, progress.produced, token)
-                    progress.produced += 1
         except TimeoutError:
             return "timeout"
         return "length" if progress.produced >= params.max_tokens else "stop"
@@ -352,6 +353,9 @@ class RequestRunner:
                 "error": message,
             },
         )
+
+    def _note_first_token(self, payload: JobPayload, at: float) -> None:
+        self._note(payload, "first_token", ttft_ms=_ms(at - payload.enqueued_at))
 
     def _note(self, payload: JobPayload, event: LifecycleKind, **fields: Any) -> None:
         if event != "first_token":
