@@ -30,7 +30,7 @@ ROLES = ("api", "workers", "redis", "loadgen")
 
 @dataclass(frozen=True)
 class Sizes:
-    levels: tuple[int, ...] = (10, 25, 50, 100, 250, 500, 1000)
+    levels: tuple[int, ...] = (10, 25, 50, 100, 150, 200, 250, 500, 1000)
     workers: int = 2
     duration_s: float = 6.0
     prompt_tokens: int = 100
