@@ -35,6 +35,10 @@ redis.call('HSET', KEYS[3], unpack(ARGV, 19))
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[10], '*', 'event', 'queued',
   'request_id', ARGV[1], 'model', ARGV[11], 'data', ARGV[12])
+local function unpark(w)
+  redis.call('ZREM', KEYS[8], w)
+  redis.call('HDEL', KEYS[9], w)
+end
 if redis.call('ZCARD', KEYS[1]) == 0 then
   local now, cost = tonumber(ARGV[14]), tonumber(ARGV[7])
   for _, w in ipairs(redis.call('ZRANGE', KEYS[8], 0, 15)) do
@@ -44,8 +48,7 @@ if redis.call('ZCARD', KEYS[1]) == 0 then
       free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
     end
     if not free then
-      redis.call('ZREM', KEYS[8], w)
-      redis.call('HDEL', KEYS[9], w)
+      unpark(w)
     elseif idle == '1' or tonumber(budget) < 0 or cost <= tonumber(budget) then
       local message = ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[7] .. '|1|' .. ARGV[3]
       if redis.call('PUBLISH', ARGV[15] .. w, message) > 0 then
@@ -60,13 +63,11 @@ if redis.call('ZCARD', KEYS[1]) == 0 then
           local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
           redis.call('ZADD', KEYS[8], math.max(now, tonumber(last[2]) + 1), w)
         else
-          redis.call('ZREM', KEYS[8], w)
-          redis.call('HDEL', KEYS[9], w)
+          unpark(w)
         end
         return 2
       end
-      redis.call('ZREM', KEYS[8], w)
-      redis.call('HDEL', KEYS[9], w)
+      unpark(w)
     end
   end
 end

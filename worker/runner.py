@@ -190,14 +190,11 @@ class RequestRunner:
         self._generations[rid] = generation
         if rid in self._cancelled:
             generation.cancel()
-        first_run = announced is None
         if announced is None:
             # Queued before the model has run a step, so "started" precedes every token.
             announced = self._announce(payload, attempt, queue_ms, started)
         try:
-            await self._outcome(
-                payload, attempt, queue_ms, started, progress, generation, first_run
-            )
+            await self._outcome(payload, attempt, queue_ms, started, progress, generation)
         finally:
             await asyncio.shield(announced)
 
@@ -209,12 +206,10 @@ class RequestRunner:
         started: float,
         progress: _Progress,
         generation: asyncio.Task[FinishReason],
-        first_run: bool,
     ) -> None:
         rid = payload.request_id
         try:
-            if first_run:
-                await asyncio.sleep(0)  # the model's first step (prefill) starts before this
+            await asyncio.sleep(0)  # the model's first step (prefill) starts before this
             self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
             self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
             finish = await generation
