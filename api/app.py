@@ -11,7 +11,6 @@ import socket
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
 from api import errors
 from api.catalog import Catalog
@@ -20,7 +19,7 @@ from api.relay import StreamRelay
 from api.routes import health, native, openai
 from api.routes import metrics as metrics_routes
 from api.state import AppState
-from llmq import __version__, keys, metrics, registry
+from llmq import __version__, keys, metrics
 from llmq.connection import connect
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
@@ -30,14 +29,21 @@ from llmq.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 
-async def _heartbeat(redis: Redis, settings: ApiSettings, process_id: str) -> None:
+async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> None:
     """Keep this process's liveness lease, which its attached requests depend on."""
+    failing = False
     while True:
         await asyncio.sleep(settings.heartbeat_seconds)
         try:
-            await registry.api_heartbeat(redis, process_id, settings.orphan_grace_seconds)
+            await queue.api_beat(process_id, settings.orphan_grace_seconds)
         except Exception as exc:
-            log.warning("API heartbeat failed: %s", exc)
+            if not failing:  # once per outage, not every beat
+                log.warning("API heartbeat failed: %s; retrying", exc)
+            failing = True
+        else:
+            if failing:
+                log.info("API heartbeat works again")
+            failing = False
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -74,11 +80,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         # The first beat before serving, so the process is known before it attaches requests.
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
-                await registry.api_heartbeat(redis, process_id, settings.orphan_grace_seconds)
+                await state.queue.api_beat(process_id, settings.orphan_grace_seconds)
         tasks = [
             asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds)),
             asyncio.create_task(metrics.flush_forever(state.metrics, redis)),
-            asyncio.create_task(_heartbeat(redis, settings, process_id)),
+            asyncio.create_task(_heartbeat(state.queue, settings, process_id)),
             asyncio.create_task(state.catalog.refresh_forever()),
         ]
         app.state.llmq = state
@@ -92,7 +98,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             await cancel_and_wait(state.background, timeout=2)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
-                    await registry.api_gone(redis, process_id)
+                    await state.queue.api_gone(process_id)
             await metrics.final_flush(state.metrics, redis)
             await relay.stop()
             await blocking.aclose(close_connection_pool=True)

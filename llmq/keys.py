@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
+from llmq import codec
+
 PREFIX = "llmq"
 
 #: Sorted set of live worker ids, scored by their last heartbeat (ms).
@@ -22,6 +24,10 @@ APIS = f"{PREFIX}:apis"
 
 #: Sorted set of queued requests' deadlines (member ``<id>:<model>``, score ms).
 DEADLINES = f"{PREFIX}:deadlines"
+
+#: The lease clock (hash: ``real`` ms last seen, ``lease`` ms): the time that every
+#: lease is set and judged by, kept in Redis (see ``llmq/lua/clock.lua``).
+CLOCK = f"{PREFIX}:clock"
 
 QUEUE_PREFIX = f"{PREFIX}:queue:"
 COSTS_PREFIX = f"{PREFIX}:costs:"
@@ -40,7 +46,8 @@ def queue(model: str) -> str:
 
 
 def leases(model: str) -> str:
-    """Hash of running request id -> "score:cost", to requeue it if its worker dies."""
+    """Hash of running request id -> lease "score:cost:attempt" (:class:`llmq.codec.Lease`):
+    where to requeue it if its worker dies, and which attempt holds it."""
     return f"{PREFIX}:leases:{model}"
 
 
@@ -50,7 +57,7 @@ def costs(model: str) -> str:
 
 
 def deadline_member(request_id: str, model: str) -> str:
-    return f"{request_id}:{model}"
+    return codec.deadline_member(request_id, model)
 
 
 def attached(process_id: str) -> str:
@@ -109,6 +116,16 @@ def in_progress(request_id: str) -> str:
 
 def retry(request_id: str) -> str:
     return f"{RETRY_PREFIX}{request_id}"
+
+
+FENCE_PREFIX = f"{PREFIX}:fence:"
+
+
+def fence(request_id: str) -> str:
+    """Hash guarding the request's writes (``llmq/lua/publish.lua``): ``attempt``, the
+    lowest attempt allowed to write; ``next``, the stream's next token index;
+    ``ended``, '1' once a terminal event is written."""
+    return f"{FENCE_PREFIX}{request_id}"
 
 
 def request(request_id: str) -> str:

@@ -7,22 +7,32 @@ priorities are first-in first-out and a lower priority waits at most
 ``priority * step`` behind later arrivals. A claimed request leaves the queue for
 the model's running set (scored by lease expiry), so running requests never sit
 at the head of the queue the way they do in stock arq. The scripts themselves are
-in :mod:`llmq.scripts`.
+in ``llmq/lua/`` (loaded by :mod:`llmq.scripts`); the values they exchange with
+Python are encoded in :mod:`llmq.codec`.
+
+Leases (running requests, API processes) are set and judged in *lease time*, a
+clock kept in Redis that follows Redis's own clock but advances at most 300 ms per
+call (``llmq/lua/clock.lua``): a stall or restart of Redis costs nobody their lease,
+while a worker that stopped renewing loses it. The attempt number (arq's try
+counter, bumped by each claim) is the fencing token of a run: a reap or hand-back
+raises the request's fence past it, and every write of a run is checked against
+the fence in the same script that makes it (``publish.lua``).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Mapping
 from enum import IntEnum
 from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from llmq import keys, metrics, scripts
+from llmq import codec, keys, metrics
+from llmq.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.schema import Lifecycle
+from llmq.scripts import scripts_for
 from llmq.streams import add_event, add_lifecycle, add_record, unstarted_end
 
 #: The arq function name of every llmq job.
@@ -59,11 +69,6 @@ def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
     return max(1, arrival_ms + priority * step_ms)
 
 
-def as_str(value: Any) -> str:
-    """Redis replies are bytes or str depending on the client; normalise."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -81,33 +86,7 @@ class Admission(IntEnum):
     HANDED_OFF = 2
 
 
-@dataclass(frozen=True)
-class Claim:
-    """What one claim attempt found: a request to run, and requests it dropped."""
-
-    request_id: str | None = None
-    score: int = 0
-    cost: int = 0
-    #: The claimed request's job record (None if it expired) and its try number.
-    job: bytes | None = None
-    job_try: int = 0
-    expired: list[str] = field(default_factory=list)
-    cancelled: list[str] = field(default_factory=list)
-    #: The queue still held requests after this claim: worth claiming again.
-    more: bool = False
-
-
-def parse_handoff(message: bytes | str) -> Claim:
-    """The claim ENQUEUE made for this worker: ``id|score|cost|try|job``."""
-    raw = message if isinstance(message, bytes) else message.encode()
-    request_id, score, cost, job_try, job = raw.split(b"|", 4)
-    return Claim(
-        request_id=request_id.decode(),
-        score=int(score),
-        cost=int(cost),
-        job=job,
-        job_try=int(job_try),
-    )
+__all__ = ["Admission", "Claim", "Queue", "as_str", "parse_handoff"]
 
 
 class Queue:
@@ -128,14 +107,7 @@ class Queue:
         self.recorder = recorder
         self.stream_maxlen = stream_maxlen
         self.ttl = ttl_seconds
-        self._enqueue = redis.register_script(scripts.ENQUEUE)
-        self._claim = redis.register_script(scripts.CLAIM)
-        self._requeue = redis.register_script(scripts.REQUEUE)
-        self._cancel = redis.register_script(scripts.CANCEL)
-        self._sweep = redis.register_script(scripts.SWEEP)
-        self._renew = redis.register_script(scripts.RENEW)
-        self._reap = redis.register_script(scripts.REAP)
-        self._orphans = redis.register_script(scripts.ORPHANS)
+        self.scripts = scripts_for(redis)
 
     async def enqueue(
         self,
@@ -159,7 +131,7 @@ class Queue:
         liveness in the same atomic step: if the process dies before it calls
         :meth:`detach`, the sweep cancels the request (see :meth:`cancel_orphans`).
         """
-        admitted = await self._enqueue(
+        admitted = await self.scripts.enqueue(
             keys=[
                 keys.queue(model),
                 keys.job(request_id),
@@ -173,6 +145,7 @@ class Queue:
                 keys.parked_terms(model),
                 keys.running(model),
                 keys.leases(model),
+                keys.CLOCK,
             ],
             args=[
                 request_id,
@@ -188,7 +161,6 @@ class Queue:
                 model,
                 lifecycle.model_dump_json(exclude_none=True),
                 "1" if attach_to else "0",
-                now_ms(),
                 keys.HANDOFF_PREFIX,
                 keys.IN_PROGRESS_PREFIX,
                 keys.RETRY_PREFIX,
@@ -214,7 +186,7 @@ class Queue:
         A worker that leaves the queue empty with a slot still free is parked, so
         that the next request is handed to it (a ``worker_id`` of "" never parks).
         """
-        reply = await self._claim(
+        reply = await self.scripts.claim(
             keys=[
                 keys.queue(model),
                 keys.running(model),
@@ -223,6 +195,7 @@ class Queue:
                 keys.leases(model),
                 keys.parked(model),
                 keys.parked_terms(model),
+                keys.CLOCK,
             ],
             args=[
                 now_ms(),
@@ -241,19 +214,7 @@ class Queue:
                 PARK_TTL_MS,
             ],
         )
-        request_id, score, cost, job, job_try, more = reply[:6]
-        rest = [as_str(x) for x in reply[6:]]
-        split = rest.index("|")
-        return Claim(
-            request_id=as_str(request_id) or None,
-            score=int(float(as_str(score))),
-            cost=int(float(as_str(cost))),
-            job=(job if isinstance(job, bytes) else as_str(job).encode()) or None,
-            job_try=int(job_try),
-            expired=rest[:split],
-            cancelled=rest[split + 1 :],
-            more=as_str(more) == "1",
-        )
+        return codec.parse_claim(reply)
 
     async def unpark(self, model: str, worker_id: str) -> None:
         """Stop handing requests to ``worker_id`` (it is stopping)."""
@@ -262,39 +223,72 @@ class Queue:
         pipe.hdel(keys.parked_terms(model), worker_id)
         await pipe.execute()
 
-    async def requeue(self, model: str, request_id: str, score: int, cost: int) -> bool:
-        done = await self._requeue(
-            keys=[keys.queue(model), keys.running(model), keys.costs(model), keys.leases(model)],
-            args=[request_id, score, cost, keys.wake(model)],
+    async def requeue(self, model: str, request_id: str, attempt: int) -> bool:
+        """Hand a claimed request back at its original score; its fence rises past
+        ``attempt``. False if ``attempt`` no longer holds the lease."""
+        done = await self.scripts.requeue(
+            keys=[
+                keys.queue(model),
+                keys.running(model),
+                keys.leases(model),
+                keys.costs(model),
+                keys.fence(request_id),
+            ],
+            args=[request_id, attempt, keys.wake(model), self.ttl],
         )
         return bool(done)
 
-    async def release(self, model: str, request_id: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.zrem(keys.running(model), request_id)
-        pipe.hdel(keys.leases(model), request_id)
-        await pipe.execute()
-
-    async def renew(self, model: str, request_ids: list[str], lease_ms: int) -> int:
-        """Extend this worker's leases; a worker that stops renewing is presumed dead."""
-        if not request_ids:
-            return 0
-        renewed = await self._renew(
-            keys=[keys.running(model)], args=[now_ms() + lease_ms, *request_ids]
+    async def release(self, model: str, request_id: str, attempt: int) -> bool:
+        """Drop the lease of a run that ended, if ``attempt`` still holds it."""
+        done = await self.scripts.release(
+            keys=[keys.running(model), keys.leases(model)], args=[request_id, attempt]
         )
-        return int(renewed)
+        return bool(done)
 
-    async def reap(self, model: str, limit: int = 100) -> list[str]:
-        """Requeue requests whose lease expired; returns their ids."""
-        reply = await self._reap(
-            keys=[keys.running(model), keys.queue(model), keys.leases(model), keys.costs(model)],
-            args=[now_ms(), limit, keys.wake(model), keys.IN_PROGRESS_PREFIX],
+    async def renew(self, model: str, held: Mapping[str, int], lease_ms: int) -> dict[str, Renewal]:
+        """Extend the leases of ``held`` (id -> attempt) by ``lease_ms`` of lease time.
+
+        Says per request whether it is still this worker's (``ok``), was taken away
+        (``lost``: stop it without writing) or cancelled (``cancelled``).
+        """
+        if not held:
+            return {}
+        reply = await self.scripts.renew(
+            keys=[keys.running(model), keys.leases(model), keys.CLOCK],
+            args=[lease_ms, keys.CANCEL_FLAG_PREFIX, *codec.renew_args(held)],
         )
-        return [as_str(x) for x in reply]
+        return codec.parse_renew(held, reply)
+
+    async def reap(self, model: str, limit: int = 100) -> list[tuple[str, int]]:
+        """Requeue requests whose lease ran out in lease time, fencing off the
+        attempts that held them; returns (id, attempt) pairs."""
+        reply = await self.scripts.reap(
+            keys=[
+                keys.running(model),
+                keys.queue(model),
+                keys.leases(model),
+                keys.costs(model),
+                keys.CLOCK,
+            ],
+            args=[limit, keys.wake(model), keys.IN_PROGRESS_PREFIX, keys.FENCE_PREFIX, self.ttl],
+        )
+        return codec.parse_reaped(reply)
+
+    async def api_beat(self, process_id: str, grace_seconds: float) -> None:
+        """Renew an API process's liveness lease: dead ``grace_seconds`` of lease time
+        from now (a stall of Redis does not make it look dead)."""
+        await self.scripts.api_beat(
+            keys=[keys.APIS, keys.CLOCK], args=[process_id, int(grace_seconds * 1000)]
+        )
+
+    async def api_gone(self, process_id: str) -> None:
+        """An API process stops: its lease ends now, so the sweep cancels whatever is
+        still attached to it and then forgets it."""
+        await self.redis.zadd(keys.APIS, {process_id: 0})
 
     async def cancel(self, model: str, request_id: str) -> bool:
         """Cancel a request; True if it was still queued (and is now gone)."""
-        was_queued = await self._cancel(
+        was_queued = await self.scripts.cancel(
             keys=[
                 keys.queue(model),
                 keys.costs(model),
@@ -324,10 +318,12 @@ class Queue:
         Their clients' connections died with the process and an OpenAI client cannot
         resume, so finishing them would only waste worker slots. Returns their ids.
         """
-        reply = await self._orphans(keys=[keys.APIS], args=[now_ms(), keys.ATTACHED_PREFIX, limit])
+        reply = await self.scripts.orphans(
+            keys=[keys.APIS, keys.CLOCK], args=[keys.ATTACHED_PREFIX, limit]
+        )
         cancelled = []
         for member in reply:
-            request_id, _, model = as_str(member).partition(":")
+            request_id, model = codec.parse_member(member)
             if request_id and model:
                 await self.cancel(model, request_id)
                 cancelled.append(request_id)
@@ -335,7 +331,7 @@ class Queue:
 
     async def sweep(self, limit: int = 100) -> list[str]:
         """Expire queued requests past their deadline; returns their ids."""
-        reply = await self._sweep(
+        reply = await self.scripts.sweep(
             keys=[keys.DEADLINES],
             args=[now_ms(), limit, keys.QUEUE_PREFIX, keys.COSTS_PREFIX, keys.JOB_PREFIX],
         )

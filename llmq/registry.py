@@ -55,15 +55,3 @@ async def live_workers(redis: Redis, ttl_seconds: float) -> list[WorkerInfo]:
         except ValidationError:
             log.warning("skipping malformed worker entry %r", value[:200])
     return sorted(workers, key=lambda w: w.id)
-
-
-async def api_heartbeat(redis: Redis, process_id: str, grace_seconds: float) -> None:
-    """Renew an API process's lease: it counts as dead ``grace_seconds`` from now."""
-    expires_ms = int((time.time() + grace_seconds) * 1000)
-    await redis.zadd(keys.APIS, {process_id: expires_ms})
-
-
-async def api_gone(redis: Redis, process_id: str) -> None:
-    """An API process stops: expire its lease now, so the sweep cancels whatever
-    is still attached to it and then forgets it."""
-    await redis.zadd(keys.APIS, {process_id: 0})

@@ -142,10 +142,10 @@ class WorkerSettings(CommonSettings):
         0.5, gt=0, description="Fallback poll of the queue when no wake-up arrives."
     )
     heartbeat_seconds: float = Field(
-        1.0, gt=0, description="Registry heartbeat and lease renewal interval."
+        0.25, gt=0, description="Registry heartbeat and lease renewal interval."
     )
     lease_seconds: float = Field(
-        3.0,
+        1.0,
         gt=0,
         description="A running request whose worker has not renewed its lease for this "
         "long goes back to the queue (the worker is presumed dead).",
@@ -165,8 +165,9 @@ class WorkerSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeat(self) -> WorkerSettings:
-        if self.lease_seconds <= self.heartbeat_seconds:
-            raise ValueError("lease_seconds must be longer than heartbeat_seconds")
+        # A stall or restart of Redis costs a lease up to the lease clock's cap (0.3 s).
+        if self.lease_seconds <= self.heartbeat_seconds + 0.3:
+            raise ValueError("lease_seconds must exceed heartbeat_seconds by more than 0.3")
         return self
 
 

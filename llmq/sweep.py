@@ -6,60 +6,31 @@ double-handle a request:
 - queued requests past their deadline are removed and ended with a
   ``queue_timeout`` error, whether or not any worker is alive to notice;
 - running requests of the ``reap`` models whose worker stopped renewing their
-  lease go back to the queue;
+  lease go back to the queue, and the attempt that held the lease is fenced off;
 - requests attached to an API process that stopped renewing its lease (its
   OpenAI clients' connections died with it) are cancelled.
 
-The last two judge liveness by leases, which nobody can renew while Redis is
-unreachable. So after this process has seen Redis fail, it waits ``settle_seconds``
-of good health before reaping again: long enough for every live process to have
-renewed, so an outage does not pass for the death of everyone.
+The last two judge leases in lease time, a clock kept in Redis that a stall,
+restart or outage of Redis advances by at most 300 ms (``llmq/lua/clock.lua``). So
+an outage is never mistaken for the death of everyone, and the sweep needs no
+wait of its own after one: when Redis is back, every live process has its lease
+(minus those 300 ms) to renew. The sweep's own calls keep that clock moving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from llmq.queue import Queue
 
 log = logging.getLogger(__name__)
 
-#: Default settle time after an outage: longer than the worker and API heartbeats.
-SETTLE_SECONDS = 2.5
 
-
-class Health:
-    """Whether this process's view of Redis has been good for long enough to reap."""
-
-    def __init__(self, settle_seconds: float) -> None:
-        self.settle = settle_seconds
-        self.down = False
-        #: When Redis came back after the last failure this process saw.
-        self.recovered_at: float | None = None
-
-    def failed(self) -> None:
-        self.down = True
-
-    def succeeded(self, now: float) -> None:
-        if self.down:
-            self.down = False
-            self.recovered_at = now
-
-    def settled(self, now: float) -> bool:
-        if self.down:
-            return False
-        return self.recovered_at is None or now - self.recovered_at >= self.settle
-
-
-async def sweep_once(queue: Queue, reap: tuple[str, ...], health: Health) -> None:
+async def sweep_once(queue: Queue, reap: tuple[str, ...]) -> None:
     expired = await queue.sweep()
-    health.succeeded(time.monotonic())
     if expired:
         log.info("expired %d queued requests past their deadline", len(expired))
-    if not health.settled(time.monotonic()):
-        return
     for model in reap:
         reaped = await queue.reap(model)
         if reaped:
@@ -69,20 +40,20 @@ async def sweep_once(queue: Queue, reap: tuple[str, ...], health: Health) -> Non
         log.warning("cancelled %d requests of a dead API process: %s", len(orphans), orphans)
 
 
-async def sweep_forever(
-    queue: Queue,
-    interval: float,
-    reap: tuple[str, ...] = (),
-    settle_seconds: float = SETTLE_SECONDS,
-) -> None:
-    """Sweep every ``interval`` seconds until cancelled."""
-    health = Health(settle_seconds)
+async def sweep_forever(queue: Queue, interval: float, reap: tuple[str, ...] = ()) -> None:
+    """Sweep every ``interval`` seconds until cancelled; an outage is logged once."""
+    failing = False
     while True:
         try:
-            await sweep_once(queue, reap, health)
+            await sweep_once(queue, reap)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            health.failed()
-            log.warning("sweep failed: %s", exc)
+            if not failing:
+                log.warning("sweep failed: %s; retrying every %.2fs", exc, interval)
+            failing = True
+        else:
+            if failing:
+                log.info("sweep works again")
+            failing = False
         await asyncio.sleep(interval)

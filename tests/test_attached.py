@@ -9,7 +9,6 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from llmq.sweep import Health
 from tests.conftest import RunningApi, StartApi
 from tests.native import submit, wait_status
 from tests.sse import frames
@@ -75,15 +74,3 @@ async def test_a_stopping_api_leaves_its_attached_requests_to_the_sweep(
     await wait_until(forgotten, timeout=3, what="the stopped API process to be forgotten")
     assert await redis.zcard(keys.queue("mock")) == 0, "its request was not cancelled"
     assert await redis.zscore(keys.APIS, survivor.app_state().process_id) is not None
-
-
-def test_reaping_waits_for_the_cluster_to_settle_after_an_outage() -> None:
-    health = Health(settle_seconds=2.0)
-    assert health.settled(now=100.0)  # a fresh process has seen no outage
-    health.failed()
-    assert not health.settled(now=101.0)
-    health.succeeded(now=102.0)
-    assert not health.settled(now=103.9)  # live processes may not have renewed yet
-    assert health.settled(now=104.0)
-    health.succeeded(now=105.0)  # a success without a failure does not restart the wait
-    assert health.settled(now=105.0)

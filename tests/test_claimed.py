@@ -42,7 +42,7 @@ async def test_a_claim_returns_the_job_and_bumps_its_try_count(arq_pool: Claimin
         "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
     )
     assert (first.request_id, first.job, first.job_try) == ("r1", b'{"job": 1}', 1)
-    assert await queue.requeue("mock", "r1", first.score, first.cost)
+    assert await queue.requeue("mock", "r1", first.job_try)
     again = await queue.claim(
         "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
     )

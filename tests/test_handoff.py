@@ -106,7 +106,7 @@ async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
     # Claimed exactly as CLAIM would have: running with a lease, never queued.
     assert await redis.zcard(keys.queue("mock")) == 0
     assert await redis.zscore(keys.running("mock"), "r1") is not None
-    assert await redis.hget(keys.leases("mock"), "r1") == "42:7"  # type: ignore[misc]
+    assert await redis.hget(keys.leases("mock"), "r1") == "42:7:1"  # type: ignore[misc]
     assert await redis.get(keys.retry("r1")) == "1"
     assert 0 < await redis.pttl(keys.in_progress("r1")) <= 4000
     assert await redis.zscore(keys.DEADLINES, keys.deadline_member("r1", "mock")) is None

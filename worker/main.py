@@ -47,24 +47,35 @@ def mock_model(settings: WorkerSettings) -> MockModel:
     )
 
 
+#: How long one read of the pub/sub connection waits: an idle listener loops on
+#: this instead of blocking on the socket, whose timeout would cut it every few seconds.
+LISTEN_SECONDS = 1.0
+
+
 async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
     """Wake-ups, cancels and hand-offs for this worker, on one pub/sub connection.
 
-    Reconnects with backoff if Redis goes away; after a reconnect the worker polls
-    once, since a wake-up may have been missed meanwhile. The worker parks (and so
-    can be handed requests) only through that poll, after its channel is subscribed.
+    Reads with a timeout shorter than the socket's, so an idle connection is never
+    cut (the pool's health checks PING it). Reconnects with backoff if Redis goes
+    away, logged once per outage; after a reconnect the worker polls once, since a
+    wake-up may have been missed meanwhile, and a missed cancel is found by the next
+    lease renewal (the cancel flag). The worker parks (and so can be handed
+    requests) only through that poll, after its channel is subscribed.
     """
     wake_channel, cancel_channel = keys.wake(model), keys.cancel_channel(model)
     handoff_channel = keys.handoff(worker.worker_id)
-    delay = 0.05
+    failures = 0
     while True:
         try:
-            async with redis.pubsub() as pubsub:
+            async with redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                 await pubsub.subscribe(wake_channel, cancel_channel, handoff_channel)
+                if failures:
+                    log.info("wake-up listener is back")
+                failures = 0
                 worker.wake.set()
-                delay = 0.05
-                async for message in pubsub.listen():
-                    if message.get("type") != "message":
+                while True:
+                    message = await pubsub.get_message(timeout=LISTEN_SECONDS)
+                    if message is None or message.get("type") != "message":
                         continue
                     channel = as_str(message["channel"])
                     if channel == handoff_channel:
@@ -76,9 +87,10 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("wake-up listener lost Redis (%s); retrying in %.2fs", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            if not failures:
+                log.warning("wake-up listener lost Redis (%s); reconnecting", exc)
+            failures += 1
+            await asyncio.sleep(min(0.05 * 2**failures, 2.0))
 
 
 async def _handoff(worker: QueueWorker, data: bytes) -> None:
@@ -93,10 +105,16 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
 async def _heartbeat(
     redis: ArqRedis, settings: WorkerSettings, worker: QueueWorker, worker_id: str
 ) -> None:
-    """Registry entry and request leases, renewed together every heartbeat."""
+    """Registry entry and request leases, renewed together every heartbeat.
+
+    The renewal brings news: a request this worker lost (its lease was reaped) is
+    stopped without writing; a cancelled one is cancelled, even if this worker
+    missed the cancel message.
+    """
     runner = worker.runner
     lease_ms = int(settings.lease_seconds * 1000)
     started_at = time.time()
+    failing = False
     while True:
         info = WorkerInfo(
             id=worker_id,
@@ -109,10 +127,21 @@ async def _heartbeat(
             heartbeat_at=time.time(),
         )
         try:
+            news = await worker.queue.renew(settings.model, worker.held, lease_ms)
             await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
-            await worker.queue.renew(settings.model, worker.claimed, lease_ms)
         except Exception as exc:
-            log.warning("heartbeat failed: %s", exc)
+            if not failing:
+                log.warning("heartbeat failed: %s; retrying", exc)
+            failing = True
+        else:
+            if failing:
+                log.info("heartbeat works again")
+            failing = False
+            for rid, renewal in news.items():
+                if renewal == "lost":
+                    runner.fence(rid)
+                elif renewal == "cancelled":
+                    runner.cancel(rid)
         await asyncio.sleep(settings.heartbeat_seconds)
 
 

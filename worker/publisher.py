@@ -1,41 +1,81 @@
-"""Batched writes of stream events: one pipeline per flush for every stream at once.
+"""Batched, fenced writes of stream events: one pipeline per flush for every stream.
 
 A worker process runs many requests; writing each token with its own ``XADD``
 round trip would cap throughput at a few thousand tokens per second. Instead,
 events are queued per stream and one flusher task writes everything pending in a
-single pipeline. While a flush is in flight, new tokens pile up and the next
-flush coalesces consecutive tokens of a stream into one ``tokens`` event (up to
-``max_event_tokens``). An idle publisher flushes at once, so batching adds no
-latency at light load.
+single pipeline: one call of ``publish.lua`` per request, carrying its events,
+record fields and lifecycle notes. While a flush is in flight, new tokens pile up
+and the next flush coalesces consecutive tokens of a stream into one ``tokens``
+event (up to ``max_event_tokens``). An idle publisher flushes at once, so batching
+adds no latency at light load.
+
+Every write carries the attempt that makes it (:meth:`StreamPublisher.own`); the
+script refuses it if a later attempt owns the request, and the publisher then tells
+the run (its ``on_fenced`` callback) and fails its waiters with :class:`Fenced`.
+
+Nothing is dropped: a flush that fails because Redis is away keeps its batch, puts
+it back in front of what arrived meanwhile (each stream's order holds) and is
+retried with backoff until Redis answers, logged once per outage. The script makes
+a retry idempotent (tokens below the stream's next index are skipped), so a flush
+whose reply was lost never duplicates an index.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmq import codec, keys
 from llmq.schema import Event, Lifecycle, TokensEvent
-from llmq.streams import add_event, add_lifecycle, add_record
+from llmq.scripts import scripts_for
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+#: Failures a flush survives by keeping its batch and retrying.
+RETRYABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+
+OnFenced = Callable[[str], None]
+
+
+class Fenced(Exception):
+    """The write was refused: a later attempt owns the request."""
+
 
 @dataclass
 class _Pending:
+    #: The attempt that queued these writes (0: unfenced).
+    attempt: int
     events: list[Event] = field(default_factory=list)
     tokens_start: int = 0
     tokens: list[str] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     record: dict[str, str] = field(default_factory=dict)
+    notes: list[Lifecycle] = field(default_factory=list)
 
     def close_tokens(self) -> None:
         if self.tokens:
             self.events.append(TokensEvent(index=self.tokens_start, tokens=self.tokens))
             self.tokens = []
+
+    def then(self, later: _Pending) -> None:
+        """Append what was queued after this batch (this batch failed to land)."""
+        self.close_tokens()
+        self.events.extend(later.events)
+        self.tokens_start, self.tokens = later.tokens_start, later.tokens
+        self.waiters.extend(later.waiters)
+        self.record.update(later.record)
+        self.notes.extend(later.notes)
 
 
 class StreamPublisher:
@@ -51,14 +91,16 @@ class StreamPublisher:
         lifecycle_maxlen: int = 100_000,
     ):
         self._redis = redis
+        self._script = scripts_for(redis).publish
         self._lifecycle_maxlen = lifecycle_maxlen
-        self._notes: list[Lifecycle] = []
         self._maxlen = maxlen
         self._ttl = ttl_seconds
         self._max_event_tokens = max_event_tokens
         self._pending: dict[str, _Pending] = {}
+        self._owners: dict[str, tuple[int, OnFenced | None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._backoff = ExponentialBackoff(cap=0.5, base=0.02)
 
     @property
     def redis(self) -> Redis:
@@ -69,14 +111,31 @@ class StreamPublisher:
         self._task = asyncio.create_task(self._run(), name="stream-publisher")
 
     async def stop(self) -> None:
+        """Stop the flusher; write what is still pending once (it may fail: Redis away)."""
         if self._task:
             await cancel_and_wait([self._task], timeout=5)
             self._task = None
         await self._flush()
 
+    def own(self, request_id: str, attempt: int, on_fenced: OnFenced | None = None) -> None:
+        """Writes queued for ``request_id`` from now on are made as ``attempt``;
+        ``on_fenced(request_id)`` is called if the script refuses one."""
+        self._owners[request_id] = (attempt, on_fenced)
+
+    def disown(self, request_id: str) -> None:
+        """The run ended: no more callbacks (writes still queued keep their attempt)."""
+        self._owners.pop(request_id, None)
+
+    def _queue(self, request_id: str) -> _Pending:
+        p = self._pending.get(request_id)
+        if p is None:
+            owner = self._owners.get(request_id)
+            p = self._pending[request_id] = _Pending(owner[0] if owner else 0)
+        return p
+
     def token(self, request_id: str, index: int, token: str) -> None:
         """Queue one token; no round trip, no await."""
-        p = self._pending.setdefault(request_id, _Pending())
+        p = self._queue(request_id)
         if p.tokens and (
             p.tokens_start + len(p.tokens) != index or len(p.tokens) >= self._max_event_tokens
         ):
@@ -87,8 +146,8 @@ class StreamPublisher:
         self._wake.set()
 
     def note(self, lifecycle: Lifecycle) -> None:
-        """Queue a lifecycle entry for the next flush; no round trip of its own."""
-        self._notes.append(lifecycle)
+        """Queue a lifecycle entry with its request's next write; no round trip of its own."""
+        self._queue(lifecycle.request_id).notes.append(lifecycle)
         self._wake.set()
 
     async def emit(
@@ -97,6 +156,7 @@ class StreamPublisher:
         """Queue ``event`` after the stream's pending tokens and wait until it is written.
 
         ``record`` fields are written to the request's record in the same round trip.
+        Raises :class:`Fenced` if a later attempt owns the request.
         """
         await self.post(request_id, event, record)
 
@@ -104,7 +164,7 @@ class StreamPublisher:
         self, request_id: str, event: Event, record: dict[str, str] | None = None
     ) -> asyncio.Future[None]:
         """:meth:`emit` without the wait: queued now, in order; the future says when written."""
-        p = self._pending.setdefault(request_id, _Pending())
+        p = self._queue(request_id)
         p.close_tokens()
         p.events.append(event)
         if record:
@@ -115,38 +175,101 @@ class StreamPublisher:
         return done
 
     async def _run(self) -> None:
+        failures = 0
+        down_since = 0.0
         while True:
-            await self._wake.wait()
+            if not failures:
+                await self._wake.wait()
             self._wake.clear()
             try:
                 await self._flush()
-            except Exception:  # the flusher must outlive a Redis hiccup
+            except RETRYABLE as exc:
+                if not failures:
+                    down_since = time.monotonic()
+                    log.warning("stream writes failed (%s); keeping them and retrying", exc)
+                failures += 1
+                await asyncio.sleep(self._backoff.compute(failures))
+                continue
+            except Exception:  # a bug, not an outage: its waiters were told
                 log.exception("stream flush failed")
-                await asyncio.sleep(0.1)
+            if failures:
+                log.info(
+                    "stream writes landed after %.1fs of retries",
+                    time.monotonic() - down_since,
+                )
+            failures = 0
 
     async def _flush(self) -> None:
-        if not self._pending and not self._notes:
+        if not self._pending:
             return
         batch, self._pending = self._pending, {}
-        notes, self._notes = self._notes, []
-        pipe = self._redis.pipeline(transaction=False)
-        for note in notes:
-            add_lifecycle(pipe, note, maxlen=self._lifecycle_maxlen)
-        for request_id, p in batch.items():
-            p.close_tokens()
-            for event in p.events:
-                add_event(pipe, request_id, event, maxlen=self._maxlen, ttl=self._ttl)
-            if p.record:
-                add_record(pipe, request_id, p.record, ttl=self._ttl)
         try:
-            await pipe.execute()
+            written = await self._write(batch)
+        except RETRYABLE:
+            for request_id, later in self._pending.items():
+                if request_id in batch:
+                    batch[request_id].then(later)
+                else:
+                    batch[request_id] = later
+            self._pending = batch
+            raise
         except BaseException as exc:
             for p in batch.values():
                 for w in p.waiters:
                     if not w.done():
                         w.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
             raise
-        for p in batch.values():
+        for (request_id, p), ok in zip(batch.items(), written, strict=True):
+            if not ok:
+                self._fenced(request_id, p)
+                continue
             for w in p.waiters:
                 if not w.done():
                     w.set_result(None)
+
+    async def _write(self, batch: dict[str, _Pending]) -> list[bool]:
+        """One pipeline, one ``publish.lua`` call per request; True where it landed."""
+        for p in batch.values():
+            p.close_tokens()
+        try:
+            replies = await self._pipeline(batch).execute()
+        except NoScriptError:  # Redis restarted without its script cache: nothing ran
+            self._script.sha = await self._redis.script_load(self._script.script)
+            replies = await self._pipeline(batch).execute()
+        return [int(r) == 1 for r in replies]
+
+    def _pipeline(self, batch: dict[str, _Pending]) -> Pipeline:
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id, p in batch.items():
+            args = codec.publish_args(
+                p.attempt,
+                ttl=self._ttl,
+                maxlen=self._maxlen,
+                lifecycle_maxlen=self._lifecycle_maxlen,
+                events=p.events,
+                record=p.record,
+                notes=p.notes,
+            )
+            request_keys = [
+                keys.stream(request_id),
+                keys.request(request_id),
+                keys.fence(request_id),
+                keys.LIFECYCLE,
+            ]
+            pipe.evalsha(self._script.sha, len(request_keys), *request_keys, *args)
+        return pipe
+
+    def _fenced(self, request_id: str, p: _Pending) -> None:
+        log.warning(
+            "request %s: attempt %d is fenced off (a later attempt owns it); its writes "
+            "are dropped",
+            request_id,
+            p.attempt,
+            extra={"request_id": request_id},
+        )
+        for w in p.waiters:
+            if not w.done():
+                w.set_exception(Fenced(request_id))
+        owner = self._owners.get(request_id)
+        if owner is not None and owner[0] <= p.attempt and owner[1] is not None:
+            owner[1](request_id)

@@ -16,7 +16,9 @@ cancellation on shutdown) and replaces how work is found:
   this parked worker and published on its own channel: at light load a request
   reaches the model in one message from Redis, with no claim round trip;
 - ``finish_job`` puts a request that did not finish (worker shutting down) back
-  in the queue at its original score.
+  in the queue at its original score, and releases the lease of one that did;
+  both only while this run's attempt still holds the lease. A run that was fenced
+  (it lost its lease) leaves everything to the attempt that owns the request now.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class QueueWorker(Worker):
         self.lease_ms = int(lease_seconds * 1000)
         self.token_budget = token_budget
         self.wake = asyncio.Event()
-        self._claims: dict[str, tuple[int, int]] = {}  # id -> (score, cost)
+        self._claims: dict[str, tuple[int, int]] = {}  # id -> (cost, attempt)
         self._reads: dict[str, ClaimedJob] = {}  # claimed, not yet read by run_job
 
     @property
@@ -105,8 +107,13 @@ class QueueWorker(Worker):
         return list(self._claims)
 
     @property
+    def held(self) -> dict[str, int]:
+        """The requests this worker holds, with the attempt (fencing token) of each."""
+        return {rid: attempt for rid, (_, attempt) in self._claims.items()}
+
+    @property
     def tokens_in_use(self) -> int:
-        return sum(cost for _, cost in self._claims.values())
+        return sum(cost for cost, _ in self._claims.values())
 
     async def main(self) -> None:
         """Claim work whenever woken; the poll delay is only the fallback timer."""
@@ -159,7 +166,7 @@ class QueueWorker(Worker):
         assert claim.request_id is not None
         await self.sem.acquire()  # never waits: job_counter < max_jobs
         self._reads[claim.request_id] = ClaimedJob(claim.request_id, claim.job, claim.job_try)
-        self._start(claim.request_id, claim.score, claim.cost)
+        self._start(claim.request_id, claim.score, claim.cost, claim.job_try)
 
     async def take_handoff(self, claim: Claim) -> None:
         """Run a request claimed for this worker by the enqueue script.
@@ -172,15 +179,15 @@ class QueueWorker(Worker):
         if self.allow_pick_jobs and self.job_counter < self.max_jobs:
             await self._take(claim)
             return
-        await self.queue.requeue(self.model, claim.request_id, claim.score, claim.cost)
+        await self.queue.requeue(self.model, claim.request_id, claim.job_try)
         log.info(
             "request %s handed back: no free slot",
             claim.request_id,
             extra={"request_id": claim.request_id},
         )
 
-    def _start(self, job_id: str, score: int, cost: int) -> None:
-        self._claims[job_id] = (score, cost)
+    def _start(self, job_id: str, score: int, cost: int, attempt: int) -> None:
+        self._claims[job_id] = (cost, attempt)
         self.job_counter += 1
         task = self.loop.create_task(self.run_job(job_id, score))
         task.add_done_callback(self._slot_freed)
@@ -207,6 +214,12 @@ class QueueWorker(Worker):
         incr_score: int | None,
         keep_in_progress: float | None,
     ) -> None:
+        if job_id in self.runner.fenced:
+            # Lost to another attempt: arq's bookkeeping (delete the job, drop it from
+            # the queue) would now hit the request that attempt runs or has requeued.
+            self.runner.fenced.discard(job_id)
+            self._claims.pop(job_id, None)
+            return
         await super().finish_job(
             job_id,
             finish,
@@ -224,9 +237,14 @@ class QueueWorker(Worker):
         await self.runner.fail(job_id, "job_failed", "the request could not be run")
 
     async def _release(self, job_id: str, *, requeue: bool) -> None:
-        score, cost = self._claims.pop(job_id, (0, 0))
-        if requeue and score:
-            await self.queue.requeue(self.model, job_id, score, cost)
-            log.info("request %s handed back to the queue", job_id, extra={"request_id": job_id})
+        claim = self._claims.pop(job_id, None)
+        if claim is None:
+            return
+        _, attempt = claim
+        if requeue:
+            if await self.queue.requeue(self.model, job_id, attempt):
+                log.info(
+                    "request %s handed back to the queue", job_id, extra={"request_id": job_id}
+                )
         else:
-            await self.queue.release(self.model, job_id)
+            await self.queue.release(self.model, job_id, attempt)

@@ -13,6 +13,12 @@ events that change its status:
 When the worker itself is stopping, the cancellation is not a client's: it
 propagates, and arq hands the request back to the queue.
 
+A run that lost its request (its lease was reaped, or a later attempt's write
+raised the fence) is *fenced*: the publisher's script refuses its writes and says
+so, or the lease renewal reports it ``lost``; the runner then stops the generation
+at once and writes nothing more: no terminal event, no record, no lifecycle note,
+no outcome metric (outcomes are counted only once their terminal write landed).
+
 A re-run (``attempt`` > 1: the previous worker died or stopped, or the model
 raised) resumes instead of starting over: once its ``started`` event is written,
 the runner reads the tokens the stream already holds (contiguous from index 0),
@@ -48,7 +54,7 @@ from llmq.schema import (
 )
 from llmq.streams import published_tokens
 from worker.model import GenerationRequest, Model, seed_for
-from worker.publisher import StreamPublisher
+from worker.publisher import Fenced, StreamPublisher
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +97,8 @@ class RequestRunner:
     running: dict[str, float] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
+    #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
+    fenced: set[str] = field(default_factory=set)
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
@@ -105,13 +113,31 @@ class RequestRunner:
         task.cancel()
         return True
 
+    def fence(self, request_id: str) -> None:
+        """This worker lost a running request: stop it, and write nothing more for it."""
+        if request_id not in self.running or request_id in self.fenced:
+            return
+        log.warning(
+            "request %s: this worker lost its lease; stopping it without writing",
+            request_id,
+            extra={"request_id": request_id},
+        )
+        self.fenced.add(request_id)
+        task = self._generations.get(request_id)
+        if task is not None:
+            task.cancel()
+
     async def run(self, payload: JobPayload, attempt: int) -> None:
         rid = payload.request_id
         started = time.time()
         self.running[rid] = started
+        self.publisher.own(rid, attempt, self.fence)
         try:
             await self._run(payload, attempt, started)
+        except Fenced:
+            self.fence(rid)
         finally:
+            self.publisher.disown(rid)
             self.running.pop(rid, None)
             self._cancelled.pop(rid, None)
 
@@ -156,6 +182,8 @@ class RequestRunner:
             await asyncio.shield(announced)  # a worker stopping cancels us, not the write
             redis = self.redis if self.redis is not None else self.publisher.redis
             generated = await published_tokens(redis, rid)
+        except Fenced:
+            raise
         except Exception as exc:
             log.warning(
                 "request %s: could not read its published tokens (%s); generating from 0",
@@ -218,6 +246,8 @@ class RequestRunner:
             if current is not None and current.cancelling():
                 generation.cancel()
                 raise  # the worker is stopping: let arq hand the request back
+            if rid in self.fenced:
+                return
             finish = "cancelled"
         except Exception as exc:
             log.exception(
@@ -237,6 +267,8 @@ class RequestRunner:
             return
         finally:
             self._generations.pop(rid, None)
+        if rid in self.fenced:
+            return
         if finish == "timeout":
             message = f"generation stopped after its timeout of {payload.generation_timeout:g} s"
             await self._finish_error(
@@ -291,14 +323,6 @@ class RequestRunner:
     ) -> None:
         now = time.time()
         first = progress.first_at if progress.first_at is not None else now
-        self._count(payload, progress.produced, finish)
-        m, model = self.metrics, payload.model
-        if progress.first_at is not None:
-            m.observe(metrics.PREFILL_TIME, first - started, model)
-            m.observe(metrics.DECODE_TIME, now - first, model)
-        decoded = progress.produced - progress.resumed  # by this run: its decode time
-        if decoded > 1:
-            m.observe(metrics.TPOT, (now - first) / (decoded - 1), model)
         event = DoneEvent(
             finish_reason=finish,
             usage=_usage(payload, progress.produced),
@@ -323,11 +347,18 @@ class RequestRunner:
                 "completion_tokens": str(progress.produced),
             },
         )
+        self._count(payload, progress.produced, finish)
+        m, model = self.metrics, payload.model
+        if progress.first_at is not None:
+            m.observe(metrics.PREFILL_TIME, first - started, model)
+            m.observe(metrics.DECODE_TIME, now - first, model)
+        decoded = progress.produced - progress.resumed  # by this run: its decode time
+        if decoded > 1:
+            m.observe(metrics.TPOT, (now - first) / (decoded - 1), model)
 
     async def _finish_error(
         self, payload: JobPayload, produced: int, code: str, message: str, finish: FinishReason
     ) -> None:
-        self._count(payload, produced, finish)
         self._note(
             payload,
             "failed",
@@ -348,6 +379,7 @@ class RequestRunner:
                 "error": message,
             },
         )
+        self._count(payload, produced, finish)
 
     def _note_first_token(self, payload: JobPayload, at: float) -> None:
         self._note(payload, "first_token", ttft_ms=_ms(at - payload.enqueued_at))
@@ -374,8 +406,8 @@ class RequestRunner:
         )
 
     async def fail(self, request_id: str, code: str, message: str) -> None:
-        """Publish a terminal error for a request the runner could not start."""
-        self.metrics.inc(metrics.REQUESTS, self.model_name, "error")
+        """Publish a terminal error for a request the runner could not start (unfenced:
+        no run of it can write anything else)."""
         await self.publisher.emit(
             request_id,
             ErrorEvent(code=code, message=message),
@@ -386,6 +418,7 @@ class RequestRunner:
                 "error": message,
             },
         )
+        self.metrics.inc(metrics.REQUESTS, self.model_name, "error")
 
     def _count(self, payload: JobPayload, produced: int, finish: FinishReason) -> None:
         """The outcome and token figures of a request that ended here."""

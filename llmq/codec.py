@@ -1,0 +1,157 @@
+"""Every value that the Lua scripts (``llmq/lua/``) and Python share, encoded and
+decoded here and nowhere else in Python. Each format is documented next to its code;
+the Lua side reads or writes the same text.
+
+- lease (``llmq:leases:<model>`` hash value): ``"score:cost:attempt"``, written by
+  claim.lua and enqueue.lua (hand-off), read by renew, requeue, release and reap;
+- deadline member (``llmq:deadlines``, ``llmq:attached:<api>``): ``"<id>:<model>"``;
+- parked terms (``llmq:parked-terms:<model>``): ``"free|budget|idle|lease ms|in-progress
+  ms"``, written and read by Lua only (claim.lua, enqueue.lua);
+- hand-off message (``llmq:handoff:<worker>``): ``"id|score|cost|try|job"``;
+- claim reply: ``[id, score, cost, job, try, more, expired..., "|", cancelled...]``;
+- renew reply: one of ``ok``/``lost``/``cancelled`` per (id, attempt) pair sent;
+- reap reply: ``[id, attempt, id, attempt, ...]``;
+- publish arguments and reply (see :func:`publish_args`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from llmq.schema import Event, Lifecycle, TokensEvent, encode_event
+
+
+def as_str(value: Any) -> str:
+    """Redis replies are bytes or str depending on the client; normalise."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else as_str(value).encode()
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A running request's lease: where to requeue it and which attempt holds it."""
+
+    score: int
+    cost: int
+    attempt: int
+
+    def encode(self) -> str:
+        return f"{self.score}:{self.cost}:{self.attempt}"
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Lease:
+        score, cost, attempt = as_str(raw).split(":")
+        return cls(int(score), int(cost), int(attempt))
+
+
+def deadline_member(request_id: str, model: str) -> str:
+    return f"{request_id}:{model}"
+
+
+def parse_member(member: bytes | str) -> tuple[str, str]:
+    """``(id, model)`` of a deadline member; empty strings if malformed."""
+    request_id, _, model = as_str(member).partition(":")
+    return request_id, model
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim attempt found: a request to run, and requests it dropped."""
+
+    request_id: str | None = None
+    score: int = 0
+    cost: int = 0
+    #: The claimed request's job record (None if it expired) and its try number,
+    #: which is also the attempt: the run's fencing token.
+    job: bytes | None = None
+    job_try: int = 0
+    expired: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    #: The queue still held requests after this claim: worth claiming again.
+    more: bool = False
+
+
+def parse_handoff(message: bytes | str) -> Claim:
+    """The claim enqueue.lua made for this worker: ``id|score|cost|try|job``."""
+    request_id, score, cost, job_try, job = as_bytes(message).split(b"|", 4)
+    return Claim(
+        request_id=request_id.decode(),
+        score=int(score),
+        cost=int(cost),
+        job=job,
+        job_try=int(job_try),
+    )
+
+
+def parse_claim(reply: Sequence[Any]) -> Claim:
+    request_id, score, cost, job, job_try, more = reply[:6]
+    rest = [as_str(x) for x in reply[6:]]
+    split = rest.index("|")
+    return Claim(
+        request_id=as_str(request_id) or None,
+        score=int(float(as_str(score))),
+        cost=int(float(as_str(cost))),
+        job=as_bytes(job) or None,
+        job_try=int(job_try),
+        expired=rest[:split],
+        cancelled=rest[split + 1 :],
+        more=as_str(more) == "1",
+    )
+
+
+#: What a renewal says about one held request.
+Renewal = Literal["ok", "lost", "cancelled"]
+
+
+def renew_args(held: Mapping[str, int]) -> list[str | int]:
+    """(id, attempt) pairs, flattened."""
+    return [x for rid, attempt in held.items() for x in (rid, attempt)]
+
+
+def parse_renew(held: Mapping[str, int], reply: Sequence[Any]) -> dict[str, Renewal]:
+    out: dict[str, Renewal] = {}
+    for rid, raw in zip(held, reply, strict=True):
+        news = as_str(raw)
+        out[rid] = news if news in ("lost", "cancelled") else "ok"  # type: ignore[assignment]
+    return out
+
+
+def parse_reaped(reply: Sequence[Any]) -> list[tuple[str, int]]:
+    """(id, attempt whose lease ran out) pairs."""
+    return [(as_str(reply[i]), int(reply[i + 1])) for i in range(0, len(reply) - 1, 2)]
+
+
+def publish_args(
+    attempt: int,
+    *,
+    ttl: int,
+    maxlen: int,
+    lifecycle_maxlen: int,
+    events: Sequence[Event],
+    record: Mapping[str, str],
+    notes: Iterable[Lifecycle],
+) -> list[str]:
+    """publish.lua's ARGV: attempt, ttl s, maxlen, lifecycle maxlen, then the counts of
+    events, record fields and notes; then per event ``type, data, index, count``
+    (index and count of a ``tokens`` event, else 0 0); record field/value pairs; per
+    note ``event, request_id, model, data``. The reply is 1 (written) or 0 (fenced)."""
+    notes = list(notes)
+    counts = (attempt, ttl, maxlen, lifecycle_maxlen, len(events), len(record), len(notes))
+    args = [str(n) for n in counts]
+    for event in events:
+        encoded = encode_event(event)
+        if isinstance(event, TokensEvent):
+            args += [encoded["type"], encoded["data"], str(event.index), str(len(event.tokens))]
+        else:
+            args += [encoded["type"], encoded["data"], "0", "0"]
+    for name, value in record.items():
+        args += [name, value]
+    for note in notes:
+        f = note.fields()
+        args += [f["event"], f["request_id"], f["model"], f["data"]]
+    return args

@@ -1,0 +1,106 @@
+-- Every write a worker makes for one request, fenced and idempotent, in one call:
+-- stream events, record fields and lifecycle notes. Returns 1 when written (or
+-- already written), 0 when the writer's attempt is fenced off: a later attempt owns
+-- the request (reap.lua, requeue.lua), and nothing of this call lands.
+--
+-- The fence key (llmq:fence:<id>) holds `attempt`, the lowest attempt allowed to
+-- write (a write from a higher one raises it), `next`, the stream's next token index
+-- (tokens are contiguous from 0 below it) and `ended` ('1' once a terminal event is
+-- in). A tokens event below `next` is skipped and a partial overlap trimmed, so a
+-- flush retried after a lost reply never duplicates an index. A terminal event's
+-- usage, and the record's completion_tokens, are what the stream holds (`next`),
+-- not what the producer meant. Attempt 0 writes unfenced (a job too malformed to
+-- run). Arguments: llmq.codec.PublishArgs.
+local stream_key = KEYS[1]
+local record_key = KEYS[2]
+local fence_key = KEYS[3]
+local lifecycle_key = KEYS[4]
+
+local attempt = tonumber(ARGV[1])
+local ttl = ARGV[2]
+local maxlen = ARGV[3]
+local lifecycle_maxlen = ARGV[4]
+local n_events = tonumber(ARGV[5])
+local n_record = tonumber(ARGV[6])
+local n_notes = tonumber(ARGV[7])
+local events_from = 8
+local record_from = events_from + 4 * n_events
+local notes_from = record_from + 2 * n_record
+
+local state = redis.call('HMGET', fence_key, 'attempt', 'next', 'ended')
+local fence = tonumber(state[1] or '0')
+if attempt > 0 and attempt < fence then
+  return 0
+end
+if state[3] == '1' then
+  return 1
+end
+local next_index = tonumber(state[2] or '0')
+local ended = false
+
+local function add(kind, data)
+  redis.call('XADD', stream_key, 'MAXLEN', '~', maxlen, '*', 'type', kind, 'data', data)
+end
+
+for i = events_from, record_from - 1, 4 do
+  local kind, data = ARGV[i], ARGV[i + 1]
+  if kind == 'tokens' then
+    local index, count = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    if index + count > next_index then
+      if index < next_index then
+        local event = cjson.decode(data)
+        local rest = {}
+        for k = next_index - index + 1, #event.tokens do
+          table.insert(rest, event.tokens[k])
+        end
+        event.tokens, event.index = rest, next_index
+        data = cjson.encode(event)
+      end
+      add(kind, data)
+      if index <= next_index then
+        next_index = index + count
+      end
+    end
+  elseif kind == 'done' or kind == 'error' then
+    local event = cjson.decode(data)
+    if type(event.usage) == 'table' then
+      event.usage.completion_tokens = next_index
+      event.usage.total_tokens = (tonumber(event.usage.prompt_tokens) or 0) + next_index
+      data = cjson.encode(event)
+    end
+    add(kind, data)
+    ended = true
+    break
+  else
+    add(kind, data)
+  end
+end
+redis.call('EXPIRE', stream_key, ttl)
+
+if n_record > 0 then
+  local fields = {}
+  for i = record_from, notes_from - 1, 2 do
+    local value = ARGV[i + 1]
+    if ARGV[i] == 'completion_tokens' then
+      value = tostring(next_index)
+    end
+    table.insert(fields, ARGV[i])
+    table.insert(fields, value)
+  end
+  redis.call('HSET', record_key, unpack(fields))
+  redis.call('EXPIRE', record_key, ttl)
+end
+
+for i = notes_from, #ARGV, 4 do
+  redis.call('XADD', lifecycle_key, 'MAXLEN', '~', lifecycle_maxlen, '*', 'event', ARGV[i],
+    'request_id', ARGV[i + 1], 'model', ARGV[i + 2], 'data', ARGV[i + 3])
+end
+
+local fence_fields = {'next', next_index, 'ended', ended and '1' or '0'}
+if attempt > fence then
+  table.insert(fence_fields, 'attempt')
+  table.insert(fence_fields, attempt)
+end
+redis.call('HSET', fence_key, unpack(fence_fields))
+redis.call('EXPIRE', fence_key, ttl)
+return 1

@@ -1,0 +1,29 @@
+-- Extend the leases a worker holds, and tell it what changed: per (id, attempt)
+-- pair, 'ok', 'lost' (the lease is gone or another attempt's: the worker is fenced
+-- for it and must stop without writing) or 'cancelled' (the cancel flag is set:
+-- the worker cancels it, even if it missed the message). See llmq.codec.RenewReply.
+local running_key = KEYS[1]
+local leases_key = KEYS[2]
+local clock_key = KEYS[3]
+
+local lease_ms = tonumber(ARGV[1])
+local cancel_prefix = ARGV[2]
+local pairs_from = 3
+
+local expiry = ms(lease_now(clock_key) + lease_ms)
+local out = {}
+for i = pairs_from, #ARGV, 2 do
+  local id, attempt = ARGV[i], tonumber(ARGV[i + 1])
+  local _, _, held = parse_lease(redis.call('HGET', leases_key, id))
+  if held ~= attempt or not redis.call('ZSCORE', running_key, id) then
+    table.insert(out, 'lost')
+  else
+    redis.call('ZADD', running_key, 'XX', expiry, id)
+    if redis.call('EXISTS', cancel_prefix .. id) == 1 then
+      table.insert(out, 'cancelled')
+    else
+      table.insert(out, 'ok')
+    end
+  end
+end
+return out
