@@ -46,7 +46,9 @@ class EmbeddedRedis:
     """A redis-server child process in a temporary directory; a context manager.
 
     ``appendonly`` turns on AOF persistence so that a restart on the same
-    directory keeps the data (used by the fault-tolerance tests).
+    directory keeps the data (used by the fault-tolerance tests). ``extra_args`` are
+    appended to the command line (e.g. ``--enable-debug-command local``, which
+    Redis 7 needs before it accepts ``DEBUG SLEEP``).
     """
 
     def __init__(
@@ -56,8 +58,10 @@ class EmbeddedRedis:
         appendonly: bool = False,
         directory: str | None = None,
         binary: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.binary = binary or find_redis_server()
+        self.extra_args = extra_args
         self.port = port or free_port()
         self.appendonly = appendonly
         self._own_dir = directory is None
@@ -85,6 +89,7 @@ class EmbeddedRedis:
             "no",
             "--logfile",
             str(Path(self.directory) / "redis.log"),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout

@@ -8,8 +8,10 @@ the test's event loop; the end-to-end tests in ``tests/e2e`` use processes.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -33,6 +35,22 @@ from worker.model import Model
 def redis_server() -> Iterator[EmbeddedRedis]:
     with EmbeddedRedis() as server:
         yield server
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A private Redis with AOF on, that a test may kill, stall and restart (it accepts
+    ``DEBUG SLEEP``)."""
+    server = EmbeddedRedis(
+        appendonly=True,
+        directory=str(tmp_path),
+        extra_args=("--enable-debug-command", "local"),
+    )
+    server.start()
+    yield server
+    if server.process is not None:
+        server.process.send_signal(signal.SIGCONT)  # a test that failed mid-stall
+    server.stop(remove=False)
 
 
 @pytest.fixture

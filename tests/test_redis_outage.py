@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,15 +15,6 @@ pytestmark = pytest.mark.timeout(90)
 
 #: Short timeouts, so that an outage is noticed quickly.
 FAST_FAIL = {"redis_pool_timeout_seconds": 1.0, "redis_socket_timeout_seconds": 1.0}
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    """A private Redis with AOF on, that this test may kill and restart."""
-    server = EmbeddedRedis(appendonly=True, directory=str(tmp_path))
-    server.start()
-    yield server
-    server.stop(remove=False)
 
 
 async def test_outage_and_restart(

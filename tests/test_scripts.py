@@ -1,0 +1,170 @@
+"""Each queue script against a real Redis: the lease clock, leases, fences, writes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq import codec, keys
+from llmq.queue import Queue
+from llmq.schema import (
+    DoneEvent,
+    StartedEvent,
+    Timings,
+    TokensEvent,
+    Usage,
+    decode_event,
+)
+from llmq.scripts import scripts_for
+from tests.jobs import enqueue_raw
+
+pytestmark = pytest.mark.timeout(30)
+
+#: The lease clock's cap per call (llmq/lua/clock.lua).
+CAP_MS = 300
+
+
+@pytest.fixture
+def queue(redis: Redis) -> Queue:
+    return Queue(redis, stream_maxlen=1000, ttl_seconds=60)
+
+
+async def lease_clock(redis: Redis) -> tuple[int, int]:
+    real, lease = await redis.hmget(keys.CLOCK, ["real", "lease"])  # type: ignore[misc]
+    return int(real), int(lease)
+
+
+async def claim(queue: Queue, lease_ms: int = 1000) -> codec.Claim:
+    return await queue.claim(
+        "mock", lease_ms=lease_ms, in_progress_ms=5000, budget_left=None, idle=True
+    )
+
+
+async def test_the_lease_clock_follows_real_time_but_skips_a_gap(
+    queue: Queue, redis: Redis
+) -> None:
+    await queue.reap("mock")
+    real, lease = await lease_clock(redis)
+    # Redis was away (or stalled) for 10 s: the clock last saw it 10 s ago
+    await redis.hset(keys.CLOCK, mapping={"real": real - 10_000, "lease": lease})
+    await queue.reap("mock")
+    after_real, after_lease = await lease_clock(redis)
+    assert after_real >= real
+    assert after_lease - lease <= CAP_MS  # not 10 s
+    assert after_lease - lease == CAP_MS  # but the cap, as a call a full interval later
+
+
+async def test_a_lease_survives_a_gap_but_not_real_silence(queue: Queue, redis: Redis) -> None:
+    await enqueue_raw(queue, "r1", b"{}")
+    got = await claim(queue, lease_ms=1000)
+    assert got.request_id == "r1" and got.job_try == 1
+    real, lease = await lease_clock(redis)
+    # a 5 s stall: the reaper's next call finds the lease alive
+    await redis.hset(keys.CLOCK, mapping={"real": real - 5_000, "lease": lease})
+    assert await queue.reap("mock") == []
+    # 1.2 s of live lease time without a renewal: reaped, and the attempt fenced off
+    _, lease = await lease_clock(redis)
+    await redis.hset(keys.CLOCK, mapping={"lease": lease + 1_200})
+    assert await queue.reap("mock") == [("r1", 1)]
+    assert await redis.hget(keys.fence("r1"), "attempt") == "2"  # type: ignore[misc]
+    assert await redis.zscore(keys.queue("mock"), "r1") is not None
+    assert 0 < await redis.ttl(keys.fence("r1")) <= 60
+
+
+async def test_renewal_reports_lost_and_cancelled(queue: Queue, redis: Redis) -> None:
+    for rid in ("a", "b", "c"):
+        await enqueue_raw(queue, rid, b"{}")
+        await claim(queue)
+    await queue.cancel("mock", "b")  # running: only the flag (and a message) says so
+    _, lease = await lease_clock(redis)
+    await redis.hset(keys.CLOCK, mapping={"lease": lease + 5_000})
+    await redis.zadd(keys.running("mock"), {"a": lease + 20_000, "b": lease + 20_000})
+    reaped = await queue.reap("mock")  # c's lease ran out
+    assert reaped == [("c", 1)]
+    news = await queue.renew("mock", {"a": 1, "b": 1, "c": 1}, lease_ms=1000)
+    assert news == {"a": "ok", "b": "cancelled", "c": "lost"}
+    # a stale attempt is lost even where the lease exists
+    assert await queue.renew("mock", {"a": 7}, lease_ms=1000) == {"a": "lost"}
+
+
+async def test_release_and_requeue_need_the_attempt_that_holds_the_lease(
+    queue: Queue, redis: Redis
+) -> None:
+    await enqueue_raw(queue, "r1", b"{}")
+    first = await claim(queue)
+    assert not await queue.release("mock", "r1", first.job_try + 1)
+    assert await queue.requeue("mock", "r1", first.job_try)
+    assert await redis.hget(keys.fence("r1"), "attempt") == "2"  # type: ignore[misc]
+    second = await claim(queue)
+    assert second.job_try == 2
+    assert not await queue.requeue("mock", "r1", first.job_try)  # stale: refused
+    assert not await queue.release("mock", "r1", first.job_try)
+    assert await redis.zscore(keys.running("mock"), "r1") is not None
+    assert await queue.release("mock", "r1", second.job_try)
+    assert await redis.zcard(keys.running("mock")) == 0
+
+
+async def publish(redis: Redis, rid: str, attempt: int, *events: Any, **record: str) -> int:
+    args = codec.publish_args(
+        attempt,
+        ttl=60,
+        maxlen=1000,
+        lifecycle_maxlen=1000,
+        events=list(events),
+        record=record,
+        notes=[],
+    )
+    written = await scripts_for(redis).publish(
+        keys=[keys.stream(rid), keys.request(rid), keys.fence(rid), keys.LIFECYCLE], args=args
+    )
+    return int(written)
+
+
+def done(completion_tokens: int) -> DoneEvent:
+    return DoneEvent(
+        finish_reason="length",
+        usage=Usage(prompt_tokens=3, completion_tokens=completion_tokens, total_tokens=0),
+        timings=Timings(queue_ms=1.5, prefill_ms=0, decode_ms=2.25),
+    )
+
+
+async def stream(redis: Redis, rid: str) -> list[Any]:
+    return [decode_event(f) for _, f in await redis.xrange(keys.stream(rid))]
+
+
+async def test_a_fenced_write_is_refused_and_lands_nowhere(redis: Redis) -> None:
+    await redis.hset(keys.fence("r1"), "attempt", 2)
+    assert await publish(redis, "r1", 1, TokensEvent(index=0, tokens=["a"]), status="done") == 0
+    assert await redis.exists(keys.stream("r1"), keys.request("r1")) == 0
+    assert await publish(redis, "r1", 2, StartedEvent(worker="w", attempt=2, queue_ms=0)) == 1
+    assert await publish(redis, "r1", 3, TokensEvent(index=0, tokens=["a"])) == 1
+    # attempt 3 wrote: attempt 2 is fenced off from now on
+    assert await publish(redis, "r1", 2, TokensEvent(index=1, tokens=["b"])) == 0
+    assert len(await stream(redis, "r1")) == 2
+
+
+async def test_retried_tokens_are_written_once_and_the_end_counts_the_stream(
+    redis: Redis,
+) -> None:
+    assert await publish(redis, "r2", 1, TokensEvent(index=0, tokens=["a", "b", "c"])) == 1
+    # a retry after a lost reply, merged with newer tokens: only the new part lands
+    retried = TokensEvent(index=1, tokens=["b", "c", "d", "é"])
+    assert await publish(redis, "r2", 1, retried, TokensEvent(index=0, tokens=["a"])) == 1
+    # the producer claims 9 tokens; the stream holds 5
+    assert await publish(redis, "r2", 1, done(9), completion_tokens="9", status="done") == 1
+    events = await stream(redis, "r2")
+    assert [(e.index, e.tokens) for e in events[:-1]] == [(0, ["a", "b", "c"]), (3, ["d", "é"])]
+    end = events[-1]
+    assert isinstance(end, DoneEvent)
+    assert (end.usage.completion_tokens, end.usage.total_tokens) == (5, 8)
+    assert end.timings.decode_ms == 2.25
+    record = await redis.hgetall(keys.request("r2"))  # type: ignore[misc]
+    assert record == {"completion_tokens": "5", "status": "done"}
+    # a terminal write retried after a lost reply adds nothing
+    assert await publish(redis, "r2", 1, done(5)) == 1
+    assert len(await stream(redis, "r2")) == 3
+    raw = (await redis.xrange(keys.stream("r2")))[1][1]["data"]
+    assert json.loads(raw)["tokens"] == ["d", "é"]
