@@ -7,7 +7,7 @@ import asyncio
 import json
 import signal
 import time
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -127,7 +127,7 @@ async def two_clients_through(
         await check_redis_after(client, rid, max_tokens)
         openai_rid = chunks[0]["id"].split("-", 1)[1]
         await check_redis_after(client, openai_rid, max_tokens)
-        openai_record = await client.hgetall(keys.request(openai_rid))  # type: ignore[misc]
+        openai_record = await client.hgetall(keys.request(openai_rid))
         assert openai_record["attempts"] == "1"
     finally:
         await client.aclose()
@@ -175,7 +175,7 @@ async def test_a_redis_stall_longer_than_a_lease_reaps_nobody(
             return
         sleeper = Redis.from_url(own_redis.url)
         try:
-            await sleeper.execute_command("DEBUG", "SLEEP", stall)
+            await cast(Any, sleeper).execute_command("DEBUG", "SLEEP", stall)
         finally:
             await sleeper.aclose()
 
@@ -184,6 +184,10 @@ async def test_a_redis_stall_longer_than_a_lease_reaps_nobody(
 
 async def pubsub_clients(redis: Redis) -> int:
     return len(await redis.client_list(_type="pubsub"))
+
+
+async def subscribed(redis: Redis) -> bool:
+    return await pubsub_clients(redis) > 0
 
 
 async def test_a_cancel_sent_while_the_worker_is_not_subscribed_still_stops_it(
@@ -197,10 +201,8 @@ async def test_a_cancel_sent_while_the_worker_is_not_subscribed_still_stops_it(
         # each kill doubles the listener's reconnect delay: after three it stays away
         # for 0.4 s, longer than the cancel below takes
         for _ in range(3):
-            await wait_until(
-                lambda: pubsub_clients(redis), timeout=5, what="the listener to subscribe"
-            )
-            await redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await wait_until(lambda: subscribed(redis), timeout=5, what="the listener to subscribe")
+            await redis.client_kill_filter(_type="pubsub")
         t0 = time.monotonic()
         assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
         assert await pubsub_clients(redis) == 0, "the listener got the message"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -37,6 +38,11 @@ async def lease_clock(redis: Redis) -> tuple[int, int]:
     return int(real), int(lease)
 
 
+async def set_clock(redis: Redis, **fields: int) -> None:
+    """Write the lease clock directly, as if calls had come at other times."""
+    await cast("Awaitable[int]", redis.hset(keys.CLOCK, mapping=fields))
+
+
 async def claim(queue: Queue, lease_ms: int = 1000) -> codec.Claim:
     return await queue.claim(
         "mock", lease_ms=lease_ms, in_progress_ms=5000, budget_left=None, idle=True
@@ -49,7 +55,7 @@ async def test_the_lease_clock_follows_real_time_but_skips_a_gap(
     await queue.reap("mock")
     real, lease = await lease_clock(redis)
     # Redis was away (or stalled) for 10 s: the clock last saw it 10 s ago
-    await redis.hset(keys.CLOCK, mapping={"real": real - 10_000, "lease": lease})
+    await set_clock(redis, real=real - 10_000, lease=lease)
     await queue.reap("mock")
     after_real, after_lease = await lease_clock(redis)
     assert after_real >= real
@@ -63,11 +69,11 @@ async def test_a_lease_survives_a_gap_but_not_real_silence(queue: Queue, redis: 
     assert got.request_id == "r1" and got.job_try == 1
     real, lease = await lease_clock(redis)
     # a 5 s stall: the reaper's next call finds the lease alive
-    await redis.hset(keys.CLOCK, mapping={"real": real - 5_000, "lease": lease})
+    await set_clock(redis, real=real - 5_000, lease=lease)
     assert await queue.reap("mock") == []
     # 1.2 s of live lease time without a renewal: reaped, and the attempt fenced off
     _, lease = await lease_clock(redis)
-    await redis.hset(keys.CLOCK, mapping={"lease": lease + 1_200})
+    await set_clock(redis, lease=lease + 1_200)
     assert await queue.reap("mock") == [("r1", 1)]
     assert await redis.hget(keys.fence("r1"), "attempt") == "2"  # type: ignore[misc]
     assert await redis.zscore(keys.queue("mock"), "r1") is not None
@@ -80,7 +86,7 @@ async def test_renewal_reports_lost_and_cancelled(queue: Queue, redis: Redis) ->
         await claim(queue)
     await queue.cancel("mock", "b")  # running: only the flag (and a message) says so
     _, lease = await lease_clock(redis)
-    await redis.hset(keys.CLOCK, mapping={"lease": lease + 5_000})
+    await set_clock(redis, lease=lease + 5_000)
     await redis.zadd(keys.running("mock"), {"a": lease + 20_000, "b": lease + 20_000})
     reaped = await queue.reap("mock")  # c's lease ran out
     assert reaped == [("c", 1)]
@@ -136,7 +142,7 @@ async def stream(redis: Redis, rid: str) -> list[Any]:
 
 
 async def test_a_fenced_write_is_refused_and_lands_nowhere(redis: Redis) -> None:
-    await redis.hset(keys.fence("r1"), "attempt", 2)
+    await cast("Awaitable[int]", redis.hset(keys.fence("r1"), "attempt", "2"))
     assert await publish(redis, "r1", 1, TokensEvent(index=0, tokens=["a"]), status="done") == 0
     assert await redis.exists(keys.stream("r1"), keys.request("r1")) == 0
     assert await publish(redis, "r1", 2, StartedEvent(worker="w", attempt=2, queue_ms=0)) == 1
