@@ -156,14 +156,19 @@ async def test_a_redis_stall_longer_than_a_lease_reaps_nobody(
     own_redis: EmbeddedRedis, start_api: StartApi, start_worker: StartWorker, how: str
 ) -> None:
     """A 2.5 s stall: longer than the worker's lease (1 s) and the API process's
-    (1.5 s). Nothing re-runs, no index twice, the OpenAI stream is not cancelled."""
+    (1 s). Nothing re-runs, no index twice, the OpenAI stream is not cancelled.
+
+    Renewals every 0.5 s and sweeps every 0.05 s: after the stall, a sweep's reap
+    (or orphan check) almost always reaches Redis before the next renewal, as it
+    would with many reapers, so a lease judged in real time would be found expired.
+    """
     stall = 2.5
-    await start_worker(redis_url=own_redis.url, model_tokens_per_second=50, lease_seconds=1)
+    fast_sweep = {"sweep_seconds": 0.05, "heartbeat_seconds": 0.5}
+    await start_worker(
+        redis_url=own_redis.url, model_tokens_per_second=50, lease_seconds=1, **fast_sweep
+    )
     api = await start_api(
-        redis_url=own_redis.url,
-        relay_block_ms=500,
-        heartbeat_seconds=0.25,
-        orphan_grace_seconds=1.5,
+        redis_url=own_redis.url, relay_block_ms=500, orphan_grace_seconds=1, **fast_sweep
     )
 
     async def stall_redis() -> None:
