@@ -234,8 +234,8 @@ async def serve(
             async with asyncio.timeout(2):
                 await registry.unregister(redis, worker_id)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5):
-                await publisher.stop()
+            async with asyncio.timeout(10):
+                await publisher.stop(timeout=5)
         await redis.aclose(close_connection_pool=True)
         log.info("worker %s stopped", worker_id)
 

@@ -110,12 +110,29 @@ class StreamPublisher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="stream-publisher")
 
-    async def stop(self) -> None:
-        """Stop the flusher; write what is still pending once (it may fail: Redis away)."""
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop the flusher, then write what is still pending, retrying for up to
+        ``timeout`` seconds (Redis may be away); what cannot land then is logged."""
         if self._task:
             await cancel_and_wait([self._task], timeout=5)
             self._task = None
-        await self._flush()
+        deadline = time.monotonic() + timeout
+        failures = 0
+        while True:
+            try:
+                await self._flush()
+                return
+            except RETRYABLE as exc:
+                failures += 1
+                if time.monotonic() >= deadline:
+                    log.error(
+                        "stopping with the writes of %d requests unwritten (%s); their "
+                        "re-runs generate those tokens again",
+                        len(self._pending),
+                        exc,
+                    )
+                    return
+                await asyncio.sleep(self._backoff.compute(failures))
 
     def own(self, request_id: str, attempt: int, on_fenced: OnFenced | None = None) -> None:
         """Writes queued for ``request_id`` from now on are made as ``attempt``;
