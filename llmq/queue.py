@@ -126,7 +126,7 @@ class Queue:
         """Add a request unless the model's queue holds ``max_depth`` already.
 
         If the queue is empty and a worker is parked, the request is handed to that
-        worker instead of queued (see :data:`llmq.scripts.ENQUEUE`).
+        worker instead of queued (see ``llmq/lua/enqueue.lua``).
         ``attach_to`` (an API process id) ties the request to that process's
         liveness in the same atomic step: if the process dies before it calls
         :meth:`detach`, the sweep cancels the request (see :meth:`cancel_orphans`).

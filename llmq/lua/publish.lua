@@ -37,6 +37,9 @@ if state[3] == '1' then
 end
 local next_index = tonumber(state[2] or '0')
 local ended = false
+-- TTLs are set when the fence is new and with every non-token event (the first
+-- event of a run is 'started'), not on every token flush: HSET and XADD keep them.
+local needs_ttl = not state[2]
 
 local function add(kind, data)
   redis.call('XADD', stream_key, 'MAXLEN', '~', maxlen, '*', 'type', kind, 'data', data)
@@ -70,12 +73,16 @@ for i = events_from, record_from - 1, 4 do
     end
     add(kind, data)
     ended = true
+    needs_ttl = true
     break
   else
     add(kind, data)
+    needs_ttl = true
   end
 end
-redis.call('EXPIRE', stream_key, ttl)
+if needs_ttl then
+  redis.call('EXPIRE', stream_key, ttl)
+end
 
 if n_record > 0 then
   local fields = {}
@@ -102,5 +109,7 @@ if attempt > fence then
   table.insert(fence_fields, attempt)
 end
 redis.call('HSET', fence_key, unpack(fence_fields))
-redis.call('EXPIRE', fence_key, ttl)
+if needs_ttl then
+  redis.call('EXPIRE', fence_key, ttl)
+end
 return 1
