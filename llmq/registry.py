@@ -5,31 +5,33 @@ Workers: who is alive, what model it serves, how busy it is.
 Each worker writes its :class:`~llmq.schema.WorkerInfo` under its own key with a
 short TTL and bumps its score in the ``llmq:workers`` sorted set at every
 heartbeat. A worker that stops heartbeating drops out within ``worker_ttl``
-seconds, whether it exited cleanly or was killed.
+seconds, whether it exited cleanly or was killed. Both the heartbeat and the
+liveness check use lease time (``llmq/lua/clock.lua``), so a stall or restart of
+Redis does not make every worker look dead (and the API answer 503) afterwards.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
+from typing import Any, cast
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.schema import WorkerInfo
+from llmq.scripts import scripts_for
 
 log = logging.getLogger(__name__)
 
 
 async def heartbeat(redis: Redis, info: WorkerInfo, ttl_seconds: float) -> None:
-    ttl_ms = int(ttl_seconds * 1000)
-    now_ms = int(time.time() * 1000)
-    pipe = redis.pipeline(transaction=True)
-    pipe.set(keys.worker(info.id), info.model_dump_json(), px=ttl_ms)
-    pipe.zadd(keys.WORKERS, {info.id: now_ms})
-    pipe.zremrangebyscore(keys.WORKERS, "-inf", now_ms - ttl_ms)
-    await pipe.execute()
+    await scripts_for(redis).worker_beat(
+        keys=[keys.WORKERS, keys.worker(info.id), keys.CLOCK],
+        args=[info.id, info.model_dump_json(), int(ttl_seconds * 1000), keys.worker("")],
+    )
 
 
 async def unregister(redis: Redis, worker_id: str) -> None:
@@ -40,8 +42,10 @@ async def unregister(redis: Redis, worker_id: str) -> None:
 
 
 async def live_workers(redis: Redis, ttl_seconds: float) -> list[WorkerInfo]:
-    """Workers whose heartbeat is younger than ``ttl_seconds``, sorted by id."""
-    since = int((time.time() - ttl_seconds) * 1000)
+    """Workers whose heartbeat is younger than ``ttl_seconds`` of lease time, sorted by id."""
+    lease = await cast("Awaitable[Any]", redis.hget(keys.CLOCK, "lease"))
+    now_ms = int(lease) if lease is not None else int(time.time() * 1000)
+    since = now_ms - int(ttl_seconds * 1000)
     ids = await redis.zrangebyscore(keys.WORKERS, since, "+inf")
     if not ids:
         return []

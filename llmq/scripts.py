@@ -40,6 +40,7 @@ NAMES = (
     "reap",
     "orphans",
     "api_beat",
+    "worker_beat",
     "publish",
 )
 
@@ -66,6 +67,7 @@ class Scripts:
     reap: AsyncScript
     orphans: AsyncScript
     api_beat: AsyncScript
+    worker_beat: AsyncScript
     publish: AsyncScript
 
 

@@ -73,10 +73,10 @@ async def check_redis_after(redis: Redis, rid: str, n: int) -> None:
     index once, and its end counts what it holds."""
 
     async def settled() -> bool:
-        return int(await redis.zcard(keys.running("mock"))) == 0
+        busy = await redis.zcard(keys.running("mock")) + await redis.zcard(keys.queue("mock"))
+        return int(busy) == 0
 
-    await wait_until(settled, timeout=10, what="the running set to empty")
-    assert await redis.zcard(keys.queue("mock")) == 0
+    await wait_until(settled, timeout=10, what="the running set and the queue to empty")
     fields = await redis.hgetall(keys.request(rid))  # type: ignore[misc]
     assert fields["status"] == "done" and fields["completion_tokens"] == str(n)
     events = [e for _, e in await stream_events(redis, rid)]
@@ -105,6 +105,8 @@ async def two_clients_through(
         openai = asyncio.create_task(openai_stream(c, max_tokens))
         await asyncio.wait_for(native.seen.wait(), timeout=20)
         await fault()
+        # new requests are accepted at once: the workers are not taken for dead
+        await submit(c, "right after the fault", max_tokens=2)
         await asyncio.wait_for(native.task, timeout=30)
         chunks = await asyncio.wait_for(openai, timeout=30)
         final = await record(c, rid)
