@@ -124,7 +124,7 @@ async def test_partitioned_api_host_its_openai_requests_are_cancelled_by_the_sur
         assert lines[-1]["error"] == "APITimeoutError", lines[-1]
 
         async def cancelled() -> bool:
-            return (await record(stack, rid))["status"] == "cancelled"
+            return bool((await record(stack, rid))["status"] == "cancelled")
 
         await wait_until(cancelled, timeout=15, what="the orphaned request to be cancelled")
         took = time.time() - cut_at
