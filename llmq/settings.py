@@ -139,6 +139,17 @@ class ApiSettings(CommonSettings):
         "resume) are cancelled after this long.",
     )
 
+    enqueue_min_replicas: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Answer an accepted request only once this many Redis replicas hold its "
+        "enqueue (WAIT); 0: do not wait. Not acknowledged in time: 503 and it is cancelled.",
+    )
+    enqueue_replica_timeout_ms: int = Field(
+        500, ge=1, le=60_000, description="How long an enqueue waits for replicas (WAIT)."
+    )
+
     @model_validator(mode="after")
     def _grace_outlives_heartbeat(self) -> ApiSettings:
         if self.orphan_grace_seconds <= self.heartbeat_seconds:
