@@ -7,6 +7,9 @@ shares: every host is on this machine).
 - ``openai URL BODY``: stream a completion with the openai SDK (no retries).
 - ``native URL1 URL2 BODY TIMEOUT``: submit on URL1 and follow its events; when
   no byte arrives for TIMEOUT seconds, reconnect to URL2 with ``Last-Event-ID``.
+- ``load URL BODY N``: N concurrent openai streams of BODY with seeds 0..N-1.
+- ``submit URL BODY SECONDS``: native submissions back to back for SECONDS; each
+  answer (accepted id or refusal status) is one line.
 """
 
 from __future__ import annotations
@@ -62,11 +65,51 @@ async def run_native(url1: str, url2: str, body: dict[str, Any], timeout: float)
         emit(error="gave up")
 
 
+async def run_load(url: str, body: dict[str, Any], n: int) -> None:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    async def one(seed: int) -> None:
+        try:
+            async for chunk in await client.completions.create(**body, seed=seed, stream=True):
+                text = chunk.choices[0].text if chunk.choices else ""
+                emit(stream=seed, id=chunk.id.split("-", 1)[1], text=text)
+        except openai.APIError as exc:
+            emit(stream=seed, failed=type(exc).__name__, message=str(exc))
+            return
+        emit(stream=seed, finished=True)
+
+    await asyncio.gather(*(one(seed) for seed in range(n)))
+    emit(end=True)
+
+
+async def run_submit(url: str, body: dict[str, Any], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(timeout=10) as client:
+        while time.monotonic() < deadline:
+            sent = time.time()
+            try:
+                r = await client.post(url + "/v1/requests", json=body)
+            except httpx.TransportError as exc:
+                emit(sent=sent, refused=type(exc).__name__)
+                continue
+            if r.status_code == 202:
+                emit(sent=sent, accepted=r.json()["id"])
+            else:
+                emit(sent=sent, refused=r.status_code)
+            await asyncio.sleep(0.05)
+    emit(end=True)
+
+
 def main(argv: list[str]) -> None:
-    if argv[0] == "openai":
-        run_openai(argv[1], json.loads(argv[2]))
+    command, url, body = argv[0], argv[1], json.loads(argv[2]) if argv[0] != "native" else {}
+    if command == "openai":
+        run_openai(url, body)
+    elif command == "load":
+        asyncio.run(run_load(url, body, int(argv[3])))
+    elif command == "submit":
+        asyncio.run(run_submit(url, body, float(argv[3])))
     else:
-        asyncio.run(run_native(argv[1], argv[2], json.loads(argv[3]), float(argv[4])))
+        asyncio.run(run_native(url, argv[2], json.loads(argv[3]), float(argv[4])))
 
 
 if __name__ == "__main__":
