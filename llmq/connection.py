@@ -73,6 +73,12 @@ class SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
     ``redis_pool_timeout_seconds`` for a free connection instead.
     """
 
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:  # closing the pool (not just dropping idle ones after a failover)
+            for sentinel in self.sentinel_manager.sentinels:
+                await sentinel.connection_pool.disconnect()
+
 
 def _sentinel_pool(
     settings: CommonSettings, *, decode_responses: bool, **kwargs: Any
@@ -84,6 +90,7 @@ def _sentinel_pool(
             kwargs[name] = url[name]
     kwargs["ssl"] = url.get("connection_class") is SSLConnection
     sentinel_kwargs = {
+        "max_connections": kwargs["max_connections"],
         "socket_timeout": kwargs["socket_connect_timeout"],
         "socket_connect_timeout": kwargs["socket_connect_timeout"],
         "decode_responses": True,

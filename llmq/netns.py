@@ -85,7 +85,11 @@ def _kill_netns_pids(ns: str) -> None:
 
 
 def remove_stale() -> None:
-    """Remove namespaces and bridges of clusters whose creating process is gone."""
+    """Remove namespaces, bridges and log folders of clusters whose creator is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}netns-*-*"):
+        match = re.match(rf"{_PREFIX}netns-(\d+)-", folder.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
     for line in _ip("netns", "list", check=False).splitlines():
         name = line.split()[0] if line.strip() else ""
         match = re.match(rf"{_PREFIX}(\d+)-", name)
@@ -176,7 +180,9 @@ class Cluster:
     processes: list[HostProcess] = field(default_factory=list, init=False)
     subnet: int = field(default=0, init=False)
     bridge: str = field(default="", init=False)
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="llmq-netns-")))
+    workdir: Path = field(
+        default_factory=lambda: Path(tempfile.mkdtemp(prefix=f"{_PREFIX}netns-{os.getpid()}-"))
+    )
     _closed: bool = field(default=False, init=False)
 
     # -- network ---------------------------------------------------------------------

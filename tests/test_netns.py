@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,11 +65,11 @@ def test_what_a_killed_creator_left_behind_is_removed() -> None:
     require_netns()
     code = (
         "import sys, time; from llmq.netns import Cluster; c = Cluster(names=('x',)).create(); "
-        "c.run('x', ['sleep', '300']); print(c.bridge, flush=True); time.sleep(300)"
+        "c.run('x', ['sleep', '300']); print(c.bridge, c.workdir, flush=True); time.sleep(300)"
     )
     creator = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert creator.stdout is not None
-    bridge = creator.stdout.readline().strip()
+    bridge, workdir = creator.stdout.readline().split()
     creator.send_signal(signal.SIGKILL)
     creator.wait(10)
     creator.stdout.close()
@@ -78,3 +79,4 @@ def test_what_a_killed_creator_left_behind_is_removed() -> None:
     while leftovers(bridge[3:]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert leftovers(bridge[3:]) == ""
+    assert not Path(workdir).exists()
