@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint format bench soak clean
+.PHONY: install run test lint format bench soak clean cluster
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,3 +39,7 @@ soak: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Hosts as network namespaces (root): Redis + Sentinels, 2 APIs, 3 workers, a client host.
+cluster: install
+	$(BIN)/python -m llmq.hosts

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable
 from api.schemas import GenerationParams
 from api.state import AppState
-from llmq import metrics
+from llmq import metrics, replication
 from llmq.queue import effective_score, serialize_job
 from llmq.schema import JobPayload, Lifecycle, RequestRecord, SamplingParams
 from worker.model import count_tokens
@@ -171,6 +171,8 @@ async def submit(
             code="queue_full",
             headers={"Retry-After": "1"},
         )
+    if settings.enqueue_min_replicas:
+        await _replicated(state, rid, params.model)
     log.info(
         "accepted request %s (model %s, priority %d, %d+%d tokens)",
         rid,
@@ -183,3 +185,23 @@ async def submit(
     if settings.log_prompts:
         log.info("request %s prompt: %r", rid, prompt, extra={"request_id": rid})
     return Submitted(rid, params.model, int(now), prompt_tokens, tokens, payload.queue_deadline)
+
+
+async def _replicated(state: AppState, rid: str, model: str) -> None:
+    """Refuse (and cancel) a request that too few replicas acknowledged in time."""
+    settings = state.settings
+    if await replication.acknowledged(
+        state.redis,
+        rid,
+        ttl_seconds=settings.request_ttl_seconds,
+        replicas=settings.enqueue_min_replicas,
+        timeout_ms=settings.enqueue_replica_timeout_ms,
+    ):
+        return
+    await state.queue.cancel(model, rid)
+    raise Unavailable(
+        f"the request was not acknowledged by {settings.enqueue_min_replicas} Redis replica(s) "
+        f"within {settings.enqueue_replica_timeout_ms} ms; retry later",
+        code="replica_timeout",
+        headers={"Retry-After": "1"},
+    )

@@ -5,6 +5,11 @@ Pools are bounded (``redis_max_connections``) and block for at most
 rather than an unbounded pile of sockets. Transient connection errors are retried
 with exponential backoff; blocking readers get their own client whose socket
 timeout exceeds their block time.
+
+With ``LLMQ_REDIS_SENTINELS`` set, every pool asks the Sentinels for the primary
+when it opens a connection, so after a failover the next connection (every
+connection error drops the broken one) goes to the new primary, and a connection
+still open to a demoted primary is dropped on its first refused write.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -50,8 +57,52 @@ def make_pool(
     kwargs = pool_kwargs(settings, max_connections=max_connections)
     if socket_timeout is not None:
         kwargs["socket_timeout"] = socket_timeout
+    if settings.redis_sentinels:
+        return _sentinel_pool(settings, decode_responses=decode_responses, **kwargs)
     pool: BlockingConnectionPool = BlockingConnectionPool.from_url(
         settings.redis_url, decode_responses=decode_responses, **kwargs
+    )
+    return pool
+
+
+class SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
+    """redis-py's Sentinel pool, bounded and blocking like every other llmq pool.
+
+    ``SentinelConnectionPool`` resolves the primary per connection but is a plain
+    pool (raises when full); mixing in ``BlockingConnectionPool`` makes it wait
+    ``redis_pool_timeout_seconds`` for a free connection instead.
+    """
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:  # closing the pool (not just dropping idle ones after a failover)
+            for sentinel in self.sentinel_manager.sentinels:
+                await sentinel.connection_pool.disconnect()
+
+
+def _sentinel_pool(
+    settings: CommonSettings, *, decode_responses: bool, **kwargs: Any
+) -> BlockingConnectionPool:
+    # host and port of the URL are ignored: the Sentinels say where the primary is
+    url = parse_url(settings.redis_url)
+    for name in ("username", "password", "db"):
+        if name in url:
+            kwargs[name] = url[name]
+    kwargs["ssl"] = url.get("connection_class") is SSLConnection
+    sentinel_kwargs = {
+        "max_connections": kwargs["max_connections"],
+        "socket_timeout": kwargs["socket_connect_timeout"],
+        "socket_connect_timeout": kwargs["socket_connect_timeout"],
+        "decode_responses": True,
+    }
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        settings.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs
+    )
+    pool = SentinelBlockingPool(  # type: ignore[no-untyped-call]
+        settings.redis_sentinel_master,
+        sentinel,
+        decode_responses=decode_responses,
+        **kwargs,
     )
     return pool
 

@@ -52,6 +52,32 @@ class CommonSettings(BaseSettings):
     )
     log_level: LogLevel = "INFO"
     log_json: bool = Field(False, description="One JSON object per log line.")
+    redis_sentinels: str = Field(
+        "",
+        description="Comma-separated host:port of Redis Sentinels; set: the primary is found "
+        "through them (and followed across failovers), LLMQ_REDIS_URL gives only password, "
+        "username, db and TLS.",
+    )
+    redis_sentinel_master: str = Field(
+        "llmq", min_length=1, description="Name of the primary the Sentinels monitor."
+    )
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """``redis_sentinels`` parsed; empty when Sentinel is not used."""
+        out = []
+        for item in self.redis_sentinels.split(","):
+            if item.strip():
+                host, _, port = item.strip().rpartition(":")
+                out.append((host, int(port)))
+        return out
+
+    @model_validator(mode="after")
+    def _sentinels_parse(self) -> CommonSettings:
+        for item in self.redis_sentinels.split(","):
+            host, sep, port = item.strip().rpartition(":")
+            if item.strip() and not (host and sep and port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"redis_sentinels: {item.strip()!r} is not host:port")
+        return self
 
 
 class ApiSettings(CommonSettings):
@@ -111,6 +137,17 @@ class ApiSettings(CommonSettings):
         gt=0,
         description="If this API process dies, its OpenAI-API requests (whose clients cannot "
         "resume) are cancelled after this long.",
+    )
+
+    enqueue_min_replicas: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Answer an accepted request only once this many Redis replicas hold its "
+        "enqueue (WAIT); 0: do not wait. Not acknowledged in time: 503 and it is cancelled.",
+    )
+    enqueue_replica_timeout_ms: int = Field(
+        500, ge=1, le=60_000, description="How long an enqueue waits for replicas (WAIT)."
     )
 
     @model_validator(mode="after")

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bench.scenario import Context, ScenarioResult
-from bench.scenarios import capacity, light, overload, pickup, recovery, redis_faults, scaling
+from bench.scenarios import (
+    capacity,
+    light,
+    multihost,
+    overload,
+    pickup,
+    recovery,
+    redis_faults,
+    scaling,
+)
 
 SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "light": light.run,
@@ -15,4 +24,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "capacity": capacity.run,
     "recovery": recovery.run,
     "redis-faults": redis_faults.run,
+    "multihost": multihost.run,
 }
