@@ -1,0 +1,66 @@
+"""Overload: the queue bound holds exactly, and a refusal is a matter of milliseconds."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from tests.conftest import StartApi, StartWorker
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+#: Measured here: a 429 takes 1.5-20 ms (median), through the test's own event loop,
+#: which also runs the API and the worker. The README says "within milliseconds".
+MAX_429_MEDIAN_SECONDS = 0.05
+MAX_429_SECONDS = 0.25
+
+
+async def post(client: httpx.AsyncClient, i: int) -> tuple[int, float]:
+    body = {"model": "mock", "prompt": f"b{i}", "max_tokens": 400}
+    started = time.perf_counter()
+    r = await client.post("/v1/completions", json=body)
+    return r.status_code, time.perf_counter() - started
+
+
+async def test_a_burst_is_admitted_up_to_the_bound_and_the_rest_refused_in_milliseconds(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """2 slots + a queue of 3: of a burst of 30 long requests, exactly 5 are
+    accepted (none finishes during the burst); the others get 429 at once."""
+    await start_worker(concurrency=2, model_tokens_per_second=100)
+    api = await start_api(max_queue_depth=3)
+    async with api.client() as client:
+        burst = [asyncio.create_task(post(client, i)) for i in range(30)]
+
+        async def accepted() -> int:
+            return int(await redis.zcard(keys.queue("mock"))) + int(
+                await redis.zcard(keys.running("mock"))
+            )
+
+        refused: list[asyncio.Task[tuple[int, float]]] = []
+
+        def all_but_five_answered() -> bool:
+            refused[:] = [task for task in burst if task.done()]
+            return len(refused) >= 25
+
+        await wait_until(all_but_five_answered, timeout=10, what="25 answers")
+        in_redis = await accepted()
+        # one at a time, with the queue full: each refusal on its own
+        singles = [await post(client, 100 + i) for i in range(20)]
+        for task in burst:
+            task.cancel()
+        await asyncio.gather(*burst, return_exceptions=True)
+    statuses = [task.result()[0] for task in refused]
+    assert statuses == [429] * 25
+    assert in_redis == 5
+    assert [s for s, _ in singles] == [429] * 20
+    seconds = [t for _, t in singles]
+    assert statistics.median(seconds) < MAX_429_MEDIAN_SECONDS
+    assert max(seconds) < MAX_429_SECONDS
