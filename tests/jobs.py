@@ -21,7 +21,9 @@ async def enqueue_raw(queue: Queue, rid: str, job: bytes) -> None:
     )
 
 
-async def enqueue_costing(queue: Queue, rid: str, cost: int, score: int = 1) -> Admission:
+async def enqueue_costing(
+    queue: Queue, rid: str, cost: int, score: int = 1, deadline_ms: int = 2**50
+) -> Admission:
     """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget."""
     return await queue.enqueue(
         rid,
@@ -30,7 +32,7 @@ async def enqueue_costing(queue: Queue, rid: str, cost: int, score: int = 1) -> 
         score=score,
         max_depth=100,
         cost=cost,
-        deadline_ms=2**50,
+        deadline_ms=deadline_ms,
         record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
         lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
     )

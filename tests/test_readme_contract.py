@@ -10,6 +10,7 @@ probability ending with ``finish_reason: "stop"``, unknown fields ignored,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -209,7 +210,7 @@ async def test_default_max_tokens_applies_when_a_request_sets_none(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:
     await start_worker()
-    api = await start_api(default_max_tokens=7)
+    api = await start_api(default_max_tokens=7, max_tokens_limit=20)
     async with api.client() as client:
         await wait_ready(client)
         r = await client.post("/v1/completions", json={"model": "mock", "prompt": "p"})
@@ -225,7 +226,7 @@ async def test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval(
         rid = await submit(client, "nobody runs this")  # no worker: the stream stays idle
         started = time.monotonic()
         comments: list[float] = []
-        async with client.stream("GET", f"/v1/requests/{rid}/events") as r:
+        async with asyncio.timeout(3), client.stream("GET", f"/v1/requests/{rid}/events") as r:
             async for line in r.aiter_lines():
                 if line.startswith(":"):
                     comments.append(time.monotonic() - started)

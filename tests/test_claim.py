@@ -1,8 +1,9 @@
-"""Token-aware admission: a worker claims only what fits its token budget.
+"""What a claim takes: only what fits the worker's token budget, never a request
+past its queue deadline.
 
-The claim script's check is tested directly against Redis, on and off; the worker
-test uses one worker, so that a request left queued can only be the budget's
-doing (no other worker could be taking turns with it).
+The claim script's checks are tested directly against Redis, on and off; the
+worker test uses one worker, so that a request left queued can only be the
+budget's doing (no other worker could be taking turns with it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from llmq.queue import Queue
+from llmq.queue import Queue, now_ms
 from llmq.streams import published_tokens
 from tests.conftest import StartApi, StartWorker
 from tests.jobs import claim_with, enqueue_costing
@@ -71,3 +72,16 @@ async def test_a_worker_leaves_a_request_queued_that_its_budget_cannot_hold(
     assert [r["status"] for r in waiting] == ["queued", "queued"]
     assert queued == [second, small]
     assert after["worker"] is not None
+
+
+async def test_the_claim_drops_a_request_past_its_queue_deadline(
+    redis: Redis, queue: Queue
+) -> None:
+    """Checked by the claim itself, not only by the sweep (which may run much later)."""
+    await enqueue_costing(queue, "late", cost=1, score=1, deadline_ms=now_ms() - 1)
+    await enqueue_costing(queue, "timely", cost=1, score=2)
+    claim = await claim_with(queue, budget_left=None, idle=True)
+    assert claim.expired == ["late"]
+    assert claim.request_id == "timely"
+    assert await redis.zcard(keys.queue("mock")) == 0
+    assert not await redis.exists(keys.job("late"))
