@@ -57,9 +57,9 @@ async def test_a_burst_is_admitted_up_to_the_bound_and_the_rest_refused_in_milli
             for task in burst:
                 task.cancel()
             await asyncio.gather(*burst, return_exceptions=True)
+    refusals = [t for status, t in singles if status == 429]
+    assert statistics.median(refusals) < MAX_429_MEDIAN_SECONDS
+    assert max(refusals) < MAX_429_SECONDS
+    assert len(refusals) == 20
     assert in_redis == 5
     assert [task.result()[0] for task in refused] == [429] * 25
-    assert [s for s, _ in singles] == [429] * 20
-    seconds = [t for _, t in singles]
-    assert statistics.median(seconds) < MAX_429_MEDIAN_SECONDS
-    assert max(seconds) < MAX_429_SECONDS
