@@ -128,7 +128,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "loadgen/client.py",
         'kind: FailureKind = "dropped" if started else "connection"',
         'kind: FailureKind = "connection"',
-        ("tests/test_loadgen_llmq.py", "tests/test_loadgen_client.py"),
+        (
+            "tests/test_loadgen_llmq.py::test_a_connection_dropped_mid_stream_is_a_drop",
+            "tests/test_loadgen_client.py::test_failures_are_classified",
+        ),
     ),
     Mutant(
         "priority-order",
@@ -235,6 +238,60 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{CONTRACT}::test_a_non_streaming_model_error_is_a_500_with_model_error",),
     ),
     Mutant(
+        "openai-disconnect-cancel",
+        "a streaming client that disconnects cancels its request",
+        "api/routes/openai.py",
+        "release_later(state, fmt.sub.model, fmt.sub.id, cancel=not finished)",
+        "release_later(state, fmt.sub.model, fmt.sub.id, cancel=False)",
+        (
+            "tests/test_cancellation.py"
+            "::test_disconnect_mid_stream_stops_generation_and_frees_the_slot",
+        ),
+    ),
+    Mutant(
+        "generation-timeout",
+        "a running request stops at its generation timeout (finish_reason timeout, 504)",
+        "worker/runner.py",
+        "async with asyncio.timeout(payload.generation_timeout):",
+        "async with asyncio.timeout(None):",
+        ("tests/test_admission.py::test_generation_timeout",),
+    ),
+    Mutant(
+        "timeout-504",
+        "a non-streaming request that timed out is answered 504",
+        "api/routes/openai.py",
+        'return 504 if event.finish_reason == "timeout" else 500',
+        "return 500",
+        ("tests/test_admission.py::test_generation_timeout",),
+    ),
+    Mutant(
+        "retry-after",
+        "a 429 carries Retry-After: 1",
+        "api/submit.py",
+        'code="queue_full",\n            headers={"Retry-After": "1"},',
+        'code="queue_full",\n            headers={},',
+        ("tests/test_admission.py::test_full_queue_gets_429_and_enqueues_nothing",),
+    ),
+    Mutant(
+        "other-key-404",
+        "a request's status, events and cancel answer 404 to every other key",
+        "api/routes/native.py",
+        "if record is None or (owner is not None and record.owner != owner):",
+        "if record is None:",
+        ("tests/test_auth.py::test_a_request_is_visible_only_to_its_key",),
+    ),
+    Mutant(
+        "resume-after-published",
+        "a re-run resumes after the tokens already in the stream",
+        "worker/runner.py",
+        "generated = await published_tokens(redis, rid)",
+        "generated = []",
+        (
+            "tests/test_resume.py"
+            "::test_rerun_after_a_model_error_resumes_after_the_published_tokens",
+        ),
+    ),
+    Mutant(
         "compose-aof",
         "compose runs Redis with AOF, so queued requests survive a restart",
         "docker-compose.yml",
@@ -288,6 +345,12 @@ def try_mutant(copy: Path, mutant: Mutant, logs: Path) -> Outcome:
     return Outcome(mutant, status, time.monotonic() - started)
 
 
+def selection(mutants: Iterable[Mutant]) -> list[str]:
+    """Every test the mutants name, once (a node inside a named file is dropped)."""
+    named = {t for m in mutants for t in m.tests}
+    return sorted(t for t in named if t.split("::")[0] == t or t.split("::")[0] not in named)
+
+
 def table(outcomes: Sequence[Outcome]) -> str:
     lines = [
         "| mutant | guarantee switched off | tests | result | s |",
@@ -322,9 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.mkdir()
     copy_tree(copy)
     try:
-        selected = sorted({t for m in chosen for t in m.tests})
+        selected = selection(chosen)
         print(f"baseline: {' '.join(selected)}", flush=True)
-        if run_tests(copy, selected, logs / "baseline.log") != 0:
+        # twice at most: on a shared machine a timing test may fail once by itself
+        if all(run_tests(copy, selected, logs / "baseline.log") != 0 for _ in range(2)):
             print((logs / "baseline.log").read_text()[-4000:])
             print("the unmodified tests fail: fix them before judging mutants")
             return 2
