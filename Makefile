@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint format bench soak clean cluster
+.PHONY: install run test lint format bench soak mutants clean cluster
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ bench: install
 
 soak: install
 	$(BIN)/python -m bench.soak
+
+# Switches off each guarded feature in a temporary copy; every mutant must be caught.
+mutants: install
+	$(BIN)/python -m scripts.mutants
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -11,8 +11,10 @@ classified (see :data:`loadgen.records.FAILURE_KINDS`):
   ``http_5xx`` (other statuses count as ``other``);
 * ``timeout``: no connection or no bytes within the run's timeout (the run's
   per-request deadline is enforced by the runner and also ends up as ``timeout``);
-* ``connection``: refused, reset, or dropped mid-stream, including a stream that
-  ends without ``data: [DONE]``;
+* ``connection``: refused, reset or cut before a response status arrived (the
+  stream never started);
+* ``dropped``: the connection was lost after a 200 status, mid-stream, including
+  a stream that ends without ``data: [DONE]``;
 * ``server_error``: a ``data: {"error": ...}`` chunk.
 """
 
@@ -105,6 +107,7 @@ class HttpTarget:
 
     async def send(self, spec: RequestSpec, clock: StreamClock) -> None:
         body = request_body(self._config, spec)
+        started = False  # a 200 status line arrived: a lost connection is a drop
         try:
             clock.sent()
             async with self.session.post(self._url, json=body) as response:
@@ -113,11 +116,13 @@ class HttpTarget:
                     raise RequestFailed(
                         status_kind(response.status), f"HTTP {response.status}: {text[:500]}"
                     )
+                started = True
                 await _consume(response, clock)
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
             raise RequestFailed("timeout", f"{type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientError as exc:
-            raise RequestFailed("connection", f"{type(exc).__name__}: {exc}") from exc
+            kind: FailureKind = "dropped" if started else "connection"
+            raise RequestFailed(kind, f"{type(exc).__name__}: {exc}") from exc
 
 
 async def _consume(response: aiohttp.ClientResponse, clock: StreamClock) -> None:
@@ -128,7 +133,7 @@ async def _consume(response: aiohttp.ClientResponse, clock: StreamClock) -> None
         done = _handle(decoder.feed(data), clock, done)
     done = _handle(decoder.close(), clock, done)
     if not done:
-        raise RequestFailed("connection", "stream ended before data: [DONE]")
+        raise RequestFailed("dropped", "stream ended before data: [DONE]")
 
 
 def _handle(events: list[str], clock: StreamClock, done: bool) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 FailureKind = Literal[
-    "http_429", "http_4xx", "http_5xx", "timeout", "connection", "server_error", "other"
+    "http_429", "http_4xx", "http_5xx", "timeout", "connection", "dropped", "server_error", "other"
 ]
 FAILURE_KINDS: tuple[FailureKind, ...] = (
     "http_429",
@@ -31,6 +31,7 @@ FAILURE_KINDS: tuple[FailureKind, ...] = (
     "http_5xx",
     "timeout",
     "connection",
+    "dropped",
     "server_error",
     "other",
 )

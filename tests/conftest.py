@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from redis.asyncio import Redis
+from starlette.types import Message, Receive, Scope, Send
 
 from api.app import create_app
 from api.state import AppState
@@ -110,11 +111,35 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     await asyncio.gather(*(w.close() for w in workers))
 
 
+class ResponseLog:
+    """Pure ASGI wrapper that notes the status of every response, as an access log would.
+
+    It sees what the app answered even when the client is gone (a 499).
+    """
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.statuses: list[tuple[str, str, int]] = []  # method, path, status
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def noted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.statuses.append((scope["method"], scope["path"], message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, noted)
+
+
 @dataclass
 class RunningApi:
     settings: ApiSettings
     server: uvicorn.Server
     task: asyncio.Task[None]
+    responses: ResponseLog
 
     @property
     def url(self) -> str:
@@ -125,8 +150,7 @@ class RunningApi:
 
     def app_state(self) -> AppState:
         """The running app's state (its process id, Redis client...)."""
-        app = cast(FastAPI, self.server.config.app)
-        state: AppState = app.state.llmq
+        state: AppState = self.responses.app.state.llmq
         return state
 
 
@@ -141,8 +165,9 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
     async def start(**overrides: Any) -> RunningApi:
         chosen: dict[str, Any] = {"redis_url": redis_url, "port": free_port(), **overrides}
         settings = ApiSettings(**chosen)
+        responses = ResponseLog(create_app(settings))
         config = uvicorn.Config(
-            create_app(settings),
+            responses,
             host="127.0.0.1",
             port=settings.port,
             log_config=None,
@@ -151,7 +176,7 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
             timeout_graceful_shutdown=2,
         )
         server = uvicorn.Server(config)
-        api = RunningApi(settings, server, asyncio.create_task(server.serve()))
+        api = RunningApi(settings, server, asyncio.create_task(server.serve()), responses)
         apis.append(api)
         await wait_until(lambda: server.started, timeout=10, what="uvicorn to start")
         return api

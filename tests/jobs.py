@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmq.queue import Queue
+from llmq.queue import Admission, Claim, Queue
 from llmq.schema import Lifecycle
 
 
@@ -18,4 +18,28 @@ async def enqueue_raw(queue: Queue, rid: str, job: bytes) -> None:
         deadline_ms=2**50,
         record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
         lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+    )
+
+
+async def enqueue_costing(
+    queue: Queue, rid: str, cost: int, score: int = 1, deadline_ms: int = 2**50
+) -> Admission:
+    """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget."""
+    return await queue.enqueue(
+        rid,
+        "mock",
+        job=f'{{"job": "{rid}"}}'.encode(),
+        score=score,
+        max_depth=100,
+        cost=cost,
+        deadline_ms=deadline_ms,
+        record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
+        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+    )
+
+
+async def claim_with(queue: Queue, *, budget_left: int | None, idle: bool) -> Claim:
+    """One claim for ``mock`` by a worker that does not park (no worker id)."""
+    return await queue.claim(
+        "mock", lease_ms=3000, in_progress_ms=4000, budget_left=budget_left, idle=idle
     )

@@ -7,6 +7,7 @@ There is no Docker engine in CI, so the file is validated statically: by
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,6 +33,16 @@ def is_llmq(service: dict[str, Any]) -> bool:
     return str(service.get("image", "")).startswith("llmq:")
 
 
+def seconds(duration: str | int | float) -> float:
+    """A compose duration (``30s``, ``1m30s``, ``1500ms``) in seconds."""
+    if isinstance(duration, int | float):
+        return float(duration)
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"([\d.]+)(h|ms|us|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
 def check(config: dict[str, Any]) -> None:
     services = config["services"]
     assert {"redis", "api", "worker", "prometheus", "grafana"} <= set(services)
@@ -49,6 +60,11 @@ def check(config: dict[str, Any]) -> None:
     for name in ("api", "worker"):
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "healthcheck" in services["redis"]
+    redis_command = " ".join(services["redis"]["command"])
+    assert "--appendonly yes" in redis_command, "queued requests survive a restart with AOF"
+    worker = services["worker"]
+    drain = float(worker["environment"]["LLMQ_DRAIN_SECONDS"])
+    assert seconds(worker["stop_grace_period"]) > drain, "the stop grace outlasts the drain"
     assert "ports" not in services["worker"], "workers must scale without port clashes"
     assert "container_name" not in services["worker"]
     default = {n for n, s in services.items() if not s.get("profiles")}

@@ -195,8 +195,8 @@ async def test_chat_stream_ignores_the_role_chunk(server: Running) -> None:
         ("bad", "http_4xx"),
         ("crash", "http_5xx"),
         ("error", "server_error"),
-        ("drop", "connection"),
-        ("truncate", "connection"),
+        ("drop", "dropped"),
+        ("truncate", "dropped"),
         ("stall", "timeout"),
     ],
 )
@@ -214,7 +214,8 @@ async def test_connection_refused_is_a_connection_failure() -> None:
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
     result = await run_load(_config(f"http://127.0.0.1:{port}", num_requests=2))
-    assert result.summary()["failures"]["connection"] == 2
+    failures = result.summary()["failures"]
+    assert (failures["connection"], failures["dropped"]) == (2, 0)
 
 
 async def test_max_concurrency_caps_in_flight_requests(server: Running) -> None:

@@ -6,12 +6,16 @@ import asyncio
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
+from llmq import keys
 from llmq.embedded import free_port
+from llmq.streams import published_tokens
 from loadgen import LoadConfig, run_load
 from tests.conftest import StartApi, StartWorker
 from tests.native import wait_ready
 from tests.procs import Proc, clean_env
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,10 +46,10 @@ async def test_parses_our_stream_and_counts_429s(
     assert all(r.ttft_s is not None and r.ttft_s > 0 for r in ok)
 
 
-async def test_dropped_connection_is_a_connection_failure(
-    start_worker: StartWorker, redis_url: str
+async def test_a_connection_dropped_mid_stream_is_a_drop(
+    start_worker: StartWorker, redis_url: str, redis: Redis
 ) -> None:
-    """The API process is killed (SIGKILL) under three open streams."""
+    """The API process is killed (SIGKILL) under three streams that have started."""
     await start_worker(concurrency=4, model_tokens_per_second=20)
     port = free_port()
     api = Proc(["api"], clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port)))
@@ -61,9 +65,20 @@ async def test_dropped_connection_is_a_connection_failure(
             timeout=30,
         )
         run = asyncio.create_task(run_load(config))
-        await asyncio.sleep(0.5)  # let the streams start, then kill the server under them
+        await wait_until(
+            lambda: streams_with_tokens(redis, 3), timeout=20, what="three streams to start"
+        )
         api.popen.kill()
         result = await run
     finally:
         api.stop()
-    assert result.summary()["failures"]["connection"] == 3
+    failures = result.summary()["failures"]
+    assert (failures["dropped"], failures["connection"]) == (3, 0)
+    assert all(r.ttft_s is not None for r in result.records)  # each had seen a token
+
+
+async def streams_with_tokens(redis: Redis, n: int) -> bool:
+    """At least ``n`` requests have tokens in their streams (and so clients have chunks)."""
+    rids = [k.split(":")[-1] for k in await redis.keys(keys.request("*"))]
+    counts = [len(await published_tokens(redis, rid)) for rid in rids]
+    return sum(1 for c in counts if c >= 2) >= n

@@ -1,0 +1,412 @@
+"""Switch off each guarded feature in a copy of the repository and check the tests notice.
+
+Every entry of :data:`MUTANTS` names one guarantee the README states, the exact
+text in the code that provides it, a replacement that switches it off, and the
+tests that must then fail. The runner copies the working tree (uncommitted
+changes included) to a temporary directory, first runs every selected test there
+unmodified (they must pass), then applies one mutant at a time, runs its tests and
+restores the file. A mutant whose tests still pass *survived*: the guarantee has
+no test that bites. ``old`` text that is not found exactly once is reported as
+``stale`` (the code moved on; retarget the entry), never silently skipped.
+
+    python -m scripts.mutants            # all, table on stdout, exit 1 unless all killed
+    python -m scripts.mutants --list
+    python -m scripts.mutants --only relay-index-skip --only hand-back-score
+
+``make mutants`` runs it; it is not part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Not copied: environments, caches, results.
+IGNORED = (".venv", ".git", ".mypy_cache", ".ruff_cache", ".pytest_cache", "__pycache__")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    guarantee: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+CONTRACT = "tests/test_readme_contract.py"
+
+#: One entry per guarantee. To retarget after a refactor, change ``path``/``old``/``new``.
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "admission-budget-worker",
+        "a worker claims only what fits its token budget (worker side)",
+        "worker/queue_worker.py",
+        "budget_left=self.token_budget - self.tokens_in_use if self.token_budget else None",
+        "budget_left=None",
+        ("tests/test_claim.py",),
+    ),
+    Mutant(
+        "admission-budget-script",
+        "the claim script skips a request over the budget left",
+        "llmq/scripts.py",
+        "if budget >= 0 and ARGV[6] ~= '1' and tonumber(cost) > budget then",
+        "if false then",
+        ("tests/test_claim.py",),
+    ),
+    Mutant(
+        "relay-index-skip",
+        "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
+        "api/follow.py",
+        "skip = self.next_index - event.index",
+        "skip = 0",
+        ("tests/test_exactly_once.py",),
+    ),
+    Mutant(
+        "mid-stream-error",
+        "a stream failing mid-way ends with an error chunk, then [DONE]",
+        "api/routes/openai.py",
+        'yield sse.data(error_body(message, "server_error", None, "stream_failed"))\n'
+        "        yield sse.DONE",
+        "raise",
+        ("tests/test_stream_failure.py",),
+    ),
+    Mutant(
+        "cancel-latency",
+        "a cancelled running request stops within about one token interval",
+        "worker/runner.py",
+        "            return False\n        task.cancel()",
+        "            return False\n        asyncio.get_running_loop().call_later(0.1, task.cancel)",
+        ("tests/test_cancel_latency.py",),
+    ),
+    Mutant(
+        "client-closed-499",
+        "a non-streaming client that disconnects is answered 499 and its request cancelled",
+        "api/routes/openai.py",
+        "release_later(state, fmt.sub.model, fmt.sub.id, cancel=response is None)",
+        "release_later(state, fmt.sub.model, fmt.sub.id, cancel=False)",
+        ("tests/test_cancel_latency.py",),
+    ),
+    Mutant(
+        "hand-back-score",
+        "a stopping worker hands requests back at their original score",
+        "worker/queue_worker.py",
+        "await self.queue.requeue(self.model, job_id, score, cost)",
+        "await self.queue.requeue(self.model, job_id, score + 60_000, cost)",
+        ("tests/test_handback.py",),
+    ),
+    Mutant(
+        "overload-bound",
+        "a model's queue holds at most LLMQ_MAX_QUEUE_DEPTH requests",
+        "api/submit.py",
+        "max_depth=settings.max_queue_depth,",
+        "max_depth=settings.max_queue_depth + 2,",
+        ("tests/test_overload.py",),
+    ),
+    Mutant(
+        "overload-429-fast",
+        "a refused request gets its 429 within milliseconds",
+        "api/submit.py",
+        "    if not accepted:\n",
+        "    if not accepted:\n        time.sleep(0.1)\n",
+        ("tests/test_overload.py",),
+    ),
+    Mutant(
+        "loadgen-dropped",
+        "the load generator tells a refused connection from one dropped mid-stream",
+        "loadgen/client.py",
+        'kind: FailureKind = "dropped" if started else "connection"',
+        'kind: FailureKind = "connection"',
+        (
+            "tests/test_loadgen_llmq.py::test_a_connection_dropped_mid_stream_is_a_drop",
+            "tests/test_loadgen_client.py::test_failures_are_classified",
+        ),
+    ),
+    Mutant(
+        "priority-order",
+        "a lower priority number runs earlier (effective-time score)",
+        "llmq/queue.py",
+        "return max(1, arrival_ms + priority * step_ms)",
+        "return max(1, arrival_ms)",
+        ("tests/test_scheduling.py::test_higher_priority_overtakes_a_backlog",),
+    ),
+    Mutant(
+        "queue-deadline",
+        "a request still queued at its deadline never starts",
+        "llmq/scripts.py",
+        "elseif deadline and tonumber(deadline) <= now then",
+        "elseif false then",
+        ("tests/test_claim.py::test_the_claim_drops_a_request_past_its_queue_deadline",),
+    ),
+    Mutant(
+        "cancel-queued",
+        "a cancelled queued request is removed at once and never runs",
+        "llmq/scripts.py",
+        "if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then\n  redis.call('HDEL', KEYS[2], ARGV[1])",
+        "if false then\n  redis.call('HDEL', KEYS[2], ARGV[1])",
+        ("tests/test_cancellation.py::test_delete_running_and_queued",),
+    ),
+    Mutant(
+        "lease-reap",
+        "a dead worker's requests are requeued once their lease expires",
+        "llmq/scripts.py",
+        "local lease = redis.call('HGET', KEYS[3], id)",
+        "local lease = false",
+        ("tests/test_faults.py::test_reaper_requeues_a_dead_workers_requests",),
+    ),
+    Mutant(
+        "body-limit",
+        "a body over LLMQ_MAX_BODY_BYTES gets 413, with or without Content-Length",
+        "api/limits.py",
+        "            if size > self.max_bytes:",
+        "            if False:",
+        ("tests/test_validation.py::test_oversized_body",),
+    ),
+    Mutant(
+        "auth",
+        "with API keys on, a request without a valid key gets 401",
+        "api/auth.py",
+        'if scheme.lower() != "bearer" or not matched:',
+        'if scheme.lower() != "bearer":',
+        ("tests/test_auth.py::test_keys_are_required",),
+    ),
+    Mutant(
+        "stop-sequence",
+        "`stop` ends the text before the stop sequence, finish_reason stop",
+        "worker/model.py",
+        "return None if any(s in token for s in request.stop) else token",
+        "return token",
+        (f"{CONTRACT}::test_a_stop_sequence_ends_the_text_before_it_with_finish_reason_stop",),
+    ),
+    Mutant(
+        "stop-probability",
+        "LLMQ_MODEL_STOP_PROBABILITY ends generations early with stop",
+        "worker/model.py",
+        "return bool(self.stop_probability) and rng.random() < self.stop_probability",
+        "return False",
+        (f"{CONTRACT}::test_the_stop_probability_ends_generations_early_with_stop",),
+    ),
+    Mutant(
+        "default-max-tokens",
+        "LLMQ_DEFAULT_MAX_TOKENS applies to a request without max_tokens",
+        "api/submit.py",
+        "return min(state.settings.default_max_tokens, limit)",
+        "return limit",
+        (f"{CONTRACT}::test_default_max_tokens_applies_when_a_request_sets_none",),
+    ),
+    Mutant(
+        "sse-keepalive",
+        "an idle SSE stream gets a comment every LLMQ_SSE_KEEPALIVE_SECONDS",
+        "api/follow.py",
+        "keepalive = state.settings.sse_keepalive_seconds",
+        "keepalive = 15.0",
+        (f"{CONTRACT}::test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval",),
+    ),
+    Mutant(
+        "last-event-id-query",
+        "`?last_event_id=` resumes a native stream like the Last-Event-ID header",
+        "api/routes/native.py",
+        'resume = last_event_id or last_event_id_query or "0-0"',
+        'resume = last_event_id or "0-0"',
+        (f"{CONTRACT}::test_events_url_run_ms_and_last_event_id_in_the_query",),
+    ),
+    Mutant(
+        "context-length",
+        "a prompt over LLMQ_MAX_PROMPT_TOKENS gets 400 context_length_exceeded",
+        "api/submit.py",
+        "if prompt_tokens > settings.max_prompt_tokens:",
+        "if False:",
+        (f"{CONTRACT}::test_context_length_exceeded_and_model_not_found",),
+    ),
+    Mutant(
+        "model-error-500",
+        "a non-streaming model error is answered 500 model_error",
+        "api/routes/openai.py",
+        'return 504 if event.finish_reason == "timeout" else 500',
+        'return 504 if event.finish_reason == "timeout" else 502',
+        (f"{CONTRACT}::test_a_non_streaming_model_error_is_a_500_with_model_error",),
+    ),
+    Mutant(
+        "openai-disconnect-cancel",
+        "a streaming client that disconnects cancels its request",
+        "api/routes/openai.py",
+        "release_later(state, fmt.sub.model, fmt.sub.id, cancel=not finished)",
+        "release_later(state, fmt.sub.model, fmt.sub.id, cancel=False)",
+        (
+            "tests/test_cancellation.py"
+            "::test_disconnect_mid_stream_stops_generation_and_frees_the_slot",
+        ),
+    ),
+    Mutant(
+        "generation-timeout",
+        "a running request stops at its generation timeout (finish_reason timeout, 504)",
+        "worker/runner.py",
+        "async with asyncio.timeout(payload.generation_timeout):",
+        "async with asyncio.timeout(None):",
+        ("tests/test_admission.py::test_generation_timeout",),
+    ),
+    Mutant(
+        "timeout-504",
+        "a non-streaming request that timed out is answered 504",
+        "api/routes/openai.py",
+        'return 504 if event.finish_reason == "timeout" else 500',
+        "return 500",
+        ("tests/test_admission.py::test_generation_timeout",),
+    ),
+    Mutant(
+        "retry-after",
+        "a 429 carries Retry-After: 1",
+        "api/submit.py",
+        'code="queue_full",\n            headers={"Retry-After": "1"},',
+        'code="queue_full",\n            headers={},',
+        ("tests/test_admission.py::test_full_queue_gets_429_and_enqueues_nothing",),
+    ),
+    Mutant(
+        "other-key-404",
+        "a request's status, events and cancel answer 404 to every other key",
+        "api/routes/native.py",
+        "if record is None or (owner is not None and record.owner != owner):",
+        "if record is None:",
+        ("tests/test_auth.py::test_a_request_is_visible_only_to_its_key",),
+    ),
+    Mutant(
+        "resume-after-published",
+        "a re-run resumes after the tokens already in the stream",
+        "worker/runner.py",
+        "generated = await published_tokens(redis, rid)",
+        "generated = []",
+        (
+            "tests/test_resume.py"
+            "::test_rerun_after_a_model_error_resumes_after_the_published_tokens",
+        ),
+    ),
+    Mutant(
+        "compose-aof",
+        "compose runs Redis with AOF, so queued requests survive a restart",
+        "docker-compose.yml",
+        '"--appendonly", "yes"',
+        '"--appendonly", "no"',
+        ("tests/test_compose.py",),
+    ),
+    Mutant(
+        "compose-stop-grace",
+        "compose gives workers a stop grace longer than their drain window",
+        "docker-compose.yml",
+        "stop_grace_period: 30s",
+        "stop_grace_period: 10s",
+        ("tests/test_compose.py",),
+    ),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(*IGNORED), dirs_exist_ok=True)
+
+
+def run_tests(copy: Path, tests: Iterable[str], log: Path) -> int:
+    """pytest in ``copy``, importing the copy's code (not the editable install's)."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    with log.open("wb") as out:
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        return subprocess.call(cmd, cwd=copy, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # killed, survived, stale, error
+    seconds: float
+
+
+def try_mutant(copy: Path, mutant: Mutant, logs: Path) -> Outcome:
+    target = copy / mutant.path
+    original = target.read_text()
+    started = time.monotonic()
+    if original.count(mutant.old) != 1:
+        return Outcome(mutant, "stale", 0.0)
+    target.write_text(original.replace(mutant.old, mutant.new))
+    try:
+        code = run_tests(copy, mutant.tests, logs / f"{mutant.name}.log")
+    finally:
+        target.write_text(original)
+    # pytest: 1 = tests failed; anything else (usage, collection errors) says nothing
+    status = {0: "survived", 1: "killed"}.get(code, "error")
+    return Outcome(mutant, status, time.monotonic() - started)
+
+
+def selection(mutants: Iterable[Mutant]) -> list[str]:
+    """Every test the mutants name, once (a node inside a named file is dropped)."""
+    named = {t for m in mutants for t in m.tests}
+    return sorted(t for t in named if t.split("::")[0] == t or t.split("::")[0] not in named)
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    lines = [
+        "| mutant | guarantee switched off | tests | result | s |",
+        "|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        tests = ", ".join(f"`{t.removeprefix('tests/')}`" for t in o.mutant.tests)
+        lines.append(
+            f"| `{o.mutant.name}` | {o.mutant.guarantee} | {tests} | {o.status} | {o.seconds:.0f} |"
+        )
+    killed = sum(o.status == "killed" for o in outcomes)
+    lines.append(f"\n{killed} of {len(outcomes)} mutants killed.")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.mutants", description=__doc__)
+    parser.add_argument("--only", action="append", default=[], help="run this mutant (repeat)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--keep", action="store_true", help="keep the copy and the logs")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    unknown = set(args.only) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"unknown mutants: {', '.join(sorted(unknown))}")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:28} {m.path:28} {' '.join(m.tests)}")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="llmq-mutants-"))
+    copy, logs = work / "repo", work / "logs"
+    logs.mkdir()
+    copy_tree(copy)
+    try:
+        selected = selection(chosen)
+        print(f"baseline: {' '.join(selected)}", flush=True)
+        # twice at most: on a shared machine a timing test may fail once by itself
+        if all(run_tests(copy, selected, logs / "baseline.log") != 0 for _ in range(2)):
+            print((logs / "baseline.log").read_text()[-4000:])
+            print("the unmodified tests fail: fix them before judging mutants")
+            return 2
+        outcomes = []
+        for mutant in chosen:
+            outcome = try_mutant(copy, mutant, logs)
+            print(f"{mutant.name}: {outcome.status} ({outcome.seconds:.0f} s)", flush=True)
+            outcomes.append(outcome)
+        print()
+        print(table(outcomes))
+        bad = [o for o in outcomes if o.status != "killed"]
+        if bad and args.keep:
+            print(f"logs: {logs}")
+        return 1 if bad else 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
