@@ -387,11 +387,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         selected = selection(chosen)
         print(f"baseline: {' '.join(selected)}", flush=True)
+        started = time.monotonic()
         # twice at most: on a shared machine a timing test may fail once by itself
         if all(run_tests(copy, selected, logs / "baseline.log") != 0 for _ in range(2)):
             print((logs / "baseline.log").read_text()[-4000:])
             print("the unmodified tests fail: fix them before judging mutants")
             return 2
+        print(f"baseline passed ({time.monotonic() - started:.0f} s)", flush=True)
         outcomes = []
         for mutant in chosen:
             outcome = try_mutant(copy, mutant, logs)
@@ -399,6 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             outcomes.append(outcome)
         print()
         print(table(outcomes))
+        print(f"{time.monotonic() - started:.0f} s in all.")
         bad = [o for o in outcomes if o.status != "killed"]
         if bad and args.keep:
             print(f"logs: {logs}")
