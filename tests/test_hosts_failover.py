@@ -148,7 +148,6 @@ async def test_every_process_follows_a_failover_and_acknowledged_requests_surviv
         assert r.status_code == 503 and r.json()["error"]["code"] == "replica_timeout"
 
 
-@pytest.mark.skip(reason="needs the stream publisher to keep and retry what it could not write")
 async def test_a_failover_loses_or_repeats_no_token_and_every_request_ends(
     failover: Failover,
 ) -> None:

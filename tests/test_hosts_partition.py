@@ -24,10 +24,7 @@ from tests.hosts import client, cluster_stack, expected_text, openai_text, recor
 from tests.sse import frames
 from tests.waiting import wait_until
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skip(reason="needs fencing"),
-]
+pytestmark = pytest.mark.timeout(120)
 
 WORKER = {
     "model_tokens_per_second": 50,
@@ -95,8 +92,15 @@ async def test_a_partitioned_worker_is_replaced_then_fenced_when_its_link_heals(
     stack: Stack, redis: Redis
 ) -> None:
     body = {"model": "mock", "prompt": "partition", "max_tokens": TOKENS, "seed": 21}
+    undisturbed_before = await finished_length(stack)
     expected = await expected_text(stack, body)
-    length_before = await finished_length(stack)
+
+    async def undisturbed_counted() -> bool:
+        return await finished_length(stack) >= undisturbed_before + 1
+
+    # the undisturbed run's finish reaches /metrics with the next flush (1 s)
+    await wait_until(undisturbed_counted, timeout=5, what="the undisturbed run to be counted")
+    length_before = undisturbed_before + 1
     run = client(stack, "openai", stack.api_url("api1"), json.dumps(body))
     lines = await run.wait(lambda ls: len(ls) >= 10, timeout=30, what="ten chunks")
     rid = lines[0]["id"]
