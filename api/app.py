@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
-from api import errors
+from api import errors, openapi
 from api.catalog import Catalog
 from api.limits import BodyLimit
 from api.relay import StreamRelay
@@ -105,6 +105,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
+    openapi.install(app)
     app.include_router(openai.router)
     app.include_router(native.router)
     app.include_router(health.router)

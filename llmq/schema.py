@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -34,6 +34,20 @@ class SamplingParams(_Frozen):
     top_p: float = Field(1.0, gt=0, le=1)
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    #: Generate until ``max_tokens`` (the model never stops by itself).
+    ignore_eos: bool = False
+    #: Tokens generated before the model may stop by itself.
+    min_tokens: int = Field(0, ge=0)
+    #: Log-probabilities per token with this many alternatives (None: none).
+    logprobs: int | None = Field(None, ge=0, le=20)
+    #: Structured output: ``{"type": "json_object"}`` or ``{"type": "json_schema",
+    #: "schema": {...}}``; None for text.
+    response_format: dict[str, Any] | None = None
+    #: Function tools the model may call: ``{"name", "parameters"}`` each.
+    tools: tuple[dict[str, Any], ...] = ()
+    #: ``auto``, ``required`` or ``none`` (a named choice arrives as ``required``
+    #: with only that tool in ``tools``).
+    tool_choice: Literal["auto", "required", "none"] = "auto"
 
 
 class JobPayload(_Frozen):
@@ -73,12 +87,32 @@ class StartedEvent(_Frozen):
     queue_ms: float
 
 
+class TokenLogprob(_Frozen):
+    """A token's log-probability and its ``top`` alternatives (token, logprob), best first."""
+
+    logprob: float
+    top: list[tuple[str, float]] = Field(default_factory=list)
+
+
 class TokensEvent(_Frozen):
-    """One or more consecutive tokens; ``index`` is the position of the first one."""
+    """One or more consecutive tokens; ``index`` is the position of the first one.
+
+    ``logprobs``, when the request asked for them, has one entry per token.
+    """
 
     type: Literal["tokens"] = "tokens"
     index: int = Field(ge=0)
     tokens: list[str] = Field(min_length=1)
+    logprobs: list[TokenLogprob] | None = None
+
+
+class ToolCallEvent(_Frozen):
+    """The model calls a tool: the tokens from ``index`` on are its JSON arguments."""
+
+    type: Literal["tool_call"] = "tool_call"
+    index: int = Field(ge=0)
+    id: str
+    name: str
 
 
 class DoneEvent(_Frozen):
@@ -100,7 +134,10 @@ class ErrorEvent(_Frozen):
     usage: Usage | None = None
 
 
-Event = Annotated[StartedEvent | TokensEvent | DoneEvent | ErrorEvent, Field(discriminator="type")]
+Event = Annotated[
+    StartedEvent | TokensEvent | ToolCallEvent | DoneEvent | ErrorEvent,
+    Field(discriminator="type"),
+]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -202,8 +239,15 @@ class Lifecycle(BaseModel):
         }
 
 
-class WorkerInfo(_Frozen):
-    """A worker's registry entry, refreshed by its heartbeat."""
+class WorkerInfo(BaseModel):
+    """A worker's registry entry, refreshed by its heartbeat.
+
+    Unknown fields are ignored, so that entries of newer workers stay readable.
+    ``capabilities``: what its model honours beyond plain text (see
+    the README's model interface); None for a worker that does not say.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     id: str
     host: str
@@ -213,3 +257,4 @@ class WorkerInfo(_Frozen):
     running: int
     started_at: float
     heartbeat_at: float
+    capabilities: tuple[str, ...] | None = None

@@ -268,3 +268,31 @@ for _, pid in ipairs(dead) do
 end
 return out
 """
+
+
+#: Several ENQUEUE calls as one atomic step, all or none: KEYS and ARGV are those of
+#: each call in turn. ARGV: n (calls), max_depth, then per call its key count and
+#: argument count; KEYS[1] is the queue. The batch is refused (0) unless the queue
+#: has room for all n, and otherwise each call runs ENQUEUE itself (the same text,
+#: as a function of its own KEYS and ARGV). Returns 0, or 1 when all were admitted.
+ENQUEUE_BATCH = (
+    "local function enqueue_one(KEYS, ARGV)\n"
+    + ENQUEUE
+    + """
+end
+local n, max_depth = tonumber(ARGV[1]), tonumber(ARGV[2])
+if redis.call('ZCARD', KEYS[1]) + n > max_depth then
+  return 0
+end
+local k, a = 0, 2 + 2 * n
+for i = 1, n do
+  local nkeys, nargs = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  local ks, as = {}, {}
+  for j = 1, nkeys do ks[j] = KEYS[k + j] end
+  for j = 1, nargs do as[j] = ARGV[a + j] end
+  k, a = k + nkeys, a + nargs
+  enqueue_one(ks, as)
+end
+return 1
+"""
+)

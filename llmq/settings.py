@@ -112,6 +112,13 @@ class ApiSettings(CommonSettings):
         description="If this API process dies, its OpenAI-API requests (whose clients cannot "
         "resume) are cancelled after this long.",
     )
+    max_choices: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Most choices one OpenAI request may ask for: n times the number of "
+        "prompts; each choice is its own request in the queue.",
+    )
 
     @model_validator(mode="after")
     def _grace_outlives_heartbeat(self) -> ApiSettings:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from llmq.schema import Event, Lifecycle, TokensEvent
+from llmq.schema import Event, Lifecycle, TokenLogprob, TokensEvent
 from llmq.streams import add_event, add_lifecycle, add_record
 from llmq.tasks import cancel_and_wait
 
@@ -29,13 +29,18 @@ class _Pending:
     events: list[Event] = field(default_factory=list)
     tokens_start: int = 0
     tokens: list[str] = field(default_factory=list)
+    #: One per token when the request asked for log-probabilities, else empty.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     record: dict[str, str] = field(default_factory=dict)
 
     def close_tokens(self) -> None:
         if self.tokens:
-            self.events.append(TokensEvent(index=self.tokens_start, tokens=self.tokens))
-            self.tokens = []
+            logprobs = self.logprobs if len(self.logprobs) == len(self.tokens) else None
+            self.events.append(
+                TokensEvent(index=self.tokens_start, tokens=self.tokens, logprobs=logprobs)
+            )
+            self.tokens, self.logprobs = [], []
 
 
 class StreamPublisher:
@@ -74,8 +79,10 @@ class StreamPublisher:
             self._task = None
         await self._flush()
 
-    def token(self, request_id: str, index: int, token: str) -> None:
-        """Queue one token; no round trip, no await."""
+    def token(
+        self, request_id: str, index: int, token: str, logprob: TokenLogprob | None = None
+    ) -> None:
+        """Queue one token (and its log-probability); no round trip, no await."""
         p = self._pending.setdefault(request_id, _Pending())
         if p.tokens and (
             p.tokens_start + len(p.tokens) != index or len(p.tokens) >= self._max_event_tokens
@@ -84,6 +91,8 @@ class StreamPublisher:
         if not p.tokens:
             p.tokens_start = index
         p.tokens.append(token)
+        if logprob is not None:
+            p.logprobs.append(logprob)
         self._wake.set()
 
     def note(self, lifecycle: Lifecycle) -> None:

@@ -44,10 +44,11 @@ from llmq.schema import (
     LifecycleKind,
     StartedEvent,
     Timings,
+    ToolCallEvent,
     Usage,
 )
 from llmq.streams import published_tokens
-from worker.model import GenerationRequest, Model, seed_for
+from worker.model import GenerationRequest, Model, Token, ToolCallStart, seed_for
 from worker.publisher import StreamPublisher
 
 log = logging.getLogger(__name__)
@@ -258,14 +259,28 @@ class RequestRunner:
             stop=params.stop,
             temperature=params.temperature,
             generated=tuple(generated),
+            ignore_eos=params.ignore_eos,
+            min_tokens=params.min_tokens,
+            logprobs=params.logprobs,
+            response_format=params.response_format,
+            tools=params.tools,
+            tool_choice=params.tool_choice,
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(payload.generation_timeout):
-                async for token in self.model.generate(request):
+                async for out in self.model.generate(request):
+                    if isinstance(out, ToolCallStart):
+                        # Before its argument tokens, in stream order; not a token itself.
+                        event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
+                        self.publisher.post(rid, event)
+                        continue
                     now = time.time()
-                    self.publisher.token(rid, progress.produced, token)
+                    if isinstance(out, Token):
+                        self.publisher.token(rid, progress.produced, str(out), out.logprob)
+                    else:
+                        self.publisher.token(rid, progress.produced, out)
                     progress.produced += 1
                     if progress.first_at is None:
                         # No ITL across the gap between runs; and a resumed request's
