@@ -291,7 +291,9 @@ for i = 1, n do
   for j = 1, nkeys do ks[j] = KEYS[k + j] end
   for j = 1, nargs do as[j] = ARGV[a + j] end
   k, a = k + nkeys, a + nargs
-  enqueue_one(ks, as)
+  if enqueue_one(ks, as) == 0 then
+    return redis.error_reply('ENQUEUE refused a request of an admitted batch')
+  end
 end
 return 1
 """

@@ -1,0 +1,114 @@
+"""``n`` > 1 and prompt lists: one request per choice, every choice in the response
+with its index, usage summed, admission all or none, a disconnect cancels all."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import openai
+from redis.asyncio import Redis
+
+from tests.conftest import RunningApi, StartApi, StartWorker
+from tests.sse import openai_chunks
+from tests.waiting import wait_until
+
+
+def sdk(api: RunningApi) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=api.url + "/v1", api_key="unused")
+
+
+async def request_ids(redis: Redis) -> list[str]:
+    return [k.removeprefix("llmq:req:") async for k in redis.scan_iter("llmq:req:*")]
+
+
+async def test_prompt_list_times_n_gives_every_choice_with_its_index(
+    stack: RunningApi, redis: Redis
+) -> None:
+    client = sdk(stack)
+    reply = await client.completions.create(
+        model="mock", prompt=["one two", "three", "four five six"], n=2, max_tokens=5, seed=3
+    )
+    await client.close()
+    assert [c.index for c in reply.choices] == list(range(6))
+    assert all(c.finish_reason == "length" for c in reply.choices)
+    assert len({c.text for c in reply.choices}) == 6  # each choice its own seed
+    assert reply.usage is not None
+    # each prompt's tokens once, every choice's completion
+    assert reply.usage.prompt_tokens == 2 + 1 + 3
+    assert reply.usage.completion_tokens == 6 * 5
+    assert len(await request_ids(redis)) == 6
+
+
+async def test_streamed_choices_are_relayed_together(stack: RunningApi, redis: Redis) -> None:
+    async with stack.client() as client:
+        async with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": "mock",
+                "messages": [{"role": "user", "content": "hi"}],
+                "n": 3,
+                "max_tokens": 8,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ) as r:
+            chunks = await openai_chunks(r)
+    text: dict[int, str] = defaultdict(str)
+    finish: dict[int, str] = {}
+    roles = 0
+    for chunk in chunks[:-1]:
+        assert len({c["id"] for c in chunks}) == 1
+        (choice,) = chunk["choices"]
+        roles += choice["delta"].get("role") == "assistant"
+        text[choice["index"]] += choice["delta"].get("content", "")
+        if choice["finish_reason"]:
+            finish[choice["index"]] = choice["finish_reason"]
+    assert roles == 3
+    assert finish == {0: "length", 1: "length", 2: "length"}
+    assert all(len(t.split()) == 8 for t in text.values())
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 24, "total_tokens": 27}
+    statuses = [await redis.hget(f"llmq:req:{i}", "status") for i in await request_ids(redis)]
+    assert statuses == ["done"] * 3
+
+
+async def test_choices_are_admitted_all_or_none(
+    start_api: StartApi, redis: Redis, start_worker: StartWorker
+) -> None:
+    """A request whose choices do not all fit in the queue is refused whole (429)."""
+    api = await start_api(max_queue_depth=3, accept_models="parked")
+    async with api.client() as client:
+        for _ in range(2):
+            queued = await client.post("/v1/requests", json={"model": "parked", "prompt": "x"})
+            assert queued.status_code == 202
+        before = await redis.dbsize()
+        refused = await client.post(
+            "/v1/completions", json={"model": "parked", "prompt": ["a", "b"], "max_tokens": 2}
+        )
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "queue_full"
+    assert await redis.zcard("llmq:queue:parked") == 2
+    assert await redis.dbsize() == before
+
+
+async def test_a_disconnect_cancels_every_choice(stack: RunningApi, redis: Redis) -> None:
+    async with stack.client() as client:
+        async with client.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": "mock", "prompt": "x", "n": 3, "max_tokens": 2000, "stream": True},
+        ) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    break
+    ids = await request_ids(redis)
+    assert len(ids) == 3
+
+    async def all_cancelled() -> bool:
+        statuses = [await redis.hget(f"llmq:req:{i}", "status") for i in ids]
+        return statuses == ["cancelled"] * 3
+
+    await wait_until(all_cancelled, timeout=10, what="every choice to be cancelled")
+    for i in ids:
+        tokens = await redis.hget(f"llmq:req:{i}", "completion_tokens")
+        assert tokens is not None and int(tokens) < 2000
