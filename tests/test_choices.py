@@ -9,8 +9,8 @@ import openai
 from redis.asyncio import Redis
 
 from tests.conftest import RunningApi, StartApi, StartWorker
+from tests.native import record, wait_status
 from tests.sse import openai_chunks
-from tests.waiting import wait_until
 
 
 def sdk(api: RunningApi) -> openai.AsyncOpenAI:
@@ -68,8 +68,9 @@ async def test_streamed_choices_are_relayed_together(stack: RunningApi, redis: R
     assert finish == {0: "length", 1: "length", 2: "length"}
     assert all(len(t.split()) == 8 for t in text.values())
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 24, "total_tokens": 27}
-    statuses = [await redis.hget(f"llmq:req:{i}", "status") for i in await request_ids(redis)]
-    assert statuses == ["done"] * 3
+    async with stack.client() as client:
+        records = [await record(client, i) for i in await request_ids(redis)]
+    assert [r["status"] for r in records] == ["done"] * 3
 
 
 async def test_choices_are_admitted_all_or_none(
@@ -101,14 +102,8 @@ async def test_a_disconnect_cancels_every_choice(stack: RunningApi, redis: Redis
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     break
-    ids = await request_ids(redis)
-    assert len(ids) == 3
-
-    async def all_cancelled() -> bool:
-        statuses = [await redis.hget(f"llmq:req:{i}", "status") for i in ids]
-        return statuses == ["cancelled"] * 3
-
-    await wait_until(all_cancelled, timeout=10, what="every choice to be cancelled")
-    for i in ids:
-        tokens = await redis.hget(f"llmq:req:{i}", "completion_tokens")
-        assert tokens is not None and int(tokens) < 2000
+        ids = await request_ids(redis)
+        assert len(ids) == 3
+        for i in ids:
+            ended = await wait_status(client, i, "cancelled", "done", timeout=10)
+            assert ended["status"] == "cancelled" and ended["completion_tokens"] < 2000

@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.conftest import RunningApi, StartApi, StartWorker
+from tests.native import wait_status
 from tests.sse import openai_chunks
-from tests.waiting import wait_until
 
 CHAT = [{"role": "user", "content": "hello there"}]
 
@@ -246,12 +246,7 @@ async def test_a_queue_full_answer_is_retried_then_served(
         running = await client.post(
             "/v1/requests", json={"model": "mock", "prompt": "x", "max_tokens": 60}
         )
-        rid = running.json()["id"]
-
-        async def started() -> bool:
-            return await redis.hget(f"llmq:req:{rid}", "status") == "running"
-
-        await wait_until(started, timeout=10, what="the first request to run")
+        await wait_status(client, running.json()["id"], "running", timeout=10)
         await client.post("/v1/requests", json={"model": "mock", "prompt": "x", "max_tokens": 2})
     client_sdk = sdk(api, max_retries=5)
     done = await client_sdk.completions.create(model="mock", prompt="x", max_tokens=2)
