@@ -47,6 +47,12 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": _WHEN[s]} for s in statuses}
 
 
+#: A stream of Server-Sent Events.
+EVENT_STREAM: dict[str, Any] = {
+    "description": "Server-Sent Events.",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
 #: What the generation routes answer: JSON, or SSE chunks with ``stream: true``.
 GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {

@@ -283,6 +283,12 @@ async def submit(
     cannot reconnect elsewhere); the caller must :meth:`~llmq.queue.Queue.detach`
     it once the client is done.
     """
+    if params.choices != 1:
+        raise InvalidRequest(
+            "n must be 1 here: one request is one choice (the OpenAI endpoints take n > 1)",
+            param="n",
+            code="invalid_value",
+        )
     subs = await submit_choices(
         state,
         params,

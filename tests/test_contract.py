@@ -12,8 +12,10 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.conftest import RunningApi, StartApi, StartWorker
-from tests.native import wait_status
+from tests.native import submit, wait_status
 from tests.sse import openai_chunks
+from tests.test_metrics import value
+from tests.waiting import wait_until
 
 CHAT = [{"role": "user", "content": "hello there"}]
 
@@ -252,3 +254,26 @@ async def test_a_queue_full_answer_is_retried_then_served(
     done = await client_sdk.completions.create(model="mock", prompt="x", max_tokens=2)
     await client_sdk.close()
     assert done.choices[0].finish_reason == "length"
+
+
+async def test_native_requests_count_in_the_latency_histograms(stack: RunningApi) -> None:
+    """A native request read from the start is timed as an OpenAI one is (TTFT, e2e)."""
+    async with stack.client() as client:
+        for _ in range(3):
+            rid = await submit(client, max_tokens=3)
+            async with client.stream("GET", f"/v1/requests/{rid}/events") as r:
+                async for _line in r.aiter_lines():
+                    pass
+        # a resumed read is not counted again
+        async with client.stream("GET", f"/v1/requests/{rid}/events?last_event_id=1-0") as r:
+            async for _line in r.aiter_lines():
+                pass
+
+        async def counted() -> bool:
+            text = (await client.get("/metrics")).text
+            return value(text, "llmq_requests_total") == 3
+
+        await wait_until(counted, timeout=10, what="the requests to be counted")
+        text = (await client.get("/metrics")).text
+    assert value(text, "llmq_time_to_first_token_seconds_count", model="mock") == 3
+    assert value(text, "llmq_e2e_request_latency_seconds_count", model="mock") == 3

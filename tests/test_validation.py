@@ -106,6 +106,8 @@ async def test_bad_chat_requests(
 
 async def test_bad_native_request(limited: RunningApi, redis: Redis) -> None:
     await _assert_refused(limited, redis, "/v1/requests", {"model": "mock"}, 400, "prompt")
+    body = {"model": "mock", "prompt": "x", "n": 2}
+    await _assert_refused(limited, redis, "/v1/requests", body, 400, "n")
 
 
 async def test_invalid_json(limited: RunningApi, redis: Redis) -> None:

@@ -35,7 +35,7 @@ from api.openapi import GENERATION_RESPONSES, error_responses
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState, State, state_of
 from api.submit import Submitted, submit_choices
-from llmq import metrics
+from api.timing import RelayTimer
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,
@@ -51,22 +51,6 @@ router = APIRouter(tags=["openai"])
 
 #: Status of a client that went away before its answer (nginx's convention).
 CLIENT_CLOSED = 499
-
-
-class _Timer:
-    """TTFT and e2e as the API relays them, from the request's arrival at the handler."""
-
-    def __init__(self, state: AppState, model: str, arrived: float) -> None:
-        self.metrics, self.model, self.arrived = state.metrics, model, arrived
-        self.first = False
-
-    def tokens(self) -> None:
-        if not self.first:
-            self.first = True
-            self.metrics.observe(metrics.TTFT, time.monotonic() - self.arrived, self.model)
-
-    def end(self) -> None:
-        self.metrics.observe(metrics.E2E, time.monotonic() - self.arrived, self.model)
 
 
 def _error_status(event: ErrorEvent) -> int:
@@ -110,7 +94,7 @@ class _Choice:
 
 
 async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> AsyncIterator[bytes]:
-    timer = _Timer(state, fmt.sub.model, arrived)
+    timer = RelayTimer(state, fmt.sub.model, arrived)
     choices = {s.index: _Choice(s) for s in fmt.subs}
     usage = UsageSum()
     try:
@@ -186,7 +170,7 @@ def _token_frames(fmt: CompletionFormat, choice: _Choice, event: TokensEvent) ->
 
 
 async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Response:
-    timer = _Timer(state, fmt.sub.model, arrived)
+    timer = RelayTimer(state, fmt.sub.model, arrived)
     choices = {s.index: _Choice(s) for s in fmt.subs}
     usage = UsageSum()
     left = len(choices)
@@ -293,7 +277,7 @@ def _model_object(model: str, created: float) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": int(created), "owned_by": "llmq"}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=error_responses(401))
 async def models(state: State, _: Caller) -> dict[str, Any]:
     served = await _served(state)
     return {"object": "list", "data": [_model_object(m, t) for m, t in sorted(served.items())]}
