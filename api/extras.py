@@ -45,6 +45,13 @@ class Extras:
 
 
 def completion_extras(body: CompletionRequest) -> Extras:
+    # Options that would change the answer and that llmq does not implement.
+    if body.echo:
+        raise Unsupported("echo is not supported", param="echo")
+    if body.best_of is not None and body.best_of != body.choices:
+        raise Unsupported("best_of other than n is not supported", param="best_of")
+    if body.suffix:
+        raise Unsupported("suffix is not supported", param="suffix")
     return Extras(logprobs=body.logprobs)
 
 

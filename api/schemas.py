@@ -92,6 +92,9 @@ class CompletionRequest(StreamingParams):
 
     prompt: str | Annotated[list[str], Field(min_length=1)]
     logprobs: int | None = Field(None, ge=0, le=5, description="Top alternatives per token.")
+    echo: bool | None = None
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
