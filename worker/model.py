@@ -210,6 +210,8 @@ class MockModel:
         rest = pieces[len(request.generated) : request.max_tokens]
         for i, piece in enumerate(rest):
             await asyncio.sleep(max(start + (i + 1) * interval - loop.time(), 0.0))
+            if any(s in piece for s in request.stop):
+                return  # a stop sequence ends structured output too (truncated: "stop")
             yield piece
 
     async def _sampled(
