@@ -3,14 +3,17 @@ with its index, usage summed, admission all or none, a disconnect cancels all.""
 
 from __future__ import annotations
 
+import signal
 from collections import defaultdict
+from typing import Any
 
 import openai
+import pytest
 from redis.asyncio import Redis
 
-from tests.conftest import RunningApi, StartApi, StartWorker
+from tests.conftest import RunningApi, SpawnWorkers, StartApi, StartWorker
 from tests.native import record, wait_status
-from tests.sse import openai_chunks
+from tests.sse import frames, openai_chunks
 
 
 def sdk(api: RunningApi) -> openai.AsyncOpenAI:
@@ -107,3 +110,68 @@ async def test_a_disconnect_cancels_every_choice(stack: RunningApi, redis: Redis
         for i in ids:
             ended = await wait_status(client, i, "cancelled", "done", timeout=10)
             assert ended["status"] == "cancelled" and ended["completion_tokens"] < 2000
+
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "minLength": 40}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.mark.timeout(90)
+async def test_a_worker_killed_mid_tool_call_costs_one_choice_a_resume(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
+) -> None:
+    """Each choice recovers on its own: the streamed tool calls equal an undisturbed run's,
+    each announced once, though one choice's worker died halfway through its arguments."""
+    procs = await spawn_workers(2, concurrency=1, model_tokens_per_second=40, lease_seconds=1)
+    api = await start_api()
+    body: dict[str, Any] = {
+        "model": "mock",
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "n": 2,
+        "seed": 7,
+        "max_tokens": 200,
+    }
+    async with api.client() as client:
+        expected = (await client.post("/v1/chat/completions", json=body)).json()["choices"]
+        starts: dict[int, int] = defaultdict(int)
+        arguments: dict[int, str] = defaultdict(str)
+        finish: dict[int, str] = {}
+        killed = False
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**body, "stream": True}
+        ) as r:
+            async for frame in frames(r):
+                if frame.data == "[DONE]":
+                    break
+                chunk = frame.json()
+                (choice,) = chunk["choices"]
+                i = choice["index"]
+                for call in choice["delta"].get("tool_calls", []):
+                    starts[i] += "id" in call
+                    arguments[i] += call["function"]["arguments"]
+                if choice["finish_reason"]:
+                    finish[i] = choice["finish_reason"]
+                if not killed and len(arguments[0]) >= 12:
+                    rid = chunk["id"].removeprefix("chatcmpl-")
+                    worker = (await record(client, rid))["worker"]
+                    next(p for p in procs if f"-{p.pid}-" in worker).signal(signal.SIGKILL)
+                    killed = True
+        records = [await record(client, i) for i in await request_ids(redis)]
+    assert killed
+    assert starts == {0: 1, 1: 1}
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+    for c in expected:
+        assert arguments[c["index"]] == c["message"]["tool_calls"][0]["function"]["arguments"]
+    resumed = [r for r in records if r["attempts"] == 2]
+    assert len(resumed) == 1 and resumed[0]["status"] == "done"
