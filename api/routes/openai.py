@@ -155,6 +155,9 @@ def _frames(
 
 
 def _token_frames(fmt: CompletionFormat, choice: _Choice, event: TokensEvent) -> list[bytes]:
+    if choice.tool_from is None and event.logprobs is None:  # plain text: the hot path
+        fresh = choice.cursor.take(event)
+        return [fmt.delta_frame("".join(fresh), choice.sub.index)] if fresh else []
     text, arguments, logprobs = choice.take(event)
     index = choice.sub.index
     frames = []
