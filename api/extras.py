@@ -2,9 +2,10 @@
 log-probabilities, length controls.
 
 Each is validated here and passed through to the model interface; each needs a
-capability that the serving workers declare (:data:`worker.model.CAPABILITIES`),
-and a request that needs one they lack is refused with 400
-``unsupported_parameter``, never served as if the field were absent.
+capability that the serving workers declare
+(:meth:`~llmq.schema.SamplingParams.required_capabilities`), and a request that
+needs one they lack is refused with 400 ``unsupported_parameter``, never served
+as if the field were absent.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from api.errors import InvalidRequest, Unsupported
-from api.schemas import ChatCompletionRequest, CompletionRequest, GenerationParams
+from api.schemas import ChatCompletionRequest, CompletionRequest
 from worker.structured import unsupported
 
 ToolChoice = Literal["auto", "required", "none"]
@@ -27,21 +28,6 @@ class Extras:
     response_format: dict[str, Any] | None = None
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: ToolChoice = "auto"
-
-    def needs(self, params: GenerationParams) -> list[tuple[str, str]]:
-        """The capabilities this request needs, each with the parameter that asks for it."""
-        needed = []
-        if self.logprobs is not None:
-            needed.append(("logprobs", "logprobs"))
-        if self.response_format is not None:
-            needed.append((str(self.response_format["type"]), "response_format"))
-        if self.tools and self.tool_choice != "none":
-            needed.append(("tools", "tools"))
-        if params.ignore_eos:
-            needed.append(("ignore_eos", "ignore_eos"))
-        if params.min_tokens:
-            needed.append(("min_tokens", "min_tokens"))
-        return needed
 
 
 def completion_extras(body: CompletionRequest) -> Extras:

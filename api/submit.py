@@ -112,19 +112,7 @@ def _plan(
         model=params.model,
         prompt=choice.prompt,
         prompt_tokens=choice.prompt_tokens,
-        params=SamplingParams(
-            max_tokens=common.tokens,
-            temperature=1.0 if params.temperature is None else params.temperature,
-            top_p=1.0 if params.top_p is None else params.top_p,
-            stop=params.stop_sequences(),
-            seed=seed,
-            ignore_eos=bool(params.ignore_eos),
-            min_tokens=params.min_tokens or 0,
-            logprobs=extras.logprobs,
-            response_format=extras.response_format,
-            tools=extras.tools,
-            tool_choice=extras.tool_choice,
-        ),
+        params=common.sampling.model_copy(update={"seed": seed}),
         priority=common.priority,
         enqueued_at=now,
         queue_deadline=now + common.queue_timeout,
@@ -179,26 +167,24 @@ def _job(payload: JobPayload) -> dict[str, Any]:
     return job
 
 
-async def _check_capabilities(
-    state: AppState, params: GenerationParams, extras: Extras, max_tokens: int
-) -> None:
-    needed = extras.needs(params)
-    if params.min_tokens and params.min_tokens > max_tokens:
+async def _check_capabilities(state: AppState, model: str, sampling: SamplingParams) -> None:
+    if sampling.min_tokens > sampling.max_tokens:
         raise InvalidRequest(
-            f"min_tokens ({params.min_tokens}) must not exceed max_tokens ({max_tokens})",
+            f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens "
+            f"({sampling.max_tokens})",
             param="min_tokens",
             code="invalid_value",
         )
+    needed = sampling.required_capabilities()
     if not needed:
         return
-    declared = await state.catalog.capabilities(params.model)
+    declared = await state.catalog.capabilities(model)
     if declared is None:
-        return  # no live worker yet (an accepted model): nothing to tell
+        return  # no live worker yet (an accepted model): its worker refuses what it lacks
     for capability, param in needed:
         if capability not in declared:
             raise Unsupported(
-                f"the model '{params.model}' does not support {param} ({capability})",
-                param=param,
+                f"the model '{model}' does not support {param} ({capability})", param=param
             )
 
 
@@ -207,6 +193,8 @@ class _Common:
     """What every choice of one request shares, validated once."""
 
     tokens: int
+    #: The sampling parameters of every choice but its seed.
+    sampling: SamplingParams
     queue_timeout: float
     generation_timeout: float
     priority: int
@@ -223,8 +211,21 @@ async def _validate(
     tokens = _max_tokens(state, max_tokens, max_tokens_param)
     priority = params.priority or 0
     _check_priority(state, priority)
+    sampling = SamplingParams(
+        max_tokens=tokens,
+        temperature=1.0 if params.temperature is None else params.temperature,
+        top_p=1.0 if params.top_p is None else params.top_p,
+        stop=params.stop_sequences(),
+        ignore_eos=bool(params.ignore_eos),
+        min_tokens=params.min_tokens or 0,
+        logprobs=extras.logprobs,
+        response_format=extras.response_format,
+        tools=extras.tools,
+        tool_choice=extras.tool_choice,
+    )
     common = _Common(
         tokens=tokens,
+        sampling=sampling,
         queue_timeout=_timeout(
             params.queue_timeout, settings.queue_timeout_seconds, "queue_timeout"
         ),
@@ -234,7 +235,7 @@ async def _validate(
         priority=priority,
     )
     await _check_model(state, params.model)
-    await _check_capabilities(state, params, extras, tokens)
+    await _check_capabilities(state, params.model, sampling)
     return common
 
 

@@ -49,6 +49,22 @@ class SamplingParams(_Frozen):
     #: with only that tool in ``tools``).
     tool_choice: Literal["auto", "required", "none"] = "auto"
 
+    def required_capabilities(self) -> list[tuple[str, str]]:
+        """What a model must honour to serve these parameters, each with the request
+        parameter that asks for it; plain text needs nothing."""
+        needed = []
+        if self.logprobs is not None:
+            needed.append(("logprobs", "logprobs"))
+        if self.response_format is not None:
+            needed.append((str(self.response_format.get("type")), "response_format"))
+        if self.tools and self.tool_choice != "none":
+            needed.append(("tools", "tools"))
+        if self.ignore_eos:
+            needed.append(("ignore_eos", "ignore_eos"))
+        if self.min_tokens:
+            needed.append(("min_tokens", "min_tokens"))
+        return needed
+
 
 class JobPayload(_Frozen):
     """The job the API enqueues and a worker runs (arq kwarg ``payload``)."""

@@ -4,6 +4,7 @@ openai SDK: honoured by the mock deterministically per seed, refused (400
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import RunningApi, StartApi, StartWorker
 from tests.native import wait_ready
+from tests.waiting import wait_until
 from worker.model import GenerationRequest, MockModel, ToolCallStart
 
 CHAT: list[Any] = [{"role": "user", "content": "answer in JSON"}]
@@ -412,3 +414,26 @@ async def test_a_resumed_tool_call_or_json_answer_continues_where_it_stopped() -
             rest = [t async for t in model.generate(resumed)]
             assert not any(isinstance(t, ToolCallStart) for t in rest)
             assert texts[:cut] + rest == texts
+
+
+async def test_a_worker_refuses_what_it_cannot_honour_when_the_api_could_not_tell(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """Accepted with no worker alive (LLMQ_ACCEPT_MODELS), run by a text-only backend:
+    the request fails with unsupported_parameter instead of ignoring the tools."""
+    api = await start_api(accept_models="mock")
+    async with api.client() as client:
+        pending = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions",
+                json={"model": "mock", "messages": CHAT, "tools": [WEATHER], "seed": 1},
+            )
+        )
+        await wait_until(
+            lambda: redis.exists("llmq:queue:mock"), timeout=10, what="the request to queue"
+        )
+        await start_worker(model=TextOnly())
+        r = await pending
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "unsupported_parameter"
+    assert "tools" in r.json()["error"]["message"]

@@ -48,7 +48,14 @@ from llmq.schema import (
     Usage,
 )
 from llmq.streams import published_tokens
-from worker.model import GenerationRequest, Model, Token, ToolCallStart, seed_for
+from worker.model import (
+    GenerationRequest,
+    Model,
+    Token,
+    ToolCallStart,
+    capabilities_of,
+    seed_for,
+)
 from worker.publisher import StreamPublisher
 
 log = logging.getLogger(__name__)
@@ -117,6 +124,13 @@ class RequestRunner:
             self._cancelled.pop(rid, None)
 
     async def _run(self, payload: JobPayload, attempt: int, started: float) -> None:
+        declared = capabilities_of(self.model)
+        missing = [p for c, p in payload.params.required_capabilities() if c not in declared]
+        if missing:
+            # Accepted while no worker could say (LLMQ_ACCEPT_MODELS): refuse, never ignore.
+            message = f"the model does not support {', '.join(missing)}"
+            await self.fail(payload.request_id, "unsupported_parameter", message)
+            return
         queue_ms = _ms(max(0.0, started - payload.enqueued_at))
         if attempt == 1:
             await self._generate_and_finish(payload, attempt, queue_ms, started, [], None)

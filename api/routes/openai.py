@@ -54,10 +54,14 @@ CLIENT_CLOSED = 499
 
 
 def _error_status(event: ErrorEvent) -> int:
+    if event.code == "unsupported_parameter":
+        return 400
     return 504 if event.finish_reason == "timeout" else 500
 
 
 def _error_of(event: ErrorEvent) -> dict[str, Any]:
+    if event.code == "unsupported_parameter":
+        return error_body(event.message, "invalid_request_error", None, event.code)
     kind = "timeout_error" if event.finish_reason == "timeout" else "server_error"
     return error_body(event.message, kind, None, event.code)
 
