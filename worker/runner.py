@@ -288,7 +288,9 @@ class RequestRunner:
                     if isinstance(out, ToolCallStart):
                         # Before its argument tokens, in stream order; not a token itself.
                         event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
-                        self.publisher.post(rid, event)
+                        # Not awaited: a failed write surfaces with the tokens' flush.
+                        written = self.publisher.post(rid, event)
+                        written.add_done_callback(lambda f: f.cancelled() or f.exception())
                         continue
                     now = time.time()
                     if isinstance(out, Token):
