@@ -2,7 +2,9 @@
 
 Everything that can refuse a request is checked before anything is written, and
 the write itself is one Lua script (queue bound, job, record, wake-up), so a
-refused request leaves no job, key or queue entry behind.
+refused request leaves no job, key or queue entry behind. A request with several
+choices (``n``, a prompt list) becomes one queued request per choice, written by
+one script call that admits all of them or none.
 """
 
 from __future__ import annotations
@@ -98,7 +100,6 @@ def _plan(
     params: GenerationParams,
     choice: _Choice,
     common: _Common,
-    extras: Extras,
     now: float,
     owner: str | None,
     attach: bool,
@@ -338,7 +339,7 @@ async def submit_choices(
         for k in range(n):
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
-            call, sub = _plan(state, params, choice, common, extras, now, owner, attach)
+            call, sub = _plan(state, params, choice, common, now, owner, attach)
             calls.append(call)
             subs.append(sub)
     if len(calls) == 1:
@@ -361,10 +362,14 @@ async def submit_choices(
         accepted = await state.queue.enqueue_all(calls, settings.max_queue_depth)
     if not accepted:
         state.metrics.inc(metrics.REQUESTS, params.model, "rejected")
-        room = "" if len(calls) == 1 else f" for {len(calls)} more"
+        limit = settings.max_queue_depth
+        why = (
+            f"is full ({limit} waiting)"
+            if len(calls) == 1
+            else f"has no room for the {len(calls)} choices of this request (at most {limit} wait)"
+        )
         raise Overloaded(
-            f"the queue of model '{params.model}' is full ({settings.max_queue_depth} waiting"
-            f"{room}); retry later",
+            f"the queue of model '{params.model}' {why}; retry later",
             code="queue_full",
             headers={"Retry-After": "1"},
         )
