@@ -10,7 +10,7 @@ has ended.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from api.follow import follow
 from api.state import AppState
@@ -25,7 +25,9 @@ class _End:
     """A choice's stream ended."""
 
 
-async def merged(state: AppState, subs: Sequence[Submitted]) -> AsyncIterator[tuple[int, Item]]:
+async def merged(
+    state: AppState, subs: Sequence[Submitted]
+) -> AsyncGenerator[tuple[int, Item], None]:
     """Events of every choice; ``(index, IDLE)`` marks a keep-alive tick."""
     if len(subs) == 1:  # the common case: no tasks, no queue
         async for item in follow(state, subs[0].id):

@@ -14,6 +14,7 @@ cannot reconnect elsewhere, so its request is *attached* to this process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -28,7 +29,7 @@ from api.auth import Caller
 from api.cancel import release_later, unless_disconnected
 from api.errors import ApiError, NotFound, error_body, json_error
 from api.extras import chat_extras, completion_extras
-from api.fanin import merged
+from api.fanin import Item, merged
 from api.follow import IDLE, TokenCursor
 from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
 from api.openapi import GENERATION_RESPONSES, error_responses
@@ -104,20 +105,21 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
     try:
         for chunk in fmt.opening():
             yield sse.data(chunk)
-        async for index, item in merged(state, fmt.subs):
-            if item is IDLE:
-                yield sse.KEEPALIVE
-                continue
-            frames, ended = _frames(fmt, choices[index], item[1], usage)
-            for frame in frames:
-                yield frame
-            if isinstance(item[1], TokensEvent) and frames:
-                timer.tokens()
-            if ended:
-                break  # one choice failed: the others are cancelled below
-        else:
-            if fmt.include_usage:
-                yield sse.data(fmt.usage_chunk(usage.total()))
+        async with contextlib.aclosing(merged(state, fmt.subs)) as events:
+            async for index, item in events:
+                if item is IDLE:
+                    yield sse.KEEPALIVE
+                    continue
+                frames, ended = _frames(fmt, choices[index], item[1], usage)
+                for frame in frames:
+                    yield frame
+                if isinstance(item[1], TokensEvent) and frames:
+                    timer.tokens()
+                if ended:
+                    break  # one choice failed: the others are cancelled below
+            else:
+                if fmt.include_usage:
+                    yield sse.data(fmt.usage_chunk(usage.total()))
         timer.end()
         yield sse.DONE
     except Exception as exc:
@@ -180,8 +182,19 @@ async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Re
     timer = RelayTimer(state, fmt.sub.model, arrived)
     choices = {s.index: _Choice(s) for s in fmt.subs}
     usage = UsageSum()
+    async with contextlib.aclosing(merged(state, fmt.subs)) as events:
+        return await _gather(fmt, choices, usage, timer, events)
+
+
+async def _gather(
+    fmt: CompletionFormat,
+    choices: dict[int, _Choice],
+    usage: UsageSum,
+    timer: RelayTimer,
+    events: AsyncIterator[tuple[int, Item]],
+) -> Response:
     left = len(choices)
-    async for index, item in merged(state, fmt.subs):
+    async for index, item in events:
         if item is IDLE:
             continue
         choice, event = choices[index], item[1]
