@@ -7,6 +7,7 @@ import signal
 from collections import defaultdict
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from redis.asyncio import Redis
@@ -175,3 +176,20 @@ async def test_a_worker_killed_mid_tool_call_costs_one_choice_a_resume(
         assert arguments[c["index"]] == c["message"]["tool_calls"][0]["function"]["arguments"]
     resumed = [r for r in records if r["attempts"] == 2]
     assert len(resumed) == 1 and resumed[0]["status"] == "done"
+
+
+async def test_a_non_streaming_client_that_leaves_cancels_every_choice(
+    stack: RunningApi, redis: Redis
+) -> None:
+    async with stack.client(timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(
+                "/v1/completions",
+                json={"model": "mock", "prompt": ["x", "y"], "n": 2, "max_tokens": 2000},
+            )
+    async with stack.client() as client:
+        ids = await request_ids(redis)
+        assert len(ids) == 4
+        for i in ids:
+            ended = await wait_status(client, i, "cancelled", "done", timeout=10)
+            assert ended["status"] == "cancelled" and ended["completion_tokens"] < 2000
