@@ -119,7 +119,9 @@ class TokensEvent(_Frozen):
     type: Literal["tokens"] = "tokens"
     index: int = Field(ge=0)
     tokens: list[str] = Field(min_length=1)
-    logprobs: list[TokenLogprob] | None = None
+    #: Written only when asked for: the usual event stays as it was (and readable by
+    #: readers that predate the field).
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ToolCallEvent(_Frozen):

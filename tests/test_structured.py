@@ -14,6 +14,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from llmq.schema import TokenLogprob, TokensEvent, decode_event, encode_event
 from tests.conftest import RunningApi, StartApi, StartWorker
 from tests.native import wait_ready
 from tests.waiting import wait_until
@@ -437,3 +438,12 @@ async def test_a_worker_refuses_what_it_cannot_honour_when_the_api_could_not_tel
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "unsupported_parameter"
     assert "tools" in r.json()["error"]["message"]
+
+
+def test_token_events_carry_logprobs_only_when_asked() -> None:
+    """The usual event is written as before, readable by readers without the field."""
+    plain = encode_event(TokensEvent(index=3, tokens=[" a"]))
+    assert json.loads(plain["data"]) == {"type": "tokens", "index": 3, "tokens": [" a"]}
+    lp = TokenLogprob(logprob=-0.5, top=[(" a", -0.5), (" b", -1.0)])
+    rich = encode_event(TokensEvent(index=3, tokens=[" a"], logprobs=[lp]))
+    assert decode_event(rich) == TokensEvent(index=3, tokens=[" a"], logprobs=[lp])
