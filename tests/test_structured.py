@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from tests.conftest import RunningApi, StartApi, StartWorker
 from tests.native import wait_ready
 from tests.waiting import wait_until
 from worker.model import GenerationRequest, MockModel, ToolCallStart
+from worker.structured import BUDGET, object_text, unsupported
 
 CHAT: list[Any] = [{"role": "user", "content": "answer in JSON"}]
 
@@ -447,3 +449,21 @@ def test_token_events_carry_logprobs_only_when_asked() -> None:
     lp = TokenLogprob(logprob=-0.5, top=[(" a", -0.5), (" b", -1.0)])
     rich = encode_event(TokensEvent(index=3, tokens=[" a"], logprobs=[lp]))
     assert decode_event(rich) == TokensEvent(index=3, tokens=[" a"], logprobs=[lp])
+
+
+def test_generated_documents_stay_bounded_and_valid() -> None:
+    """Nesting cannot blow the mock's output up; what no document can satisfy is refused."""
+    deep: dict[str, Any] = {"type": "integer"}
+    for _ in range(15):
+        deep = {"type": "array", "items": deep}
+    huge = {"type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 1000}}
+    empty = {"type": "array", "maxItems": 0, "items": {"type": "string"}}
+    assert unsupported(deep) is None and unsupported(empty) is None
+    assert unsupported(huge) is not None and "smallest document" in (unsupported(huge) or "")
+    assert "no integer" in (unsupported({"type": "integer", "minimum": 0.2, "maximum": 0.8}) or "")
+    assert "minItems" in (unsupported({"type": "array", "minItems": "3"}) or "")
+    for seed in range(5):
+        for schema in (deep, empty, PERSON):
+            text = object_text(schema, random.Random(seed))
+            assert len(text) < 3 * BUDGET
+            jsonschema.validate(json.loads(text), schema)

@@ -44,10 +44,20 @@ ANNOTATIONS = frozenset(
 )
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 MAX_DEPTH = 16
+#: Characters of a generated document beyond which only what the schema requires
+#: is added; a schema whose smallest document is larger is refused.
+BUDGET = 20_000
 
 
-def unsupported(schema: Any, path: str = "schema", depth: int = 0) -> str | None:
+def unsupported(schema: Any, path: str = "schema") -> str | None:
     """Why the mock cannot honour ``schema`` (a message naming where), or None."""
+    why = _problem(schema, path, 0)
+    if why is None and smallest(schema) > BUDGET:
+        return f"{path}: the smallest document it allows exceeds {BUDGET} characters"
+    return why
+
+
+def _problem(schema: Any, path: str, depth: int) -> str | None:
     if not isinstance(schema, dict):
         return f"{path} must be an object"
     if depth > MAX_DEPTH:
@@ -56,10 +66,10 @@ def unsupported(schema: Any, path: str = "schema", depth: int = 0) -> str | None
     if why:
         return why
     for name, sub in schema.get("properties", {}).items():
-        if (why := unsupported(sub, f"{path}.properties.{name}", depth + 1)) is not None:
+        if (why := _problem(sub, f"{path}.properties.{name}", depth + 1)) is not None:
             return why
     if "items" in schema:
-        return unsupported(schema["items"], f"{path}.items", depth + 1)
+        return _problem(schema["items"], f"{path}.items", depth + 1)
     return None
 
 
@@ -83,6 +93,11 @@ def _keywords(schema: dict[str, Any], path: str) -> str | None:
 
 
 def _bounds(schema: dict[str, Any], path: str) -> str | None:
+    kinds = schema.get("type", [])
+    if kinds == "integer" or kinds == ["integer"]:
+        lo, hi = schema.get("minimum"), schema.get("maximum")
+        if isinstance(lo, int | float) and isinstance(hi, int | float) and math.ceil(lo) > hi:
+            return f"{path}: no integer lies between minimum and maximum"
     for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minimum", "maximum")):
         lo, hi = schema.get(low), schema.get(high)
         for bound in (lo, hi):
@@ -97,35 +112,90 @@ def _bounds(schema: dict[str, Any], path: str) -> str | None:
 
 def value_for(schema: dict[str, Any], rng: random.Random) -> Any:
     """A value that validates against ``schema`` (already checked by :func:`unsupported`)."""
-    if "const" in schema:
-        return schema["const"]
-    if "enum" in schema:
-        return rng.choice(schema["enum"])
+    return _Generator(rng).value(schema)
+
+
+class _Generator:
+    """Draws values; past :data:`BUDGET` characters it adds only what the schema
+    requires (required properties, ``minItems``), so that the output stays bounded."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.spent = 0
+
+    @property
+    def lavish(self) -> bool:
+        return self.spent < BUDGET
+
+    def value(self, schema: dict[str, Any]) -> Any:
+        rng = self.rng
+        self.spent += 4
+        if "const" in schema:
+            return schema["const"]
+        if "enum" in schema:
+            return rng.choice(schema["enum"])
+        kind = _kind(schema, rng)
+        if kind == "object":
+            props: dict[str, Any] = schema.get("properties", {})
+            required = set(schema.get("required", []))
+            return {
+                name: self.value(sub)
+                for name, sub in props.items()
+                if name in required or (self.lavish and rng.random() < 0.5)
+            }
+        if kind == "array":
+            low = int(schema.get("minItems", 0))
+            high = min(int(schema.get("maxItems", low + 3)), low + 3)
+            count = rng.randint(min(max(low, 1), high), high) if self.lavish else low
+            return [self.value(schema.get("items", {})) for _ in range(count)]
+        if kind in ("integer", "number"):
+            return _number(schema, kind, rng)
+        if kind == "boolean":
+            return rng.random() < 0.5
+        if kind == "null":
+            return None
+        text = _string(schema, rng)
+        self.spent += len(text)
+        return text
+
+
+def _kind(schema: dict[str, Any], rng: random.Random) -> str:
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = rng.choice(kind) if kind else None
     if kind is None:
         kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    if kind == "object":
-        props: dict[str, Any] = schema.get("properties", {})
-        required = set(schema.get("required", []))
-        return {
-            name: value_for(sub, rng)
-            for name, sub in props.items()
-            if name in required or rng.random() < 0.5
-        }
-    if kind == "array":
-        low = int(schema.get("minItems", 0))
-        count = rng.randint(max(low, 1), max(low, min(int(schema.get("maxItems", 3)), low + 3)))
-        count = min(count, int(schema.get("maxItems", count)))
-        return [value_for(schema.get("items", {}), rng) for _ in range(count)]
-    if kind in ("integer", "number"):
-        return _number(schema, kind, rng)
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "null":
-        return None
-    return _string(schema, rng)
+    return str(kind)
+
+
+def smallest(schema: dict[str, Any], depth: int = 0) -> int:
+    """About how many characters the smallest document valid for ``schema`` has
+    (a type list counts its largest member, to stay on the safe side)."""
+    if depth > MAX_DEPTH:
+        return BUDGET + 1
+    if "const" in schema or "enum" in schema:
+        return 4
+    kinds = schema.get("type")
+    if kinds is None:
+        kinds = ["object" if "properties" in schema else "array" if "items" in schema else "any"]
+    elif not isinstance(kinds, list):
+        kinds = [kinds]
+    sizes = [4 + int(schema.get("minLength", 0))]
+    if "object" in kinds:
+        props = schema.get("properties", {})
+        sizes.append(
+            2
+            + sum(
+                len(name) + 4 + smallest(props[name], depth + 1)
+                for name in schema.get("required", [])
+                if isinstance(props.get(name), dict)
+            )
+        )
+    if "array" in kinds:
+        items = schema.get("items", {})
+        each = smallest(items if isinstance(items, dict) else {}, depth + 1)
+        sizes.append(2 + int(schema.get("minItems", 0)) * (2 + each))
+    return max(sizes)
 
 
 def _number(schema: dict[str, Any], kind: str, rng: random.Random) -> int | float:
