@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from api.errors import InvalidRequest, Unsupported
-from api.schemas import ChatCompletionRequest, CompletionRequest
+from api.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from worker.structured import unsupported
 
 ToolChoice = Literal["auto", "required", "none"]
@@ -38,7 +38,7 @@ def completion_extras(body: CompletionRequest) -> Extras:
         raise Unsupported("best_of other than n is not supported", param="best_of")
     if body.suffix:
         raise Unsupported("suffix is not supported", param="suffix")
-    return Extras(logprobs=body.logprobs)
+    return Extras(logprobs=body.logprobs, response_format=_response_format(body.response_format))
 
 
 def chat_extras(body: ChatCompletionRequest) -> Extras:
@@ -50,14 +50,13 @@ def chat_extras(body: ChatCompletionRequest) -> Extras:
     tools, choice = _tools(body)
     return Extras(
         logprobs=logprobs,
-        response_format=_response_format(body),
+        response_format=_response_format(body.response_format),
         tools=tools,
         tool_choice=choice,
     )
 
 
-def _response_format(body: ChatCompletionRequest) -> dict[str, Any] | None:
-    fmt = body.response_format
+def _response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":

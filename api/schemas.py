@@ -87,6 +87,18 @@ class StreamingParams(GenerationParams):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class JsonSchemaFormat(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class CompletionRequest(StreamingParams):
     """``POST /v1/completions``: one prompt or a list of them (one choice each, times n)."""
 
@@ -95,6 +107,7 @@ class CompletionRequest(StreamingParams):
     echo: bool | None = None
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
+    response_format: ResponseFormat | None = None
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
@@ -175,18 +188,6 @@ class NamedToolChoice(_Body):
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
-
-
-class JsonSchemaFormat(_Body):
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(StreamingParams):

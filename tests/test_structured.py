@@ -467,3 +467,14 @@ def test_generated_documents_stay_bounded_and_valid() -> None:
             text = object_text(schema, random.Random(seed))
             assert len(text) < 3 * BUDGET
             jsonschema.validate(json.loads(text), schema)
+
+
+async def test_completions_honour_response_format_too(fast: RunningApi) -> None:
+    """As vLLM does: a JSON schema on /v1/completions is honoured, not ignored."""
+    client = sdk(fast)
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    reply = await client.completions.create(
+        model="mock", prompt="x", max_tokens=500, extra_body={"response_format": fmt}
+    )
+    await client.close()
+    jsonschema.validate(json.loads(reply.choices[0].text), PERSON)
