@@ -246,14 +246,21 @@ async def test_a_queue_full_answer_is_retried_then_served(
     api = await start_api(max_queue_depth=1)
     async with api.client() as client:
         running = await client.post(
-            "/v1/requests", json={"model": "mock", "prompt": "x", "max_tokens": 60}
+            "/v1/requests", json={"model": "mock", "prompt": "x", "max_tokens": 150}
         )
         await wait_status(client, running.json()["id"], "running", timeout=10)
         await client.post("/v1/requests", json={"model": "mock", "prompt": "x", "max_tokens": 2})
-    client_sdk = sdk(api, max_retries=5)
-    done = await client_sdk.completions.create(model="mock", prompt="x", max_tokens=2)
-    await client_sdk.close()
+        client_sdk = sdk(api, max_retries=5)
+        done = await client_sdk.completions.create(model="mock", prompt="x", max_tokens=2)
+        await client_sdk.close()
+
+        async def refused() -> bool:
+            text = (await client.get("/metrics")).text
+            return value(text, "llmq_requests_total", finished_reason="rejected") >= 1
+
+        await wait_until(refused, timeout=5, what="the 429 to be counted")
     assert done.choices[0].finish_reason == "length"
+    assert await queued_count(redis) == 3  # the refused attempts left nothing
 
 
 async def test_native_requests_count_in_the_latency_histograms(stack: RunningApi) -> None:
