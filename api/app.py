@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from api import errors
+from api import errors, openapi
 from api.catalog import Catalog
 from api.limits import BodyLimit
 from api.relay import StreamRelay
@@ -111,6 +111,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
+    openapi.install(app)
     app.include_router(openai.router)
     app.include_router(native.router)
     app.include_router(health.router)

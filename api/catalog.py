@@ -32,13 +32,24 @@ class Catalog:
         self._worker_ttl = worker_ttl
         self._max_age = max_age
         self._models: frozenset[str] = frozenset()
+        self._workers: list[WorkerInfo] = []
         self._fetched = 0.0
 
     async def workers(self) -> list[WorkerInfo]:
         workers = await registry.live_workers(self._redis, self._worker_ttl)
         self._models = frozenset(w.model for w in workers)
+        self._workers = workers
         self._fetched = time.monotonic()
         return workers
+
+    async def capabilities(self, model: str) -> frozenset[str] | None:
+        """What every live worker of ``model`` declares it honours (None: no live worker).
+
+        The intersection: a request may be claimed by any of them.
+        """
+        await self.models()
+        declared = [frozenset(w.capabilities or ()) for w in self._workers if w.model == model]
+        return frozenset.intersection(*declared) if declared else None
 
     async def refresh_forever(self) -> None:
         """Keep the cache younger than ``max_age`` (twice a period, so reads never wait)."""

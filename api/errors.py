@@ -3,11 +3,17 @@
 Handlers are registered in one place (:func:`install`). Errors from Redis are
 translated at this boundary into 503s, so a client never sees a stack trace or a
 hang when the backend is away.
+
+Every error response says whether a retry can help, in the ``x-should-retry``
+header that the openai SDKs (Python and Node) obey: ``true`` (with
+``Retry-After``) for 429 and 503, ``false`` for everything else. Without it the
+SDKs resend every 5xx, so one timed-out call (504) became three requests.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,6 +22,8 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.schemas import UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,13 @@ class InvalidRequest(ApiError):
     status = 400
 
 
+class Unsupported(InvalidRequest):
+    """A valid request the serving model cannot honour (vLLM also answers 400)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="unsupported_parameter")
+
+
 class NotFound(ApiError):
     status = 404
 
@@ -71,16 +86,40 @@ def error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+#: Statuses that a retry can fix: the queue is full, or no worker / Redis for now.
+RETRYABLE = frozenset({429, 503})
+
+
+def retry_headers(status: int, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``headers`` plus ``x-should-retry`` (and ``Retry-After`` where a retry helps)."""
+    out = dict(headers or {})
+    retry = status in RETRYABLE
+    out["x-should-retry"] = "true" if retry else "false"
+    if retry:
+        out.setdefault("Retry-After", "1")
+    return out
+
+
 def error_response(
     status: int,
     message: str,
     type_: str,
     param: str | None = None,
     code: str | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param, code), status, headers=headers)
+    return json_error(error_body(message, type_, param, code), status, headers)
 
+
+def json_error(
+    body: dict[str, Any], status: int, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The one way an error response is made: the body, with the retry headers."""
+    return JSONResponse(body, status, headers=retry_headers(status, headers))
+
+
+#: pydantic's error types for a body that is not a JSON object at all.
+_NOT_AN_OBJECT = frozenset({"model_attributes_type", "dict_type", "model_type", "missing"})
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "literal"})
 
@@ -103,7 +142,7 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, ApiError):  # pragma: no cover - registered for ApiError only
         raise exc
-    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+    return json_error(exc.body(), exc.status, exc.headers)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
@@ -114,9 +153,14 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(
             400, "the request body is not valid JSON", "invalid_request_error", code="invalid_json"
         )
-    param = _param(tuple(first.get("loc", ())))
+    loc = tuple(first.get("loc", ()))
+    if loc == ("body",) and first.get("type") in _NOT_AN_OBJECT:
+        message = "the request body must be a JSON object, sent with Content-Type: application/json"
+        return error_response(400, message, "invalid_request_error", code="invalid_json")
+    param = _param(loc)
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
-    return error_response(400, message, "invalid_request_error", param, "invalid_value")
+    code = UNSUPPORTED if first.get("type") == UNSUPPORTED else "invalid_value"
+    return error_response(400, message, "invalid_request_error", param, code)
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:

@@ -94,6 +94,7 @@ class BodyLimit:
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(payload)).encode()),
                     (b"connection", b"close"),
+                    (b"x-should-retry", b"false"),
                 ],
             }
         )

@@ -1,27 +1,34 @@
-"""Request bodies of the HTTP API, validated by pydantic.
+"""Request bodies of the HTTP API, validated by pydantic in strict mode.
 
 They follow OpenAI's completions and chat completions (as vLLM serves them, with
-its ``priority`` extension). Unknown fields are ignored, as OpenAI clients send
-many optional ones; fields we cannot honour (``n`` > 1, a list of prompts) are
-rejected with a clear message rather than silently changed.
+its ``priority``, ``ignore_eos`` and ``min_tokens`` extensions). Types are checked
+strictly, as OpenAI does: ``"max_tokens": true`` or ``"stream": "yes"`` is a 400,
+not a 1 or a true; an integer is a valid number. Every optional field accepts
+``null`` (the default), as the OpenAI spec allows. Unknown fields are ignored, as
+OpenAI clients send many optional ones (penalties, ``logit_bias``...). Fields the
+serving model cannot honour are refused by the API (``unsupported_parameter``),
+never silently dropped; limits that are settings are checked in :mod:`api.submit`
+so that their messages quote the configured values.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-# Ranges of pydantic (static) checks; limits that are settings are checked by the API.
-PRIORITY_RANGE = 1_000_000
+#: Error ``type`` of a validator that refuses what the API understands but cannot
+#: serve; the error handler turns it into the code ``unsupported_parameter``.
+UNSUPPORTED = "unsupported_parameter"
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: bool | None = None
 
 
 class GenerationParams(_Body):
@@ -29,17 +36,23 @@ class GenerationParams(_Body):
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    n: Literal[1] = 1
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1, description="Choices per prompt (limit: LLMQ_MAX_CHOICES).")
     stop: str | list[str] | None = None
     seed: int | None = None
-    priority: int = Field(0, ge=-PRIORITY_RANGE, le=PRIORITY_RANGE)
+    priority: int | None = Field(None, description="Lower runs earlier; default 0.")
     queue_timeout: float | None = Field(
         None, gt=0, description="Seconds the request may wait in the queue."
     )
     generation_timeout: float | None = Field(
         None, gt=0, description="Seconds the request may run once started."
+    )
+    ignore_eos: bool | None = Field(
+        None, description="Generate until max_tokens: the model never stops by itself."
+    )
+    min_tokens: int | None = Field(
+        None, ge=0, description="Tokens generated before the model may stop by itself."
     )
     user: str | None = None
 
@@ -56,23 +69,48 @@ class GenerationParams(_Body):
         items = [self.stop] if isinstance(self.stop, str) else self.stop
         return tuple(s for s in items if s)
 
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
 
 class StreamingParams(GenerationParams):
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.stream)
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class JsonSchemaFormat(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class CompletionRequest(StreamingParams):
-    """``POST /v1/completions``."""
+    """``POST /v1/completions``: one prompt or a list of them (one choice each, times n)."""
 
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    prompt: str | Annotated[list[str], Field(min_length=1)]
+    logprobs: int | None = Field(None, ge=0, le=5, description="Top alternatives per token.")
+    echo: bool | None = None
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
+    response_format: ResponseFormat | None = None
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
 
 class TextPart(_Body):
@@ -80,16 +118,76 @@ class TextPart(_Body):
     text: str
 
 
+def _text_only(value: Any) -> Any:
+    """Name the problem for a non-text part (an image...), instead of a type error."""
+    if isinstance(value, list):
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise PydanticCustomError(
+                    UNSUPPORTED,
+                    "this model accepts text only; content parts of type '{kind}' are not "
+                    "supported",
+                    {"kind": kind},
+                )
+    return value
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    """A tool call in an assistant message of the history (an agent's earlier turn)."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    _parts = field_validator("content", mode="before")(_text_only)
 
     def text(self) -> str:
         if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+            text = ""
+        elif isinstance(self.content, str):
+            text = self.content
+        else:
+            text = "".join(p.text for p in self.content)
+        calls = [f"{c.function.name}({c.function.arguments})" for c in self.tool_calls or ()]
+        return " ".join([text, *calls]) if calls else text
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class ChatCompletionRequest(StreamingParams):
@@ -97,6 +195,12 @@ class ChatCompletionRequest(StreamingParams):
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     def prompt_text(self) -> str:
         """The messages rendered as one prompt: a plain ``role: content`` template."""

@@ -2,7 +2,9 @@
 
 Everything that can refuse a request is checked before anything is written, and
 the write itself is one Lua script (queue bound, job, record, wake-up), so a
-refused request leaves no job, key or queue entry behind.
+refused request leaves no job, key or queue entry behind. A request with several
+choices (``n``, a prompt list) becomes one queued request per choice, written by
+one script call that admits all of them or none.
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
-from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable
+from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
+from api.extras import Extras
 from api.schemas import GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
-from llmq.queue import effective_score, serialize_job
+from llmq.queue import Enqueue, effective_score, serialize_job
 from llmq.schema import JobPayload, Lifecycle, RequestRecord, SamplingParams
 from worker.model import count_tokens
 
 log = logging.getLogger(__name__)
+
+NO_EXTRAS = Extras()
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,9 @@ class Submitted:
     prompt_tokens: int
     max_tokens: int
     queue_deadline: float
+    #: The choice's index in the response, and its prompt's in the request.
+    index: int = 0
+    prompt_index: int = 0
 
 
 def _timeout(requested: float | None, limit: float, param: str) -> float:
@@ -78,6 +87,186 @@ def _max_tokens(state: AppState, requested: int | None, param: str) -> int:
     return requested
 
 
+@dataclass(frozen=True)
+class _Choice:
+    prompt: str
+    prompt_tokens: int
+    index: int
+    prompt_index: int
+
+
+def _plan(
+    state: AppState,
+    params: GenerationParams,
+    choice: _Choice,
+    common: _Common,
+    now: float,
+    owner: str | None,
+    attach: bool,
+) -> tuple[Enqueue, Submitted]:
+    """The job, record and queue entry of one choice, and what the route needs of it."""
+    settings = state.settings
+    rid = uuid.uuid4().hex
+    seed = None if params.seed is None else params.seed + choice.index
+    payload = JobPayload(
+        request_id=rid,
+        model=params.model,
+        prompt=choice.prompt,
+        prompt_tokens=choice.prompt_tokens,
+        params=common.sampling.model_copy(update={"seed": seed}),
+        priority=common.priority,
+        enqueued_at=now,
+        queue_deadline=now + common.queue_timeout,
+        generation_timeout=common.generation_timeout,
+    )
+    record = RequestRecord(
+        id=rid,
+        model=params.model,
+        status="queued",
+        priority=common.priority,
+        created_at=now,
+        prompt_tokens=choice.prompt_tokens,
+        owner=owner,
+    )
+    now_ms = int(now * 1000)
+    call = Enqueue(
+        request_id=rid,
+        model=params.model,
+        job=serialize_job(_job(payload), now_ms),
+        score=effective_score(now_ms, common.priority, settings.priority_step_ms),
+        cost=choice.prompt_tokens + common.tokens,
+        deadline_ms=int(payload.queue_deadline * 1000),
+        record=record.to_redis(),
+        lifecycle=Lifecycle(
+            event="queued",
+            request_id=rid,
+            model=params.model,
+            ts=now,
+            priority=common.priority,
+            prompt_tokens=choice.prompt_tokens,
+        ),
+        attach_to=state.process_id if attach else None,
+    )
+    sub = Submitted(
+        rid,
+        params.model,
+        int(now),
+        choice.prompt_tokens,
+        common.tokens,
+        payload.queue_deadline,
+        index=choice.index,
+        prompt_index=choice.prompt_index,
+    )
+    return call, sub
+
+
+def _job(payload: JobPayload) -> dict[str, Any]:
+    """The payload as JSON, sampling parameters left at their defaults omitted: a
+    plain request stays readable by workers that predate the newer parameters."""
+    job = payload.model_dump(mode="json")
+    job["params"] = payload.params.model_dump(mode="json", exclude_defaults=True)
+    return job
+
+
+async def _check_capabilities(state: AppState, model: str, sampling: SamplingParams) -> None:
+    if sampling.min_tokens > sampling.max_tokens:
+        raise InvalidRequest(
+            f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens "
+            f"({sampling.max_tokens})",
+            param="min_tokens",
+            code="invalid_value",
+        )
+    needed = sampling.required_capabilities()
+    if not needed:
+        return
+    declared = await state.catalog.capabilities(model)
+    if declared is None:
+        return  # no live worker yet (an accepted model): its worker refuses what it lacks
+    for capability, param in needed:
+        if capability not in declared:
+            raise Unsupported(
+                f"the model '{model}' does not support {param} ({capability})", param=param
+            )
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What every choice of one request shares, validated once."""
+
+    tokens: int
+    #: The sampling parameters of every choice but its seed.
+    sampling: SamplingParams
+    queue_timeout: float
+    generation_timeout: float
+    priority: int
+
+
+async def _validate(
+    state: AppState,
+    params: GenerationParams,
+    max_tokens: int | None,
+    max_tokens_param: str,
+    extras: Extras,
+) -> _Common:
+    settings = state.settings
+    tokens = _max_tokens(state, max_tokens, max_tokens_param)
+    priority = params.priority or 0
+    _check_priority(state, priority)
+    sampling = SamplingParams(
+        max_tokens=tokens,
+        temperature=1.0 if params.temperature is None else params.temperature,
+        top_p=1.0 if params.top_p is None else params.top_p,
+        stop=params.stop_sequences(),
+        ignore_eos=bool(params.ignore_eos),
+        min_tokens=params.min_tokens or 0,
+        logprobs=extras.logprobs,
+        response_format=extras.response_format,
+        tools=extras.tools,
+        tool_choice=extras.tool_choice,
+    )
+    common = _Common(
+        tokens=tokens,
+        sampling=sampling,
+        queue_timeout=_timeout(
+            params.queue_timeout, settings.queue_timeout_seconds, "queue_timeout"
+        ),
+        generation_timeout=_timeout(
+            params.generation_timeout, settings.generation_timeout_seconds, "generation_timeout"
+        ),
+        priority=priority,
+    )
+    await _check_model(state, params.model)
+    await _check_capabilities(state, params.model, sampling)
+    return common
+
+
+def _prompt_tokens(state: AppState, prompt: str, param: str) -> int:
+    prompt_tokens = count_tokens(prompt)
+    if prompt_tokens == 0:
+        raise InvalidRequest(f"{param} must not be empty", param=param, code="invalid_value")
+    limit = state.settings.max_prompt_tokens
+    if prompt_tokens > limit:
+        raise InvalidRequest(
+            f"{param} has {prompt_tokens} tokens, more than the limit of {limit}",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return prompt_tokens
+
+
+def _check_choices(state: AppState, params: GenerationParams, prompts: int) -> None:
+    limit = state.settings.max_choices
+    if prompts * params.choices > limit:
+        asked = (
+            f"n={params.choices} times {prompts} prompts" if prompts > 1 else f"n={params.choices}"
+        )
+        raise InvalidRequest(
+            f"at most {limit} choices per request ({asked} asks for {prompts * params.choices})",
+            param="n" if params.n else "prompt",
+            code="invalid_value",
+        )
+
+
 async def submit(
     state: AppState,
     params: GenerationParams,
@@ -88,117 +277,137 @@ async def submit(
     prompt_param: str = "prompt",
     owner: str | None = None,
     attach: bool = False,
+    extras: Extras = NO_EXTRAS,
 ) -> Submitted:
-    """Validate and enqueue; raise an :class:`~api.errors.ApiError` to refuse.
+    """Validate and enqueue one request; raise an :class:`~api.errors.ApiError` to refuse.
 
     ``attach``: the request lives only as long as this API process (its client
     cannot reconnect elsewhere); the caller must :meth:`~llmq.queue.Queue.detach`
     it once the client is done.
     """
-    settings = state.settings
-    prompt_tokens = count_tokens(prompt)
-    if prompt_tokens == 0:
+    if params.choices != 1:
         raise InvalidRequest(
-            f"{prompt_param} must not be empty", param=prompt_param, code="invalid_value"
+            "n must be 1 here: one request is one choice (the OpenAI endpoints take n > 1)",
+            param="n",
+            code="invalid_value",
         )
-    if prompt_tokens > settings.max_prompt_tokens:
-        raise InvalidRequest(
-            f"{prompt_param} has {prompt_tokens} tokens, more than the limit of "
-            f"{settings.max_prompt_tokens}",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    tokens = _max_tokens(state, max_tokens, max_tokens_param)
-    _check_priority(state, params.priority)
-    queue_timeout = _timeout(params.queue_timeout, settings.queue_timeout_seconds, "queue_timeout")
-    generation_timeout = _timeout(
-        params.generation_timeout, settings.generation_timeout_seconds, "generation_timeout"
-    )
-    await _check_model(state, params.model)
-    now = time.time()
-    now_ms = int(now * 1000)
-    rid = uuid.uuid4().hex
-    payload = JobPayload(
-        request_id=rid,
-        model=params.model,
-        prompt=prompt,
-        prompt_tokens=prompt_tokens,
-        params=SamplingParams(
-            max_tokens=tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            stop=params.stop_sequences(),
-            seed=params.seed,
-        ),
-        priority=params.priority,
-        enqueued_at=now,
-        queue_deadline=now + queue_timeout,
-        generation_timeout=generation_timeout,
-    )
-    record = RequestRecord(
-        id=rid,
-        model=params.model,
-        status="queued",
-        priority=params.priority,
-        created_at=now,
-        prompt_tokens=prompt_tokens,
+    subs = await submit_choices(
+        state,
+        params,
+        [prompt],
+        max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
+        prompt_param=prompt_param,
         owner=owner,
+        attach=attach,
+        extras=extras,
     )
-    accepted = await state.queue.enqueue(
-        rid,
-        params.model,
-        job=serialize_job(payload.model_dump(mode="json"), now_ms),
-        score=effective_score(now_ms, params.priority, settings.priority_step_ms),
-        max_depth=settings.max_queue_depth,
-        cost=prompt_tokens + tokens,
-        deadline_ms=int(payload.queue_deadline * 1000),
-        record=record.to_redis(),
-        lifecycle=Lifecycle(
-            event="queued",
-            request_id=rid,
-            model=params.model,
-            ts=now,
-            priority=params.priority,
-            prompt_tokens=prompt_tokens,
-        ),
-        attach_to=state.process_id if attach else None,
-    )
+    return subs[0]
+
+
+async def submit_choices(
+    state: AppState,
+    params: GenerationParams,
+    prompts: list[str],
+    *,
+    max_tokens: int | None,
+    max_tokens_param: str = "max_tokens",
+    prompt_param: str = "prompt",
+    owner: str | None = None,
+    attach: bool = False,
+    extras: Extras = NO_EXTRAS,
+) -> list[Submitted]:
+    """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.
+
+    Choice ``k`` of prompt ``p`` has index ``p * n + k`` and, if the request has a
+    seed, the seed plus its index (so that the choices differ). Several choices are
+    enqueued in one atomic script call that refuses them all (429) unless the
+    queue has room for every one.
+    """
+    settings = state.settings
+    _check_choices(state, params, len(prompts))
+    counts = [
+        _prompt_tokens(state, p, prompt_param if len(prompts) == 1 else f"{prompt_param}[{i}]")
+        for i, p in enumerate(prompts)
+    ]
+    common = await _validate(state, params, max_tokens, max_tokens_param, extras)
+    now = time.time()
+    n = params.choices
+    calls: list[Enqueue] = []
+    subs: list[Submitted] = []
+    for p, (prompt, prompt_tokens) in enumerate(zip(prompts, counts, strict=True)):
+        for k in range(n):
+            index = p * n + k
+            choice = _Choice(prompt, prompt_tokens, index, p)
+            call, sub = _plan(state, params, choice, common, now, owner, attach)
+            calls.append(call)
+            subs.append(sub)
+    if len(calls) == 1:
+        c = calls[0]
+        accepted = bool(
+            await state.queue.enqueue(
+                c.request_id,
+                c.model,
+                job=c.job,
+                score=c.score,
+                max_depth=settings.max_queue_depth,
+                cost=c.cost,
+                deadline_ms=c.deadline_ms,
+                record=c.record,
+                lifecycle=c.lifecycle,
+                attach_to=c.attach_to,
+            )
+        )
+    else:
+        accepted = await state.queue.enqueue_all(calls, settings.max_queue_depth)
     if not accepted:
         state.metrics.inc(metrics.REQUESTS, params.model, "rejected")
+        limit = settings.max_queue_depth
+        why = (
+            f"is full ({limit} waiting)"
+            if len(calls) == 1
+            else f"has no room for the {len(calls)} choices of this request (at most {limit} wait)"
+        )
         raise Overloaded(
-            f"the queue of model '{params.model}' is full ({settings.max_queue_depth} waiting); "
-            "retry later",
+            f"the queue of model '{params.model}' {why}; retry later",
             code="queue_full",
             headers={"Retry-After": "1"},
         )
     if settings.enqueue_min_replicas:
-        await _replicated(state, rid, params.model)
-    log.info(
-        "accepted request %s (model %s, priority %d, %d+%d tokens)",
-        rid,
-        params.model,
-        params.priority,
-        prompt_tokens,
-        tokens,
-        extra={"request_id": rid},
-    )
-    if settings.log_prompts:
-        log.info("request %s prompt: %r", rid, prompt, extra={"request_id": rid})
-    return Submitted(rid, params.model, int(now), prompt_tokens, tokens, payload.queue_deadline)
+        await _replicated(state, [sub.id for sub in subs], params.model)
+    for sub in subs:
+        prompt = prompts[sub.prompt_index]
+        log.info(
+            "accepted request %s (model %s, priority %d, %d+%d tokens)",
+            sub.id,
+            params.model,
+            common.priority,
+            sub.prompt_tokens,
+            common.tokens,
+            extra={"request_id": sub.id},
+        )
+        if settings.log_prompts:
+            log.info("request %s prompt: %r", sub.id, prompt, extra={"request_id": sub.id})
+    return subs
 
 
-async def _replicated(state: AppState, rid: str, model: str) -> None:
-    """Refuse (and cancel) a request that too few replicas acknowledged in time."""
+async def _replicated(state: AppState, rids: list[str], model: str) -> None:
+    """Refuse (and cancel) requests that too few replicas acknowledged in time.
+
+    One wait covers them all: replicas apply writes in order, and the marker that
+    is waited for is written after every enqueue of this request.
+    """
     settings = state.settings
     if await replication.acknowledged(
         state.redis,
-        rid,
+        rids[-1],
         ttl_seconds=settings.request_ttl_seconds,
         replicas=settings.enqueue_min_replicas,
         timeout_ms=settings.enqueue_replica_timeout_ms,
     ):
         return
-    await state.queue.cancel(model, rid)
+    for rid in rids:
+        await state.queue.cancel(model, rid)
     raise Unavailable(
         f"the request was not acknowledged by {settings.enqueue_min_replicas} Redis replica(s) "
         f"within {settings.enqueue_replica_timeout_ms} ms; retry later",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, cast
 
@@ -86,7 +87,22 @@ class Admission(IntEnum):
     HANDED_OFF = 2
 
 
-__all__ = ["Admission", "Claim", "Queue", "as_str", "parse_handoff"]
+@dataclass(frozen=True)
+class Enqueue:
+    """One request to enqueue (see :meth:`Queue.enqueue` for the fields)."""
+
+    request_id: str
+    model: str
+    job: bytes
+    score: int
+    cost: int
+    deadline_ms: int
+    record: dict[str, str]
+    lifecycle: Lifecycle
+    attach_to: str | None = None
+
+
+__all__ = ["Admission", "Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
 
 
 class Queue:
@@ -131,44 +147,69 @@ class Queue:
         liveness in the same atomic step: if the process dies before it calls
         :meth:`detach`, the sweep cancels the request (see :meth:`cancel_orphans`).
         """
-        admitted = await self.scripts.enqueue(
-            keys=[
-                keys.queue(model),
-                keys.job(request_id),
-                keys.request(request_id),
-                keys.costs(model),
-                keys.DEADLINES,
-                keys.LIFECYCLE,
-                # an unused key name when not attaching; the script touches it only with '1'
-                keys.attached(attach_to) if attach_to else keys.APIS,
-                keys.parked(model),
-                keys.parked_terms(model),
-                keys.running(model),
-                keys.leases(model),
-                keys.CLOCK,
-            ],
-            args=[
-                request_id,
-                score,
-                job,
-                self.ttl * 1000,
-                max_depth,
-                keys.wake(model),
-                cost,
-                deadline_ms,
-                keys.deadline_member(request_id, model),
-                self.lifecycle_maxlen,
-                model,
-                lifecycle.model_dump_json(exclude_none=True),
-                "1" if attach_to else "0",
-                keys.HANDOFF_PREFIX,
-                keys.IN_PROGRESS_PREFIX,
-                keys.RETRY_PREFIX,
-                RETRY_TTL_SECONDS,
-                *(x for kv in record.items() for x in kv),
-            ],
+        call = Enqueue(
+            request_id, model, job, score, cost, deadline_ms, record, lifecycle, attach_to
         )
+        keys_, args = self._enqueue_call(call, max_depth)
+        admitted = await self.scripts.enqueue(keys=keys_, args=args)
         return Admission(int(admitted))
+
+    async def enqueue_all(self, calls: list[Enqueue], max_depth: int) -> bool:
+        """Enqueue every request of ``calls`` (one model's) or none, in one atomic step.
+
+        Refused (False) unless the queue has room for all of them; each is then
+        enqueued exactly as :meth:`enqueue` would (see ``llmq/lua/enqueue_batch.lua``).
+        """
+        all_keys: list[str] = []
+        counts: list[int] = []
+        all_args: list[Any] = []
+        for call in calls:
+            keys_, args = self._enqueue_call(call, max_depth)
+            all_keys.extend(keys_)
+            all_args.extend(args)
+            counts.extend((len(keys_), len(args)))
+        admitted = await self.scripts.enqueue_batch(
+            keys=all_keys, args=[len(calls), max_depth, *counts, *all_args]
+        )
+        return bool(admitted)
+
+    def _enqueue_call(self, call: Enqueue, max_depth: int) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the enqueue script for one request."""
+        request_id, model, attach_to = call.request_id, call.model, call.attach_to
+        return [
+            keys.queue(model),
+            keys.job(request_id),
+            keys.request(request_id),
+            keys.costs(model),
+            keys.DEADLINES,
+            keys.LIFECYCLE,
+            # an unused key name when not attaching; the script touches it only with '1'
+            keys.attached(attach_to) if attach_to else keys.APIS,
+            keys.parked(model),
+            keys.parked_terms(model),
+            keys.running(model),
+            keys.leases(model),
+            keys.CLOCK,
+        ], [
+            request_id,
+            call.score,
+            call.job,
+            self.ttl * 1000,
+            max_depth,
+            keys.wake(model),
+            call.cost,
+            call.deadline_ms,
+            keys.deadline_member(request_id, model),
+            self.lifecycle_maxlen,
+            model,
+            call.lifecycle.model_dump_json(exclude_none=True),
+            "1" if attach_to else "0",
+            keys.HANDOFF_PREFIX,
+            keys.IN_PROGRESS_PREFIX,
+            keys.RETRY_PREFIX,
+            RETRY_TTL_SECONDS,
+            *(x for kv in call.record.items() for x in kv),
+        ]
 
     async def claim(
         self,

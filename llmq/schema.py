@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -34,6 +34,36 @@ class SamplingParams(_Frozen):
     top_p: float = Field(1.0, gt=0, le=1)
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    #: Generate until ``max_tokens`` (the model never stops by itself).
+    ignore_eos: bool = False
+    #: Tokens generated before the model may stop by itself.
+    min_tokens: int = Field(0, ge=0)
+    #: Log-probabilities per token with this many alternatives (None: none).
+    logprobs: int | None = Field(None, ge=0, le=20)
+    #: Structured output: ``{"type": "json_object"}`` or ``{"type": "json_schema",
+    #: "schema": {...}}``; None for text.
+    response_format: dict[str, Any] | None = None
+    #: Function tools the model may call: ``{"name", "parameters"}`` each.
+    tools: tuple[dict[str, Any], ...] = ()
+    #: ``auto``, ``required`` or ``none`` (a named choice arrives as ``required``
+    #: with only that tool in ``tools``).
+    tool_choice: Literal["auto", "required", "none"] = "auto"
+
+    def required_capabilities(self) -> list[tuple[str, str]]:
+        """What a model must honour to serve these parameters, each with the request
+        parameter that asks for it; plain text needs nothing."""
+        needed = []
+        if self.logprobs is not None:
+            needed.append(("logprobs", "logprobs"))
+        if self.response_format is not None:
+            needed.append((str(self.response_format.get("type")), "response_format"))
+        if self.tools and self.tool_choice != "none":
+            needed.append(("tools", "tools"))
+        if self.ignore_eos:
+            needed.append(("ignore_eos", "ignore_eos"))
+        if self.min_tokens:
+            needed.append(("min_tokens", "min_tokens"))
+        return needed
 
 
 class JobPayload(_Frozen):
@@ -73,12 +103,34 @@ class StartedEvent(_Frozen):
     queue_ms: float
 
 
+class TokenLogprob(_Frozen):
+    """A token's log-probability and its ``top`` alternatives (token, logprob), best first."""
+
+    logprob: float
+    top: list[tuple[str, float]] = Field(default_factory=list)
+
+
 class TokensEvent(_Frozen):
-    """One or more consecutive tokens; ``index`` is the position of the first one."""
+    """One or more consecutive tokens; ``index`` is the position of the first one.
+
+    ``logprobs``, when the request asked for them, has one entry per token.
+    """
 
     type: Literal["tokens"] = "tokens"
     index: int = Field(ge=0)
     tokens: list[str] = Field(min_length=1)
+    #: Written only when asked for: the usual event stays as it was (and readable by
+    #: readers that predate the field).
+    logprobs: list[TokenLogprob] | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class ToolCallEvent(_Frozen):
+    """The model calls a tool: the tokens from ``index`` on are its JSON arguments."""
+
+    type: Literal["tool_call"] = "tool_call"
+    index: int = Field(ge=0)
+    id: str
+    name: str
 
 
 class DoneEvent(_Frozen):
@@ -100,7 +152,10 @@ class ErrorEvent(_Frozen):
     usage: Usage | None = None
 
 
-Event = Annotated[StartedEvent | TokensEvent | DoneEvent | ErrorEvent, Field(discriminator="type")]
+Event = Annotated[
+    StartedEvent | TokensEvent | ToolCallEvent | DoneEvent | ErrorEvent,
+    Field(discriminator="type"),
+]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -202,8 +257,15 @@ class Lifecycle(BaseModel):
         }
 
 
-class WorkerInfo(_Frozen):
-    """A worker's registry entry, refreshed by its heartbeat."""
+class WorkerInfo(BaseModel):
+    """A worker's registry entry, refreshed by its heartbeat.
+
+    Unknown fields are ignored, so that entries of newer workers stay readable.
+    ``capabilities``: what its model honours beyond plain text (see
+    the README's model interface); None for a worker that does not say.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     id: str
     host: str
@@ -213,3 +275,4 @@ class WorkerInfo(_Frozen):
     running: int
     started_at: float
     heartbeat_at: float
+    capabilities: tuple[str, ...] | None = None

@@ -42,7 +42,12 @@ NAMES = (
     "api_beat",
     "worker_beat",
     "publish",
+    "enqueue_batch",
 )
+
+#: Scripts that call another script's text as a local function of their own: the
+#: batch runs ``enqueue.lua`` once per request, as ``enqueue_one(KEYS, ARGV)``.
+EMBEDS = {"enqueue_batch": ("enqueue_one", "enqueue")}
 
 
 @cache
@@ -50,7 +55,15 @@ def source(name: str) -> str:
     """A script's text, helpers included."""
     folder = resources.files("llmq") / "lua"
     helpers = (folder / f"{HELPERS}.lua").read_text()
-    return helpers + "\n" + (folder / f"{name}.lua").read_text()
+    embedded = ""
+    if name in EMBEDS:
+        function, body = EMBEDS[name]
+        embedded = (
+            f"local function {function}(KEYS, ARGV)\n"
+            + (folder / f"{body}.lua").read_text()
+            + "\nend\n"
+        )
+    return helpers + "\n" + embedded + (folder / f"{name}.lua").read_text()
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,7 @@ class Scripts:
     api_beat: AsyncScript
     worker_beat: AsyncScript
     publish: AsyncScript
+    enqueue_batch: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()

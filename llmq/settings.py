@@ -138,6 +138,13 @@ class ApiSettings(CommonSettings):
         description="If this API process dies, its OpenAI-API requests (whose clients cannot "
         "resume) are cancelled after this long.",
     )
+    max_choices: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Most choices one OpenAI request may ask for: n times the number of "
+        "prompts; each choice is its own request in the queue.",
+    )
 
     enqueue_min_replicas: int = Field(
         0,

@@ -123,8 +123,8 @@ async def test_generation_timeout(stack_limits: StartApi) -> None:
             "/v1/completions",
             json={"model": "mock", "prompt": "x", "max_tokens": 1000, "generation_timeout": 0.2},
         )
-    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
-    assert finishes[-1] == "timeout"
+    closing = [c["choices"][0] for c in chunks if c.get("choices")][-1]
+    assert closing["finish_reason"] == "abort" and closing["llmq_finish_reason"] == "timeout"
     error = next(c for c in chunks if "error" in c)
     assert error["error"]["code"] == "generation_timeout"
     assert 0 < chunks[-1]["usage"]["completion_tokens"] < 1000

@@ -16,6 +16,6 @@ def test_delta_frames_are_the_encoded_delta_chunks(
     fmt_class: type[CompletionFormat], usage: bool, text: str
 ) -> None:
     sub = Submitted("abc", "mock", 1, 3, 5, 0.0)
-    fmt = fmt_class(sub, usage)
+    fmt = fmt_class([sub], usage)
     assert fmt.delta_frame(text) == sse.data(fmt.delta(text))
     assert fmt.delta_frame(text) == sse.data(fmt.delta(text))  # from the cached parts

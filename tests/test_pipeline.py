@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from api.routes import openai as routes
+from api import fanin
 from llmq import keys
 from tests.conftest import RunningApi, StartApi
 from tests.sse import frames, openai_chunks
@@ -192,7 +192,7 @@ async def test_a_stream_that_breaks_ends_with_an_error_chunk_and_done(
         raise ConnectionError("No connection available.")
         yield  # an async generator
 
-    monkeypatch.setattr(routes, "follow", broken)
+    monkeypatch.setattr(fanin, "follow", broken)
     body = {"model": "mock", "prompt": "p", "max_tokens": 50, "stream": True}
     async with stack.client() as client, client.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200

@@ -351,7 +351,8 @@ async def test_a_rerun_after_the_last_token_only_finishes(redis: Redis) -> None:
     expected = await undisturbed(30, seed=5)
     await seed_stream(redis, "r4", [TokensEvent(index=0, tokens=expected)])
     events = await run_once(redis, "r4", attempt=2, reader=CountingRedis(redis))
-    assert [type(e) for e in events] == [TokensEvent, StartedEvent, DoneEvent]
+    kinds: list[type] = [TokensEvent, StartedEvent, DoneEvent]
+    assert [type(e) for e in events] == kinds
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert done.usage.completion_tokens == 30 and done.finish_reason == "length"

@@ -14,13 +14,29 @@ BAD_COMPLETIONS: list[tuple[Any, int, str | None]] = [
     ({"model": "mock", "prompt": ""}, 400, "prompt"),
     ({"model": "mock", "prompt": "   "}, 400, "prompt"),
     ({"model": "mock", "prompt": []}, 400, "prompt"),
-    ({"model": "mock", "prompt": ["a", "b"]}, 400, "prompt"),
+    ({"model": "mock", "prompt": ["a", "b", "c", "d", "e"]}, 400, "prompt"),
+    ({"model": "mock", "prompt": ["a", " "]}, 400, "prompt[1]"),
+    ({"model": "mock", "prompt": ["a", "b"], "n": 3}, 400, "n"),
     ({"model": "mock", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"model": "mock", "prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
     ({"model": "mock", "prompt": "x", "max_tokens": 65}, 400, "max_tokens"),
     ({"model": "mock", "prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
     ({"model": "mock", "prompt": "word " * 33}, 400, "prompt"),
-    ({"model": "mock", "prompt": "x", "n": 2}, 400, "n"),
+    ({"model": "mock", "prompt": "x", "n": 5}, 400, "n"),
+    ({"model": "mock", "prompt": "x", "n": 0}, 400, "n"),
+    ({"model": "mock", "prompt": "x", "n": 1.5}, 400, "n"),
+    ({"model": "mock", "prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+    ({"model": "mock", "prompt": "x", "max_tokens": 2.0}, 400, "max_tokens"),
+    ({"model": "mock", "prompt": "x", "stream": "yes"}, 400, "stream"),
+    ({"model": "mock", "prompt": "x", "seed": False}, 400, "seed"),
+    ({"model": "mock", "prompt": "x", "temperature": "1"}, 400, "temperature"),
+    ({"model": "mock", "prompt": "x", "priority": True}, 400, "priority"),
+    ({"model": "mock", "prompt": "x", "max_tokens": 5, "min_tokens": 6}, 400, "min_tokens"),
+    ({"model": "mock", "prompt": "x", "logprobs": 6}, 400, "logprobs"),
+    ({"model": "mock", "prompt": "x", "ignore_eos": 1}, 400, "ignore_eos"),
+    ({"model": "mock", "prompt": "x", "echo": True}, 400, "echo"),
+    ({"model": "mock", "prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"model": "mock", "prompt": "x", "suffix": "end"}, 400, "suffix"),
     ({"model": "mock", "prompt": "x", "temperature": 5}, 400, "temperature"),
     ({"model": "mock", "prompt": "x", "priority": 10**9}, 400, "priority"),
     ({"model": "mock", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
@@ -56,7 +72,9 @@ BAD_CHATS: list[tuple[Any, int, str | None]] = [
 @pytest.fixture
 async def limited(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
     await start_worker()
-    return await start_api(max_tokens_limit=64, max_prompt_tokens=32, max_body_bytes=4096)
+    return await start_api(
+        max_tokens_limit=64, max_prompt_tokens=32, max_body_bytes=4096, max_choices=4
+    )
 
 
 async def _assert_refused(
@@ -91,6 +109,8 @@ async def test_bad_chat_requests(
 
 async def test_bad_native_request(limited: RunningApi, redis: Redis) -> None:
     await _assert_refused(limited, redis, "/v1/requests", {"model": "mock"}, 400, "prompt")
+    body = {"model": "mock", "prompt": "x", "n": 2}
+    await _assert_refused(limited, redis, "/v1/requests", body, 400, "n")
 
 
 async def test_invalid_json(limited: RunningApi, redis: Redis) -> None:

@@ -27,7 +27,7 @@ from llmq.settings import WorkerSettings
 from llmq.sweep import sweep_forever
 from llmq.tasks import cancel_and_wait
 from worker.claimed import ClaimingRedis
-from worker.model import MockModel, Model
+from worker.model import MockModel, Model, capabilities_of
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
 from worker.runner import RequestRunner
@@ -125,6 +125,7 @@ async def _heartbeat(
             running=len(runner.running),
             started_at=started_at,
             heartbeat_at=time.time(),
+            capabilities=capabilities_of(runner.model),
         )
         try:
             news = await worker.queue.renew(settings.model, worker.held, lease_ms)

@@ -36,7 +36,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq import codec, keys
-from llmq.schema import Event, Lifecycle, TokensEvent
+from llmq.schema import Event, Lifecycle, TokenLogprob, TokensEvent
 from llmq.scripts import scripts_for
 from llmq.tasks import cancel_and_wait
 
@@ -59,20 +59,26 @@ class _Pending:
     events: list[Event] = field(default_factory=list)
     tokens_start: int = 0
     tokens: list[str] = field(default_factory=list)
+    #: One per token when the request asked for log-probabilities, else empty.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     record: dict[str, str] = field(default_factory=dict)
     notes: list[Lifecycle] = field(default_factory=list)
 
     def close_tokens(self) -> None:
         if self.tokens:
-            self.events.append(TokensEvent(index=self.tokens_start, tokens=self.tokens))
-            self.tokens = []
+            logprobs = self.logprobs if len(self.logprobs) == len(self.tokens) else None
+            self.events.append(
+                TokensEvent(index=self.tokens_start, tokens=self.tokens, logprobs=logprobs)
+            )
+            self.tokens, self.logprobs = [], []
 
     def then(self, later: _Pending) -> None:
         """Append what was queued after this batch (this batch failed to land)."""
         self.close_tokens()
         self.events.extend(later.events)
         self.tokens_start, self.tokens = later.tokens_start, later.tokens
+        self.logprobs = later.logprobs
         self.waiters.extend(later.waiters)
         self.record.update(later.record)
         self.notes.extend(later.notes)
@@ -150,8 +156,10 @@ class StreamPublisher:
             p = self._pending[request_id] = _Pending(owner[0] if owner else 0)
         return p
 
-    def token(self, request_id: str, index: int, token: str) -> None:
-        """Queue one token; no round trip, no await."""
+    def token(
+        self, request_id: str, index: int, token: str, logprob: TokenLogprob | None = None
+    ) -> None:
+        """Queue one token (and its log-probability); no round trip, no await."""
         p = self._queue(request_id)
         if p.tokens and (
             p.tokens_start + len(p.tokens) != index or len(p.tokens) >= self._max_event_tokens
@@ -160,6 +168,8 @@ class StreamPublisher:
         if not p.tokens:
             p.tokens_start = index
         p.tokens.append(token)
+        if logprob is not None:
+            p.logprobs.append(logprob)
         self._wake.set()
 
     def note(self, lifecycle: Lifecycle) -> None:

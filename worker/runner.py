@@ -50,10 +50,18 @@ from llmq.schema import (
     LifecycleKind,
     StartedEvent,
     Timings,
+    ToolCallEvent,
     Usage,
 )
 from llmq.streams import published_tokens
-from worker.model import GenerationRequest, Model, seed_for
+from worker.model import (
+    GenerationRequest,
+    Model,
+    Token,
+    ToolCallStart,
+    capabilities_of,
+    seed_for,
+)
 from worker.publisher import Fenced, StreamPublisher
 
 log = logging.getLogger(__name__)
@@ -142,6 +150,13 @@ class RequestRunner:
             self._cancelled.pop(rid, None)
 
     async def _run(self, payload: JobPayload, attempt: int, started: float) -> None:
+        declared = capabilities_of(self.model)
+        missing = [p for c, p in payload.params.required_capabilities() if c not in declared]
+        if missing:
+            # Accepted while no worker could say (LLMQ_ACCEPT_MODELS): refuse, never ignore.
+            message = f"the model does not support {', '.join(missing)}"
+            await self.fail(payload.request_id, "unsupported_parameter", message)
+            return
         queue_ms = _ms(max(0.0, started - payload.enqueued_at))
         if attempt == 1:
             await self._generate_and_finish(payload, attempt, queue_ms, started, [], None)
@@ -290,14 +305,30 @@ class RequestRunner:
             stop=params.stop,
             temperature=params.temperature,
             generated=tuple(generated),
+            ignore_eos=params.ignore_eos,
+            min_tokens=params.min_tokens,
+            logprobs=params.logprobs,
+            response_format=params.response_format,
+            tools=params.tools,
+            tool_choice=params.tool_choice,
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(payload.generation_timeout):
-                async for token in self.model.generate(request):
+                async for out in self.model.generate(request):
+                    if isinstance(out, ToolCallStart):
+                        # Before its argument tokens, in stream order; not a token itself.
+                        event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
+                        # Not awaited: a failed write surfaces with the tokens' flush.
+                        written = self.publisher.post(rid, event)
+                        written.add_done_callback(lambda f: f.cancelled() or f.exception())
+                        continue
                     now = time.time()
-                    self.publisher.token(rid, progress.produced, token)
+                    if isinstance(out, Token):
+                        self.publisher.token(rid, progress.produced, str(out), out.logprob)
+                    else:
+                        self.publisher.token(rid, progress.produced, out)
                     progress.produced += 1
                     if progress.first_at is None:
                         # No ITL across the gap between runs; and a resumed request's

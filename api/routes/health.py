@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import Caller
 from api.errors import error_response
+from api.openapi import error_responses
 from api.state import State
 
 router = APIRouter(tags=["health"])
@@ -20,7 +21,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=None)
+@router.get("/readyz", response_model=None, responses=error_responses(503))
 async def readyz(state: State) -> dict[str, Any] | JSONResponse:
     """Ready: Redis answers and at least one worker is alive."""
     try:
@@ -35,7 +36,7 @@ async def readyz(state: State) -> dict[str, Any] | JSONResponse:
     return {"status": "ready", "workers": len(workers)}
 
 
-@router.get("/v1/workers")
+@router.get("/v1/workers", responses=error_responses(401))
 async def workers(state: State, _: Caller) -> dict[str, Any]:
     """Live workers from the registry: id, host, pid, model, cap, running."""
     listed = await state.catalog.workers()

@@ -18,19 +18,25 @@ from api.auth import Caller
 from api.cancel import cancel
 from api.errors import InvalidRequest, NotFound
 from api.follow import IDLE, follow
+from api.openapi import EVENT_STREAM, error_responses
 from api.relay import valid_id
 from api.schemas import NativeRequest
 from api.state import AppState, State
 from api.submit import submit
+from api.timing import RelayTimer
 from llmq import keys
-from llmq.schema import TERMINAL_STATUSES, RequestRecord
+from llmq.schema import TERMINAL_STATUSES, RequestRecord, TokensEvent, is_terminal
 
 router = APIRouter(tags=["native"])
 
 RequestId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-@router.post("/v1/requests", status_code=202)
+@router.post(
+    "/v1/requests",
+    status_code=202,
+    responses=error_responses(400, 401, 404, 413, 429, 503),
+)
 async def create(body: NativeRequest, state: State, owner: Caller) -> dict[str, Any]:
     sub = await submit(state, body, body.prompt, max_tokens=body.max_tokens, owner=owner)
     return {
@@ -54,7 +60,7 @@ async def _record(state: AppState, request_id: str, owner: str | None) -> Reques
     return record
 
 
-@router.get("/v1/requests/{request_id}")
+@router.get("/v1/requests/{request_id}", responses=error_responses(401, 404))
 async def status(request_id: RequestId, state: State, owner: Caller) -> dict[str, Any]:
     record = await _record(state, request_id, owner)
     body: dict[str, Any] = {"object": "request", **record.model_dump(exclude={"owner"})}
@@ -67,16 +73,24 @@ def _span(start: float | None, end: float | None) -> float | None:
     return round((end - start) * 1000, 3) if start is not None and end is not None else None
 
 
-async def _events(state: AppState, request_id: str, last_id: str) -> AsyncIterator[bytes]:
-    async for item in follow(state, request_id, last_id):
+async def _events(state: AppState, record: RequestRecord, last_id: str) -> AsyncIterator[bytes]:
+    # Read from the start, the stream is timed as an OpenAI response is (a resumed
+    # read is not: its client already had the first token).
+    timer = RelayTimer.since(state, record.model, record.created_at) if last_id == "0-0" else None
+    async for item in follow(state, record.id, last_id):
         if item is IDLE:
             yield sse.KEEPALIVE
             continue
         stream_id, event = item
+        if timer is not None:
+            if isinstance(event, TokensEvent):
+                timer.tokens()
+            elif is_terminal(event):
+                timer.end()
         yield sse.event(stream_id, event.type, event.model_dump_json())
 
 
-@router.delete("/v1/requests/{request_id}")
+@router.delete("/v1/requests/{request_id}", responses=error_responses(401, 404))
 async def delete(request_id: RequestId, state: State, owner: Caller) -> dict[str, Any]:
     """Cancel: a queued request never runs; a running one stops within a token interval."""
     record = await _record(state, request_id, owner)
@@ -91,7 +105,11 @@ async def delete(request_id: RequestId, state: State, owner: Caller) -> dict[str
     }
 
 
-@router.get("/v1/requests/{request_id}/events", response_model=None)
+@router.get(
+    "/v1/requests/{request_id}/events",
+    response_model=None,
+    responses={200: EVENT_STREAM, **error_responses(400, 401, 404)},
+)
 async def events(
     request_id: RequestId,
     state: State,
@@ -106,7 +124,7 @@ async def events(
             param="Last-Event-ID",
             code="invalid_value",
         )
-    await _record(state, request_id, owner)
+    record = await _record(state, request_id, owner)
     return StreamingResponse(
-        _events(state, request_id, resume), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+        _events(state, record, resume), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
     )

@@ -3,7 +3,10 @@
 With ``stream: true`` the answer is SSE chunks in OpenAI's shape ending with
 ``data: [DONE]``; otherwise one JSON body with ``usage``. A failure after the
 stream started is sent as a ``data: {"error": ...}`` chunk, then ``[DONE]``; a
-generation timeout first closes the choice with ``finish_reason: "timeout"``.
+generation timeout first closes the choice with ``finish_reason: "abort"``
+(``llmq_finish_reason: "timeout"``). Each choice of ``n`` > 1 or of a prompt list
+is its own request (:mod:`api.fanin` relays them together); one choice's error
+ends the response and cancels the others.
 A client that disconnects, streaming or not, cancels its request, and so does
 the death of this API process (after ``orphan_grace_seconds``): an OpenAI client
 cannot reconnect elsewhere, so its request is *attached* to this process.
@@ -11,9 +14,11 @@ cannot reconnect elsewhere, so its request is *attached* to this process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -22,14 +27,24 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import sse
 from api.auth import Caller
 from api.cancel import release_later, unless_disconnected
-from api.errors import ApiError, error_body
-from api.follow import IDLE, TokenCursor, follow
-from api.openai_format import ChatFormat, CompletionFormat
+from api.errors import ApiError, NotFound, error_body, json_error
+from api.extras import chat_extras, completion_extras
+from api.fanin import Item, merged
+from api.follow import IDLE, TokenCursor
+from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
+from api.openapi import GENERATION_RESPONSES, error_responses
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState, State, state_of
-from api.submit import submit
-from llmq import metrics
-from llmq.schema import DoneEvent, ErrorEvent, TokensEvent
+from api.submit import Submitted, submit_choices
+from api.timing import RelayTimer
+from llmq.schema import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    TokenLogprob,
+    TokensEvent,
+    ToolCallEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,63 +54,73 @@ router = APIRouter(tags=["openai"])
 CLIENT_CLOSED = 499
 
 
-class _Timer:
-    """TTFT and e2e as the API relays them, from the request's arrival at the handler."""
-
-    def __init__(self, state: AppState, model: str, arrived: float) -> None:
-        self.metrics, self.model, self.arrived = state.metrics, model, arrived
-        self.first = False
-
-    def tokens(self) -> None:
-        if not self.first:
-            self.first = True
-            self.metrics.observe(metrics.TTFT, time.monotonic() - self.arrived, self.model)
-
-    def end(self) -> None:
-        self.metrics.observe(metrics.E2E, time.monotonic() - self.arrived, self.model)
-
-
 def _error_status(event: ErrorEvent) -> int:
+    if event.code == "unsupported_parameter":
+        return 400
     return 504 if event.finish_reason == "timeout" else 500
 
 
 def _error_of(event: ErrorEvent) -> dict[str, Any]:
+    if event.code == "unsupported_parameter":
+        return error_body(event.message, "invalid_request_error", None, event.code)
     kind = "timeout_error" if event.finish_reason == "timeout" else "server_error"
     return error_body(event.message, kind, None, event.code)
 
 
+@dataclass
+class _Choice:
+    """What one choice relayed so far: tokens without gaps or repeats, its tool call."""
+
+    sub: Submitted
+    cursor: TokenCursor = field(default_factory=TokenCursor)
+    result: ChoiceResult = field(init=False)
+    #: Token index from which the tokens are a tool call's arguments.
+    tool_from: int | None = None
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.result = ChoiceResult(self.sub.index)
+
+    def tool(self, event: ToolCallEvent) -> bool:
+        """Note a tool call; False if it was already noted (a re-run writes it again)."""
+        if self.result.tool is not None:
+            return False
+        self.result.tool = (event.id, event.name)
+        self.tool_from = event.index
+        return True
+
+    def take(self, event: TokensEvent) -> tuple[list[str], list[str], list[TokenLogprob] | None]:
+        """The fresh tokens of ``event``: content, tool arguments, their logprobs."""
+        start = max(self.cursor.next_index, event.index)
+        fresh = self.cursor.take(event)
+        logprobs = event.logprobs[len(event.tokens) - len(fresh) :] if event.logprobs else None
+        cut = len(fresh) if self.tool_from is None else max(0, self.tool_from - start)
+        return fresh[:cut], fresh[cut:], logprobs
+
+
 async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> AsyncIterator[bytes]:
-    timer = _Timer(state, fmt.sub.model, arrived)
-    finished = False
+    timer = RelayTimer(state, fmt.sub.model, arrived)
+    choices = {s.index: _Choice(s) for s in fmt.subs}
+    usage = UsageSum()
     try:
-        opening = fmt.opening()
-        if opening is not None:
-            yield sse.data(opening)
-        cursor = TokenCursor()
-        async for item in follow(state, fmt.sub.id):
-            if item is IDLE:
-                yield sse.KEEPALIVE
-                continue
-            _, event = item
-            if isinstance(event, TokensEvent):
-                text = "".join(cursor.take(event))
-                if text:
-                    yield fmt.delta_frame(text)
+        for chunk in fmt.opening():
+            yield sse.data(chunk)
+        async with contextlib.aclosing(merged(state, fmt.subs)) as events:
+            async for index, item in events:
+                if item is IDLE:
+                    yield sse.KEEPALIVE
+                    continue
+                frames, ended = _frames(fmt, choices[index], item[1], usage)
+                for frame in frames:
+                    yield frame
+                if isinstance(item[1], TokensEvent) and frames:
                     timer.tokens()
-            elif isinstance(event, DoneEvent):
-                finished = True
-                timer.end()
-                yield sse.data(fmt.closing(event.finish_reason))
+                if ended:
+                    break  # one choice failed: the others are cancelled below
+            else:
                 if fmt.include_usage:
-                    yield sse.data(fmt.usage_chunk(event.usage))
-            elif isinstance(event, ErrorEvent):
-                finished = True
-                timer.end()
-                if event.code == "generation_timeout":
-                    yield sse.data(fmt.closing(event.finish_reason))
-                yield sse.data(_error_of(event))
-                if fmt.include_usage and event.usage:
-                    yield sse.data(fmt.usage_chunk(event.usage))
+                    yield sse.data(fmt.usage_chunk(usage.total()))
+        timer.end()
         yield sse.DONE
     except Exception as exc:
         # The status line is sent: end the stream the way OpenAI does, not truncated.
@@ -104,26 +129,97 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
         yield sse.data(error_body(message, "server_error", None, "stream_failed"))
         yield sse.DONE
     finally:
-        release_later(state, fmt.sub.model, fmt.sub.id, cancel=not finished)
+        for c in choices.values():
+            release_later(state, c.sub.model, c.sub.id, cancel=not c.finished)
+
+
+def _frames(
+    fmt: CompletionFormat, choice: _Choice, event: Event, usage: UsageSum
+) -> tuple[list[bytes], bool]:
+    """The SSE frames of one choice's event, and whether the response ends with it."""
+    index = choice.sub.index
+    if isinstance(event, TokensEvent):
+        return _token_frames(fmt, choice, event), False
+    if isinstance(event, ToolCallEvent):
+        opened = fmt.tool_start(index, event.id, event.name) if choice.tool(event) else None
+        return ([sse.data(opened)] if opened is not None else []), False
+    if isinstance(event, DoneEvent):
+        choice.finished = True
+        usage.add(choice.sub, event.usage)
+        tool_called = choice.tool_from is not None
+        return [sse.data(fmt.closing(event.finish_reason, index, tool_called))], False
+    if isinstance(event, ErrorEvent):
+        choice.finished = True
+        frames = []
+        if event.code == "generation_timeout":
+            frames.append(sse.data(fmt.closing(event.finish_reason, index)))
+        frames.append(sse.data(_error_of(event)))
+        if fmt.include_usage and event.usage and len(fmt.subs) == 1:
+            frames.append(sse.data(fmt.usage_chunk(event.usage)))
+        return frames, True
+    return [], False
+
+
+def _token_frames(fmt: CompletionFormat, choice: _Choice, event: TokensEvent) -> list[bytes]:
+    if choice.tool_from is None and event.logprobs is None:  # plain text: the hot path
+        fresh = choice.cursor.take(event)
+        return [fmt.delta_frame("".join(fresh), choice.sub.index)] if fresh else []
+    text, arguments, logprobs = choice.take(event)
+    index = choice.sub.index
+    frames = []
+    if text:
+        if logprobs is None:
+            frames.append(fmt.delta_frame("".join(text), index))
+        else:
+            pairs = list(zip(text, logprobs, strict=False))
+            frames.append(sse.data(fmt.delta("".join(text), index, pairs)))
+    if arguments:
+        frames.append(sse.data(fmt.tool_arguments(index, "".join(arguments))))
+    return frames
 
 
 async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Response:
-    timer = _Timer(state, fmt.sub.model, arrived)
-    cursor = TokenCursor()
-    parts: list[str] = []
-    async for item in follow(state, fmt.sub.id):
+    timer = RelayTimer(state, fmt.sub.model, arrived)
+    choices = {s.index: _Choice(s) for s in fmt.subs}
+    usage = UsageSum()
+    async with contextlib.aclosing(merged(state, fmt.subs)) as events:
+        return await _gather(fmt, choices, usage, timer, events)
+
+
+async def _gather(
+    fmt: CompletionFormat,
+    choices: dict[int, _Choice],
+    usage: UsageSum,
+    timer: RelayTimer,
+    events: AsyncIterator[tuple[int, Item]],
+) -> Response:
+    left = len(choices)
+    async for index, item in events:
         if item is IDLE:
             continue
-        _, event = item
+        choice, event = choices[index], item[1]
+        result = choice.result
         if isinstance(event, TokensEvent):
-            parts.extend(cursor.take(event))
+            text, arguments, logprobs = choice.take(event)
+            result.text.extend(text)
+            result.arguments.extend(arguments)
+            if logprobs is not None:
+                result.logprobs = (result.logprobs or []) + list(zip(text, logprobs, strict=False))
             timer.tokens()
+        elif isinstance(event, ToolCallEvent):
+            choice.tool(event)
         elif isinstance(event, DoneEvent):
-            timer.end()
-            return JSONResponse(fmt.full("".join(parts), event.finish_reason, event.usage))
+            choice.finished = True
+            result.finish = event.finish_reason
+            usage.add(choice.sub, event.usage)
+            left -= 1
+            if not left:
+                timer.end()
+                return JSONResponse(fmt.full([c.result for c in choices.values()], usage.total()))
         elif isinstance(event, ErrorEvent):
+            choice.finished = True
             timer.end()
-            return JSONResponse(_error_of(event), _error_status(event))
+            return json_error(_error_of(event), _error_status(event))
     raise ApiError("the stream ended without a result", status=500, code="internal_error")
 
 
@@ -138,24 +234,33 @@ async def _respond(
     try:
         response = await unless_disconnected(request, _collect(state, fmt, arrived))
     finally:
-        release_later(state, fmt.sub.model, fmt.sub.id, cancel=response is None)
+        # Every choice that did not end is cancelled: a disconnect, or one choice's error.
+        finished = response is not None and response.status_code == 200
+        for sub in fmt.subs:
+            release_later(state, sub.model, sub.id, cancel=not finished)
     if response is None:
         return Response(status_code=CLIENT_CLOSED)
     return response
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def completions(body: CompletionRequest, request: Request, owner: Caller) -> Response:
     arrived = time.monotonic()
     state = state_of(request)
-    sub = await submit(
-        state, body, body.prompt_text(), max_tokens=body.max_tokens, owner=owner, attach=True
+    subs = await submit_choices(
+        state,
+        body,
+        body.prompts(),
+        max_tokens=body.max_tokens,
+        owner=owner,
+        attach=True,
+        extras=completion_extras(body),
     )
-    fmt = CompletionFormat(sub, body.include_usage)
-    return await _respond(request, state, fmt, body.stream, arrived)
+    fmt = CompletionFormat(subs, body.include_usage, logprobs=body.logprobs is not None)
+    return await _respond(request, state, fmt, body.streaming, arrived)
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post("/v1/chat/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, owner: Caller
 ) -> Response:
@@ -165,29 +270,47 @@ async def chat_completions(
         raise ApiError("messages must contain some text", param="messages", code="invalid_value")
     requested = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    sub = await submit(
+    subs = await submit_choices(
         state,
         body,
-        body.prompt_text(),
+        [body.prompt_text()],
         max_tokens=requested,
         max_tokens_param=param,
         prompt_param="messages",
         owner=owner,
         attach=True,
+        extras=chat_extras(body),
     )
-    return await _respond(request, state, ChatFormat(sub, body.include_usage), body.stream, arrived)
+    fmt = ChatFormat(subs, body.include_usage, logprobs=bool(body.logprobs))
+    return await _respond(request, state, fmt, body.streaming, arrived)
 
 
-@router.get("/v1/models")
-async def models(state: State, _: Caller) -> dict[str, Any]:
-    workers = await state.catalog.workers()
+async def _served(state: AppState) -> dict[str, float]:
+    """Each served model and when its longest-running live worker started."""
     first_seen: dict[str, float] = {}
-    for w in workers:
+    for w in await state.catalog.workers():
         first_seen[w.model] = min(first_seen.get(w.model, w.started_at), w.started_at)
-    return {
-        "object": "list",
-        "data": [
-            {"id": m, "object": "model", "created": int(t), "owned_by": "llmq"}
-            for m, t in sorted(first_seen.items())
-        ],
-    }
+    return first_seen
+
+
+def _model_object(model: str, created: float) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": int(created), "owned_by": "llmq"}
+
+
+@router.get("/v1/models", responses=error_responses(401))
+async def models(state: State, _: Caller) -> dict[str, Any]:
+    served = await _served(state)
+    return {"object": "list", "data": [_model_object(m, t) for m, t in sorted(served.items())]}
+
+
+@router.get("/v1/models/{model:path}", responses=error_responses(401, 404))
+async def model(model: str, state: State, _: Caller) -> dict[str, Any]:
+    """One served model (the SDK's ``models.retrieve``); 404 if no live worker serves it."""
+    served = await _served(state)
+    if model not in served:
+        raise NotFound(
+            f"the model '{model}' does not exist or no worker serves it",
+            param="model",
+            code="model_not_found",
+        )
+    return _model_object(model, served[model])

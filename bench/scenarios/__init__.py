@@ -7,6 +7,7 @@ from collections.abc import Callable
 from bench.scenario import Context, ScenarioResult
 from bench.scenarios import (
     capacity,
+    choices,
     light,
     multihost,
     overload,
@@ -25,4 +26,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "recovery": recovery.run,
     "redis-faults": redis_faults.run,
     "multihost": multihost.run,
+    "choices": choices.run,
 }

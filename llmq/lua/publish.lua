@@ -57,6 +57,13 @@ for i = events_from, record_from - 1, 4 do
           table.insert(rest, event.tokens[k])
         end
         event.tokens, event.index = rest, next_index
+        if type(event.logprobs) == 'table' then
+          local kept = {}
+          for k = next_index - index + 1, #event.logprobs do
+            table.insert(kept, event.logprobs[k])
+          end
+          event.logprobs = kept
+        end
         data = cjson.encode(event)
       end
       add(kind, data)
