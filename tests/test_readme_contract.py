@@ -176,6 +176,7 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "running",
         "started_at",
         "heartbeat_at",
+        "capabilities",
     }
     assert worker["model"] == "mock" and worker["concurrency"] == 8
     assert worker["running"] == 1

@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from api.follow import follow as real_follow
-from api.routes import openai as routes
+from api import fanin
 from api.state import AppState
 from llmq import keys
 from llmq.schema import Event, TokensEvent
@@ -43,7 +43,7 @@ async def test_a_stream_that_fails_mid_way_ends_with_an_error_chunk_and_done(
                 if relayed == BREAK_AFTER:
                     raise ConnectionError("No connection available.")
 
-    monkeypatch.setattr(routes, "follow", breaks_mid_way)
+    monkeypatch.setattr(fanin, "follow", breaks_mid_way)
     body = {"model": "mock", "prompt": "p", "max_tokens": 200, "stream": True}
     async with stack.client() as client, client.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
