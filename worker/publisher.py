@@ -100,7 +100,7 @@ class StreamPublisher:
         self._owners: dict[str, tuple[int, OnFenced | None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._backoff = ExponentialBackoff(cap=0.5, base=0.02)
+        self._backoff = ExponentialBackoff(cap=0.1, base=0.01)
 
     @property
     def redis(self) -> Redis:
