@@ -1,10 +1,11 @@
 """Writing events to request streams and records, from any process.
 
-Workers write through their batching publisher; the API and the deadline sweep
-write the terminal event of a request that never reached a worker (cancelled or
-timed out while queued). Both use these helpers so that every written stream
-gets its TTL and stays capped. :func:`published_tokens` reads back what a stream
-already holds, so that a re-run can resume after it.
+Workers write through their batching publisher and its fenced script
+(``llmq/lua/publish.lua``); the API and the deadline sweep write the terminal event
+of a request that never reached a worker (cancelled or timed out while queued) with
+these helpers, so that every written stream gets its TTL and stays capped.
+:func:`published_tokens` reads back what a stream already holds, so that a re-run
+can resume after it.
 """
 
 from __future__ import annotations

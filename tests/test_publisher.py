@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
+from llmq.embedded import EmbeddedRedis
 from llmq.schema import DoneEvent, StartedEvent, Timings, TokensEvent, Usage, decode_event
 from worker.publisher import StreamPublisher
 
@@ -73,3 +76,36 @@ async def test_interleaved_streams_keep_their_order(
     for rid in ("a", "b"):
         tokens = [t for e in await read(redis, rid) if isinstance(e, TokensEvent) for t in e.tokens]
         assert tokens == [f"{rid}{i}" for i in range(30)]
+
+
+async def test_writes_that_cannot_land_are_kept_in_order_and_logged_once(
+    own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis goes away mid-stream: nothing is dropped, the order holds, the waiter of
+    the terminal event waits until it is written, and the outage is logged once."""
+    client = Redis.from_url(own_redis.url, decode_responses=True)
+    p = StreamPublisher(client, maxlen=1000, ttl_seconds=60, max_event_tokens=4)
+    p.start()
+    try:
+        await p.emit("r", StartedEvent(worker="w", attempt=1, queue_ms=0))
+        for i in range(5):
+            p.token("r", i, f"t{i}")
+        await asyncio.sleep(0)
+        await asyncio.to_thread(own_redis.kill)
+        for i in range(5, 12):
+            p.token("r", i, f"t{i}")
+        with caplog.at_level(logging.WARNING, logger="worker.publisher"):
+            ended = asyncio.ensure_future(p.emit("r", done(), record={"status": "done"}))
+            await asyncio.sleep(0.5)  # the outage: many retries
+            assert not ended.done()
+            await asyncio.to_thread(own_redis.start)
+            await asyncio.wait_for(ended, timeout=10)
+        events = await read(client, "r")
+    finally:
+        await p.stop()
+        await client.aclose()
+    tokens = [t for e in events if isinstance(e, TokensEvent) for t in e.tokens]
+    assert tokens == [f"t{i}" for i in range(12)]
+    assert isinstance(events[-1], DoneEvent)
+    assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 12
+    assert len([r for r in caplog.records if "stream writes failed" in r.message]) == 1

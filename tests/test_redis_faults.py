@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
-from llmq.schema import StartedEvent, TokensEvent
+from llmq.schema import DoneEvent, StartedEvent, TokensEvent
 from tests.conftest import RunningApi, SpawnWorkers, StartApi, StartWorker
 from tests.native import record, submit, wait_ready, wait_status
 from tests.procs import Proc, clean_env
@@ -217,6 +217,19 @@ async def test_a_cancel_sent_while_the_worker_is_not_subscribed_still_stops_it(
         took = time.monotonic() - t0
     assert stopped["status"] == "cancelled" and stopped["completion_tokens"] < 1000
     assert took < 0.2 + 0.8  # one heartbeat, plus margin for a loaded machine
+    # Redis: the slot is free, and the stream ends with the cancel, counting what it holds
+    await wait_until(
+        lambda: no_running(redis), timeout=5, what="the cancelled request's lease to go"
+    )
+    events = [e for _, e in await stream_events(redis, rid)]
+    held = sum(len(e.tokens) for e in events if isinstance(e, TokensEvent))
+    end = events[-1]
+    assert isinstance(end, DoneEvent) and end.finish_reason == "cancelled"
+    assert end.usage.completion_tokens == held == stopped["completion_tokens"]
+
+
+async def no_running(redis: Redis) -> bool:
+    return int(await redis.zcard(keys.running("mock"))) == 0
 
 
 async def test_a_fenced_worker_stops_and_writes_nothing_after_losing_its_lease(

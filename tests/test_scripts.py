@@ -174,3 +174,18 @@ async def test_retried_tokens_are_written_once_and_the_end_counts_the_stream(
     assert len(await stream(redis, "r2")) == 3
     raw = (await redis.xrange(keys.stream("r2")))[1][1]["data"]
     assert json.loads(raw)["tokens"] == ["d", "é"]
+
+
+async def test_an_api_process_lease_survives_a_gap_but_not_real_silence(
+    queue: Queue, redis: Redis
+) -> None:
+    await queue.api_beat("api-1", grace_seconds=1.0)
+    await cast("Awaitable[int]", redis.sadd(keys.attached("api-1"), "r1:mock"))
+    real, lease = await lease_clock(redis)
+    await set_clock(redis, real=real - 10_000, lease=lease)  # a 10 s stall
+    assert await queue.cancel_orphans() == []
+    _, lease = await lease_clock(redis)
+    await set_clock(redis, lease=lease + 1_500)  # 1.5 s of live time without a beat
+    assert await queue.cancel_orphans() == ["r1"]
+    assert await redis.exists(keys.cancel_flag("r1")) == 1
+    assert await redis.zscore(keys.APIS, "api-1") is None  # forgotten once empty

@@ -106,7 +106,7 @@ class StreamPublisher:
         self._owners: dict[str, tuple[int, OnFenced | None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._backoff = ExponentialBackoff(cap=0.5, base=0.02)
+        self._backoff = ExponentialBackoff(cap=0.1, base=0.01)
 
     @property
     def redis(self) -> Redis:
@@ -287,7 +287,11 @@ class StreamPublisher:
         return pipe
 
     def _fenced(self, request_id: str, p: _Pending) -> None:
-        log.warning(
+        owner = self._owners.get(request_id)
+        running = owner is not None and owner[0] <= p.attempt
+        # A run that ended (e.g. handed back on a stop) leaving writes queued is normal.
+        log.log(
+            logging.WARNING if running else logging.INFO,
             "request %s: attempt %d is fenced off (a later attempt owns it); its writes "
             "are dropped",
             request_id,
@@ -297,6 +301,5 @@ class StreamPublisher:
         for w in p.waiters:
             if not w.done():
                 w.set_exception(Fenced(request_id))
-        owner = self._owners.get(request_id)
-        if owner is not None and owner[0] <= p.attempt and owner[1] is not None:
+        if running and owner is not None and owner[1] is not None:
             owner[1](request_id)

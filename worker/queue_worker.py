@@ -102,11 +102,6 @@ class QueueWorker(Worker):
         self._reads: dict[str, ClaimedJob] = {}  # claimed, not yet read by run_job
 
     @property
-    def claimed(self) -> list[str]:
-        """Ids of the requests this worker holds (and must keep leasing)."""
-        return list(self._claims)
-
-    @property
     def held(self) -> dict[str, int]:
         """The requests this worker holds, with the attempt (fencing token) of each."""
         return {rid: attempt for rid, (_, attempt) in self._claims.items()}
