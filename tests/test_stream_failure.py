@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from api.follow import follow as real_follow
 from api import fanin
+from api.follow import follow as real_follow
 from api.state import AppState
 from llmq import keys
 from llmq.schema import Event, TokensEvent
