@@ -10,10 +10,12 @@ bridge. Three parts:
   against the same stack (three workers, one API, one Redis) on loopback,
   interleaved; TTFT and ITL medians and their ratios;
 * worker partitions: one stream at a time; the link of the host running it is cut
-  mid-stream and healed once the stream has ended; stall = cut -> the next new
-  token at the client;
+  mid-stream and healed once the stream has ended;
 * Redis failovers: four streams; the primary is SIGKILLed and restarted (it comes
-  back as a replica); stall = the longest gap between two chunks of a stream.
+  back as a replica).
+
+Stall: the client's longest wait for a chunk after the fault (chunks in flight at
+the fault do not end it).
 
 After each fault the client's text is compared with the mock model's output for
 its seed (tokens lost or duplicated at the client) and the request's stream in
@@ -277,7 +279,8 @@ def _result(
             f"Worker partitions: the link of the host that the request's record names as "
             f"its worker is cut after 20 tokens; in {len(reruns)} of {len(partitions)} the "
             "request then re-ran on another host (the stall figures are over these); in "
-            "the others it was no longer running there and its stream went on.",
+            "the others it was no longer running there and its stream went on. Stall: "
+            "the client's longest wait for a chunk after the fault.",
             faults_table,
             *(target_line(t.description, t.met, t.detail) for t in targets),
         ]
