@@ -90,7 +90,7 @@ async def run_failover(stack: Stack) -> Failover:
     small = json.dumps({"model": "mock", "prompt": "ack", "max_tokens": 2})
     acked = client(stack, "submit", stack.api_url("api1"), small, "5")
     plain = client(stack, "submit", stack.api_url("api2"), small, "5")
-    await acked.wait(lambda ls: len(ls) >= 5, timeout=10, what="acknowledged submissions")
+    await acked.wait(lambda ls: len(ls) >= 5, timeout=20, what="acknowledged submissions")
     stack.redis["redis1"].kill()
     killed_at = time.time()
 

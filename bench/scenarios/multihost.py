@@ -10,10 +10,12 @@ bridge. Three parts:
   against the same stack (three workers, one API, one Redis) on loopback,
   interleaved; TTFT and ITL medians and their ratios;
 * worker partitions: one stream at a time; the link of the host running it is cut
-  mid-stream and healed once the stream has ended; stall = cut -> the next new
-  token at the client;
+  mid-stream and healed once the stream has ended;
 * Redis failovers: four streams; the primary is SIGKILLed and restarted (it comes
-  back as a replica); stall = the longest gap between two chunks of a stream.
+  back as a replica).
+
+Stall: the client's longest wait for a chunk after the fault (chunks in flight at
+the fault do not end it).
 
 After each fault the client's text is compared with the mock model's output for
 its seed (tokens lost or duplicated at the client) and the request's stream in
@@ -23,9 +25,6 @@ Redis is read back (indices stored twice, indices missing).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import difflib
-import json
 import os
 import shutil
 import time
@@ -33,20 +32,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
-from redis.asyncio import Redis
 
 from bench import traffic
 from bench.procs import Stack as LocalStack
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
-from bench.scenarios.recovery import Sizes as StreamSizes
-from bench.scenarios.recovery import Stream, _consume, _expected_text
+from bench.scenarios import host_faults
 from bench.stats import median, median_of, paired_ratios
-from llmq import keys
-from llmq.connection import connect
 from llmq.hosts import Stack, start_stack
-from llmq.netns import REDIS_PORT, SENTINEL_MASTER, SENTINEL_PORT, Cluster
-from llmq.settings import CommonSettings
+from llmq.netns import Cluster
 from loadgen import LoadConfig
 
 
@@ -87,11 +81,22 @@ def run(ctx: Context) -> ScenarioResult:
         stack.start_api("api1", enqueue_min_replicas=1, enqueue_replica_timeout_ms=1000)
         stack.wait_ready()
         latency = _latency(ctx, s, stack)
+        post_ms = _post_costs(ctx, stack)
         ctx.say(f"  {s.partitions} worker partitions")
-        partitions = [asyncio.run(_partition(s, stack, i)) for i in range(s.partitions)]
+        partitions = [
+            asyncio.run(host_faults.partition(stack, i, s.partition_tokens, s.tokens_per_second))
+            for i in range(s.partitions)
+        ]
         ctx.say(f"  {s.failovers} Redis failovers")
-        failovers = [asyncio.run(_failover(s, stack, i)) for i in range(s.failovers)]
-    return _result(ctx, s, latency, partitions, failovers)
+        failovers = [
+            asyncio.run(
+                host_faults.failover(
+                    stack, i, s.failover_streams, s.failover_tokens, s.tokens_per_second
+                )
+            )
+            for i in range(s.failovers)
+        ]
+    return _result(ctx, s, latency, post_ms, partitions, failovers)
 
 
 # -- latency ----------------------------------------------------------------------------
@@ -133,222 +138,32 @@ def _latency(ctx: Context, s: Sizes, stack: Stack) -> dict[str, list[dict[str, A
         )
 
 
-# -- faults -----------------------------------------------------------------------------
+POSTS = 50
 
 
-async def _stream_check(redis: Redis, stream: Stream, expected: str, tokens: int) -> dict[str, Any]:
-    """Tokens lost and duplicated at the client, and indices doubled or missing in Redis."""
-    got, want = stream.text.split(" "), expected.split(" ")
-    lost = dup = 0
-    for op, a1, a2, b1, b2 in difflib.SequenceMatcher(a=want, b=got, autojunk=False).get_opcodes():
-        if op in ("delete", "replace"):
-            lost += a2 - a1
-        if op in ("insert", "replace"):
-            dup += b2 - b1
-    indices: list[int] = []
-    if stream.request_id:
-        for _, fields in await redis.xrange(keys.stream(stream.request_id)):
-            event = json.loads(fields["data"])
-            if event.get("type") == "tokens":
-                indices.extend(range(event["index"], event["index"] + len(event["tokens"])))
-    return {
-        "client_lost": lost,
-        "client_duplicated": dup,
-        "finished": stream.done and stream.error is None,
-        "stored_duplicates": len(indices) - len(set(indices)),
-        "stored_missing": tokens - len(set(indices)),
-    }
-
-
-async def _run_streams(
-    url: str, streams: list[Stream], sizes: StreamSizes, timeout: float
-) -> list[asyncio.Task[None]]:
-    client = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60.0, connect=5.0))
-    tasks = [asyncio.create_task(_consume(client, sizes, st)) for st in streams]
-
-    async def close_later() -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait(tasks, timeout=timeout)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await client.aclose()
-
-    closer = asyncio.create_task(close_later())
-    return [*tasks, closer]
-
-
-async def _until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-def _redis(stack: Stack) -> Redis:
-    env = stack.redis_env()
-    settings = CommonSettings(
-        redis_url=env["LLMQ_REDIS_URL"], redis_sentinels=env.get("LLMQ_REDIS_SENTINELS", "")
-    )
-    return connect(settings, max_connections=4)
-
-
-async def _partition(s: Sizes, stack: Stack, i: int) -> dict[str, Any]:
-    sizes = StreamSizes(max_tokens=s.partition_tokens, tokens_per_second=s.tokens_per_second)
-    stream = Stream(0, seed=5000 + i, prompt=f"partition {i}")
-    tasks = await _run_streams(stack.api_url("api2"), [stream], sizes, timeout=60)
-    redis = _redis(stack)
-    http = httpx.AsyncClient(base_url=stack.api_url("api2"), timeout=5)
-    host: str | None = None
-    try:
-
-        async def flowing() -> bool:
-            return stream.received >= 20 and stream.request_id is not None
-
-        await _until(flowing, 30, "20 tokens")
-        worker = (await http.get(f"/v1/requests/{stream.request_id}")).json()["worker"]
-        host = stack.worker_host(str(worker))
-        assert host is not None
-        cut_mono = time.monotonic()
-        stack.cluster.cut(host)
-        at_cut = stream.received
-        await asyncio.wait(tasks[:-1], timeout=60)
-        new_token = next(
-            (t for t, seen, n in stream.chunks if seen + n > at_cut and t > cut_mono), None
-        )
-    finally:
-        if host is not None:
-            stack.cluster.heal(host)
-    expected = await _expected_text(sizes, stream)
-    out = await _stream_check(redis, stream, expected, s.partition_tokens)
-    record = (await http.get(f"/v1/requests/{stream.request_id}")).json()
-
-    async def rejoined() -> bool:
-        r = await http.get("/v1/workers")
-        return r.status_code == 200 and len(r.json()["data"]) == len(stack.workers)
-
-    with contextlib.suppress(TimeoutError):  # a worker still away shows in the next fault
-        await _until(rejoined, 15, "the healed worker to rejoin")
-    await tasks[-1]
-    await http.aclose()
-    await redis.aclose(close_connection_pool=True)
-    return {
-        **out,
-        "host": host,
-        "stall_s": None if new_token is None else new_token - cut_mono,
-        "attempts": record.get("attempts"),
-    }
-
-
-async def _primary(stack: Stack) -> str:
-    for host in ("redis1", "redis2", "redis3"):
-        sentinel = Redis(
-            host=stack.cluster.hosts[host].address, port=SENTINEL_PORT, socket_timeout=1
-        )
-        try:
-            found = await sentinel.sentinel_get_master_addr_by_name(SENTINEL_MASTER)  # type: ignore[no-untyped-call]
-            address = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
-            return next(n for n, h in stack.cluster.hosts.items() if h.address == address)
-        except Exception:
-            continue
-        finally:
-            await sentinel.aclose()
-    raise RuntimeError("no Sentinel answers")
-
-
-async def _replica_ready(stack: Stack, host: str) -> bool:
-    """``host`` replicates the primary and every Sentinel lists it as a healthy replica."""
-    try:
-        node = Redis(
-            host=stack.cluster.hosts[host].address, port=REDIS_PORT, password=stack.cluster.password
-        )
-        info = await node.info("replication")
-        await node.aclose()
-        if info.get("master_link_status") != "up":
-            return False
-        for sentinel_host in ("redis1", "redis2", "redis3"):
-            sentinel = Redis(host=stack.cluster.hosts[sentinel_host].address, port=SENTINEL_PORT)
-            replicas = await sentinel.sentinel_slaves(SENTINEL_MASTER)  # type: ignore[no-untyped-call]
-            await sentinel.aclose()
-            address = stack.cluster.hosts[host].address
-            if not any(r["ip"] == address and not r["is_sdown"] for r in replicas):
-                return False
-    except Exception:
-        return False
-    return True
-
-
-async def _submit(url: str, stop: asyncio.Event, accepted: list[str]) -> int:
-    refused = 0
+async def _post_ms(url: str) -> float | None:
+    """Median time to the 202 of ``POSTS`` native submissions, one after the other."""
+    times = []
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        while not stop.is_set():
-            body = {"model": "mock", "prompt": "ack", "max_tokens": 2}
-            try:
-                r = await http.post("/v1/requests", json=body)
-                if r.status_code == 202:
-                    accepted.append(r.json()["id"])
-                else:
-                    refused += 1
-            except httpx.HTTPError:
-                refused += 1
-            await asyncio.sleep(0.05)
-    return refused
+        for _ in range(POSTS):
+            began = time.perf_counter()
+            body = {"model": "mock", "prompt": "p", "max_tokens": 1}
+            if (await http.post("/v1/requests", json=body)).status_code == 202:
+                times.append((time.perf_counter() - began) * 1000)
+    return median(times)
 
 
-async def _failover(s: Sizes, stack: Stack, i: int) -> dict[str, Any]:
-    sizes = StreamSizes(max_tokens=s.failover_tokens, tokens_per_second=s.tokens_per_second)
-    streams = [
-        Stream(n, seed=9000 + 10 * i + n, prompt=f"failover {i}") for n in range(s.failover_streams)
-    ]
-    tasks = await _run_streams(stack.api_url("api2"), streams, sizes, timeout=20)
-    primary = await _primary(stack)
-
-    async def flowing() -> bool:
-        return all(st.received >= 20 for st in streams)
-
-    await _until(flowing, 30, "20 tokens per stream")
-    stop = asyncio.Event()
-    acked: list[str] = []
-    plain: list[str] = []
-    submitters = [
-        asyncio.create_task(_submit(stack.api_url("api1"), stop, acked)),
-        asyncio.create_task(_submit(stack.api_url("api2"), stop, plain)),
-    ]
-    await asyncio.sleep(0.5)  # submissions before the kill
-    stack.redis[primary].kill()
-    kill_mono = time.monotonic()
-
-    async def switched() -> bool:
-        return await _primary(stack) != primary
-
-    await _until(switched, 30, "the Sentinels to promote a replica")
-    failover_s = time.monotonic() - kill_mono
-    await asyncio.sleep(1.0)  # submissions after the switch
-    stop.set()
-    await asyncio.gather(*submitters)
-    await tasks[-1]
-    new_primary = await _primary(stack)
-    stack.redis[primary] = stack.cluster.start_redis(primary, replica_of=new_primary)
-    redis = _redis(stack)
-    checks = []
-    for st in streams:
-        gaps = [b[0] - a[0] for a, b in zip(st.chunks, st.chunks[1:], strict=False)]
-        check = await _stream_check(redis, st, await _expected_text(sizes, st), s.failover_tokens)
-        checks.append({**check, "stall_s": max(gaps, default=None)})
-    missing = {}
-    for name, ids in (("acked", acked), ("plain", plain)):
-        missing[name] = sum([not await redis.exists(keys.request(rid)) for rid in ids])
-    await redis.aclose(close_connection_pool=True)
-    with contextlib.suppress(TimeoutError):
-        await _until(lambda: _replica_ready(stack, primary), 30, "the old primary to replicate")
-    return {
-        "killed": primary,
-        "failover_s": failover_s,
-        "streams": checks,
-        "accepted": {"acked": len(acked), "plain": len(plain)},
-        "missing": missing,
-    }
+def _post_costs(ctx: Context, stack: Stack) -> dict[str, float | None]:
+    """What waiting for a replica adds to accepting a request, interleaved."""
+    runs = interleave(
+        ctx,
+        ctx.repeats,
+        [
+            ("plain", lambda i: {"ms": asyncio.run(_post_ms(stack.api_url("api2")))}),
+            ("wait", lambda i: {"ms": asyncio.run(_post_ms(stack.api_url("api1")))}),
+        ],
+    )
+    return {name: median_of(r, "ms") for name, r in runs.items()}
 
 
 # -- report -----------------------------------------------------------------------------
@@ -358,6 +173,7 @@ def _result(
     ctx: Context,
     s: Sizes,
     latency: dict[str, list[dict[str, Any]]],
+    post_ms: dict[str, float | None],
     partitions: list[dict[str, Any]],
     failovers: list[dict[str, Any]],
 ) -> ScenarioResult:
@@ -378,7 +194,8 @@ def _result(
         values = [x["stall_s"] for x in items if x["stall_s"] is not None]
         return median(values), (max(values) if values else None)
 
-    p_med, p_max = stalls(partitions)
+    reruns = [p for p in partitions if p["rerun"]]
+    p_med, p_max = stalls(reruns)
     f_med, f_max = stalls(f_streams)
     failover_med = median(f["failover_s"] for f in failovers)
     fault_rows = []
@@ -386,7 +203,7 @@ def _result(
         ("worker partition", partitions, len(partitions)),
         ("Redis failover", f_streams, len(failovers)),
     ):
-        med, worst = stalls(items)
+        med, worst = stalls(reruns if items is partitions else items)
         fault_rows.append(
             [
                 label,
@@ -450,12 +267,20 @@ def _result(
             f"{s.output_tokens}, model {s.tokens_per_second:g} tok/s) from the root "
             f"namespace, {ctx.repeats} interleaved repeats, medians of the runs:",
             lat_table,
+            f"Accepting a request (`POST /v1/requests`, answer time, {POSTS} back to back "
+            f"per repeat, median of the repeats): {fmt(post_ms['plain'], 2)} ms without "
+            f"`WAIT`, {fmt(post_ms['wait'], 2)} ms with `WAIT` for one replica.",
             f"Faults: lease {s.lease_seconds:g} s, heartbeat {s.heartbeat_seconds:g} s; "
             f"Sentinel down-after 1 s; failover time (kill -> Sentinels name the new "
             f"primary) median {fmt(failover_med, 2)} s. Acknowledged requests: "
             f"{acked} accepted through API host 1 (WAIT) around the kills, {lost_acked} "
             f"missing on the new primary; through API host 2 (no WAIT) {plain} "
             f"accepted, {lost_plain} missing.",
+            f"Worker partitions: the link of the host that the request's record names as "
+            f"its worker is cut after 20 tokens; in {len(reruns)} of {len(partitions)} the "
+            "request then re-ran on another host (the stall figures are over these); in "
+            "the others it was no longer running there and its stream went on. Stall: "
+            "the client's longest wait for a chunk after the fault.",
             faults_table,
             *(target_line(t.description, t.met, t.detail) for t in targets),
         ]
@@ -463,6 +288,7 @@ def _result(
     data = {
         "settings": asdict(s),
         "latency": latency,
+        "post_ms_median": post_ms,
         "partitions": partitions,
         "failovers": failovers,
         "partition_stall_s": {"median": p_med, "max": p_max},
