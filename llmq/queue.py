@@ -190,6 +190,7 @@ class Queue:
             keys.running(model),
             keys.leases(model),
             keys.CLOCK,
+            keys.WORKERS,
         ], [
             request_id,
             call.score,

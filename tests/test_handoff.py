@@ -10,9 +10,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from llmq import keys
+from llmq import keys, registry
 from llmq.queue import Admission, Claim, Queue, parse_handoff
-from llmq.schema import Lifecycle
+from llmq.schema import Lifecycle, WorkerInfo
 from tests.conftest import StartApi, StartWorker
 from tests.native import submit, wait_ready, wait_status
 from tests.waiting import wait_until
@@ -50,6 +50,18 @@ async def enqueue(queue: Queue, rid: str, cost: int = 1, score: int = 1) -> Admi
 async def claim(
     queue: Queue, worker: str, free: int, budget: int | None = None, idle: bool = True
 ) -> Claim:
+    """A claim by a live worker (its registry heartbeat comes first, as in a worker)."""
+    info = WorkerInfo(
+        id=worker,
+        host="h",
+        pid=1,
+        model="mock",
+        concurrency=free,
+        running=0,
+        started_at=0.0,
+        heartbeat_at=0.0,
+    )
+    await registry.heartbeat(queue.redis, info, ttl_seconds=5)
     return await queue.claim(
         "mock",
         lease_ms=3000,
@@ -112,6 +124,21 @@ async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
     assert await redis.zscore(keys.DEADLINES, keys.deadline_member("r1", "mock")) is None
     # One slot left: still parked, with one free.
     assert await terms(redis, "w1") == "1|-1|0|3000|4000"
+
+
+async def test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skipped(
+    redis: Redis, queue: Queue, listener: PubSub
+) -> None:
+    # A worker cut off from Redis leaves a half-open subscription that PUBLISH counts.
+    await listener.subscribe(keys.handoff("w1"))
+    await claim(queue, "w1", free=2)
+    beat = await redis.zscore(keys.WORKERS, "w1")
+    assert beat is not None
+    await redis.zadd(keys.WORKERS, {"w1": beat - 3001})  # older than its 3 s lease
+    assert await enqueue(queue, "r1") == Admission.QUEUED
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
+    assert await redis.zcard(keys.running("mock")) == 0
+    assert await terms(redis, "w1") is None
 
 
 async def test_the_hand_off_that_takes_the_last_free_slot_unparks(

@@ -6,7 +6,10 @@
 -- channel with everything a claim would have returned (llmq.codec.Handoff), so it
 -- starts without a claim round trip. PUBLISH counts the receivers: a worker that is
 -- not listening (dead, reconnecting) is unparked and the next one tried; with none,
--- the request is queued as usual.
+-- the request is queued as usual. PUBLISH also counts a half-open connection of a
+-- worker cut off from Redis, so a parked worker whose registry heartbeat (in lease
+-- time, see worker_beat.lua) is older than its lease is skipped and unparked too: it
+-- could not renew the lease it would be handed.
 local queue_key = KEYS[1]
 local job_key = KEYS[2]
 local record_key = KEYS[3]
@@ -19,6 +22,7 @@ local terms_key = KEYS[9]
 local running_key = KEYS[10]
 local leases_key = KEYS[11]
 local clock_key = KEYS[12]
+local workers_key = KEYS[13]
 
 local id = ARGV[1]
 local score = ARGV[2]
@@ -65,7 +69,8 @@ if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 t
     if terms then
       free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
     end
-    if not free then
+    local beat = tonumber(redis.call('ZSCORE', workers_key, w) or '0')
+    if not free or now - beat > tonumber(lease) then
       unpark(w)
     elseif idle == '1' or tonumber(budget) < 0 or n_cost <= tonumber(budget) then
       local message = id .. '|' .. score .. '|' .. cost .. '|1|' .. job
