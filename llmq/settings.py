@@ -25,7 +25,10 @@ class CommonSettings(BaseSettings):
         description="Redis URL; password and TLS (rediss://) come through it.",
     )
     redis_max_connections: int = Field(
-        64, ge=2, le=10_000, description="Size of each process's Redis connection pool."
+        0,
+        ge=0,
+        le=10_000,
+        description="Size of each process's Redis connection pool; 0: from its concurrency.",
     )
     redis_pool_timeout_seconds: float = Field(
         2.0, gt=0, description="How long a command waits for a free pooled connection."
