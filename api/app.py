@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from redis.asyncio import Redis
+from starlette.types import Receive, Scope, Send
 
-from api import errors
+from api import errors, sse
 from api.catalog import Catalog
 from api.limits import BodyLimit
 from api.relay import StreamRelay
@@ -38,6 +39,18 @@ async def _heartbeat(redis: Redis, settings: ApiSettings, process_id: str) -> No
             await registry.api_heartbeat(redis, process_id, settings.orphan_grace_seconds)
         except Exception as exc:
             log.warning("API heartbeat failed: %s", exc)
+
+
+class _App(FastAPI):
+    """FastAPI that hands the server's own ``send`` to the streaming responses.
+
+    A stream's chunks then skip the middleware wrappers around ``send``, which only
+    watch a response's start (see :class:`api.sse.EventStream`).
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[sse.SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -98,7 +111,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             await blocking.aclose(close_connection_pool=True)
             await redis.aclose(close_connection_pool=True)
 
-    app = FastAPI(
+    app = _App(
         title="llmq",
         version=__version__,
         description="Queue-based LLM serving: OpenAI-compatible and native APIs.",
