@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,11 @@ def decode_data(raw: str) -> Event | None:
                 and index >= 0
                 and type(tokens) is list
                 and tokens
-                and all(type(t) is str for t in tokens)
+                and (
+                    type(tokens[0]) is str
+                    if len(tokens) == 1
+                    else all(type(t) is str for t in tokens)
+                )
             ):
                 return TokensEvent.model_construct(index=index, tokens=tokens)
     return decode_event({"data": raw})
@@ -92,10 +97,12 @@ class Subscription:
 
     key: str
     last_id: str = "0-0"
-    queue: asyncio.Queue[tuple[str, Event]] = field(default_factory=asyncio.Queue)
+    items: deque[tuple[str, Event]] = field(default_factory=deque)
     failed: BaseException | None = None
     #: ``last_id`` parsed, kept alongside so that the relay's loop never re-parses it.
     last: StreamId = field(init=False)
+    #: The future :meth:`next` waits on while ``items`` is empty.
+    _waiter: asyncio.Future[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.last = parse_id(self.last_id)
@@ -105,17 +112,33 @@ class Subscription:
         if parsed > self.last:
             self.last_id, self.last = stream_id, parsed
             if event is not None:
-                self.queue.put_nowait((stream_id, event))
+                self.items.append((stream_id, event))
+                waiter = self._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
 
     async def next(self, timeout: float) -> tuple[str, Event] | None:
-        """The next entry, or None if none arrived within ``timeout`` seconds."""
-        if not self.queue.empty():  # the common case under load: no timer to arm
-            return self.queue.get_nowait()
+        """The next entry, or None if none arrived within ``timeout`` seconds.
+
+        A bare future and one timer handle rather than a queue and a timeout
+        context: this runs once per token of every stream.
+        """
+        if self.items:  # the common case under load: nothing to wait for
+            return self.items.popleft()
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter)
         try:
-            async with asyncio.timeout(timeout):
-                return await self.queue.get()
-        except TimeoutError:
-            return None
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return self.items.popleft() if self.items else None
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class StreamRelay:
