@@ -209,9 +209,27 @@ class Stack:
         out = {c.name: c.pid for c in self.workers}
         if self.api is not None:
             out["api"] = self.api.pid
+            # With LLMQ_API_PROCESSES > 1 the API's servers are its children.
+            for i, pid in enumerate(children(self.api.pid)):
+                out[f"api-{i + 1}"] = pid
         if self.redis.process is not None:
             out["redis"] = self.redis.process.pid
         return out
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (e.g. the server processes of ``llmq api --api-processes``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
 
 
 def _status(url: str) -> int:

@@ -115,6 +115,13 @@ class ApiSettings(CommonSettings):
         description="If this API process dies, its OpenAI-API requests (whose clients cannot "
         "resume) are cancelled after this long.",
     )
+    api_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes serving one port (SO_REUSEPORT), each with its own relay "
+        "and liveness lease; for hosts with more cores.",
+    )
 
     @model_validator(mode="after")
     def _grace_outlives_heartbeat(self) -> ApiSettings:

@@ -44,7 +44,7 @@ TARGET_SHARE = 0.8
 class Sizes:
     levels: tuple[int, ...] = (50, 100, 150, 200, 250, 300, 400, 500, 600, 800)
     workers: int = 2
-    api_processes: tuple[int, ...] = (1,)
+    api_processes: tuple[int, ...] = (1, 2)
     duration_s: float = 6.0
     prompt_tokens: int = 100
     output_tokens: int = 150
@@ -52,7 +52,7 @@ class Sizes:
     prefill_seconds_per_token: float = 0.0001
 
 
-QUICK = Sizes(levels=(10, 20), duration_s=1.0, output_tokens=20)
+QUICK = Sizes(levels=(10, 20), api_processes=(1,), duration_s=1.0, output_tokens=20)
 
 #: One run at a number of users: the figures of :func:`_once`.
 Runner = Callable[[int, int], dict[str, Any]]
