@@ -79,8 +79,10 @@ def _data_field(fields: list[str]) -> str | None:
     return None
 
 
-def _raw(response: Any, **options: Any) -> Any:
-    return response
+def _bulk(text: str) -> bytes:
+    """One RESP bulk string."""
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 def valid_id(stream_id: str) -> bool:
@@ -145,9 +147,7 @@ class StreamRelay:
     """Owns the reader task; ``start``/``stop`` bracket its life."""
 
     def __init__(self, redis: Redis, control_key: str, *, block_ms: int, count: int = 512):
-        #: The relay's own client (its pool serves only the relay): its XREAD replies
-        #: are used raw, as nested lists, see :meth:`_dispatch`.
-        redis.set_response_callback("XREAD", _raw)
+        #: The relay's own client: the reader holds one of its connections for good.
         self._redis = redis
         self._control = control_key
         self._block_ms = block_ms
@@ -156,6 +156,8 @@ class StreamRelay:
         #: Where the next read starts in each subscribed stream: the lowest position
         #: of its subscribers, updated whenever one of them moves.
         self._pos: dict[str, str] = {}
+        #: Stream keys as RESP bulk strings, encoded once per subscribed stream.
+        self._key_bulk: dict[str, bytes] = {}
         self._control_id = "0-0"
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -249,6 +251,7 @@ class StreamRelay:
         subs = self._subs.get(key)
         if not subs:
             self._pos.pop(key, None)
+            self._key_bulk.pop(key, None)
         elif len(subs) == 1:
             self._pos[key] = next(iter(subs)).last_id
         else:
@@ -257,36 +260,72 @@ class StreamRelay:
     def _positions(self) -> dict[str, str]:
         return {self._control: self._control_id, **self._pos}
 
+    def _command(self, streams: dict[str, str]) -> bytes:
+        """``XREAD COUNT c BLOCK ms STREAMS keys... ids...`` as RESP, ready to send.
+
+        Packed here rather than by redis-py: with hundreds of streams the command
+        is mostly keys, and those are encoded once, not on every read.
+        """
+        bulk = self._key_bulk
+        keys = []
+        for key in streams:
+            encoded = bulk.get(key)
+            if encoded is None:
+                encoded = bulk[key] = _bulk(key)
+            keys.append(encoded)
+        head = b"*%d\r\n$5\r\nXREAD\r\n$5\r\nCOUNT\r\n%s$5\r\nBLOCK\r\n%s$7\r\nSTREAMS\r\n" % (
+            6 + 2 * len(streams),
+            _bulk(str(self._count)),
+            _bulk(str(self._block_ms)),
+        )
+        return b"".join([head, *keys, *(_bulk(i) for i in streams.values())])
+
     async def _run(self) -> None:
+        """Read every subscribed stream in one XREAD, again and again, on one connection.
+
+        The connection is taken from the relay's pool once and kept: the command is
+        written and its reply read directly (no per-read pool round trip, and the
+        reply comes as Redis sends it, nested lists, without redis-py's per-entry
+        dicts). On an error the connection is dropped and the next read opens one.
+        """
+        pool = self._redis.connection_pool
+        conn: Any = None
+        idle = True  # no command in flight on ``conn``
         delay = 0.05
-        while not self._stopping:
-            try:
-                streams = self._positions()
-                reply = await self._redis.execute_command(  # type: ignore[no-untyped-call]
-                    "XREAD",
-                    "COUNT",
-                    self._count,
-                    "BLOCK",
-                    self._block_ms,
-                    "STREAMS",
-                    *streams,
-                    *streams.values(),
-                )
-                delay = 0.05
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("relay lost Redis (%s); retrying in %.2fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            if not reply:
-                continue
-            for key, entries in reply:
-                self._dispatch(key, entries, parse_id(streams[key]))
-            # Let the subscribers relay what they just got before the next XREAD is sent:
-            # their clients are waiting, the read is not.
-            await asyncio.sleep(0)
+        try:
+            while not self._stopping:
+                try:
+                    if conn is None:
+                        conn = await pool.get_connection()
+                    streams = self._positions()
+                    idle = False
+                    await conn.send_packed_command(self._command(streams), check_health=False)
+                    reply = await conn.read_response()
+                    idle = True
+                    delay = 0.05
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if conn is not None:
+                        await _drop(pool, conn)
+                        conn = None
+                    log.warning("relay lost Redis (%s); retrying in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                if not reply:
+                    continue
+                for key, entries in reply:
+                    self._dispatch(key, entries, parse_id(streams[key]))
+                # Let the subscribers relay what they just got before the next XREAD is
+                # sent: their clients are waiting, the read is not.
+                await asyncio.sleep(0)
+        finally:
+            if conn is not None:
+                if idle:
+                    await pool.release(conn)
+                else:  # cancelled mid-reply: the connection is not reusable
+                    await _drop(pool, conn)
 
     def _dispatch(self, key: str, entries: list[list[Any]], read_from: StreamId) -> None:
         if key == self._control:
@@ -309,3 +348,10 @@ class StreamRelay:
             for sub in subs:
                 sub._offer(stream_id, parsed, event)
         self._update_position(key)
+
+
+async def _drop(pool: Any, conn: Any) -> None:
+    """Close a connection whose state is unknown and give its slot back to the pool."""
+    with contextlib.suppress(Exception):
+        await conn.disconnect()
+    await pool.release(conn)
