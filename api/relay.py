@@ -34,6 +34,14 @@ from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+#: With at least this many streams subscribed, the reader waits :data:`GATHER_SECONDS`
+#: after a read that returned entries before it reads again, so that each read
+#: carries several entries: most of a read's cost is per read (every stream's key
+#: and position, each way), not per entry. Below it (light load) it reads at once,
+#: so a lone stream's tokens are never held back.
+GATHER_STREAMS = 32
+GATHER_SECONDS = 0.002
+
 StreamId = tuple[int, int]
 
 
@@ -319,7 +327,7 @@ class StreamRelay:
                     self._dispatch(key, entries, parse_id(streams[key]))
                 # Let the subscribers relay what they just got before the next XREAD is
                 # sent: their clients are waiting, the read is not.
-                await asyncio.sleep(0)
+                await asyncio.sleep(GATHER_SECONDS if len(streams) > GATHER_STREAMS else 0)
         finally:
             if conn is not None:
                 if idle:
