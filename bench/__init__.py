@@ -19,7 +19,8 @@ settings, the machine) and ``.md`` (tables; also copied to ``latest.md``).
 
 Modules: :mod:`~bench.floor` (the floor server), :mod:`~bench.procs`
 (processes), :mod:`~bench.sysinfo` (machine and CPU accounting),
-:mod:`~bench.traffic` (loadgen runs), :mod:`~bench.stats` (medians, paired ratios), :mod:`~bench.report` (files, tables),
+:mod:`~bench.traffic` (loadgen runs), :mod:`~bench.stats` (medians, paired ratios),
+:mod:`~bench.report` (files, tables),
 :mod:`~bench.scenario` (the scenario contract), :mod:`~bench.scenarios` (one
 module each), :mod:`~bench.stock_arq` and :mod:`~bench.health_probe` (helper
 processes), :mod:`~bench.cli` (the command).
