@@ -42,7 +42,7 @@ TARGET_SHARE = 0.8
 
 @dataclass(frozen=True)
 class Sizes:
-    levels: tuple[int, ...] = (50, 100, 150, 200, 250, 300, 400, 500, 600, 800)
+    levels: tuple[int, ...] = (10, 25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 600, 800)
     workers: int = 2
     api_processes: tuple[int, ...] = (1, 2)
     duration_s: float = 6.0
