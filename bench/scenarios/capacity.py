@@ -96,17 +96,18 @@ def _floor_runner(floor: FloorServer, s: Sizes) -> Runner:
     return run
 
 
+def worker_env(s: Sizes, users: int) -> dict[str, str]:
+    """The workers' settings for ``users`` streams: N/workers slots each, the model's pace."""
+    return {
+        "LLMQ_CONCURRENCY": str(-(-users // s.workers)),
+        "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
+        "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
+    }
+
+
 def _llmq_runner(stack: Stack, s: Sizes) -> Runner:
     def run(users: int, seed: int) -> dict[str, Any]:
-        per_worker = -(-users // s.workers)
-        stack.scale(
-            s.workers,
-            {
-                "LLMQ_CONCURRENCY": str(per_worker),
-                "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
-                "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
-            },
-        )
+        stack.scale(s.workers, worker_env(s, users))
         return _once(stack.url, stack.pids(), stack.redis.url, s, users, seed)
 
     return run
