@@ -11,8 +11,10 @@ import socket
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from redis.asyncio import Redis
+from starlette.types import Receive, Scope, Send
 
-from api import errors, openapi
+from api import errors, openapi, sse
 from api.catalog import Catalog
 from api.limits import BodyLimit
 from api.relay import StreamRelay
@@ -44,6 +46,18 @@ async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> No
             if failing:
                 log.info("API heartbeat works again")
             failing = False
+
+
+class _App(FastAPI):
+    """FastAPI that hands the server's own ``send`` to the streaming responses.
+
+    A stream's chunks then skip the middleware wrappers around ``send``, which only
+    watch a response's start (see :class:`api.sse.EventStream`).
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[sse.SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -104,7 +118,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             await blocking.aclose(close_connection_pool=True)
             await redis.aclose(close_connection_pool=True)
 
-    app = FastAPI(
+    app = _App(
         title="llmq",
         version=__version__,
         description="Queue-based LLM serving: OpenAI-compatible and native APIs.",

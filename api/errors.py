@@ -2,7 +2,8 @@
 
 Handlers are registered in one place (:func:`install`). Errors from Redis are
 translated at this boundary into 503s, so a client never sees a stack trace or a
-hang when the backend is away.
+hang when the backend is away; an exhausted connection pool is this process being
+busy, not Redis being away, and is answered as overload (429 ``server_busy``).
 
 Every error response says whether a retry can help, in the ``x-should-retry``
 header that the openai SDKs (Python and Node) obey: ``true`` (with
@@ -24,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.schemas import UNSUPPORTED
+from llmq.connection import PoolExhausted
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,17 @@ async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _pool_exhausted(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis connection pool exhausted: %s", exc)
+    return error_response(
+        429,
+        "the server is busy, retry shortly",
+        "rate_limit_error",
+        code="server_busy",
+        headers={"Retry-After": "1"},
+    )
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal server error", "server_error", code="internal_error")
@@ -192,6 +205,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(PoolExhausted, _pool_exhausted)
     app.add_exception_handler(RedisConnectionError, _redis_error)
     app.add_exception_handler(RedisTimeoutError, _redis_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -8,20 +8,28 @@ blocked read returns at once and the next one includes the new key.
 
 A subscriber's queue is bounded by construction: it only ever holds entries of
 one stream, which is capped at ``stream_maxlen`` entries.
+
+The loop is on every token's path, so it does per read only what changed: the
+position of each stream is kept up to date as entries arrive (not recomputed over
+every subscriber), the reply is taken as Redis sends it (redis-py's per-entry
+dict building is skipped), and token events, nearly all of what it reads, are
+decoded without pydantic's validator (:func:`decode_data`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
 
-from llmq.schema import Event, decode_event
+from llmq.schema import Event, TokensEvent, decode_event
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -32,6 +40,49 @@ StreamId = tuple[int, int]
 def parse_id(stream_id: str) -> StreamId:
     ms, _, seq = stream_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def decode_data(raw: str) -> Event | None:
+    """The event in a stream entry's ``data`` field; None for a malformed one.
+
+    A well-formed token event (the shape the workers write) is built directly from
+    ``json.loads``; anything else goes through :func:`llmq.schema.decode_event`,
+    which validates it and logs what it skips.
+    """
+    if raw.startswith('{"type":"tokens"'):
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if type(body) is dict and len(body) == 3:
+            index, tokens = body.get("index"), body.get("tokens")
+            if (
+                type(index) is int
+                and index >= 0
+                and type(tokens) is list
+                and tokens
+                and (
+                    type(tokens[0]) is str
+                    if len(tokens) == 1
+                    else all(type(t) is str for t in tokens)
+                )
+            ):
+                return TokensEvent.model_construct(index=index, tokens=tokens)
+    return decode_event({"data": raw})
+
+
+def _data_field(fields: list[str]) -> str | None:
+    """The value of ``data`` in a flat ``[name, value, ...]`` entry."""
+    for i in range(0, len(fields) - 1, 2):
+        if fields[i] == "data":
+            return fields[i + 1]
+    return None
+
+
+def _bulk(text: str) -> bytes:
+    """One RESP bulk string."""
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 def valid_id(stream_id: str) -> bool:
@@ -48,10 +99,12 @@ class Subscription:
 
     key: str
     last_id: str = "0-0"
-    queue: asyncio.Queue[tuple[str, Event]] = field(default_factory=asyncio.Queue)
+    items: deque[tuple[str, Event]] = field(default_factory=deque)
     failed: BaseException | None = None
     #: ``last_id`` parsed, kept alongside so that the relay's loop never re-parses it.
     last: StreamId = field(init=False)
+    #: The future :meth:`next` waits on while ``items`` is empty.
+    _waiter: asyncio.Future[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.last = parse_id(self.last_id)
@@ -61,28 +114,50 @@ class Subscription:
         if parsed > self.last:
             self.last_id, self.last = stream_id, parsed
             if event is not None:
-                self.queue.put_nowait((stream_id, event))
+                self.items.append((stream_id, event))
+                waiter = self._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
 
     async def next(self, timeout: float) -> tuple[str, Event] | None:
-        """The next entry, or None if none arrived within ``timeout`` seconds."""
-        if not self.queue.empty():  # the common case under load: no timer to arm
-            return self.queue.get_nowait()
+        """The next entry, or None if none arrived within ``timeout`` seconds.
+
+        A bare future and one timer handle rather than a queue and a timeout
+        context: this runs once per token of every stream.
+        """
+        if self.items:  # the common case under load: nothing to wait for
+            return self.items.popleft()
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter)
         try:
-            async with asyncio.timeout(timeout):
-                return await self.queue.get()
-        except TimeoutError:
-            return None
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return self.items.popleft() if self.items else None
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class StreamRelay:
     """Owns the reader task; ``start``/``stop`` bracket its life."""
 
     def __init__(self, redis: Redis, control_key: str, *, block_ms: int, count: int = 512):
+        #: The relay's own client: the reader holds one of its connections for good.
         self._redis = redis
         self._control = control_key
         self._block_ms = block_ms
         self._count = count
         self._subs: dict[str, set[Subscription]] = {}
+        #: Where the next read starts in each subscribed stream: the lowest position
+        #: of its subscribers, updated whenever one of them moves.
+        self._pos: dict[str, str] = {}
+        #: Stream keys as RESP bulk strings, encoded once per subscribed stream.
+        self._key_bulk: dict[str, bytes] = {}
         self._control_id = "0-0"
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -123,6 +198,7 @@ class StreamRelay:
     async def subscribe(self, key: str, last_id: str = "0-0") -> Subscription:
         sub = Subscription(key, last_id)
         self._subs.setdefault(key, set()).add(sub)
+        self._update_position(key)
         self._wake_reader()
         return sub
 
@@ -155,6 +231,7 @@ class StreamRelay:
             subs.discard(sub)
             if not subs:
                 del self._subs[sub.key]
+            self._update_position(sub.key)
 
     @contextlib.asynccontextmanager
     async def subscription(self, key: str, last_id: str = "0-0") -> AsyncIterator[Subscription]:
@@ -170,37 +247,87 @@ class StreamRelay:
         pipe.expire(self._control, 3600)
         await pipe.execute()
 
+    def _update_position(self, key: str) -> None:
+        subs = self._subs.get(key)
+        if not subs:
+            self._pos.pop(key, None)
+            self._key_bulk.pop(key, None)
+        elif len(subs) == 1:
+            self._pos[key] = next(iter(subs)).last_id
+        else:
+            self._pos[key] = min(subs, key=lambda s: s.last).last_id
+
     def _positions(self) -> dict[str, str]:
-        streams = {self._control: self._control_id}
-        for key, subs in self._subs.items():
-            streams[key] = min(subs, key=lambda s: s.last).last_id
-        return streams
+        return {self._control: self._control_id, **self._pos}
+
+    def _command(self, streams: dict[str, str]) -> bytes:
+        """``XREAD COUNT c BLOCK ms STREAMS keys... ids...`` as RESP, ready to send.
+
+        Packed here rather than by redis-py: with hundreds of streams the command
+        is mostly keys, and those are encoded once, not on every read.
+        """
+        bulk = self._key_bulk
+        keys = []
+        for key in streams:
+            encoded = bulk.get(key)
+            if encoded is None:
+                encoded = bulk[key] = _bulk(key)
+            keys.append(encoded)
+        head = b"*%d\r\n$5\r\nXREAD\r\n$5\r\nCOUNT\r\n%s$5\r\nBLOCK\r\n%s$7\r\nSTREAMS\r\n" % (
+            6 + 2 * len(streams),
+            _bulk(str(self._count)),
+            _bulk(str(self._block_ms)),
+        )
+        return b"".join([head, *keys, *(_bulk(i) for i in streams.values())])
 
     async def _run(self) -> None:
-        delay = 0.05
-        while not self._stopping:
-            try:
-                streams: dict[Any, Any] = self._positions()
-                reply = await self._redis.xread(streams, count=self._count, block=self._block_ms)
-                delay = 0.05
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("relay lost Redis (%s); retrying in %.2fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            if not reply:
-                continue
-            for key, entries in reply:
-                self._dispatch(key, entries, parse_id(streams[key]))
-            # Let the subscribers relay what they just got before the next XREAD is sent:
-            # their clients are waiting, the read is not.
-            await asyncio.sleep(0)
+        """Read every subscribed stream in one XREAD, again and again, on one connection.
 
-    def _dispatch(
-        self, key: str, entries: list[tuple[str, dict[str, str]]], read_from: StreamId
-    ) -> None:
+        The connection is taken from the relay's pool once and kept: the command is
+        written and its reply read directly (no per-read pool round trip, and the
+        reply comes as Redis sends it, nested lists, without redis-py's per-entry
+        dicts). On an error the connection is dropped and the next read opens one.
+        """
+        pool = self._redis.connection_pool
+        conn: Any = None
+        idle = True  # no command in flight on ``conn``
+        delay = 0.05
+        try:
+            while not self._stopping:
+                try:
+                    if conn is None:
+                        conn = await pool.get_connection()
+                    streams = self._positions()
+                    idle = False
+                    await conn.send_packed_command(self._command(streams), check_health=False)
+                    reply = await conn.read_response()
+                    idle = True
+                    delay = 0.05
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if conn is not None:
+                        await _drop(pool, conn)
+                        conn = None
+                    log.warning("relay lost Redis (%s); retrying in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                if not reply:
+                    continue
+                for key, entries in reply:
+                    self._dispatch(key, entries, parse_id(streams[key]))
+                # Let the subscribers relay what they just got before the next XREAD is
+                # sent: their clients are waiting, the read is not.
+                await asyncio.sleep(0)
+        finally:
+            if conn is not None:
+                if idle:
+                    await pool.release(conn)
+                else:  # cancelled mid-reply: the connection is not reusable
+                    await _drop(pool, conn)
+
+    def _dispatch(self, key: str, entries: list[list[Any]], read_from: StreamId) -> None:
         if key == self._control:
             self._control_id = entries[-1][0]
             return
@@ -211,7 +338,20 @@ class StreamRelay:
         if not subs:
             return
         for stream_id, fields in entries:
-            event = decode_event(fields)
+            raw = _data_field(fields) if fields else None
+            if raw is None:
+                log.warning("skipping stream entry without data: %r", fields)
+                event = None
+            else:
+                event = decode_data(raw)
             parsed = parse_id(stream_id)
             for sub in subs:
                 sub._offer(stream_id, parsed, event)
+        self._update_position(key)
+
+
+async def _drop(pool: Any, conn: Any) -> None:
+    """Close a connection whose state is unknown and give its slot back to the pool."""
+    with contextlib.suppress(Exception):
+        await conn.disconnect()
+    await pool.release(conn)

@@ -10,14 +10,17 @@ that the noise of a shared machine hits both sides of every comparison:
 * ``scaling``: throughput of 1, 2 and 4 workers under saturating load;
 * ``overload``: a burst beyond capacity, bounded queue + 429 against the
   baseline's unbounded busy-wait;
-* ``capacity``: the most concurrent streams the machine holds with ITL intact.
+* ``capacity``: the most concurrent streams held with ITL intact, llmq (1 and 2
+  API processes) against the floor (:mod:`bench.floor`, a bare in-process
+  server), with CPU per delivered token by process.
 
 Results go to ``bench/results/<UTC timestamp>.json`` (every figure, the
 settings, the machine) and ``.md`` (tables; also copied to ``latest.md``).
 
-Modules: :mod:`~bench.procs` (processes), :mod:`~bench.sysinfo` (machine and
-CPU accounting), :mod:`~bench.traffic` (loadgen runs), :mod:`~bench.stats`
-(medians, paired ratios), :mod:`~bench.report` (files, tables),
+Modules: :mod:`~bench.floor` (the floor server), :mod:`~bench.procs`
+(processes), :mod:`~bench.sysinfo` (machine and CPU accounting),
+:mod:`~bench.traffic` (loadgen runs), :mod:`~bench.stats` (medians, paired ratios),
+:mod:`~bench.report` (files, tables),
 :mod:`~bench.scenario` (the scenario contract), :mod:`~bench.scenarios` (one
 module each), :mod:`~bench.stock_arq` and :mod:`~bench.health_probe` (helper
 processes), :mod:`~bench.cli` (the command).

@@ -209,9 +209,27 @@ class Stack:
         out = {c.name: c.pid for c in self.workers}
         if self.api is not None:
             out["api"] = self.api.pid
+            # With LLMQ_API_PROCESSES > 1 the API's servers are its children.
+            for i, pid in enumerate(children(self.api.pid)):
+                out[f"api-{i + 1}"] = pid
         if self.redis.process is not None:
             out["redis"] = self.redis.process.pid
         return out
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (e.g. the server processes of ``llmq api --api-processes``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
 
 
 def _status(url: str) -> int:
@@ -230,3 +248,47 @@ def live_workers(url: str) -> int:
     if response.status_code != 200:
         return -1
     return len(response.json()["data"])
+
+
+class FloorServer:
+    """The floor (:mod:`bench.floor`) as its own process, with the model's timing."""
+
+    def __init__(self, log_dir: Path, tokens_per_second: float, prefill_seconds: float) -> None:
+        self.log_dir = log_dir
+        self.port = free_port()
+        self.args = [
+            "bench.floor",
+            "--port",
+            str(self.port),
+            "--tokens-per-second",
+            str(tokens_per_second),
+            "--prefill-seconds-per-token",
+            str(prefill_seconds),
+        ]
+        self.child: Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FloorServer:
+        self.child = Child("floor", self.args, clean_env(), self.log_dir)
+        try:
+            wait_for(lambda: _status(self.url + "/healthz") == 200, "the floor", [self.child])
+        except BaseException:
+            self.child.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
+
+    def pids(self) -> dict[str, int]:
+        return {"floor": self.child.pid} if self.child is not None else {}

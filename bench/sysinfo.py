@@ -81,10 +81,11 @@ class CpuMeter:
     """CPU seconds per role (``api``, ``workers``, ``redis``...) and machine utilisation.
 
     ``start`` then ``stop``; ``pids`` maps a name to a pid, names starting with
-    ``worker`` are summed into ``workers``. ``cpus_ours`` is the measured
-    processes' CPU per wall second, ``cpus_others`` what the rest of the machine
-    used meanwhile (neighbours on a shared host): together they tell whether the
-    stack or a neighbour used up the cores.
+    ``worker`` are summed into ``workers``, names starting with ``api`` into
+    ``api``. ``cpus_ours`` is the measured processes' CPU per wall second,
+    ``cpus_others`` what the rest of the machine used meanwhile (neighbours on a
+    shared host): together they tell whether the stack or a neighbour used up the
+    cores.
     """
 
     def __init__(self, pids: dict[str, int], redis_url: str | None) -> None:
@@ -109,6 +110,7 @@ class CpuMeter:
         for name, pid in self.pids.items():
             seconds = (process_cpu_seconds(pid) or 0.0) - self._procs.get(name, 0.0)
             role = "workers" if name.startswith("worker") else name
+            role = "api" if role.startswith("api") else role
             if role != "redis":  # Redis is measured by INFO below
                 roles[role] = roles.get(role, 0.0) + seconds
         if self.redis_url:

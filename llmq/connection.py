@@ -1,8 +1,11 @@
 """Redis clients, built the same way in every process.
 
-Pools are bounded (``redis_max_connections``) and block for at most
+Pools are bounded (``redis_max_connections``, or sized from the process's
+concurrency, see :func:`pool_size`) and block for at most
 ``redis_pool_timeout_seconds`` when exhausted, so an overload surfaces as an error
-rather than an unbounded pile of sockets. Transient connection errors are retried
+rather than an unbounded pile of sockets. That error is :class:`PoolExhausted`, not
+a bare connection error: the process is busy, Redis is fine, and callers answer it
+as overload (429), never as an outage. Transient connection errors are retried
 with exponential backoff; blocking readers get their own client whose socket
 timeout exceeds their block time.
 
@@ -14,6 +17,7 @@ still open to a demoted primary is dropped on its first refused write.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -24,7 +28,54 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llmq.settings import CommonSettings
+from llmq.settings import CommonSettings, WorkerSettings
+
+#: Connections a pool holds when ``redis_max_connections`` is 0 (auto), at least.
+#: API commands are short (enqueue, cancel, status); the relay's blocking reads have
+#: a pool of their own, so an API's pool bounds commands in flight, not streams.
+DEFAULT_POOL_SIZE = 64
+#: Connections a worker needs beside one per running request: claim, heartbeat,
+#: sweep, pub/sub listeners, cancels.
+WORKER_POOL_HEADROOM = 16
+
+
+class PoolExhausted(RedisConnectionError):
+    """No pooled connection came free within ``redis_pool_timeout_seconds``: overload.
+
+    A subclass of redis-py's ``ConnectionError`` (which its pool raises), so code
+    that treats any connection error alike still does; the API's error boundary
+    tells it apart from an outage.
+    """
+
+
+class BoundedPool(BlockingConnectionPool):
+    """redis-py's blocking pool, raising :class:`PoolExhausted` when it times out."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)
+        except RedisConnectionError as exc:
+            if isinstance(exc.__cause__, asyncio.TimeoutError) and not isinstance(
+                exc, PoolExhausted
+            ):
+                raise PoolExhausted(
+                    f"all {self.max_connections} pooled Redis connections busy for {self.timeout}s"
+                ) from exc
+            raise
+
+
+def pool_size(settings: CommonSettings) -> int:
+    """``redis_max_connections``, or with 0 (auto) what the process's concurrency needs.
+
+    A worker may have every running request flushing at once, so it gets one
+    connection per slot plus :data:`WORKER_POOL_HEADROOM` (at least
+    :data:`DEFAULT_POOL_SIZE`); an API process gets :data:`DEFAULT_POOL_SIZE`.
+    """
+    if settings.redis_max_connections > 0:
+        return settings.redis_max_connections
+    if isinstance(settings, WorkerSettings):
+        return max(DEFAULT_POOL_SIZE, settings.concurrency + WORKER_POOL_HEADROOM)
+    return DEFAULT_POOL_SIZE
 
 
 def _retry() -> Retry:
@@ -38,7 +89,7 @@ def _retry() -> Retry:
 def pool_kwargs(settings: CommonSettings, *, max_connections: int | None = None) -> dict[str, Any]:
     """Keyword arguments for a :class:`BlockingConnectionPool` from the settings."""
     return {
-        "max_connections": max_connections or settings.redis_max_connections,
+        "max_connections": max_connections or pool_size(settings),
         "timeout": settings.redis_pool_timeout_seconds,
         "socket_timeout": settings.redis_socket_timeout_seconds,
         "socket_connect_timeout": settings.redis_socket_timeout_seconds,
@@ -53,24 +104,25 @@ def make_pool(
     decode_responses: bool = True,
     max_connections: int | None = None,
     socket_timeout: float | None = None,
-) -> BlockingConnectionPool:
+) -> BoundedPool:
     kwargs = pool_kwargs(settings, max_connections=max_connections)
     if socket_timeout is not None:
         kwargs["socket_timeout"] = socket_timeout
     if settings.redis_sentinels:
         return _sentinel_pool(settings, decode_responses=decode_responses, **kwargs)
-    pool: BlockingConnectionPool = BlockingConnectionPool.from_url(
+    pool: BoundedPool = BoundedPool.from_url(
         settings.redis_url, decode_responses=decode_responses, **kwargs
     )
     return pool
 
 
-class SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
+class SentinelBlockingPool(SentinelConnectionPool, BoundedPool):
     """redis-py's Sentinel pool, bounded and blocking like every other llmq pool.
 
     ``SentinelConnectionPool`` resolves the primary per connection but is a plain
-    pool (raises when full); mixing in ``BlockingConnectionPool`` makes it wait
-    ``redis_pool_timeout_seconds`` for a free connection instead.
+    pool (raises when full); mixing in :class:`BoundedPool` makes it wait
+    ``redis_pool_timeout_seconds`` for a free connection instead, and say
+    :class:`PoolExhausted` when none comes free.
     """
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
@@ -82,7 +134,7 @@ class SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
 
 def _sentinel_pool(
     settings: CommonSettings, *, decode_responses: bool, **kwargs: Any
-) -> BlockingConnectionPool:
+) -> BoundedPool:
     # host and port of the URL are ignored: the Sentinels say where the primary is
     url = parse_url(settings.redis_url)
     for name in ("username", "password", "db"):

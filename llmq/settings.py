@@ -25,7 +25,10 @@ class CommonSettings(BaseSettings):
         description="Redis URL; password and TLS (rediss://) come through it.",
     )
     redis_max_connections: int = Field(
-        64, ge=2, le=10_000, description="Size of each process's Redis connection pool."
+        0,
+        ge=0,
+        le=10_000,
+        description="Size of each process's Redis connection pool; 0: from its concurrency.",
     )
     redis_pool_timeout_seconds: float = Field(
         2.0, gt=0, description="How long a command waits for a free pooled connection."
@@ -155,6 +158,13 @@ class ApiSettings(CommonSettings):
     )
     enqueue_replica_timeout_ms: int = Field(
         500, ge=1, le=60_000, description="How long an enqueue waits for replicas (WAIT)."
+    )
+    api_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes serving one port (SO_REUSEPORT), each with its own relay "
+        "and liveness lease; for hosts with more cores.",
     )
 
     @model_validator(mode="after")

@@ -55,3 +55,39 @@ def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
     assert "## light" in markdown and "## pickup" in markdown and "## recovery" in markdown
     assert "TTFT median (ms)" in markdown and "stock arq" in markdown
     assert done.stdout.strip().startswith("# llmq benchmark")
+
+
+@pytest.mark.timeout(90)
+def test_bench_quick_capacity_measures_the_floor_and_llmq(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--scenarios",
+            "capacity",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [json_path] = tmp_path.glob("*.json")
+    capacity = json.loads(json_path.read_text())["scenarios"]["capacity"]
+    assert set(capacity["held"]) == {"floor", "llmq"}
+    first = {name: levels[0] for name, levels in capacity["levels"].items()}
+    assert first["floor"]["users"] == first["llmq"]["users"] == 10
+    for name, level in first.items():
+        assert level["failed"] == 0, (name, level["errors"])
+        assert level["output_throughput"] > 0
+    assert set(first["floor"]["cpu_ms_per_token"]) == {"floor", "loadgen"}
+    assert set(first["llmq"]["cpu_ms_per_token"]) == {"api", "workers", "redis", "loadgen"}
+    assert all(v > 0 for v in first["llmq"]["cpu_ms_per_token"].values())
+    markdown = json_path.with_suffix(".md").read_text()
+    assert "share of the floor" in markdown and "**floor**" in markdown

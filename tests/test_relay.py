@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from api.relay import StreamRelay, parse_id, valid_id
-from llmq.schema import TokensEvent, encode_event
+from api.relay import StreamRelay, decode_data, parse_id, valid_id
+from llmq.schema import TokensEvent, decode_event, encode_event
 from tests.waiting import wait_until
 
 
@@ -118,3 +118,20 @@ async def test_a_burst_of_subscribers_costs_a_few_nudges(redis_url: str, redis: 
     finally:
         await relay.stop()
         await client.aclose(close_connection_pool=True)
+
+
+def test_fast_token_decoding_agrees_with_validation() -> None:
+    """Token events skip pydantic on the relay's hot path; the result must be the same."""
+    event = TokensEvent(index=3, tokens=[" a", " b"])
+    assert decode_data(encode_event(event)["data"]) == event
+    for raw in (
+        '{"type":"tokens","index":0,"tokens":["a"]}',
+        '{"type":"tokens","index":-1,"tokens":["a"]}',
+        '{"type":"tokens","index":1,"tokens":[]}',
+        '{"type":"tokens","index":1,"tokens":[2]}',
+        '{"type":"tokens","index":1,"tokens":["a",null]}',
+        '{"type":"tokens","index":"1","tokens":["a"]}',
+        '{"type":"tokens","index":1,"tokens":["a"],"extra":0}',
+        '{"type":"tokens","index":1',
+    ):
+        assert decode_data(raw) == decode_event({"data": raw}), raw

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query
-from fastapi.responses import StreamingResponse
 
 from api import sse
 from api.auth import Caller
@@ -116,7 +115,7 @@ async def events(
     owner: Caller,
     last_event_id: Annotated[str | None, Header()] = None,
     last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
-) -> StreamingResponse:
+) -> sse.EventStream:
     resume = last_event_id or last_event_id_query or "0-0"
     if not valid_id(resume):
         raise InvalidRequest(
@@ -125,6 +124,4 @@ async def events(
             code="invalid_value",
         )
     record = await _record(state, request_id, owner)
-    return StreamingResponse(
-        _events(state, record, resume), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
-    )
+    return sse.EventStream(_events(state, record, resume))

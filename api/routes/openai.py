@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from api import sse
 from api.auth import Caller
@@ -227,9 +227,7 @@ async def _respond(
     request: Request, state: AppState, fmt: CompletionFormat, stream: bool, arrived: float
 ) -> Response:
     if stream:
-        return StreamingResponse(
-            _stream(state, fmt, arrived), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
-        )
+        return sse.EventStream(_stream(state, fmt, arrived))
     response = None
     try:
         response = await unless_disconnected(request, _collect(state, fmt, arrived))

@@ -1,23 +1,32 @@
-"""How many concurrent streams the whole stack holds on this machine, loadgen included.
+"""How many concurrent streams llmq holds, as a share of what the floor holds on the same run.
 
-N users in a closed loop each stream long outputs at the model's pace, so about
-N streams are always open. Two workers get N/2 slots each, so the cap is never
-the limit: what gives out first is CPU (the load generator parsing SSE, the API
-relaying, the workers publishing, Redis). A level passes when every request
-succeeds and the ITL p99 stays within 1.5 x the model's token interval (a
-stream that keeps its pace); the levels go up until the first failure. Each
-level also reports CPU seconds per delivered token for each process role, which
-says where the cost is and what to optimise first.
+The floor (:mod:`bench.floor`) is a bare in-process server: uvicorn, a raw ASGI
+app, the mock model's timing in its own event loop, no Redis, no queue. What it
+holds is what the machine can do with this client and this token timing; what
+llmq holds below it is the price of the queue. Both are driven by the same
+closed loop (``llmq loadgen``'s client, N users, each request streaming long
+outputs at the model's pace), level by level, in turns (floor, llmq, floor,
+llmq...) so that a noisy neighbour hits both. llmq runs with two workers of N/2
+slots each, so the cap is never the limit; what gives out first is CPU.
+
+A level passes when every request succeeds and the ITL p99 (median over the
+repeats) stays within 1.5 x the model's token interval; a system stops at its
+first failing level. Each level also reports CPU seconds per delivered token
+for each process (floor or API, workers, Redis, and the load generator), which
+says where the cost is, and output tokens per second, which shows whether
+throughput keeps rising with load.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench import traffic
-from bench.procs import Stack
+from bench.procs import FloorServer, Stack
 from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median, median_of
@@ -25,13 +34,17 @@ from bench.sysinfo import CpuMeter
 from loadgen import LoadConfig
 
 ITL_FACTOR = 1.5
-ROLES = ("api", "workers", "redis", "loadgen")
+#: Processes whose CPU is reported, per system.
+ROLES = {"floor": ("floor", "loadgen"), "llmq": ("api", "workers", "redis", "loadgen")}
+#: llmq must hold at least this share of the floor's streams.
+TARGET_SHARE = 0.8
 
 
 @dataclass(frozen=True)
 class Sizes:
-    levels: tuple[int, ...] = (10, 25, 50, 100, 150, 200, 250, 500, 1000)
+    levels: tuple[int, ...] = (10, 25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 600, 800)
     workers: int = 2
+    api_processes: tuple[int, ...] = (1, 2)
     duration_s: float = 6.0
     prompt_tokens: int = 100
     output_tokens: int = 150
@@ -39,13 +52,18 @@ class Sizes:
     prefill_seconds_per_token: float = 0.0001
 
 
-QUICK = Sizes(levels=(10, 20), duration_s=1.0, output_tokens=20)
+QUICK = Sizes(levels=(10, 20), api_processes=(1,), duration_s=1.0, output_tokens=20)
+
+#: One run at a number of users: the figures of :func:`_once`.
+Runner = Callable[[int, int], dict[str, Any]]
 
 
-def _once(stack: Stack, s: Sizes, users: int, seed: int) -> dict[str, Any]:
-    """One closed-loop run at ``users`` streams: figures and CPU per token by role."""
+def _once(
+    url: str, pids: dict[str, int], redis_url: str | None, s: Sizes, users: int, seed: int
+) -> dict[str, Any]:
+    """One closed-loop run at ``users`` streams: figures and CPU per token by process."""
     config = LoadConfig(
-        base_url=stack.url,
+        base_url=url,
         concurrency=users,
         duration=s.duration_s,
         prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
@@ -53,7 +71,7 @@ def _once(stack: Stack, s: Sizes, users: int, seed: int) -> dict[str, Any]:
         seed=seed,
         timeout=120.0,
     )
-    meter = CpuMeter({**stack.pids(), "loadgen": os.getpid()}, stack.redis.url).start()
+    meter = CpuMeter({**pids, "loadgen": os.getpid()}, redis_url).start()
     result = traffic.run(config)
     cpu = meter.stop()
     out = traffic.figures(result)
@@ -63,27 +81,40 @@ def _once(stack: Stack, s: Sizes, users: int, seed: int) -> dict[str, Any]:
     out["cpus_ours"] = cpu["cpus_ours"]
     out["cpus_others"] = cpu["cpus_others"]
     out["cpu_ms_per_token"] = {
-        role: cpu[role] * 1000.0 / tokens if tokens else None for role in ROLES if role in cpu
+        role: cpu[role] * 1000.0 / tokens if tokens else None
+        for role in ("floor", "api", "workers", "redis", "loadgen")
+        if role in cpu
     }
     out["errors"] = traffic.first_errors(result)
     return out
 
 
-def _level(ctx: Context, stack: Stack, s: Sizes, users: int) -> dict[str, Any]:
-    """``ctx.repeats`` runs at one level; it passes on the median ITL p99 and zero failures."""
-    per_worker = -(-users // s.workers)
-    stack.scale(
-        s.workers,
-        {
-            "LLMQ_CONCURRENCY": str(per_worker),
-            "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
-            "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
-        },
-    )
-    runs = []
-    for i in range(ctx.repeats):
-        ctx.say(f"  {users} concurrent streams, run {i + 1}/{ctx.repeats}")
-        runs.append(_once(stack, s, users, seed=1000 * users + i))
+def _floor_runner(floor: FloorServer, s: Sizes) -> Runner:
+    def run(users: int, seed: int) -> dict[str, Any]:
+        return _once(floor.url, floor.pids(), None, s, users, seed)
+
+    return run
+
+
+def worker_env(s: Sizes, users: int) -> dict[str, str]:
+    """The workers' settings for ``users`` streams: N/workers slots each, the model's pace."""
+    return {
+        "LLMQ_CONCURRENCY": str(-(-users // s.workers)),
+        "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
+        "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
+    }
+
+
+def _llmq_runner(stack: Stack, s: Sizes) -> Runner:
+    def run(users: int, seed: int) -> dict[str, Any]:
+        stack.scale(s.workers, worker_env(s, users))
+        return _once(stack.url, stack.pids(), stack.redis.url, s, users, seed)
+
+    return run
+
+
+def _summarise(runs: list[dict[str, Any]], users: int, s: Sizes) -> dict[str, Any]:
+    """The repeats of one level: medians, failures summed; pass on median ITL p99."""
     keys = (
         "itl_ms_median",
         "itl_ms_p99",
@@ -96,15 +127,15 @@ def _level(ctx: Context, stack: Stack, s: Sizes, users: int) -> dict[str, Any]:
     )
     out: dict[str, Any] = {k: median_of(runs, k) for k in keys}
     out["users"] = users
-    out["worker_concurrency"] = per_worker
     out["failed"] = sum(r["failed"] or 0 for r in runs)
     failures: dict[str, int] = {}
     for r in runs:
         for kind, count in r["failures"].items():
             failures[kind] = failures.get(kind, 0) + count
     out["failures"] = failures
+    roles = {role for r in runs for role in r["cpu_ms_per_token"]}
     out["cpu_ms_per_token"] = {
-        role: median(r["cpu_ms_per_token"].get(role) for r in runs) for role in ROLES
+        role: median(r["cpu_ms_per_token"].get(role) for r in runs) for role in sorted(roles)
     }
     out["errors"] = [e for r in runs for e in r["errors"]][:3]
     limit = ITL_FACTOR * 1000.0 / s.tokens_per_second
@@ -115,17 +146,30 @@ def _level(ctx: Context, stack: Stack, s: Sizes, users: int) -> dict[str, Any]:
     return out
 
 
-def run(ctx: Context) -> ScenarioResult:
-    s = QUICK if ctx.quick else Sizes()
-    levels: list[dict[str, Any]] = []
-    with Stack(ctx.log_dir) as stack:
-        for users in s.levels:
-            level = _level(ctx, stack, s, users)
-            levels.append(level)
-            if not level["passed"]:
-                break
+def _climb(ctx: Context, s: Sizes, systems: dict[str, Runner]) -> dict[str, list[dict[str, Any]]]:
+    """Every level for every system still passing, the systems taking turns within a level."""
+    levels: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    for users in s.levels:
+        alive = [n for n in systems if all(lv["passed"] for lv in levels[n])]
+        if not alive:
+            break
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in alive}
+        for i in range(ctx.repeats):
+            for name in alive:
+                ctx.say(f"  {name}: {users} concurrent streams, run {i + 1}/{ctx.repeats}")
+                runs[name].append(systems[name](users, 1000 * users + i))
+        for name in alive:
+            levels[name].append(_summarise(runs[name], users, s))
+    return levels
+
+
+def held(levels: list[dict[str, Any]]) -> int:
     passed = [lv["users"] for lv in levels if lv["passed"]]
-    reached = max(passed) if passed else 0
+    return max(passed) if passed else 0
+
+
+def _system_table(name: str, levels: list[dict[str, Any]]) -> str:
+    roles = ROLES["floor" if name == "floor" else "llmq"]
     rows = []
     for lv in levels:
         per = lv["cpu_ms_per_token"]
@@ -141,47 +185,91 @@ def run(ctx: Context) -> ScenarioResult:
                 fmt(lv["lag_ms_p99"]),
                 pct(lv["machine_utilisation"]),
                 f"{fmt(lv['cpus_ours'], 2)} / {fmt(lv['cpus_others'], 2)}",
-                " / ".join(fmt(per.get(r), 3) for r in ROLES),
+                " / ".join(fmt(per.get(r), 3) for r in roles),
+                fmt(sum(v for v in per.values() if v is not None), 3),
             ]
         )
-    target = Target(
-        f"{s.levels[-1]} concurrent streams",
-        reached >= s.levels[-1],
-        f"held {reached} (levels tried: {', '.join(str(lv['users']) for lv in levels)})",
+    return f"**{name}**\n\n" + table(
+        [
+            "streams",
+            "result",
+            "ITL median (ms)",
+            "ITL p99 (ms)",
+            "TTFT p99 (ms)",
+            "failed",
+            "output tok/s",
+            "lag p99 (ms)",
+            "machine CPU",
+            "cores ours / others",
+            "CPU ms/token " + " / ".join(roles),
+            "CPU ms/token total",
+        ],
+        rows,
     )
+
+
+def run(ctx: Context) -> ScenarioResult:
+    s = QUICK if ctx.quick else Sizes()
+    with ExitStack() as processes:
+        floor = processes.enter_context(
+            FloorServer(ctx.log_dir, s.tokens_per_second, s.prefill_seconds_per_token)
+        )
+        systems: dict[str, Runner] = {"floor": _floor_runner(floor, s)}
+        for apis in s.api_processes:
+            name = "llmq" if apis == 1 else f"llmq ({apis} API processes)"
+            stack = processes.enter_context(
+                Stack(ctx.log_dir, api_env={"LLMQ_API_PROCESSES": str(apis)})
+            )
+            systems[name] = _llmq_runner(stack, s)
+        levels = _climb(ctx, s, systems)
+    floor_held = held(levels["floor"])
+    summary_rows = []
+    targets = []
+    for name, lvs in levels.items():
+        reached = held(lvs)
+        share = reached / floor_held if floor_held else None
+        best = max((lv["output_throughput"] or 0.0 for lv in lvs), default=0.0)
+        summary_rows.append([name, str(reached), pct(share), fmt(best, 0)])
+        if name != "floor":
+            targets.append(
+                Target(
+                    f"{name} holds >= {TARGET_SHARE:.0%} of the floor's streams",
+                    share is not None and share >= TARGET_SHARE,
+                    f"{reached} of {floor_held} ({pct(share)}); levels tried: "
+                    + ", ".join(str(lv["users"]) for lv in lvs),
+                )
+            )
     notes = [
-        f"{lv['users']} streams failed because: "
+        f"{name} at {lv['users']} streams failed because: "
         + ("; ".join(lv["errors"]) or f"ITL p99 {fmt(lv['itl_ms_p99'])} ms > limit")
-        for lv in levels
+        for name, lvs in levels.items()
+        for lv in lvs
         if not lv["passed"]
     ]
     md = "\n\n".join(
         [
             f"Closed loop of N users for {s.duration_s:g} s (each request {s.output_tokens} "
-            f"tokens at {s.tokens_per_second:g} tok/s, prompt {s.prompt_tokens}), "
-            f"{s.workers} workers x N/{s.workers} slots; pass = no failures and ITL p99 <= "
+            f"tokens at {s.tokens_per_second:g} tok/s, prompt {s.prompt_tokens}); the floor "
+            f"(bare in-process ASGI server) and llmq ({s.workers} workers x N/{s.workers} "
+            f"slots) take turns at each level; pass = no failures and ITL p99 <= "
             f"{ITL_FACTOR:g} x {1000 / s.tokens_per_second:g} ms (median over {ctx.repeats} "
-            f"runs per level), stopping at the first failing level. CPU ms per delivered "
-            f"token by process; lag = the load generator's own send delay.",
+            f"runs per level); a system stops at its first failing level. CPU ms per "
+            f"delivered token by process; lag = the load generator's own send delay.",
             table(
-                [
-                    "streams",
-                    "result",
-                    "ITL median (ms)",
-                    "ITL p99 (ms)",
-                    "TTFT p99 (ms)",
-                    "failed",
-                    "output tok/s",
-                    "lag p99 (ms)",
-                    "machine CPU",
-                    "cores ours / others",
-                    "CPU ms/token api / workers / redis / loadgen",
-                ],
-                rows,
+                ["system", "streams held", "share of the floor", "best output tok/s"],
+                summary_rows,
             ),
+            *(_system_table(name, lvs) for name, lvs in levels.items()),
             *notes,
-            target_line(target.description, target.met, target.detail),
+            *(target_line(t.description, t.met, t.detail) for t in targets),
         ]
     )
-    data = {"settings": asdict(s), "levels": levels, "reached": reached}
-    return ScenarioResult("capacity", "Capacity: concurrent streams", data, md, [target])
+    data = {
+        "settings": asdict(s),
+        "levels": levels,
+        "held": {name: held(lvs) for name, lvs in levels.items()},
+        "reached": held(levels["llmq"]),
+    }
+    return ScenarioResult(
+        "capacity", "Capacity: streams held, llmq vs the floor", data, md, targets
+    )

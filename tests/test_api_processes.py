@@ -1,0 +1,110 @@
+"""``llmq api --api-processes N``: N complete API processes on one port, stopped as one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys
+from llmq.embedded import free_port
+from tests.conftest import StartWorker
+from tests.native import wait_ready
+from tests.procs import Proc, alive, children_of, clean_env, reap
+from tests.sse import openai_chunks
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+PROCESSES = 2
+STREAMS = 24
+
+
+def start(redis_url: str) -> tuple[Proc, str]:
+    port = free_port()
+    env = clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port))
+    return Proc(["api", "--api-processes", str(PROCESSES)], env), f"http://127.0.0.1:{port}"
+
+
+async def wait_leases(redis: Redis) -> None:
+    """Until every API process holds a live lease of its own."""
+
+    async def leased() -> bool:
+        live = await redis.zcount(keys.APIS, time.time() * 1000, "+inf")
+        return int(live) == PROCESSES
+
+    await wait_until(leased, timeout=20, what=f"{PROCESSES} API leases")
+
+
+def api_servers(supervisor: int) -> list[int]:
+    """The API server children (a spawn supervisor's other child is its resource tracker)."""
+    out = []
+    for pid in children_of(supervisor):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"resource_tracker" not in f.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+async def test_processes_share_the_port_and_each_serves_streams(
+    redis_url: str, redis: Redis, start_worker: StartWorker
+) -> None:
+    await start_worker(concurrency=STREAMS, model_tokens_per_second=50)
+    api, url = start(redis_url)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await wait_ready(client, timeout=30)
+            await wait_leases(redis)
+            attached: set[str] = set()
+
+            async def one(i: int) -> list[object]:
+                body = {"model": "mock", "prompt": f"s{i}", "max_tokens": 40, "stream": True}
+                # A connection each, so that the kernel spreads them over the processes.
+                async with (
+                    httpx.AsyncClient(base_url=url, timeout=30) as own,
+                    own.stream("POST", "/v1/completions", json=body) as response,
+                ):
+                    assert response.status_code == 200
+                    return await openai_chunks(response)
+
+            streams = asyncio.gather(*(one(i) for i in range(STREAMS)))
+            while not streams.done():
+                async for key in redis.scan_iter(match=keys.attached("*")):
+                    attached.add(key)
+                await asyncio.sleep(0.05)
+            results = await streams
+        assert all(len([c for c in r if c["choices"]]) == 41 for r in results)  # type: ignore[index]
+        # Both processes accepted streams: each attached some to its own lease.
+        assert len(attached) == PROCESSES
+        servers = api_servers(api.pid)
+        assert len(servers) == PROCESSES
+        assert api.stop(timeout=30) == 0
+        await wait_until(lambda: not any(alive(p) for p in servers), timeout=10, what="exit")
+    finally:
+        api.stop()
+        reap(children_of(api.pid))
+
+
+async def test_one_process_dying_stops_all_with_an_error(redis_url: str, redis: Redis) -> None:
+    api, url = start(redis_url)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+            await wait_ready(client, timeout=30, path="/healthz")
+        await wait_leases(redis)
+        before = children_of(api.pid)
+        servers = api_servers(api.pid)
+        assert len(servers) == PROCESSES
+        os.kill(servers[0], signal.SIGKILL)
+        code = api.wait(timeout=30)
+        assert code != 0
+        await wait_until(lambda: not any(alive(p) for p in before), timeout=10, what="exit")
+    finally:
+        api.stop()
