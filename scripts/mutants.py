@@ -267,9 +267,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "retry-after",
         "a 429 carries Retry-After: 1",
-        "api/submit.py",
-        'code="queue_full",\n            headers={"Retry-After": "1"},',
-        'code="queue_full",\n            headers={},',
+        "api/errors.py",
+        '        out.setdefault("Retry-After", "1")\n',
+        '        out.pop("Retry-After", None)\n',
         ("tests/test_admission.py::test_full_queue_gets_429_and_enqueues_nothing",),
     ),
     Mutant(

@@ -200,10 +200,8 @@ class RequestRunner:
         if run is None:
             return
         finish: FinishReason = "timeout"
-        code, message = (
-            "generation_timeout",
-            f"the run stopped at the job timeout of {self.job_timeout:g} s",
-        )
+        limit = f" of {self.job_timeout:g} s" if self.job_timeout is not None else ""
+        code, message = "generation_timeout", f"the run stopped at the job timeout{limit}"
         if not run.cancelled:  # the runner raised: a bug, not the model
             finish, code, message = "error", "worker_error", "the worker failed to run the request"
         self.publisher.own(request_id, run.attempt, self.fence)
