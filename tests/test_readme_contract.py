@@ -14,16 +14,21 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
+from llmq import keys
 from tests.conftest import RunningApi, StartApi, StartWorker
 from tests.native import record, submit, wait_ready, wait_status
 from tests.sse import frames, openai_chunks
+from tests.test_metrics import value
 from tests.test_model_failure import Flaky
 from tests.waiting import wait_until
+from worker.model import GenerationRequest, count_tokens
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -237,21 +242,69 @@ async def test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval(
     assert all(0.15 < gap < 0.6 for gap in gaps), gaps
 
 
-@pytest.mark.xfail(
-    reason="arq's job timeout stops the run, but the worker writes no terminal event: "
-    "the request stays 'running' and its client waits (worker/queue_worker.py)",
-    strict=True,
-)
-async def test_the_job_timeout_ends_a_request_that_runs_longer(
-    start_api: StartApi, start_worker: StartWorker
-) -> None:
-    await start_worker(job_timeout_seconds=0.5, model_tokens_per_second=50, max_tries=1)
-    api = await start_api()
+class Stubborn:
+    """A backend that finishes its step through the first cancel (a blocking call)."""
+
+    def count_tokens(self, text: str) -> int:
+        return count_tokens(text)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        ignored = False
+        for i in range(request.max_tokens):
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                if ignored:
+                    raise
+                ignored = True
+            yield f" t{i}"
+
+
+async def _ended_at_the_job_timeout(api: RunningApi, redis: Redis) -> tuple[float, str]:
+    """Submit a request longer than the worker's 0.5 s job timeout; check how it ended
+    (client, record, lease, metrics); return how long it ran, and its error message."""
     async with api.client() as client:
         await wait_ready(client)
+        submitted = time.monotonic()
         rid = await submit(client, "p", max_tokens=500)  # 10 s at 50 tokens/s
-        failed = await wait_status(client, rid, "failed", timeout=3)
+        failed = await wait_status(client, rid, "failed", timeout=5)
+        ran = time.monotonic() - submitted
         async with client.stream("GET", f"/v1/requests/{rid}/events") as r:
-            last = json.loads([f async for f in frames(r)][-1].data)
-    assert failed["completion_tokens"] < 500
-    assert last["type"] == "error"
+            events = [json.loads(f.data) async for f in frames(r)]
+
+        async def counted() -> bool:
+            text = (await client.get("/metrics")).text
+            return value(text, "llmq_requests_total", finished_reason="timeout") == 1
+
+        await wait_until(counted, timeout=5, what="the timeout to be counted")
+        text = (await client.get("/metrics")).text
+    assert 0 < failed["completion_tokens"] < 500
+    assert failed["finish_reason"] == "timeout"
+    ends = [e for e in events if e["type"] in ("done", "error")]
+    assert len(ends) == 1 and events[-1] is ends[0]
+    assert ends[0]["type"] == "error" and ends[0]["finish_reason"] == "timeout"
+    assert value(text, "llmq_requests_total") == 1  # counted once, as a timeout
+    assert await redis.zscore(keys.running("mock"), rid) is None  # the lease is released
+    lease: str | None = await redis.hget(keys.leases("mock"), rid)  # type: ignore[misc]
+    assert lease is None
+    return ran, str(ends[0]["message"])
+
+
+async def test_the_job_timeout_ends_a_request_that_runs_longer(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """The generation stops before the job timeout, and the run ends itself in time."""
+    await start_worker(job_timeout_seconds=0.5, model_tokens_per_second=50, max_tries=1)
+    ran, message = await _ended_at_the_job_timeout(await start_api(), redis)
+    assert ran < 2.0
+    assert message == "generation stopped before the job timeout of 0.5 s"
+
+
+async def test_arqs_job_timeout_ends_a_run_that_did_not_stop_itself(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """The backstop: the generation goes on past its own stop, arq's timeout cancels
+    the run, and the worker still writes the request's end."""
+    await start_worker(job_timeout_seconds=0.5, max_tries=1, model=Stubborn())
+    _, message = await _ended_at_the_job_timeout(await start_api(), redis)
+    assert message == "the run stopped at the job timeout of 0.5 s"

@@ -178,6 +178,7 @@ async def serve(
         metrics=recorder,
         model_name=settings.model,
         max_tries=settings.max_tries,
+        job_timeout=settings.job_timeout_seconds,
     )
     queue = Queue(
         redis,

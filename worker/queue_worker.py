@@ -19,6 +19,9 @@ cancellation on shutdown) and replaces how work is found:
   in the queue at its original score, and releases the lease of one that did;
   both only while this run's attempt still holds the lease. A run that was fenced
   (it lost its lease) leaves everything to the attempt that owns the request now.
+  A run arq finished without a terminal event (its job timeout fired: the runner
+  stops the generation before it, this is the backstop) is ended by the runner
+  first, so that its client is answered and the request counted once.
 """
 
 from __future__ import annotations
@@ -215,6 +218,10 @@ class QueueWorker(Worker):
             self.runner.fenced.discard(job_id)
             self._claims.pop(job_id, None)
             return
+        if finish:
+            await self.runner.end_unfinished(job_id)
+        else:
+            self.runner.unfinished.pop(job_id, None)  # handed back: a later run ends it
         await super().finish_job(
             job_id,
             finish,

@@ -7,7 +7,12 @@ events that change its status:
 - ``done`` with ``stop``/``length`` when the model finished;
 - ``done`` with ``cancelled`` when the client cancelled (the generation task is
   cancelled at once, so the slot frees within about one token interval);
-- ``error`` with ``finish_reason: timeout`` when the generation timeout fired;
+- ``error`` with ``finish_reason: timeout`` when the generation timeout fired, or
+  the job timeout (``job_timeout``, arq's hard limit on the run) was about to: the
+  generation stops ``JOB_TIMEOUT_MARGIN`` before it, so that this terminal write
+  fits inside the limit. Should arq's timeout fire all the same (a slow write on a
+  loaded machine), the run is left *unfinished* and :meth:`RequestRunner.end_unfinished`
+  ends it as the attempt that ran it, once arq is done with it;
 - ``error`` with ``model_error`` when the model raised.
 
 When the worker itself is stopping, the cancellation is not a client's: it
@@ -70,6 +75,15 @@ log = logging.getLogger(__name__)
 #: about to start on this worker).
 CANCEL_MEMORY_SECONDS = 60.0
 
+#: The generation stops this long (at most a fifth of the job timeout) before the
+#: job timeout, leaving the terminal write time to land before arq cancels the run.
+JOB_TIMEOUT_MARGIN = 1.0
+
+
+def job_time_limit(job_timeout: float) -> float:
+    """Seconds a run may generate under arq's ``job_timeout``."""
+    return job_timeout - min(JOB_TIMEOUT_MARGIN, job_timeout / 5)
+
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
@@ -84,6 +98,23 @@ class _Progress:
     #: When this run produced its first token, and its latest.
     first_at: float | None = None
     last_at: float = 0.0
+    #: The job timeout's deadline for generating (loop time); None: no job timeout.
+    deadline: float | None = None
+    #: The generation stopped at the job timeout's deadline, not its own timeout.
+    by_job_timeout: bool = False
+    #: The terminal event is posted: the run is over, whatever happens to it now.
+    ended: bool = False
+
+
+@dataclass(frozen=True)
+class _Unfinished:
+    """A run that stopped without a terminal event, until arq says how it ended."""
+
+    payload: JobPayload
+    attempt: int
+    produced: int
+    #: Cancelled from outside (arq's job timeout, or the worker stopping).
+    cancelled: bool
 
 
 @dataclass
@@ -93,6 +124,7 @@ class RequestRunner:
     ``metrics`` receives the worker-side figures (queue, prefill, decode, ITL, TPOT,
     tokens, outcomes); ``model_name`` labels those of jobs too malformed to name one.
     ``redis`` reads a re-run's stream back; by default, the publisher's client.
+    ``job_timeout`` is arq's limit on one run (None: none); see :func:`job_time_limit`.
     """
 
     worker_id: str
@@ -102,11 +134,14 @@ class RequestRunner:
     model_name: str = ""
     max_tries: int = 3
     redis: Redis | None = None
+    job_timeout: float | None = None
     running: dict[str, float] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
     #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
     fenced: set[str] = field(default_factory=set)
+    #: Runs that raised before their terminal event, until :meth:`end_unfinished`.
+    unfinished: dict[str, _Unfinished] = field(default_factory=dict)
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
@@ -140,16 +175,47 @@ class RequestRunner:
         started = time.time()
         self.running[rid] = started
         self.publisher.own(rid, attempt, self.fence)
+        progress = _Progress()
+        if self.job_timeout is not None:
+            progress.deadline = asyncio.get_running_loop().time() + job_time_limit(self.job_timeout)
         try:
-            await self._run(payload, attempt, started)
+            await self._run(payload, attempt, started, progress)
         except Fenced:
             self.fence(rid)
+        except BaseException as exc:
+            if not progress.ended and rid not in self.fenced:
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                self.unfinished[rid] = _Unfinished(payload, attempt, progress.produced, cancelled)
+            raise
         finally:
             self.publisher.disown(rid)
             self.running.pop(rid, None)
             self._cancelled.pop(rid, None)
 
-    async def _run(self, payload: JobPayload, attempt: int, started: float) -> None:
+    async def end_unfinished(self, request_id: str) -> None:
+        """End a run that arq finished without its terminal event (its job timeout
+        fired, or the runner raised), as the attempt that ran it: a fenced attempt
+        writes nothing. A run that is handed back instead is only forgotten."""
+        run = self.unfinished.pop(request_id, None)
+        if run is None:
+            return
+        finish: FinishReason = "timeout"
+        limit = f" of {self.job_timeout:g} s" if self.job_timeout is not None else ""
+        code, message = "generation_timeout", f"the run stopped at the job timeout{limit}"
+        if not run.cancelled:  # the runner raised: a bug, not the model
+            finish, code, message = "error", "worker_error", "the worker failed to run the request"
+        self.publisher.own(request_id, run.attempt, self.fence)
+        try:
+            progress = _Progress(produced=run.produced)
+            await self._finish_error(run.payload, progress, code, message, finish)
+        except Fenced:
+            pass
+        finally:
+            self.publisher.disown(request_id)
+
+    async def _run(
+        self, payload: JobPayload, attempt: int, started: float, progress: _Progress
+    ) -> None:
         declared = capabilities_of(self.model)
         missing = [p for c, p in payload.params.required_capabilities() if c not in declared]
         if missing:
@@ -159,7 +225,7 @@ class RequestRunner:
             return
         queue_ms = _ms(max(0.0, started - payload.enqueued_at))
         if attempt == 1:
-            await self._generate_and_finish(payload, attempt, queue_ms, started, [], None)
+            await self._generate_and_finish(payload, attempt, queue_ms, started, [], None, progress)
             return
         # A re-run resumes: its "started" is written, then the stream read, before the model.
         announced = self._announce(payload, attempt, queue_ms, started)
@@ -168,7 +234,9 @@ class RequestRunner:
         except BaseException:
             await asyncio.shield(announced)
             raise
-        await self._generate_and_finish(payload, attempt, queue_ms, started, generated, announced)
+        await self._generate_and_finish(
+            payload, attempt, queue_ms, started, generated, announced, progress
+        )
 
     def _announce(
         self, payload: JobPayload, attempt: int, queue_ms: float, started: float
@@ -224,11 +292,12 @@ class RequestRunner:
         started: float,
         generated: list[str],
         announced: asyncio.Future[None] | None,
+        progress: _Progress,
     ) -> None:
         """Run the model and publish the outcome; a first run (``announced`` None)
         announces itself once the model is started, so that prefill waits for nothing."""
         rid = payload.request_id
-        progress = _Progress(produced=len(generated), resumed=len(generated))
+        progress.produced = progress.resumed = len(generated)
         generation = asyncio.create_task(self._generate(payload, progress, generated))
         self._generations[rid] = generation
         if rid in self._cancelled:
@@ -277,7 +346,7 @@ class RequestRunner:
                 # published so far. A poison request ends after max_tries.
                 raise Retry() from exc
             await self._finish_error(
-                payload, progress.produced, "model_error", f"model failed: {exc}", "error"
+                payload, progress, "model_error", f"model failed: {exc}", "error"
             )
             return
         finally:
@@ -286,9 +355,9 @@ class RequestRunner:
             return
         if finish == "timeout":
             message = f"generation stopped after its timeout of {payload.generation_timeout:g} s"
-            await self._finish_error(
-                payload, progress.produced, "generation_timeout", message, "timeout"
-            )
+            if progress.by_job_timeout:
+                message = f"generation stopped before the job timeout of {self.job_timeout:g} s"
+            await self._finish_error(payload, progress, "generation_timeout", message, "timeout")
             return
         await self._finish_done(payload, progress, finish, queue_ms, started)
 
@@ -314,8 +383,12 @@ class RequestRunner:
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         loop = asyncio.get_running_loop()
+        # The generation timeout, or the job timeout's deadline if that comes first.
+        deadline = loop.time() + payload.generation_timeout
+        if progress.deadline is not None and progress.deadline < deadline:
+            deadline, progress.by_job_timeout = progress.deadline, True
         try:
-            async with asyncio.timeout(payload.generation_timeout):
+            async with asyncio.timeout_at(deadline):
                 async for out in self.model.generate(request):
                     if isinstance(out, ToolCallStart):
                         # Before its argument tokens, in stream order; not a token itself.
@@ -368,6 +441,7 @@ class RequestRunner:
             finish_reason=finish,
             completion_tokens=progress.produced,
         )
+        progress.ended = True
         await self.publisher.emit(
             payload.request_id,
             event,
@@ -388,8 +462,15 @@ class RequestRunner:
             m.observe(metrics.TPOT, (now - first) / (decoded - 1), model)
 
     async def _finish_error(
-        self, payload: JobPayload, produced: int, code: str, message: str, finish: FinishReason
+        self,
+        payload: JobPayload,
+        progress: _Progress,
+        code: str,
+        message: str,
+        finish: FinishReason,
     ) -> None:
+        produced = progress.produced
+        progress.ended = True
         self._note(
             payload,
             "failed",
