@@ -11,7 +11,6 @@ import socket
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from redis.asyncio import Redis
 from starlette.types import Receive, Scope, Send
 
 from api import errors, openapi, sse
