@@ -66,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-start", action="store_true", help="print the entries Redis still keeps first"
     )
     loadgen = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
-    from loadgen.cli import add_arguments
-
+    try:
+        from loadgen.cli import add_arguments
+    except ImportError:  # a server-only install (the image) has no load generator
+        return parser
     add_arguments(loadgen)
     return parser
 
@@ -106,8 +108,15 @@ def _run_tail(args: argparse.Namespace) -> int:
 
 
 def _run_loadgen(args: argparse.Namespace) -> int:
-    from loadgen.cli import main as loadgen_main
-
+    try:
+        from loadgen.cli import main as loadgen_main
+    except ImportError:
+        print(
+            "llmq loadgen: the load generator is not installed here (a server-only install); "
+            "pip install 'llmq[loadgen]'",
+            file=sys.stderr,
+        )
+        return 2
     return loadgen_main(args)
 
 
