@@ -16,6 +16,7 @@ from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable
 from api.schemas import GenerationParams
 from api.state import AppState
 from llmq import metrics
+from llmq.autoscale.state import serves as autoscaler_serves
 from llmq.queue import effective_score, serialize_job
 from llmq.schema import JobPayload, Lifecycle, RequestRecord, SamplingParams
 from worker.model import count_tokens
@@ -53,6 +54,8 @@ def _check_priority(state: AppState, priority: int) -> None:
 
 async def _check_model(state: AppState, model: str) -> None:
     if await state.catalog.is_served(model) or model in state.accept_models:
+        return
+    if await autoscaler_serves(state.redis, model):  # scaled from zero by the first request
         return
     if not await state.catalog.models():
         raise Unavailable(

@@ -113,6 +113,14 @@ class ApiSettings(CommonSettings):
         "resume) are cancelled after this long.",
     )
 
+    shutdown_grace_seconds: float = Field(
+        2.0,
+        ge=0,
+        le=600,
+        description="On SIGTERM, how long open streams may go on before the API ends them "
+        "with an error chunk and [DONE].",
+    )
+
     @model_validator(mode="after")
     def _grace_outlives_heartbeat(self) -> ApiSettings:
         if self.orphan_grace_seconds <= self.heartbeat_seconds:

@@ -49,6 +49,8 @@ def check(config: dict[str, Any]) -> None:
     for name in ("api", "worker"):
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "healthcheck" in services["redis"]
+    for name, service in services.items():  # every service is long-running
+        assert service.get("restart") in ("unless-stopped", "always", "on-failure"), name
     assert "ports" not in services["worker"], "workers must scale without port clashes"
     assert "container_name" not in services["worker"]
     default = {n for n, s in services.items() if not s.get("profiles")}
