@@ -4,10 +4,10 @@ A worker has ``concurrency`` slots; a request holds one slot for its service tim
 ``S`` (prefill + decode, measured from the cluster). By Little's law, requests
 arriving at ``λ`` per second keep ``λ·S`` slots busy on average, so the load term
 orders ``λ·S·(1 + headroom)`` slots. Requests already waiting need slots on top:
-each of the ``Q`` queued requests holds a slot for ``S``, and to start them within
-the TTFT objective despite the workers' start-up time ``L`` they must be drained in
-``T = max(slo_ttft - L, S)``, which takes ``Q·S/T`` slots (at most one each). Slots
-already running are a floor. Desired workers = ``ceil(slots / concurrency)``.
+each of the ``Q`` queued requests holds a slot for ``S``; draining them within
+``T = max(slo_ttft, L + S)`` (no sooner than a new worker, with start-up time
+``L``, can serve one) takes ``Q·S/T`` slots (at most one each). Slots already
+running are a floor. Desired workers = ``ceil(slots / concurrency)``.
 
 Before any service time has been measured (a cold cluster, or scale from zero),
 every request in the system gets a slot: ``running + queued``.
@@ -92,7 +92,7 @@ def wanted(settings: LawSettings, s: Signals) -> tuple[int, str]:
         reason = "backlog"
     else:
         load = max(s.arrival_rate * S * (1 + settings.headroom), float(s.running))
-        drain = max(settings.slo_ttft_seconds - settings.startup_seconds, S)
+        drain = max(settings.slo_ttft_seconds, settings.startup_seconds + S)
         backlog = min(s.queued * S / drain, float(s.queued))
         slots = load + backlog
         reason = "backlog" if backlog > load else "load"
