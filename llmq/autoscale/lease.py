@@ -6,10 +6,10 @@ PX, or PEXPIRE if the key still names this controller), so a controller never
 renews a lease another one took meanwhile.
 
 A controller acts only while its lease is surely still valid by its own clock:
-until ``ttl`` after the moment it *sent* the renewal (the key cannot expire in
-Redis earlier than that). A controller that stalled longer than the lease (a
-pause, a slow Redis) finds its lease expired on waking and does not act on the
-decision it computed before the stall.
+until ``ttl`` (less a margin for the action to land) after the moment it *sent*
+the renewal; the key cannot expire in Redis earlier than that. A controller that
+stalled longer than the lease (a pause, a slow Redis) finds its lease expired on
+waking and does not act on the decision it computed before the stall.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class LeaderLease:
             keys=[keys.AUTOSCALER_LEADER], args=[self.owner, int(self.ttl_seconds * 1000)]
         )
         if held:
-            self._valid_until = sent + self.ttl_seconds
+            # a margin for the action itself to land before the lease could expire
+            self._valid_until = sent + self.ttl_seconds - min(0.5, self.ttl_seconds / 4)
         else:
             self._valid_until = 0.0
         return bool(held)
