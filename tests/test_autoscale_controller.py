@@ -105,7 +105,7 @@ async def test_every_decision_is_visible(redis_url: str, redis: Redis) -> None:
     assert (state.desired, state.actual) == (2, 0)
     stop.set()
     await run
-    counts = await redis.hgetall(keys.metric(metrics.AUTOSCALER_ACTIONS.name))
+    counts = await redis.hgetall(keys.metric(metrics.AUTOSCALER_ACTIONS.name))  # type: ignore[misc]
     assert counts == {json.dumps(["", "mock", "up", "activation"]): "1"}
     entries = await redis.xrange(keys.LIFECYCLE)
     scaled = [json.loads(f["data"]) for _, f in entries if f["event"] == "scaled"]
