@@ -182,7 +182,7 @@ def test_cold_start_gives_every_request_a_slot() -> None:
 
 @pytest.mark.parametrize(
     ("ttft", "starting", "expected"),
-    [(3.0, 0, (3, "slo_ttft")), (1.0, 0, (2, "load")), (3.0, 1, (2, "load"))],
+    [(3.0, 0, (3, "slo_ttft")), (1.0, 0, (1, "load")), (3.0, 1, (1, "load"))],
 )
 def test_ttft_above_its_objective_orders_one_more(
     ttft: float, starting: int, expected: tuple[int, str]

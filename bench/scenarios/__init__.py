@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bench.scenario import Context, ScenarioResult
-from bench.scenarios import capacity, light, overload, pickup, recovery, scaling
+from bench.scenarios import autoscale, capacity, light, overload, pickup, recovery, scaling
 
 SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "light": light.run,
@@ -14,4 +14,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "overload": overload.run,
     "capacity": capacity.run,
     "recovery": recovery.run,
+    "autoscale": autoscale.run,
 }

@@ -14,13 +14,14 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from redis.asyncio import Redis
 
 from llmq import metrics
 from llmq.autoscale.drivers import Driver, PublishDriver
-from llmq.autoscale.law import ControlLaw, Decision, LawSettings, Signals
+from llmq.autoscale.law import ControlLaw, Decision, LawSettings, Policy, Signals
 from llmq.autoscale.lease import LeaderLease
 from llmq.autoscale.signals import ClusterProbe
 from llmq.autoscale.state import publish
@@ -57,7 +58,9 @@ class Controller:
         bounds: tuple[int, int],
         concurrency: int,
         lease: LeaderLease | None = None,
+        make_policy: Callable[[LawSettings], Policy] = ControlLaw,
     ) -> None:
+        """``make_policy``: the decision rule (llmq's law; benchmarks pass baselines)."""
         self.redis = redis
         self.settings = settings
         self.models = models
@@ -65,7 +68,7 @@ class Controller:
         self.concurrency = concurrency
         self.lease = lease or LeaderLease(redis, settings.autoscaler_lease_seconds)
         self.recorder = metrics.Recorder()
-        self.laws = {m: ControlLaw(law_settings(settings, bounds)) for m in models}
+        self.laws = {m: make_policy(law_settings(settings, bounds)) for m in models}
         self.probes = {
             m: ClusterProbe(redis, m, worker_ttl=settings.worker_ttl_seconds) for m in models
         }

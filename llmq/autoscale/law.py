@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 Direction = Literal["up", "down", "none"]
 
@@ -84,6 +84,14 @@ class Decision:
     reason: str
 
 
+class Policy(Protocol):
+    """What the controller needs of a decision rule (the law below, or a baseline's)."""
+
+    settings: LawSettings
+
+    def decide(self, s: Signals, now: float) -> Decision: ...
+
+
 def wanted(settings: LawSettings, s: Signals) -> tuple[int, str]:
     """Desired workers for ``s`` and the term that decided it (unbounded, unstabilized)."""
     S = s.service_seconds
@@ -91,10 +99,12 @@ def wanted(settings: LawSettings, s: Signals) -> tuple[int, str]:
         slots = float(s.running + s.queued)
         reason = "backlog"
     else:
-        load = max(s.arrival_rate * S * (1 + settings.headroom), float(s.running))
+        load = s.arrival_rate * S * (1 + settings.headroom)
         drain = max(settings.slo_ttft_seconds, settings.startup_seconds + S)
         backlog = min(s.queued * S / drain, float(s.queued))
-        slots = load + backlog
+        # what runs now is a floor (never stop a busy worker), not a reason to grow:
+        # at saturation running == capacity, and growing on it would chase noise
+        slots = max(load + backlog, float(s.running))
         reason = "backlog" if backlog > load else "load"
     workers = math.ceil(slots / max(s.concurrency, 1) - 1e-9)
     ordered = s.ready + s.starting
