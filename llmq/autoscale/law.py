@@ -16,7 +16,9 @@ Feedback: if the observed TTFT p90 exceeds its objective while requests are stil
 queued and no ordered worker is still starting, one more worker is ordered than
 is running (the model of ``S`` or ``λ`` was wrong; the measurement is the truth).
 TPOT above its objective does the same (a backend slows down when its batch
-grows).
+grows). The measurements cover the last ``feedback_window`` seconds, so after
+any upward action the feedback waits that long: until then it would still see
+requests that waited for the capacity just ordered, and order again.
 
 Dynamics:
 
@@ -52,6 +54,9 @@ class LawSettings:
     down_window_seconds: float = 30.0
     idle_to_zero_seconds: float = 60.0
     startup_seconds: float = 5.0
+    #: The latency measurements' window: after an upward action, the feedback waits
+    #: this long, until what it measures was served by the new capacity.
+    feedback_window_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,9 @@ class Policy(Protocol):
     def decide(self, s: Signals, now: float) -> Decision: ...
 
 
-def wanted(settings: LawSettings, s: Signals) -> tuple[int, str]:
-    """Desired workers for ``s`` and the term that decided it (unbounded, unstabilized)."""
+def wanted(settings: LawSettings, s: Signals, *, feedback: bool = True) -> tuple[int, str]:
+    """Desired workers for ``s`` and the term that decided it (unbounded, unstabilized);
+    ``feedback``: whether the latency measurements may add a worker."""
     S = s.service_seconds
     if S is None or S <= 0:
         slots = float(s.running + s.queued)
@@ -108,7 +114,7 @@ def wanted(settings: LawSettings, s: Signals) -> tuple[int, str]:
         reason = "backlog" if backlog > load else "load"
     workers = math.ceil(slots / max(s.concurrency, 1) - 1e-9)
     ordered = s.ready + s.starting
-    if s.starting == 0 and s.ready > 0:
+    if feedback and s.starting == 0 and s.ready > 0:
         if (
             s.queued > 0
             and s.ttft_p90_seconds is not None
@@ -134,6 +140,7 @@ class ControlLaw:
         self._history: deque[tuple[float, int]] = deque()
         self._since: float | None = None
         self._idle_since: float | None = None
+        self._last_up = -math.inf
 
     def _idle_or_activation(
         self, s: Signals, now: float, desired: int, reason: str
@@ -159,7 +166,8 @@ class ControlLaw:
         if self._since is None:
             self._since = now
         ordered = s.ready + s.starting
-        desired, reason = wanted(cfg, s)
+        feedback = now - self._last_up >= cfg.feedback_window_seconds
+        desired, reason = wanted(cfg, s, feedback=feedback)
 
         desired, reason = self._idle_or_activation(s, now, desired, reason)
         bounded = min(max(desired, cfg.min_workers), cfg.max_workers)
@@ -171,6 +179,7 @@ class ControlLaw:
             self._history.popleft()
 
         if desired > ordered:
+            self._last_up = now
             return Decision(desired, desired, "up", reason)
         if ordered > cfg.max_workers:
             return Decision(ordered - 1, desired, "down", "bounds")
