@@ -3,11 +3,14 @@
 A worker has ``concurrency`` slots; a request holds one slot for its service time
 ``S`` (prefill + decode, measured from the cluster). By Little's law, requests
 arriving at ``λ`` per second keep ``λ·S`` slots busy on average, so the load term
-orders ``λ·S·(1 + headroom)`` slots. Requests already waiting need slots on top:
+orders ``λ·S·(1 + headroom)`` slots. Requests already waiting need slots too:
 each of the ``Q`` queued requests holds a slot for ``S``; draining them within
 ``T = max(slo_ttft, L + S)`` (no sooner than a new worker, with start-up time
-``L``, can serve one) takes ``Q·S/T`` slots (at most one each). Slots already
-running are a floor. Desired workers = ``ceil(slots / concurrency)``.
+``L``, can serve one) takes ``Q·S/T`` slots (at most one each), which the
+headroom covers up to its size: ``slots = max(λ·S·(1 + headroom), λ·S + Q·S/T)``.
+The slots running now are a floor (a busy worker is not stopped), not added: at
+saturation running equals capacity, and adding it would grow on every queued
+request. Desired workers = ``ceil(slots / concurrency)``.
 
 Before any service time has been measured (a cold cluster, or scale from zero),
 every request in the system gets a slot: ``running + queued``.
@@ -105,13 +108,16 @@ def wanted(settings: LawSettings, s: Signals, *, feedback: bool = True) -> tuple
         slots = float(s.running + s.queued)
         reason = "backlog"
     else:
-        load = s.arrival_rate * S * (1 + settings.headroom)
+        offered = s.arrival_rate * S
         drain = max(settings.slo_ttft_seconds, settings.startup_seconds + S)
         backlog = min(s.queued * S / drain, float(s.queued))
-        # what runs now is a floor (never stop a busy worker), not a reason to grow:
-        # at saturation running == capacity, and growing on it would chase noise
-        slots = max(load + backlog, float(s.running))
-        reason = "backlog" if backlog > load else "load"
+        # the headroom absorbs a small backlog (the queue of a random arrival
+        # process); only a backlog beyond it orders more. What runs now is a floor
+        # (never stop a busy worker), not a reason to grow: at saturation running
+        # equals capacity, and growing on it would chase noise.
+        steady = max(offered * (1 + settings.headroom), float(s.running))
+        slots = max(steady, offered + backlog)
+        reason = "backlog" if offered + backlog > steady else "load"
     workers = math.ceil(slots / max(s.concurrency, 1) - 1e-9)
     ordered = s.ready + s.starting
     if feedback and s.starting == 0 and s.ready > 0:
