@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import signal
 import sys
@@ -32,6 +33,14 @@ log = logging.getLogger(__name__)
 
 #: How long a child may take to stop after SIGTERM before it is killed.
 STOP_TIMEOUT = 20.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the supervisor dies, even by
+    SIGKILL, so that a killed supervisor leaves no orphan behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,7 @@ class Supervisor:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         if process.stdout is None:  # pragma: no cover - PIPE always gives a reader
             raise RuntimeError("child has no stdout")

@@ -6,12 +6,15 @@ import io
 import logging
 import os
 import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from llmq.supervisor import RestartPolicy, Supervisor, describe_exit
-from tests.procs import alive
+from tests.procs import alive, reap
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -78,3 +81,37 @@ async def test_a_stopped_child_is_not_restarted() -> None:
     assert child.ended.is_set() and child.pid == pid and not child.alive
     assert "sleeper" not in supervisor.children and not supervisor.failed.is_set()
     await supervisor.close()
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    """A supervisor killed with SIGKILL (no chance to stop anything) leaves no orphan."""
+    script = tmp_path / "supervise.py"
+    script.write_text(
+        "import asyncio, os, sys\n"
+        "from llmq.supervisor import Supervisor\n"
+        "async def main():\n"
+        "    s = Supervisor()\n"
+        f"    c = await s.start('sleeper', {SLEEPER!r}, dict(os.environ))\n"
+        "    print(c.pid, flush=True)\n"
+        "    await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        # the child is past its output (a dead pipe would not be what stops it)
+        assert proc.stdout.readline().startswith("[sleeper] up")
+        assert alive(child)
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the child outlived its supervisor"
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        reap([child] if "child" in locals() else [])
