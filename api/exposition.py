@@ -10,7 +10,7 @@ of prometheus_client's global state is involved.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -23,8 +23,9 @@ from redis.asyncio import Redis
 
 from api.totals import Totals, read_totals
 from llmq import metrics, registry
+from llmq.autoscale.state import autoscaled
 from llmq.queue import queue_depth, queued_by_priority
-from llmq.schema import WorkerInfo
+from llmq.schema import ScaleState, WorkerInfo
 
 QUEUE_DEPTH = "llmq_queue_depth"
 QUEUE_DEPTH_BY_PRIORITY = "llmq_queue_depth_by_priority"
@@ -33,6 +34,8 @@ LIVE_WORKERS = "llmq_live_workers"
 CAPACITY = "llmq_capacity_requests"
 RUNNING = "llmq_running_requests"
 UTILIZATION = "llmq_utilization_ratio"
+DESIRED_WORKERS = "llmq_autoscaler_desired_workers"
+ACTUAL_WORKERS = "llmq_autoscaler_actual_workers"
 
 #: Names of the scrape-time gauges, for tests and dashboards.
 GAUGES = (
@@ -43,6 +46,8 @@ GAUGES = (
     CAPACITY,
     RUNNING,
     UTILIZATION,
+    DESIRED_WORKERS,
+    ACTUAL_WORKERS,
 )
 
 
@@ -52,6 +57,7 @@ class Scrape:
     workers: list[WorkerInfo]
     depths: dict[str, int]
     priorities: dict[str, dict[int, int]]
+    scaled: dict[str, ScaleState] = field(default_factory=dict)
 
 
 async def scrape(redis: Redis, worker_ttl: float, extra_models: frozenset[str]) -> Scrape:
@@ -61,7 +67,7 @@ async def scrape(redis: Redis, worker_ttl: float, extra_models: frozenset[str]) 
     models = sorted(totals.models() | {w.model for w in workers} | extra_models)
     depths = {m: await queue_depth(redis, m) for m in models}
     priorities = {m: await queued_by_priority(redis, m) for m in models if depths[m]}
-    return Scrape(totals, workers, depths, priorities)
+    return Scrape(totals, workers, depths, priorities, await autoscaled(redis))
 
 
 class ClusterCollector(Collector):
@@ -122,6 +128,16 @@ class ClusterCollector(Collector):
             running.add_metric([model], busy)
             utilization.add_metric([model], busy / cap if cap else 0.0)
         yield from (live, capacity, running, utilization)
+        desired = GaugeMetricFamily(
+            DESIRED_WORKERS, "Workers the autoscaler wants per model.", labels=["model"]
+        )
+        actual = GaugeMetricFamily(
+            ACTUAL_WORKERS, "Live workers the autoscaler counts per model.", labels=["model"]
+        )
+        for model, state in sorted(data.scaled.items()):
+            desired.add_metric([model], state.desired)
+            actual.add_metric([model], state.actual)
+        yield from (desired, actual)
 
 
 def render(data: Scrape) -> bytes:

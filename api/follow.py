@@ -45,19 +45,43 @@ async def follow(
     """Events of the request after ``last_id``; ``None`` marks an idle keep-alive tick."""
     keepalive = state.settings.sse_keepalive_seconds
     async with state.relay.subscription(keys.stream(request_id), last_id) as sub:
-        while True:
-            item = await sub.next(keepalive)
-            if item is None:
-                if not await state.redis.exists(keys.request(request_id)):
-                    yield (
-                        sub.last_id,
-                        ErrorEvent(
-                            code="expired", message="the request expired before it finished"
-                        ),
-                    )
+        state.following.add(sub)  # so that a shutdown can end it cleanly
+        try:
+            while True:
+                item = await sub.next(keepalive)
+                if item is None:
+                    if not await state.redis.exists(keys.request(request_id)):
+                        yield (
+                            sub.last_id,
+                            ErrorEvent(
+                                code="expired", message="the request expired before it finished"
+                            ),
+                        )
+                        return
+                    yield IDLE
+                    continue
+                yield item
+                if is_terminal(item[1]):
                     return
-                yield IDLE
-                continue
-            yield item
-            if is_terminal(item[1]):
-                return
+        finally:
+            state.following.discard(sub)
+
+
+#: The code of the error event that ends a stream the API process stops relaying.
+SHUTTING_DOWN = "shutting_down"
+
+
+def end_open_streams(state: AppState) -> int:
+    """End every stream still relayed with an error event (the API process stops):
+    an OpenAI client gets an error chunk and ``[DONE]`` instead of a cut connection;
+    a native client's event carries the last id, so it resumes elsewhere from there."""
+    ended = 0
+    for sub in list(state.following):
+        event = ErrorEvent(
+            code=SHUTTING_DOWN,
+            message="the API process is shutting down; retry the request (native clients: "
+            "reconnect with Last-Event-ID)",
+        )
+        sub.queue.put_nowait((sub.last_id, event))
+        ended += 1
+    return ended

@@ -8,10 +8,17 @@ but Redis, exactly like API replicas on different hosts. If one exits on its
 own, the others are stopped and the command exits non-zero, so whatever runs it
 (``llmq run``, compose, systemd) sees the failure; SIGTERM or SIGINT stops them
 all gracefully.
+
+On SIGTERM/SIGINT uvicorn stops accepting and waits for open responses. Streams
+still open ``shutdown_grace_seconds`` later (their worker stopped, or their
+request went back to the queue) are ended by the API with an error chunk and
+``[DONE]`` (:func:`api.follow.end_open_streams`), before uvicorn's own deadline
+would cut them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -23,8 +30,11 @@ import sys
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from api.app import create_app
+from api.follow import end_open_streams
+from api.state import AppState
 from llmq.logs import setup_logging
 from llmq.settings import ApiSettings
 
@@ -34,16 +44,42 @@ STOP_SECONDS = 15.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _config(settings: ApiSettings) -> uvicorn.Config:
-    return uvicorn.Config(
-        create_app(settings),
+class Server(uvicorn.Server):
+    """uvicorn's server, ending the app's open streams cleanly at shutdown."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, grace: float) -> None:
+        super().__init__(config)
+        self.llmq_app = app
+        self.grace = grace
+
+    async def _end_streams_later(self) -> None:
+        await asyncio.sleep(self.grace)
+        state: AppState | None = getattr(self.llmq_app.state, "llmq", None)
+        if state is not None and (n := end_open_streams(state)):
+            log.info("ended %d open stream(s) at shutdown", n)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        ender = asyncio.create_task(self._end_streams_later())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            ender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ender
+
+
+def _server(settings: ApiSettings) -> Server:
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + 3,
         lifespan="on",
     )
+    return Server(config, app, settings.shutdown_grace_seconds)
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -64,12 +100,12 @@ def _serve_child(settings: ApiSettings) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
     setup_logging(settings, "api")
     sock = reuse_port_socket(settings.host, settings.port)
-    uvicorn.Server(_config(settings)).run(sockets=[sock])
+    _server(settings).run(sockets=[sock])
 
 
 def serve(settings: ApiSettings) -> None:
     if settings.api_processes == 1:
-        uvicorn.Server(_config(settings)).run()
+        _server(settings).run()
         return
     sys.exit(_supervise(settings))
 

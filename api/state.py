@@ -12,7 +12,7 @@ from fastapi import Depends, Request
 from redis.asyncio import Redis
 
 from api.catalog import Catalog
-from api.relay import StreamRelay
+from api.relay import StreamRelay, Subscription
 from llmq.metrics import Recorder
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
@@ -33,6 +33,8 @@ class AppState:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     #: This process's not-yet-flushed metrics (see :mod:`llmq.metrics`).
     metrics: Recorder = field(default_factory=Recorder)
+    #: The subscriptions of the streams being relayed, ended cleanly at shutdown.
+    following: set[Subscription] = field(default_factory=set)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` detached from the request (e.g. a cancel after a disconnect).

@@ -20,6 +20,7 @@ from api.extras import Extras
 from api.schemas import GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
+from llmq.autoscale.state import serves as autoscaler_serves
 from llmq.queue import Enqueue, effective_score, serialize_job
 from llmq.schema import JobPayload, Lifecycle, RequestRecord, SamplingParams
 from worker.model import count_tokens
@@ -62,6 +63,8 @@ def _check_priority(state: AppState, priority: int) -> None:
 
 async def _check_model(state: AppState, model: str) -> None:
     if await state.catalog.is_served(model) or model in state.accept_models:
+        return
+    if await autoscaler_serves(state.redis, model):  # scaled from zero by the first request
         return
     if not await state.catalog.models():
         raise Unavailable(

@@ -1,4 +1,4 @@
-"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``loadgen``.
+"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``autoscale``, ``loadgen``.
 
 Every settings field of a subcommand's settings class is also a flag
 (``redis_url`` -> ``--redis-url``), and every flag is also an ``LLMQ_*``
@@ -16,7 +16,13 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from llmq.logs import setup_logging
-from llmq.settings import ApiSettings, CommonSettings, RunSettings, WorkerSettings
+from llmq.settings import (
+    ApiSettings,
+    AutoscaleSettings,
+    CommonSettings,
+    RunSettings,
+    WorkerSettings,
+)
 
 S = TypeVar("S", bound=CommonSettings)
 
@@ -26,6 +32,7 @@ SETTINGS: dict[str, type[CommonSettings]] = {
     "worker": WorkerSettings,
     "run": RunSettings,
     "tail": CommonSettings,
+    "autoscale": AutoscaleSettings,
 }
 
 
@@ -57,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "worker": "run one worker process",
         "run": "run the whole stack locally: Redis, one API process, N workers",
         "tail": "follow the lifecycle stream (queued, started, first token, finished...)",
+        "autoscale": "decide and publish how many workers each model needs (for KEDA/HPA)",
     }
     parsers = {}
     for name, cls in SETTINGS.items():
@@ -93,11 +101,19 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 
 def _run_stack(args: argparse.Namespace) -> int:
-    from llmq.supervisor import run_stack
+    from llmq.stack import run_stack
 
     settings = build_settings(RunSettings, args)
     setup_logging(settings, "run")
     return _run_async(run_stack(settings))
+
+
+def _run_autoscale(args: argparse.Namespace) -> int:
+    from llmq.autoscale.controller import serve
+
+    settings = build_settings(AutoscaleSettings, args)
+    setup_logging(settings, "autoscale")
+    return _run_async(serve(settings))
 
 
 def _run_tail(args: argparse.Namespace) -> int:
@@ -136,6 +152,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _run_stack,
     "loadgen": _run_loadgen,
     "tail": _run_tail,
+    "autoscale": _run_autoscale,
 }
 
 

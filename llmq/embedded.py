@@ -91,7 +91,11 @@ class EmbeddedRedis:
             str(Path(self.directory) / "redis.log"),
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session: a terminal's Ctrl-C must not reach Redis before the
+        # processes that use it have stopped (their owner stops Redis last).
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -159,3 +159,12 @@ def metric(family: str) -> str:
 def metrics_second(unix_second: int) -> str:
     """Hash of counter totals flushed during one second (short TTL): recent rates."""
     return f"{PREFIX}:metrics-second:{unix_second}"
+
+
+#: The autoscaler's leader lease: the id of the one controller that may act (PX TTL).
+AUTOSCALER_LEADER = f"{PREFIX}:autoscaler:leader"
+
+#: Hash of model -> the autoscaler's published state (:class:`~llmq.schema.ScaleState`
+#: JSON), renewed every control period and expiring with the controller: while a
+#: model's entry is fresh, the API accepts its requests with no live worker.
+AUTOSCALER_STATE = f"{PREFIX}:autoscaler:state"

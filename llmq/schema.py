@@ -222,7 +222,9 @@ class RequestRecord(BaseModel):
         return cls.model_validate(data)
 
 
-LifecycleKind = Literal["queued", "started", "first_token", "finished", "cancelled", "failed"]
+LifecycleKind = Literal[
+    "queued", "started", "first_token", "finished", "cancelled", "failed", "scaled"
+]
 
 
 class Lifecycle(BaseModel):
@@ -247,6 +249,12 @@ class Lifecycle(BaseModel):
     finish_reason: FinishReason | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    #: ``scaled`` entries (written by the autoscaler; ``request_id`` is empty).
+    direction: Literal["up", "down"] | None = None
+    reason: str | None = None
+    desired: int | None = None
+    actual: int | None = None
+    target: int | None = None
 
     def fields(self) -> dict[str, str]:
         return {
@@ -276,3 +284,15 @@ class WorkerInfo(BaseModel):
     started_at: float
     heartbeat_at: float
     capabilities: tuple[str, ...] | None = None
+
+
+class ScaleState(_Frozen):
+    """What the autoscaler publishes per model (``llmq:autoscaler:state``), every period."""
+
+    desired: int
+    actual: int
+    starting: int
+    target: int
+    owner: str
+    #: Unix seconds after which the entry is stale (its controller stopped or lost the lease).
+    expires_at: float

@@ -167,6 +167,14 @@ class ApiSettings(CommonSettings):
         "and liveness lease; for hosts with more cores.",
     )
 
+    shutdown_grace_seconds: float = Field(
+        2.0,
+        ge=0,
+        le=600,
+        description="On SIGTERM, how long open streams may go on before the API ends them "
+        "with an error chunk and [DONE].",
+    )
+
     @model_validator(mode="after")
     def _grace_outlives_heartbeat(self) -> ApiSettings:
         if self.orphan_grace_seconds <= self.heartbeat_seconds:
@@ -216,6 +224,13 @@ class WorkerSettings(CommonSettings):
     max_event_tokens: int = Field(
         256, ge=1, description="Most tokens coalesced into one stream event."
     )
+    model_load_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Time the model takes to load: the worker registers and claims only "
+        "after it (what an autoscaler must plan for).",
+    )
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeat(self) -> WorkerSettings:
@@ -225,7 +240,82 @@ class WorkerSettings(CommonSettings):
         return self
 
 
-class RunSettings(CommonSettings):
+def parse_bounds(text: str) -> tuple[int, int] | None:
+    """``"MIN:MAX"`` -> ``(min, max)``; empty -> None (no autoscaling)."""
+    if not text:
+        return None
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high))
+    except ValueError:
+        bounds = (-1, -1)
+    if not sep or not 0 <= bounds[0] <= bounds[1] or bounds[1] < 1 or bounds[1] > 64:
+        raise ValueError(f"expected MIN:MAX with 0 <= MIN <= MAX, 1 <= MAX <= 64; got {text!r}")
+    return bounds
+
+
+class ControllerSettings(CommonSettings):
+    """The autoscaler's control law and leader lease (``llmq autoscale``, ``llmq run``)."""
+
+    autoscale: str = Field(
+        "",
+        description="MIN:MAX workers per model, e.g. 1:6 (0:N scales to zero); "
+        "empty: no autoscaling (llmq run).",
+    )
+    slo_ttft_ms: float = Field(
+        2000.0, gt=0, description="Time-to-first-token objective the autoscaler keeps (p90)."
+    )
+    slo_tpot_ms: float = Field(
+        100.0, gt=0, description="Time-per-output-token objective the autoscaler keeps (p90)."
+    )
+    scale_interval_seconds: float = Field(
+        1.0, gt=0, le=60, description="Control period of the autoscaler."
+    )
+    scale_down_window_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Scale-down stabilization: the target falls only to the highest "
+        "desired count of this window, one worker at a time.",
+    )
+    scale_to_zero_seconds: float = Field(
+        60.0, gt=0, description="Idle time (nothing queued or running) before 1 -> 0."
+    )
+    scale_headroom: float = Field(
+        0.2, ge=0, le=5, description="Spare capacity ordered above the measured load (0.2: 20%)."
+    )
+    worker_startup_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="Expected time from ordering a worker to its first claim, until a "
+        "start has been measured.",
+    )
+    autoscaler_lease_seconds: float = Field(
+        3.0, gt=0, description="Leader lease of the autoscaler (one acts at a time)."
+    )
+
+    @model_validator(mode="after")
+    def _valid_autoscale(self) -> ControllerSettings:
+        parse_bounds(self.autoscale)
+        if self.autoscaler_lease_seconds <= self.scale_interval_seconds:
+            raise ValueError("autoscaler_lease_seconds must be longer than scale_interval_seconds")
+        return self
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        return parse_bounds(self.autoscale)
+
+
+class AutoscaleSettings(ControllerSettings):
+    """Settings of ``llmq autoscale``: a controller that publishes, for an external driver."""
+
+    autoscale: str = Field("1:8", description="MIN:MAX workers per model.")
+    models: str = Field("mock", min_length=1, description="Comma-separated models to scale.")
+    concurrency: int = Field(
+        8, ge=1, le=10_000, description="Requests one worker runs at once (until measured)."
+    )
+
+
+class RunSettings(ControllerSettings):
     """Settings of ``llmq run``: the whole stack as local processes."""
 
     workers: int = Field(2, ge=0, le=64, description="Worker processes started by llmq run.")
@@ -235,4 +325,16 @@ class RunSettings(CommonSettings):
     embedded_redis: bool | None = Field(
         None,
         description="Start a private Redis; default: only when LLMQ_REDIS_URL is unset.",
+    )
+    model: str = Field("mock", min_length=1, max_length=128, description="Model the workers serve.")
+    restart_limit: int = Field(
+        5,
+        ge=1,
+        description="Restarts of one child within the restart window that make a crash loop.",
+    )
+    restart_window_seconds: float = Field(
+        60.0, gt=0, description="Window in which restart_limit restarts stop the stack."
+    )
+    restart_backoff_seconds: float = Field(
+        0.5, gt=0, description="First restart delay; doubles with each recent restart (max 10 s)."
     )

@@ -1,143 +1,235 @@
-"""``llmq run``: the whole stack as local processes, stopped as one.
+"""A process manager: spawn children, prefix their output, restart them, stop them in order.
 
-Starts Redis (embedded unless ``LLMQ_REDIS_URL`` is set), one API process and N
-workers, each a child in its own session so that Ctrl-C reaches only the
-supervisor, which then stops the children in order (workers drain, API closes)
-and the embedded Redis last. Every child's output is prefixed by its name. If a
-child dies on its own, the whole stack stops with a non-zero exit code: a
-half-running stack is worse than a clear failure.
+The one implementation of "run a child process and keep it running" in llmq:
+``llmq run`` (:mod:`llmq.stack`) uses it for the API and the workers, and its
+local autoscaler adds and removes workers through it. Children run in their own
+session, so a terminal's Ctrl-C (SIGINT to the foreground process group) reaches
+only the supervisor, which then stops them in the order its owner chooses.
+
+A child that exits while nobody asked it to is restarted after a backoff that
+doubles with each recent restart (``backoff_seconds`` up to ``backoff_max_seconds``),
+with a log line that names it, its exit status and what happens next. A child
+that needs ``limit`` restarts within ``window_seconds`` is in a crash loop: the
+supervisor stops restarting and sets :attr:`Supervisor.failed`, and its owner
+stops the whole stack with a non-zero exit code and the message in
+:attr:`Supervisor.failure`. A stack that silently keeps one part down is worse
+than a clear failure, and one that stops for a single crash is fragile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
-import os
 import signal
 import sys
-from dataclasses import dataclass
-
-import httpx
-
-from llmq.embedded import EmbeddedRedis
-from llmq.settings import RunSettings
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
+#: How long a child may take to stop after SIGTERM before it is killed.
 STOP_TIMEOUT = 20.0
+_PR_SET_PDEATHSIG = 1
 
 
-@dataclass
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the supervisor dies, even by
+    SIGKILL, so that a killed supervisor leaves no orphan behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a child that died is restarted, and when the supervisor gives up."""
+
+    limit: int = 5
+    window_seconds: float = 60.0
+    backoff_seconds: float = 0.5
+    backoff_max_seconds: float = 10.0
+
+    def delay(self, recent: int) -> float:
+        """Backoff before the restart that follows ``recent`` restarts in the window."""
+        return float(min(self.backoff_seconds * 2**recent, self.backoff_max_seconds))
+
+
+def describe_exit(code: int) -> str:
+    """``exit status 3`` or ``signal SIGKILL``, as a log line should say it."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+@dataclass(eq=False)
 class Child:
+    """One supervised process slot; its process is replaced on each restart."""
+
     name: str
-    process: asyncio.subprocess.Process
-    pump: asyncio.Task[None]
+    argv: list[str]
+    env: dict[str, str]
+    restart: bool = True
+    process: asyncio.subprocess.Process | None = None
+    started_at: float = 0.0
+    #: Set when the supervisor was asked to stop it: its exit is then expected.
+    stopping: bool = False
+    restarts: deque[float] = field(default_factory=deque)
+    _pump: asyncio.Task[None] | None = None
+    _watch: asyncio.Task[None] | None = None
+    #: Set once the child has exited for good (stopped, or not restarted).
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    _stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
 
 
-async def _pump(name: str, stream: asyncio.StreamReader) -> None:
-    prefix = f"[{name}] ".encode()
-    out = sys.stdout.buffer
-    while line := await stream.readline():
-        out.write(prefix + line)
-        out.flush()
+class Supervisor:
+    """Owns its children; :meth:`close` stops whatever is still running."""
 
+    def __init__(self, policy: RestartPolicy | None = None, out: BinaryIO | None = None) -> None:
+        self.policy = policy or RestartPolicy()
+        self.children: dict[str, Child] = {}
+        self.failed = asyncio.Event()
+        self.failure: str | None = None
+        self._out = out or sys.stdout.buffer
+        self._closing = False
 
-async def _spawn(name: str, args: list[str], env: dict[str, str]) -> Child:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "llmq",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    if process.stdout is None:  # pragma: no cover - PIPE always gives a reader
-        raise RuntimeError("child has no stdout")
-    return Child(name, process, asyncio.create_task(_pump(name, process.stdout)))
+    async def start(
+        self, name: str, argv: list[str], env: dict[str, str], *, restart: bool = True
+    ) -> Child:
+        """Spawn ``argv`` as ``name`` (unique among live children) and watch it."""
+        if name in self.children:
+            raise ValueError(f"a child named {name!r} is already supervised")
+        child = Child(name, argv, env, restart)
+        self.children[name] = child
+        await self._spawn(child)
+        child._watch = asyncio.create_task(self._supervise(child), name=f"watch-{name}")
+        return child
 
+    async def _spawn(self, child: Child) -> None:
+        process = await asyncio.create_subprocess_exec(
+            *child.argv,
+            env=child.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        if process.stdout is None:  # pragma: no cover - PIPE always gives a reader
+            raise RuntimeError("child has no stdout")
+        child.process = process
+        child.started_at = time.monotonic()
+        child._pump = asyncio.create_task(self._copy(child.name, process.stdout))
 
-async def _stop(children: list[Child]) -> None:
-    for child in children:
-        if child.process.returncode is None:
+    async def _copy(self, name: str, stream: asyncio.StreamReader) -> None:
+        prefix = f"[{name}] ".encode()
+        while line := await stream.readline():
+            self._out.write(prefix + line)
+            self._out.flush()
+
+    async def _supervise(self, child: Child) -> None:
+        try:
+            while True:
+                process = child.process
+                if process is None:  # pragma: no cover - set before the watch starts
+                    return
+                code = await process.wait()
+                if child._pump is not None:
+                    await child._pump
+                if child.stopping or self._closing:
+                    return
+                if not child.restart:
+                    self._fail(
+                        f"{child.name} (pid {process.pid}) exited with {describe_exit(code)}"
+                    )
+                    return
+                if not await self._restart(child, process.pid, code):
+                    return
+        finally:
+            self.children.pop(child.name, None)
+            child.ended.set()
+
+    async def _restart(self, child: Child, pid: int, code: int) -> bool:
+        policy = self.policy
+        now = time.monotonic()
+        while child.restarts and now - child.restarts[0] > policy.window_seconds:
+            child.restarts.popleft()
+        recent = len(child.restarts)
+        if recent >= policy.limit:
+            self._fail(
+                f"{child.name} (pid {pid}) exited with {describe_exit(code)} after {recent} "
+                f"restarts within {policy.window_seconds:g}s: crash loop, stopping the stack"
+            )
+            return False
+        delay = policy.delay(recent)
+        log.error(
+            "%s (pid %d) exited unexpectedly with %s; restarting it in %.1fs "
+            "(restart %d of at most %d within %gs)",
+            child.name,
+            pid,
+            describe_exit(code),
+            delay,
+            recent + 1,
+            policy.limit,
+            policy.window_seconds,
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await child._stop_requested.wait()
+        if child.stopping or self._closing:
+            return False
+        child.restarts.append(time.monotonic())
+        await self._spawn(child)
+        log.info("%s restarted (pid %s)", child.name, child.pid)
+        if child.stopping and child.process is not None:  # asked to stop while spawning
             with contextlib.suppress(ProcessLookupError):
                 child.process.send_signal(signal.SIGTERM)
-    for child in children:
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT):
-                await child.process.wait()
-        except TimeoutError:
-            log.warning("%s did not stop in %.0fs; killing it", child.name, STOP_TIMEOUT)
-            with contextlib.suppress(ProcessLookupError):
-                child.process.kill()
-            await child.process.wait()
-        await child.pump
+        return True
 
+    def _fail(self, message: str) -> None:
+        if self.failure is None:
+            self.failure = message
+        log.error("%s", message)
+        self.failed.set()
 
-async def _announce_when_ready(url: str) -> None:
-    async with httpx.AsyncClient(timeout=1.0) as client:
-        for _ in range(600):
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get(url + "/readyz")).status_code == 200:
-                    log.info("llmq is ready at %s (Ctrl-C stops everything)", url)
-                    return
-            await asyncio.sleep(0.1)
-        log.warning("llmq is not ready after 60s; see the logs above")
+    async def stop(self, children: list[Child], timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM to each (at once), then wait; a child still running after ``timeout``
+        is killed. A stopped child is not restarted."""
+        for child in children:
+            child.stopping = True
+            child._stop_requested.set()
+            if child.alive and child.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGTERM)
+        for child in children:
+            process = child.process
+            if process is not None:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await process.wait()
+                except TimeoutError:
+                    log.warning("%s did not stop in %.0fs; killing it", child.name, timeout)
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                    await process.wait()
+            if child._watch is not None:
+                await child._watch
+            if child.process is not None and child.process is not process:
+                await child.process.wait()  # respawned while the stop was on its way
 
-
-async def run_stack(settings: RunSettings) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-
-    embedded = settings.embedded_redis
-    if embedded is None:
-        embedded = "LLMQ_REDIS_URL" not in os.environ
-    redis: EmbeddedRedis | None = None
-    redis_url = settings.redis_url
-    if embedded:
-        redis = EmbeddedRedis()
-        await asyncio.to_thread(redis.start)
-        redis_url = redis.url
-        log.info("embedded redis-server (%s) on %s", redis.binary, redis_url)
-
-    env = {
-        **os.environ,
-        "LLMQ_REDIS_URL": redis_url,
-        "LLMQ_HOST": settings.host,
-        "LLMQ_PORT": str(settings.port),
-        "LLMQ_CONCURRENCY": str(settings.concurrency),
-        "PYTHONUNBUFFERED": "1",
-    }
-    workers: list[Child] = []
-    api: list[Child] = []
-    code = 0
-    try:
-        api.append(await _spawn("api", ["api"], env))
-        for i in range(settings.workers):
-            workers.append(await _spawn(f"worker-{i + 1}", ["worker"], env))
-        announce = asyncio.create_task(
-            _announce_when_ready(f"http://{settings.host}:{settings.port}")
-        )
-        waits = {asyncio.create_task(c.process.wait()): c for c in api + workers}
-        stopper = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({stopper, *waits}, return_when=asyncio.FIRST_COMPLETED)
-        announce.cancel()
-        for task in done:
-            if task in waits:
-                child = waits[task]
-                log.error("%s exited with code %s; stopping", child.name, child.process.returncode)
-                code = 1
-        stopper.cancel()
-        for task in waits:
-            task.cancel()
-    finally:
-        await _stop(workers)
-        await _stop(api)
-        if redis is not None:
-            await asyncio.to_thread(redis.stop)
-        log.info("llmq stopped")
-    return code
+    async def close(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop every remaining child at once (owners stop them in order first)."""
+        self._closing = True
+        await self.stop(list(self.children.values()), timeout)

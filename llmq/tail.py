@@ -23,7 +23,10 @@ BLOCK_MS = 1000
 #: Redis client name of the follower, visible in CLIENT LIST.
 CLIENT_NAME = "llmq-tail"
 
-_DETAILS = ("worker", "attempt", "priority", "queue_ms", "ttft_ms", "e2e_ms")
+_DETAILS = (
+    "worker", "attempt", "priority", "queue_ms", "ttft_ms", "e2e_ms",
+    "direction", "reason", "actual", "target",
+)  # fmt: skip
 
 
 def format_line(note: Lifecycle) -> str:

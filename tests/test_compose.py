@@ -65,6 +65,8 @@ def check(config: dict[str, Any]) -> None:
     worker = services["worker"]
     drain = float(worker["environment"]["LLMQ_DRAIN_SECONDS"])
     assert seconds(worker["stop_grace_period"]) > drain, "the stop grace outlasts the drain"
+    for name, service in services.items():  # every service is long-running
+        assert service.get("restart") in ("unless-stopped", "always", "on-failure"), name
     assert "ports" not in services["worker"], "workers must scale without port clashes"
     assert "container_name" not in services["worker"]
     default = {n for n, s in services.items() if not s.get("profiles")}

@@ -155,6 +155,8 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
+    if not await _load(settings, stop):
+        return
 
     worker_id = new_worker_id()
     redis = ClaimingRedis(
@@ -240,6 +242,16 @@ async def serve(
                 await publisher.stop(timeout=5)
         await redis.aclose(close_connection_pool=True)
         log.info("worker %s stopped", worker_id)
+
+
+async def _load(settings: WorkerSettings, stop: asyncio.Event) -> bool:
+    """The model's load time, before the worker registers: False if stopped meanwhile."""
+    if settings.model_load_seconds > 0:
+        log.info("loading model %r (%.1fs)", settings.model, settings.model_load_seconds)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(settings.model_load_seconds):
+                await stop.wait()
+    return not stop.is_set()
 
 
 async def _drain(worker: QueueWorker, seconds: float) -> None:

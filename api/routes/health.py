@@ -11,6 +11,7 @@ from api.auth import Caller
 from api.errors import error_response
 from api.openapi import error_responses
 from api.state import State
+from llmq.autoscale.state import autoscaled
 
 router = APIRouter(tags=["health"])
 
@@ -23,14 +24,18 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None, responses=error_responses(503))
 async def readyz(state: State) -> dict[str, Any] | JSONResponse:
-    """Ready: Redis answers and at least one worker is alive."""
+    """Ready: Redis answers and at least one worker is alive, or an autoscaler serves a
+    model (scaled to zero, its first request starts a worker)."""
     try:
         await state.redis.ping()
         workers = await state.catalog.workers()
+        scaled = [] if workers else sorted(await autoscaled(state.redis))
     except Exception as exc:
         return error_response(
             503, f"Redis is unreachable: {exc}", "service_unavailable", code="redis_unavailable"
         )
+    if scaled:
+        return {"status": "ready", "workers": 0, "autoscaled": scaled}
     if not workers:
         return error_response(503, "no live worker", "service_unavailable", code="no_workers")
     return {"status": "ready", "workers": len(workers)}

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from bench.scenario import Context, ScenarioResult
 from bench.scenarios import (
+    autoscale,
     capacity,
     choices,
     light,
@@ -27,4 +28,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "redis-faults": redis_faults.run,
     "multihost": multihost.run,
     "choices": choices.run,
+    "autoscale": autoscale.run,
 }

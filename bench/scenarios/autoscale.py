@@ -1,0 +1,476 @@
+"""Autoscaling policies side by side, on the same traces and the same actuator.
+
+Every policy drives the same local driver (``llmq worker`` processes under the
+supervisor, started with a model load time, stopped with SIGTERM and their
+drain) through the same controller loop (1 s period, the same cluster signals);
+only the decision rule differs:
+
+- ``static-peak`` / ``static-mean``: a fixed count, provisioned for the trace's
+  peak or mean rate (``ceil(rate x S x 1.2 / concurrency)``);
+- ``keda-queue``: the rule KEDA's redis trigger and the HPA apply,
+  ``ceil(queued / target)`` with target = one worker's slots, polled every 5 s,
+  scale-down to the highest recommendation of a 15 s window;
+- ``ray-ongoing``: Ray Serve's rule, ``ceil(ongoing / target_ongoing_requests)``
+  (ongoing = running + queued, averaged over 5 s, target 2), acting only after
+  the decision held for ``upscale_delay`` 5 s / ``downscale_delay`` 15 s;
+- ``llmq``: llmq's controller (:mod:`llmq.autoscale.law`), scale-down window 15 s.
+
+KEDA's and Ray's delays are their defaults scaled down 6x (30 s -> 5 s) and the
+scale-down windows are all 15 s, so that traces of under a minute can show them
+act; the benchmark compares rules, not default timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, BinaryIO
+
+from redis.asyncio import Redis
+
+from bench import traffic
+from bench.procs import clean_env
+from bench.report import fmt, pct, table, target_line
+from bench.scenario import Context, ScenarioResult, Target
+from llmq import registry
+from llmq.autoscale.controller import Controller
+from llmq.autoscale.drivers import LocalDriver
+from llmq.autoscale.law import ControlLaw, Decision, Direction, LawSettings, Policy, Signals
+from llmq.embedded import EmbeddedRedis, free_port
+from llmq.schema import WorkerInfo
+from llmq.settings import ControllerSettings
+from llmq.supervisor import Child, Supervisor
+from loadgen import LoadConfig
+
+TTFT_SLO_MS = 2000.0
+TPOT_SLO_MS = 100.0
+#: Reversals are counted in the steady trace after this share of it.
+STEADY_SKIP = 1 / 3
+
+
+@dataclass(frozen=True)
+class Sizes:
+    concurrency: int = 2
+    tokens_per_second: float = 50.0
+    output_tokens: int = 50  # S = 1 s
+    prompt_tokens: int = 10
+    load_seconds: float = 2.0
+    max_workers: int = 8
+    low: float = 1.2  # req/s
+    high: float = 12.0  # the 10x step
+    step_at: float = 10.0
+    step_len: float = 15.0
+    tail: float = 15.0
+    ramp_len: float = 30.0
+    bursty_rate: float = 6.0
+    burstiness: float = 0.25
+    bursty_len: float = 30.0
+    steady_rate: float = 5.6  # 70% of 4 workers' slots
+    steady_len: float = 45.0
+    down_window: float = 15.0
+
+    @property
+    def service_s(self) -> float:
+        return self.output_tokens / self.tokens_per_second
+
+
+QUICK = Sizes(
+    step_at=4.0, step_len=6.0, tail=4.0, ramp_len=8.0, bursty_len=8.0, steady_len=10.0,
+    down_window=4.0, high=6.0, low=0.6, bursty_rate=3.0, steady_rate=2.8,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Phase:
+    offset: float
+    rate: float
+    duration: float
+    burstiness: float = 1.0
+    ramp: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    phases: tuple[Phase, ...]
+    peak: float
+    mean: float
+    length: float
+    #: When the step happens (step trace only).
+    step_at: float | None = None
+
+
+def traces(s: Sizes) -> list[Trace]:
+    step_total = s.step_at + s.step_len + s.tail
+    return [
+        Trace(
+            "step",
+            (
+                Phase(0.0, s.low, step_total),
+                Phase(s.step_at, s.high - s.low, s.step_len),
+            ),
+            s.high,
+            (s.low * step_total + (s.high - s.low) * s.step_len) / step_total,
+            step_total,
+            step_at=s.step_at,
+        ),
+        Trace(
+            "ramp",
+            (Phase(0.0, s.high, s.ramp_len, ramp=(s.low, s.high)),),
+            s.high,
+            (s.low + s.high) / 2,
+            s.ramp_len,
+        ),
+        Trace(
+            "bursty",
+            (Phase(0.0, s.bursty_rate, s.bursty_len, burstiness=s.burstiness),),
+            s.bursty_rate * 2,
+            s.bursty_rate,
+            s.bursty_len,
+        ),
+        Trace("steady", (Phase(0.0, s.steady_rate, s.steady_len),), s.steady_rate,
+              s.steady_rate, s.steady_len),
+    ]  # fmt: skip
+
+
+def provision(rate: float, s: Sizes) -> int:
+    return max(1, min(s.max_workers, math.ceil(rate * s.service_s * 1.2 / s.concurrency)))
+
+
+class QueueRule:
+    """KEDA's redis trigger through the HPA: ``ceil(queued / target)``."""
+
+    def __init__(self, settings: LawSettings, target: int, poll: float, window: float) -> None:
+        self.settings, self.target, self.poll, self.window = settings, target, poll, window
+        self._last = -math.inf
+        self._history: deque[tuple[float, int]] = deque()
+
+    def decide(self, s: Signals, now: float) -> Decision:
+        ordered = s.ready + s.starting
+        if now - self._last < self.poll:
+            return Decision(ordered, ordered, "none", "poll")
+        self._last = now
+        cfg = self.settings
+        desired = min(max(math.ceil(s.queued / self.target), cfg.min_workers), cfg.max_workers)
+        self._history.append((now, desired))
+        while now - self._history[0][0] > self.window:
+            self._history.popleft()
+        if desired > ordered:
+            return Decision(desired, desired, "up", "queue")
+        stable = max(d for _, d in self._history)
+        if stable < ordered:
+            return Decision(stable, desired, "down", "queue")
+        return Decision(ordered, desired, "none", "queue")
+
+
+class OngoingRule:
+    """Ray Serve's: ``ceil(ongoing / target)`` held for the up/down delay."""
+
+    def __init__(
+        self, settings: LawSettings, target: float, look_back: float, up: float, down: float
+    ) -> None:
+        self.settings, self.target, self.look_back = settings, target, look_back
+        self.up_delay, self.down_delay = up, down
+        self._samples: deque[tuple[float, int]] = deque()
+        self._since: tuple[str, float] | None = None
+
+    def decide(self, s: Signals, now: float) -> Decision:
+        ordered = s.ready + s.starting
+        self._samples.append((now, s.running + s.queued))
+        while now - self._samples[0][0] > self.look_back:
+            self._samples.popleft()
+        ongoing = sum(n for _, n in self._samples) / len(self._samples)
+        cfg = self.settings
+        desired = min(max(math.ceil(ongoing / self.target), cfg.min_workers), cfg.max_workers)
+        direction: Direction = (
+            "up" if desired > ordered else "down" if desired < ordered else "none"
+        )
+        if direction == "none":
+            self._since = None
+            return Decision(ordered, desired, "none", "ongoing")
+        if self._since is None or self._since[0] != direction:
+            self._since = (direction, now)
+        delay = self.up_delay if direction == "up" else self.down_delay
+        if now - self._since[1] >= delay:
+            self._since = None
+            return Decision(desired, desired, direction, "ongoing")
+        return Decision(ordered, desired, "none", "delay")
+
+
+@dataclass
+class Run:
+    """What one (trace, policy) run observed."""
+
+    actions: list[tuple[float, str, int, int]] = field(default_factory=list)
+    samples: list[tuple[float, int, int]] = field(default_factory=list)  # t, ready, processes
+
+
+class RecordingDriver(LocalDriver):
+    def __init__(self, supervisor: Supervisor, spawn: Callable[[], Any], run: Run, t0: float):
+        super().__init__(supervisor, spawn)
+        self.run, self.t0 = run, t0
+
+    async def scale(self, model: str, target: int, live: tuple[WorkerInfo, ...]) -> None:
+        before = len(self.active())
+        await super().scale(model, target, live)
+        direction = "up" if target > before else "down"
+        self.run.actions.append((time.monotonic() - self.t0, direction, before, target))
+
+
+def _policies(s: Sizes, trace: Trace) -> list[tuple[str, Callable[[LawSettings], Policy] | int]]:
+    return [
+        ("static-peak", provision(trace.peak, s)),
+        ("static-mean", provision(trace.mean, s)),
+        ("keda-queue", lambda cfg: QueueRule(cfg, s.concurrency, 5.0, s.down_window)),
+        ("ray-ongoing", lambda cfg: OngoingRule(cfg, 2.0, 5.0, 5.0, s.down_window)),
+        ("llmq", ControlLaw),
+    ]
+
+
+async def _drive(url: str, trace: Trace, s: Sizes, seed: int) -> list[dict[str, Any]]:
+    """Every phase of the trace as its own open loop, started at its offset."""
+
+    def phase(p: Phase, i: int) -> list[dict[str, Any]]:
+        time.sleep(p.offset)
+        config = LoadConfig(
+            base_url=url,
+            request_rate=math.inf if p.ramp else p.rate,
+            burstiness=p.burstiness,
+            ramp_up=p.ramp,
+            duration=p.duration,
+            prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
+            output_tokens=(s.output_tokens, s.output_tokens),
+            seed=seed * 10 + i,
+            timeout=120.0,
+        )
+        result = traffic.run(config)
+        return [
+            {
+                "sent_s": r.sent_s + p.offset,
+                "ok": r.ok,
+                "failure": r.failure,
+                "ttft_ms": None if r.ttft_s is None else r.ttft_s * 1000,
+                "tpot_ms": None if r.tpot_s is None else r.tpot_s * 1000,
+                "output_tokens": r.output_tokens,
+            }
+            for r in result.records
+        ]
+
+    parts = await asyncio.gather(
+        *(asyncio.to_thread(phase, p, i) for i, p in enumerate(trace.phases))
+    )
+    return [r for part in parts for r in part]
+
+
+async def _one(
+    log: BinaryIO, redis: Redis, redis_url: str, url: str, trace: Trace, policy: str,
+    rule: Callable[[LawSettings], Policy] | int, s: Sizes, seed: int,
+) -> dict[str, Any]:  # fmt: skip
+    supervisor = Supervisor(out=log)
+    numbers = itertools.count(1)
+    env = clean_env(
+        LLMQ_REDIS_URL=redis_url,
+        LLMQ_CONCURRENCY=str(s.concurrency),
+        LLMQ_MODEL_TOKENS_PER_SECOND=str(s.tokens_per_second),
+        LLMQ_MODEL_LOAD_SECONDS=str(s.load_seconds),
+        LLMQ_DRAIN_SECONDS="10",
+    )
+
+    async def spawn() -> Child:
+        return await supervisor.start(
+            f"worker-{next(numbers)}", [sys.executable, "-m", "llmq", "worker"], env
+        )
+
+    run = Run()
+    t0 = time.monotonic()
+    driver = RecordingDriver(supervisor, spawn, run, t0)
+    initial = rule if isinstance(rule, int) else 1
+    await driver.scale("mock", initial, ())
+    while len(await registry.live_workers(redis, 5.0)) < initial:
+        await asyncio.sleep(0.1)
+    run.actions.clear()
+    stop = asyncio.Event()
+    controller_task = None
+    if not isinstance(rule, int):
+        settings = ControllerSettings(
+            redis_url=redis_url,
+            autoscale=f"1:{s.max_workers}",
+            slo_ttft_ms=TTFT_SLO_MS,
+            slo_tpot_ms=TPOT_SLO_MS,
+            scale_down_window_seconds=s.down_window,
+            worker_startup_seconds=s.load_seconds + 1,
+        )
+        controller = Controller(
+            redis, settings, ["mock"], driver, bounds=(1, s.max_workers),
+            concurrency=s.concurrency, make_policy=rule,
+        )  # fmt: skip
+        controller_task = asyncio.create_task(controller.run(stop))
+
+    async def sample() -> None:
+        while not stop.is_set():
+            live = await registry.live_workers(redis, 5.0)
+            run.samples.append((time.monotonic() - t0, len(live), len(driver.active())))
+            await asyncio.sleep(0.25)
+
+    sampler = asyncio.create_task(sample())
+    t0 = time.monotonic()
+    driver.t0 = t0
+    try:
+        records = await _drive(url, trace, s, seed)
+    finally:
+        stop.set()
+        if controller_task is not None:
+            await controller_task
+        await sampler
+        await driver.close()
+        await supervisor.close()
+        await redis.flushall()
+    return _figures(trace, policy, s, records, run)
+
+
+def _figures(
+    trace: Trace, policy: str, s: Sizes, records: list[dict[str, Any]], run: Run
+) -> dict[str, Any]:
+    ok = [r for r in records if r["ok"]]
+    n = len(records)
+    samples = [x for x in run.samples if x[0] <= trace.length]
+    worker_s = sum((b[0] - a[0]) * a[2] for a, b in itertools.pairwise(samples))
+    out: dict[str, Any] = {
+        "requests": n,
+        "failed": n - len(ok),
+        "ttft_attainment": sum(1 for r in ok if r["ttft_ms"] <= TTFT_SLO_MS) / n if n else None,
+        "tpot_attainment": sum(
+            1 for r in ok if r["tpot_ms"] is None or r["tpot_ms"] <= TPOT_SLO_MS
+        ) / n if n else None,
+        "worker_seconds": worker_s,
+        "max_workers": max((x[2] for x in samples), default=0),
+        "scale_ins": sum(b - t for _, d, b, t in run.actions if d == "down"),
+        "actions": run.actions,
+    }  # fmt: skip
+    if trace.step_at is not None:
+        ups = [t for t, d, _, _ in run.actions if d == "up" and t >= trace.step_at]
+        out["first_action_s"] = ups[0] - trace.step_at if ups else None
+        need = math.ceil(trace.peak * s.service_s / s.concurrency)
+        full = [t for t, ready, _ in samples if t >= trace.step_at and ready >= need]
+        out["full_capacity_s"] = full[0] - trace.step_at if full else None
+    if trace.name == "steady":
+        skip = trace.length * STEADY_SKIP
+        dirs = [d for t, d, _, _ in run.actions if t >= skip]
+        window = trace.length - skip
+        out["reversal_window_s"] = window
+        out["reversals"] = sum(1 for a, b in itertools.pairwise(dirs) if a != b)
+        out["reversals_per_10min"] = out["reversals"] * 600 / window
+    return out
+
+
+def run(ctx: Context) -> ScenarioResult:
+    return asyncio.run(_run(ctx))
+
+
+async def _run(ctx: Context) -> ScenarioResult:
+    s = QUICK if ctx.quick else Sizes()
+    redis_server = EmbeddedRedis()
+    redis_server.start()
+    port = free_port()
+    log = (ctx.log_dir / "autoscale.log").open("ab")
+    api_sup = Supervisor(out=log)
+    await api_sup.start(
+        "api",
+        [sys.executable, "-m", "llmq", "api"],
+        clean_env(LLMQ_REDIS_URL=redis_server.url, LLMQ_PORT=str(port), LLMQ_ACCEPT_MODELS="mock"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    redis = Redis.from_url(redis_server.url, decode_responses=True)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    try:
+        await asyncio.sleep(2.0)
+        for i, trace in enumerate(traces(s)):
+            results[trace.name] = {}
+            for policy, rule in _policies(s, trace):
+                ctx.say(f"  autoscale: {trace.name} / {policy}")
+                results[trace.name][policy] = await _one(
+                    log, redis, redis_server.url, url, trace, policy, rule, s, seed=i + 1
+                )
+    finally:
+        await redis.aclose()
+        await api_sup.close()
+        redis_server.stop()
+        log.close()
+    return _report(s, results)
+
+
+def _report(s: Sizes, results: dict[str, dict[str, dict[str, Any]]]) -> ScenarioResult:
+    policies = [p for p, _ in _policies(s, traces(s)[0])]
+    rows = []
+    totals = {p: sum(results[t][p]["worker_seconds"] for t in results) for p in policies}
+    for trace, by_policy in results.items():
+        for policy in policies:
+            r = by_policy[policy]
+            rows.append([
+                trace, policy, pct(r["ttft_attainment"], 1), pct(r["tpot_attainment"], 1),
+                fmt(r["worker_seconds"], 0), str(r["max_workers"]),
+                fmt(r.get("first_action_s")), fmt(r.get("full_capacity_s")),
+                fmt(r.get("reversals_per_10min")), str(r["scale_ins"]), str(r["failed"]),
+            ])  # fmt: skip
+    llmq = {t: results[t]["llmq"] for t in results}
+    peak_total, llmq_total = totals["static-peak"], totals["llmq"]
+    saving = 1 - llmq_total / peak_total if peak_total else None
+    scale_ins = sum(sum(results[t][p]["scale_ins"] for p in policies) for t in results)
+    failed_dyn = sum(
+        results[t][p]["failed"] for t in results for p in policies if not p.startswith("static")
+    )
+    first = llmq["step"].get("first_action_s")
+    targets = [
+        Target(
+            ">= 99% of requests within the TTFT SLO on the step trace (llmq)",
+            llmq["step"]["ttft_attainment"] >= 0.99,
+            pct(llmq["step"]["ttft_attainment"], 1),
+        ),
+        Target(
+            "worker-seconds >= 30% below static-at-peak (llmq, all traces)",
+            saving is not None and saving >= 0.30,
+            f"{fmt(llmq_total, 0)} vs {fmt(peak_total, 0)}: {pct(saving)} less",
+        ),
+        Target("first scale action <= 5 s after the step (llmq)", first is not None and first <= 5,
+               f"{fmt(first)} s"),
+        Target(
+            "0 errored or cut streams across >= 100 scale-in events (all dynamic policies)",
+            failed_dyn == 0 and scale_ins >= 100 if failed_dyn == 0 and scale_ins >= 100 else
+            (False if failed_dyn else None),
+            f"{failed_dyn} failed across {scale_ins} scale-ins",
+        ),
+        Target(
+            "<= 1 reversal per 10 minutes at steady load (llmq)",
+            llmq["steady"]["reversals_per_10min"] <= 1,
+            f"{llmq['steady']['reversals']} in {fmt(llmq['steady']['reversal_window_s'], 0)} s",
+        ),
+    ]  # fmt: skip
+    md = "\n\n".join([
+        f"Workers of {s.concurrency} slots, model {s.tokens_per_second:g} tok/s x "
+        f"{s.output_tokens} tokens (S = {s.service_s:g} s), load time {s.load_seconds:g} s, "
+        f"1..{s.max_workers} workers; SLOs TTFT {TTFT_SLO_MS:g} ms, TPOT {TPOT_SLO_MS:g} ms. "
+        f"Traces: step {s.low:g} -> {s.high:g} req/s at {s.step_at:g} s for {s.step_len:g} s "
+        f"then back; ramp {s.low:g} -> {s.high:g} req/s over {s.ramp_len:g} s; bursty gamma "
+        f"(burstiness {s.burstiness:g}) at {s.bursty_rate:g} req/s for {s.bursty_len:g} s; "
+        f"steady {s.steady_rate:g} req/s (70% of 4 workers) for {s.steady_len:g} s, "
+        f"reversals counted after its first third and scaled to 10 minutes. Scale-down "
+        f"windows {s.down_window:g} s; KEDA polling and Ray's upscale delay 5 s (their 30 s "
+        "defaults / 6). Worker-seconds count worker processes, loading ones included.",
+        table(
+            ["trace", "policy", "TTFT SLO", "TPOT SLO", "worker-s", "max workers",
+             "first action (s)", "full capacity (s)", "reversals /10 min", "scale-ins", "failed"],
+            rows,
+        ),
+        "Worker-seconds over all traces: " + ", ".join(
+            f"{p} {fmt(totals[p], 0)}" for p in policies
+        ) + ".",
+        *(target_line(t.description, t.met, t.detail) for t in targets),
+    ])  # fmt: skip
+    data = {"settings": asdict(s), "results": results, "worker_seconds_total": totals}
+    return ScenarioResult("autoscale", "Autoscaling policies", data, md, targets)

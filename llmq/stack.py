@@ -1,0 +1,173 @@
+"""``llmq run``: the whole stack as local processes, supervised, stopped in order.
+
+Starts Redis (embedded unless ``LLMQ_REDIS_URL`` is set), one API process and the
+workers (``--workers N``, or ``--autoscale MIN:MAX``: ``MIN`` at start and an
+autoscaler that adds and removes workers), all under one
+:class:`~llmq.supervisor.Supervisor`: a child that dies is restarted with backoff,
+a crash loop stops the stack with exit code 1.
+
+Ctrl-C (SIGINT to the terminal's process group) or SIGTERM stops, in order: the
+autoscaler, the workers (they drain: running requests finish or go back to the
+queue), the API (it ends each open stream with its tokens or an error chunk, then
+``[DONE]``, and flushes its metrics), and the embedded Redis last. Every child and
+the embedded Redis run in their own session, so the terminal's signal reaches
+only this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import sys
+
+import httpx
+
+from llmq.autoscale.controller import Controller
+from llmq.autoscale.drivers import LocalDriver
+from llmq.connection import connect
+from llmq.embedded import EmbeddedRedis
+from llmq.settings import RunSettings
+from llmq.supervisor import Child, RestartPolicy, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+async def _announce_when_ready(url: str) -> None:
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url + "/readyz")).status_code == 200:
+                    log.info("llmq is ready at %s (Ctrl-C stops everything)", url)
+                    return
+            await asyncio.sleep(0.1)
+        log.warning("llmq is not ready after 60s; see the logs above")
+
+
+def _llmq(*args: str) -> list[str]:
+    return [sys.executable, "-m", "llmq", *args]
+
+
+class Stack:
+    """The stack's processes; ``run`` owns them from start to the ordered stop."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+        self.supervisor = Supervisor(
+            RestartPolicy(
+                limit=settings.restart_limit,
+                window_seconds=settings.restart_window_seconds,
+                backoff_seconds=settings.restart_backoff_seconds,
+            )
+        )
+        self._numbers = itertools.count(1)
+        self.workers: list[Child] = []
+        self.env: dict[str, str] = {}
+
+    async def add_worker(self) -> Child:
+        child = await self.supervisor.start(
+            f"worker-{next(self._numbers)}", _llmq("worker"), self.env
+        )
+        self.workers.append(child)
+        return child
+
+    async def run(self) -> int:
+        settings = self.settings
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        embedded = settings.embedded_redis
+        if embedded is None:
+            embedded = "LLMQ_REDIS_URL" not in os.environ
+        redis: EmbeddedRedis | None = None
+        redis_url = settings.redis_url
+        if embedded:
+            redis = EmbeddedRedis()
+            await asyncio.to_thread(redis.start)
+            redis_url = redis.url
+            log.info("embedded redis-server (%s) on %s", redis.binary, redis_url)
+        self.env = {
+            **os.environ,
+            "LLMQ_REDIS_URL": redis_url,
+            "LLMQ_HOST": settings.host,
+            "LLMQ_PORT": str(settings.port),
+            "LLMQ_CONCURRENCY": str(settings.concurrency),
+            "LLMQ_MODEL": settings.model,
+            "PYTHONUNBUFFERED": "1",
+        }
+        bounds = settings.bounds
+        api: list[Child] = []
+        controller_task: asyncio.Task[None] | None = None
+        controller_stop = asyncio.Event()
+        driver: LocalDriver | None = None
+        code = 0
+        try:
+            api.append(await self.supervisor.start("api", _llmq("api"), self.env))
+            for _ in range(bounds[0] if bounds else settings.workers):
+                await self.add_worker()
+            if bounds is not None:
+                driver = LocalDriver(self.supervisor, self.add_worker)
+                for child in self.workers:
+                    driver.adopt(child)
+                controller_task = asyncio.create_task(
+                    self._control(redis_url, driver, bounds, controller_stop)
+                )
+            announce = asyncio.create_task(
+                _announce_when_ready(f"http://{settings.host}:{settings.port}")
+            )
+            stopper = asyncio.create_task(stop.wait())
+            failed = asyncio.create_task(self.supervisor.failed.wait())
+            await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+            announce.cancel()
+            stopper.cancel()
+            failed.cancel()
+            if self.supervisor.failure is not None:
+                log.error("llmq run stops: %s", self.supervisor.failure)
+                code = 1
+        finally:
+            if controller_task is not None:
+                controller_stop.set()
+                await controller_task
+            if driver is not None:
+                await driver.close()
+            await self.supervisor.stop([c for c in self.workers if not c.ended.is_set()])
+            await self.supervisor.stop(api)
+            await self.supervisor.close()
+            if redis is not None:
+                await asyncio.to_thread(redis.stop)
+                log.info("embedded redis-server stopped")
+            log.info("llmq stopped")
+        return code
+
+    async def _control(
+        self,
+        redis_url: str,
+        driver: LocalDriver,
+        bounds: tuple[int, int],
+        stop: asyncio.Event,
+    ) -> None:
+        settings = self.settings.model_copy(update={"redis_url": redis_url})
+        redis = connect(settings, max_connections=4)
+        try:
+            controller = Controller(
+                redis,
+                settings,
+                [settings.model],
+                driver,
+                bounds=bounds,
+                concurrency=settings.concurrency,
+            )
+            await controller.run(stop)
+        except Exception:
+            log.exception("the autoscaler failed; the workers stay as they are")
+        finally:
+            await redis.aclose(close_connection_pool=True)
+
+
+async def run_stack(settings: RunSettings) -> int:
+    return await Stack(settings).run()

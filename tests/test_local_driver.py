@@ -1,0 +1,80 @@
+"""The local driver: scale-in is SIGTERM and the worker's drain, so no stream is cut."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import sys
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq import keys, registry
+from llmq.autoscale.drivers import LocalDriver
+from llmq.supervisor import Child, RestartPolicy, Supervisor
+from tests.conftest import FAST_MODEL, StartApi
+from tests.e2e.test_run_supervised import stream_completion
+from tests.procs import clean_env
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKENS = 300  # 3 s at 100 tokens/s: longer than the drain
+
+
+async def test_scale_in_under_running_streams_cuts_none(
+    redis_url: str, redis: Redis, start_api: StartApi
+) -> None:
+    out = io.BytesIO()
+    supervisor = Supervisor(RestartPolicy(), out=out)
+    env = clean_env(
+        LLMQ_REDIS_URL=redis_url,
+        LLMQ_CONCURRENCY="1",
+        LLMQ_DRAIN_SECONDS="0.5",
+        LLMQ_HEARTBEAT_SECONDS="0.2",
+        LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN=str(FAST_MODEL["model_prefill_seconds_per_token"]),
+        LLMQ_MODEL_TOKENS_PER_SECOND="100",
+    )
+    numbers = itertools.count(1)
+
+    async def spawn() -> Child:
+        return await supervisor.start(
+            f"worker-{next(numbers)}", [sys.executable, "-m", "llmq", "worker"], env
+        )
+
+    driver = LocalDriver(supervisor, spawn)
+    api = await start_api()
+    try:
+        await driver.scale("mock", 2, ())
+        assert driver.starting("mock", ()) == 2
+
+        async def registered() -> bool:
+            return int(await redis.zcard(keys.WORKERS)) == 2
+
+        await wait_until(registered, timeout=30, what="two workers")
+        async with api.client() as client:
+            started = [asyncio.Event(), asyncio.Event()]
+            streams = [asyncio.create_task(stream_completion(client, TOKENS, e)) for e in started]
+            for event in started:
+                async with asyncio.timeout(20):
+                    await event.wait()
+
+            async def both_busy() -> bool:  # as the registry reports it (heartbeat)
+                workers = await registry.live_workers(redis, 5.0)
+                return sorted(w.running for w in workers) == [1, 1]
+
+            await wait_until(both_busy, timeout=10, what="each worker to run a stream")
+            live = tuple(await registry.live_workers(redis, 5.0))
+            assert driver.starting("mock", live) == 0
+            assert driver.startup_seconds() is not None
+            await driver.scale("mock", 1, live)  # the victim is running a stream
+            results = await asyncio.gather(*streams)
+        assert [(len(text.split()), errors) for text, errors in results] == [(TOKENS, [])] * 2
+        log = out.getvalue().decode()
+        assert "handed back to the queue" in log, log[-3000:]
+        assert len(driver.active()) == 1
+        assert int(await redis.zcard(keys.running("mock"))) == 0
+    finally:
+        await driver.close()
+        await supervisor.close()
