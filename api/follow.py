@@ -82,6 +82,6 @@ def end_open_streams(state: AppState) -> int:
             message="the API process is shutting down; retry the request (native clients: "
             "reconnect with Last-Event-ID)",
         )
-        sub.queue.put_nowait((sub.last_id, event))
+        sub.end(event)
         ended += 1
     return ended

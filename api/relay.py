@@ -119,6 +119,14 @@ class Subscription:
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
 
+    def end(self, event: Event) -> None:
+        """Deliver an event of the API's own after what arrived so far, under the last
+        id seen (a client that resumes from it misses nothing): it ends the stream."""
+        self.items.append((self.last_id, event))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def next(self, timeout: float) -> tuple[str, Event] | None:
         """The next entry, or None if none arrived within ``timeout`` seconds.
 
