@@ -9,6 +9,7 @@ COPY pyproject.toml README.md ./
 COPY llmq ./llmq
 COPY api ./api
 COPY worker ./worker
+COPY cli ./cli
 RUN pip install . && useradd --system --uid 10001 llmq
 
 USER llmq

@@ -1,8 +1,8 @@
 """Real local processes for a benchmark: Redis, one ``llmq api``, N ``llmq worker``.
 
 The benchmark measures the system as it is deployed, so everything runs as a
-separate process started the way an operator would (``python -m llmq api``,
-``python -m llmq worker``, settings as ``LLMQ_*`` variables). Orchestration is
+separate process started the way an operator would (``python -m cli api``,
+``python -m cli worker``, settings as ``LLMQ_*`` variables). Orchestration is
 synchronous and every process is owned by a context manager, so an error or a
 Ctrl-C anywhere unwinds through ``__exit__`` and stops them all: SIGTERM first
 (workers drain, uvicorn closes), SIGKILL only after a grace period. Each child
@@ -151,7 +151,7 @@ class Stack:
         try:
             self.redis.start()
             env = self._env({**self.api_env, "LLMQ_PORT": str(self.port)})
-            self.api = Child("api", ["llmq", "api"], env, self.log_dir)
+            self.api = Child("api", ["cli", "api"], env, self.log_dir)
             wait_for(lambda: _status(self.url + "/healthz") == 200, "the API", [self.api])
         except BaseException:
             self.close()
@@ -194,7 +194,7 @@ class Stack:
         while len(self.workers) < count:
             self._started += 1
             child = Child(
-                f"worker-{self._started}", ["llmq", "worker"], self._env(env), self.log_dir
+                f"worker-{self._started}", ["cli", "worker"], self._env(env), self.log_dir
             )
             self.workers.append(child)
         assert self.api is not None

@@ -247,7 +247,7 @@ class Cluster:
     def llmq(self, host: str, command: str, env: dict[str, str]) -> HostProcess:
         """``python -m llmq <command>`` inside ``host`` (this interpreter, so the same venv)."""
         clean = {k: v for k, v in os.environ.items() if not k.startswith("LLMQ_")}
-        return self.run(host, [sys.executable, "-m", "llmq", command], env={**clean, **env})
+        return self.run(host, [sys.executable, "-m", "cli", command], env={**clean, **env})
 
     def redis_url(self, host: str = "redis1") -> str:
         return f"redis://:{self.password}@{self.hosts[host].address}:{REDIS_PORT}/0"

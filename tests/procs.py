@@ -29,7 +29,7 @@ class Proc:
         self.log = Path(tempfile.mkstemp(prefix="llmq-proc-", suffix=".log")[1])
         self._out = self.log.open("wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "llmq", *args],
+            [sys.executable, "-m", "cli", *args],
             env=env,
             stdout=self._out,
             stderr=subprocess.STDOUT,

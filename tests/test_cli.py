@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmq.cli import SETTINGS, build_parser, build_settings, main
+from cli.main import SETTINGS, build_parser, build_settings, main
 from llmq.settings import ApiSettings, RunSettings, WorkerSettings
 
 
@@ -56,7 +56,7 @@ def test_invalid_setting_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_help_runs() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "llmq", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "cli", "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0
     for command in ("api", "worker", "run", "loadgen"):

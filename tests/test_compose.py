@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from llmq.cli import build_parser
+from cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

@@ -29,7 +29,7 @@ def test_the_load_generators_dependencies_are_an_extra_not_the_servers() -> None
 
 def test_serving_imports_none_of_the_load_generators_dependencies() -> None:
     probe = (
-        "import sys, api.app, api.main, worker.main, llmq.cli\n"
+        "import sys, api.app, api.main, worker.main, cli.main\n"
         f"print(','.join(m for m in {LOADGEN_ONLY!r} if m in sys.modules))\n"
     )
     done = subprocess.run(

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from api.exposition import DESIRED_WORKERS
+from cli.main import SETTINGS, build_parser
 from llmq import keys
-from llmq.cli import SETTINGS, build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"

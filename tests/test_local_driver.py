@@ -10,9 +10,9 @@ import sys
 import pytest
 from redis.asyncio import Redis
 
+from cli.local_driver import LocalDriver
+from cli.supervisor import Child, RestartPolicy, Supervisor
 from llmq import keys, registry
-from llmq.autoscale.drivers import LocalDriver
-from llmq.supervisor import Child, RestartPolicy, Supervisor
 from tests.conftest import FAST_MODEL, StartApi
 from tests.e2e.test_run_supervised import stream_completion
 from tests.procs import clean_env
@@ -40,7 +40,7 @@ async def test_scale_in_under_running_streams_cuts_none(
 
     async def spawn() -> Child:
         return await supervisor.start(
-            f"worker-{next(numbers)}", [sys.executable, "-m", "llmq", "worker"], env
+            f"worker-{next(numbers)}", [sys.executable, "-m", "cli", "worker"], env
         )
 
     driver = LocalDriver(supervisor, spawn)
@@ -74,7 +74,11 @@ async def test_scale_in_under_running_streams_cuts_none(
         log = out.getvalue().decode()
         assert "handed back to the queue" in log, log[-3000:]
         assert len(driver.active()) == 1
-        assert int(await redis.zcard(keys.running("mock"))) == 0
+
+        async def released() -> bool:  # just after the last event, by its worker
+            return int(await redis.zcard(keys.running("mock"))) == 0
+
+        await wait_until(released, timeout=5, what="the running set to empty")
     finally:
         await driver.close()
         await supervisor.close()

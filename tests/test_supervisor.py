@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmq.supervisor import RestartPolicy, Supervisor, describe_exit
+from cli.supervisor import RestartPolicy, Supervisor, describe_exit
 from tests.procs import alive, reap
 from tests.waiting import wait_until
 
@@ -43,7 +43,7 @@ async def test_a_killed_child_is_restarted_with_a_log_line(
         first = child.pid
         assert first is not None
         await wait_until(lambda: b"[sleeper] up" in out.getvalue(), timeout=10, what="output")
-        with caplog.at_level(logging.INFO, logger="llmq.supervisor"):
+        with caplog.at_level(logging.INFO, logger="cli.supervisor"):
             os.kill(first, signal.SIGKILL)
             await wait_until(
                 lambda: child.pid != first and child.alive, timeout=10, what="a restart"
@@ -88,7 +88,7 @@ def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     script = tmp_path / "supervise.py"
     script.write_text(
         "import asyncio, os, sys\n"
-        "from llmq.supervisor import Supervisor\n"
+        "from cli.supervisor import Supervisor\n"
         "async def main():\n"
         "    s = Supervisor()\n"
         f"    c = await s.start('sleeper', {SLEEPER!r}, dict(os.environ))\n"

@@ -38,14 +38,14 @@ from bench import traffic
 from bench.procs import clean_env
 from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
+from cli.local_driver import LocalDriver
+from cli.supervisor import Child, Supervisor
 from llmq import registry
 from llmq.autoscale.controller import Controller
-from llmq.autoscale.drivers import LocalDriver
 from llmq.autoscale.law import ControlLaw, Decision, Direction, LawSettings, Policy, Signals
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
-from llmq.supervisor import Child, Supervisor
 from loadgen import LoadConfig
 
 TTFT_SLO_MS = 2000.0
@@ -284,7 +284,7 @@ async def _one(
 
     async def spawn() -> Child:
         return await supervisor.start(
-            f"worker-{next(numbers)}", [sys.executable, "-m", "llmq", "worker"], env
+            f"worker-{next(numbers)}", [sys.executable, "-m", "cli", "worker"], env
         )
 
     run = Run()
@@ -382,7 +382,7 @@ async def _run(ctx: Context) -> ScenarioResult:
     api_sup = Supervisor(out=log)
     await api_sup.start(
         "api",
-        [sys.executable, "-m", "llmq", "api"],
+        [sys.executable, "-m", "cli", "api"],
         clean_env(LLMQ_REDIS_URL=redis_server.url, LLMQ_PORT=str(port), LLMQ_ACCEPT_MODELS="mock"),
     )
     url = f"http://127.0.0.1:{port}"

@@ -299,7 +299,7 @@ async def _repeat(
                     where = record.get("worker")
                     raise BenchError(f"stream {st.n} runs on {where}, not on the victim")
             spawned = time.monotonic()
-            survivor = Child(f"recovery-worker-{i + 2}", ["llmq", "worker"], env, ctx.log_dir)
+            survivor = Child(f"recovery-worker-{i + 2}", ["cli", "worker"], env, ctx.log_dir)
             stack.workers.append(survivor)
             watched.append(survivor)
 

@@ -1,7 +1,7 @@
 """A process manager: spawn children, prefix their output, restart them, stop them in order.
 
 The one implementation of "run a child process and keep it running" in llmq:
-``llmq run`` (:mod:`llmq.stack`) uses it for the API and the workers, and its
+``llmq run`` (:mod:`cli.stack`) uses it for the API and the workers, and its
 local autoscaler adds and removes workers through it. Children run in their own
 session, so a terminal's Ctrl-C (SIGINT to the foreground process group) reaches
 only the supervisor, which then stops them in the order its owner chooses.

@@ -3,7 +3,7 @@
 Starts Redis (embedded unless ``LLMQ_REDIS_URL`` is set), one API process and the
 workers (``--workers N``, or ``--autoscale MIN:MAX``: ``MIN`` at start and an
 autoscaler that adds and removes workers), all under one
-:class:`~llmq.supervisor.Supervisor`: a child that dies is restarted with backoff,
+:class:`~cli.supervisor.Supervisor`: a child that dies is restarted with backoff,
 a crash loop stops the stack with exit code 1.
 
 Ctrl-C (SIGINT to the terminal's process group) or SIGTERM stops, in order: the
@@ -26,12 +26,12 @@ import sys
 
 import httpx
 
+from cli.local_driver import LocalDriver
+from cli.supervisor import Child, RestartPolicy, Supervisor
 from llmq.autoscale.controller import Controller
-from llmq.autoscale.drivers import LocalDriver
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
 from llmq.settings import RunSettings
-from llmq.supervisor import Child, RestartPolicy, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ async def _announce_when_ready(url: str) -> None:
 
 
 def _llmq(*args: str) -> list[str]:
-    return [sys.executable, "-m", "llmq", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 class Stack:

@@ -101,7 +101,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 
 def _run_stack(args: argparse.Namespace) -> int:
-    from llmq.stack import run_stack
+    from cli.stack import run_stack
 
     settings = build_settings(RunSettings, args)
     setup_logging(settings, "run")
