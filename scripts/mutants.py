@@ -408,6 +408,79 @@ MUTANTS: tuple[Mutant, ...] = (
             "::test_an_enqueue_no_replica_acknowledges_is_refused_and_cancelled",
         ),
     ),
+    Mutant(
+        "supervisor-restart",
+        "a supervised child that dies unasked is restarted, with a log line naming it",
+        "llmq/supervisor.py",
+        "if not await self._restart(child, process.pid, code):",
+        "if True:",
+        ("tests/test_supervisor.py::test_a_killed_child_is_restarted_with_a_log_line",),
+    ),
+    Mutant(
+        "supervisor-crash-loop",
+        "a child restarted too often within the window stops the stack with a clear error",
+        "llmq/supervisor.py",
+        "if recent >= policy.limit:",
+        "if False:",
+        ("tests/test_supervisor.py::test_a_crash_loop_fails_with_a_clear_message",),
+    ),
+    Mutant(
+        "autoscaler-lease-exclusive",
+        "only one autoscaler holds the leader lease at a time",
+        "llmq/autoscale/lease.py",
+        "if redis.call('SET', lease_key, owner, 'NX', 'PX', ttl_ms) then",
+        "if redis.call('SET', lease_key, owner, 'PX', ttl_ms) then",
+        ("tests/test_autoscale_controller.py::test_two_controllers_never_both_act",),
+    ),
+    Mutant(
+        "autoscaler-lease-valid",
+        "an autoscaler stalled past its lease does not act (it checks the lease before acting)",
+        "llmq/autoscale/controller.py",
+        "if not self.lease.valid():",
+        "if False:",
+        ("tests/test_autoscale_controller.py::test_two_controllers_never_both_act",),
+    ),
+    Mutant(
+        "scale-down-window",
+        "scale-down waits for the stabilization window (the highest desire within it)",
+        "llmq/autoscale/law.py",
+        "stable = max(d for _, d in self._history)",
+        "stable = desired",
+        (
+            "tests/test_autoscale_law.py"
+            "::test_scale_down_waits_for_the_window_and_goes_one_step_at_a_time",
+        ),
+    ),
+    Mutant(
+        "pool-exhausted-429",
+        "an exhausted Redis pool is answered 429 server_busy, not 503",
+        "api/errors.py",
+        "    app.add_exception_handler(PoolExhausted, _pool_exhausted)\n",
+        "",
+        ("tests/test_pool.py::test_exhausted_pool_answers_429_not_503",),
+    ),
+    Mutant(
+        "handoff-stale-heartbeat",
+        "the hand-off skips a parked worker whose heartbeat is older than its lease",
+        "llmq/lua/enqueue.lua",
+        "if not free or now - beat > tonumber(lease) then",
+        "if not free then",
+        (
+            "tests/test_handoff.py"
+            "::test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skipped",
+        ),
+    ),
+    Mutant(
+        "shutdown-ends-streams",
+        "at shutdown the API ends every open stream with an error chunk, then [DONE]",
+        "api/main.py",
+        "if state is not None and (n := end_open_streams(state)):",
+        "if False and state is not None and (n := end_open_streams(state)):",
+        (
+            "tests/e2e/test_run_supervised.py"
+            "::test_ctrl_c_stops_in_order_and_ends_every_stream_cleanly",
+        ),
+    ),
 )
 
 
