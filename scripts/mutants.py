@@ -411,7 +411,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "supervisor-restart",
         "a supervised child that dies unasked is restarted, with a log line naming it",
-        "llmq/supervisor.py",
+        "cli/supervisor.py",
         "if not await self._restart(child, process.pid, code):",
         "if True:",
         ("tests/test_supervisor.py::test_a_killed_child_is_restarted_with_a_log_line",),
@@ -419,7 +419,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "supervisor-crash-loop",
         "a child restarted too often within the window stops the stack with a clear error",
-        "llmq/supervisor.py",
+        "cli/supervisor.py",
         "if recent >= policy.limit:",
         "if False:",
         ("tests/test_supervisor.py::test_a_crash_loop_fails_with_a_clear_message",),
