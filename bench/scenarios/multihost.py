@@ -104,7 +104,7 @@ def run_failovers(ctx: Context) -> ScenarioResult:
         asyncio.run(host_faults.replica_ready_within(stack, "redis2", 60))
         ctx.say(f"  {count} Redis failovers")
         failovers = _failovers(stack, s, count)
-    part = _failover_part(s, failovers)
+    part = _failover_part(failovers)
     fault_table = table(FAULT_HEADERS, [_fault_row("Redis failover", part["streams"], count)])
     md = "\n\n".join(
         [
@@ -144,7 +144,7 @@ def _failovers(stack: Stack, s: Sizes, count: int) -> list[dict[str, Any]]:
     ]
 
 
-def _failover_part(s: Sizes, failovers: list[dict[str, Any]]) -> dict[str, Any]:
+def _failover_part(failovers: list[dict[str, Any]]) -> dict[str, Any]:
     """The failovers' stall target, figures and the Sentinels' events of slow ones.
 
     The client's stall is judged against the failover it sat through: a failover
@@ -312,7 +312,7 @@ def _result(
         for key in LATENCY
     ]
     lat_table = table(["figure", *names, "ratio hosts / loopback", "ratio WAIT / loopback"], rows)
-    part = _failover_part(s, failovers)
+    part = _failover_part(failovers)
     f_streams = part["streams"]
 
     def total(items: list[dict[str, Any]], key: str) -> int:
