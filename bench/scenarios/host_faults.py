@@ -183,11 +183,6 @@ async def _replica_ready(stack: Stack, host: str) -> bool:
     return True
 
 
-async def replica_ready_within(stack: Stack, host: str, timeout: float) -> None:
-    """Wait until ``host`` replicates and every Sentinel knows it (a failover needs it)."""
-    await _until(lambda: _replica_ready(stack, host), timeout, f"{host} to replicate")
-
-
 async def _submit(url: str, stop: asyncio.Event, accepted: list[str]) -> int:
     refused = 0
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:

@@ -101,7 +101,6 @@ def run_failovers(ctx: Context) -> ScenarioResult:
     count = 1 if ctx.quick else ctx.repeats
     with Cluster() as cluster:
         stack = _stack(cluster, s)
-        asyncio.run(host_faults.replica_ready_within(stack, "redis2", 60))
         ctx.say(f"  {count} Redis failovers")
         failovers = _failovers(stack, s, count)
     part = _failover_part(failovers)
