@@ -29,6 +29,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from llmq.connection import backoff
 from llmq.schema import Event, TokensEvent, decode_event
 from llmq.tasks import cancel_and_wait
 
@@ -294,12 +295,16 @@ class StreamRelay:
         The connection is taken from the relay's pool once and kept: the command is
         written and its reply read directly (no per-read pool round trip, and the
         reply comes as Redis sends it, nested lists, without redis-py's per-entry
-        dicts). On an error the connection is dropped and the next read opens one.
+        dicts). On an error the connection is dropped and the next read opens one
+        (through the Sentinels, when they are configured), after the backoff every
+        retry in llmq uses (:func:`llmq.connection.backoff`). An outage is logged
+        once when it starts and once when it ends, not on every retry.
         """
         pool = self._redis.connection_pool
         conn: Any = None
         idle = True  # no command in flight on ``conn``
-        delay = 0.05
+        retry_after = backoff()
+        failures = 0  # consecutive failed reads: >0 while Redis is unreachable
         try:
             while not self._stopping:
                 try:
@@ -310,17 +315,20 @@ class StreamRelay:
                     await conn.send_packed_command(self._command(streams), check_health=False)
                     reply = await conn.read_response()
                     idle = True
-                    delay = 0.05
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     if conn is not None:
                         await _drop(pool, conn)
                         conn = None
-                    log.warning("relay lost Redis (%s); retrying in %.2fs", exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+                    if not failures:
+                        log.warning("relay lost Redis (%s); reconnecting", exc)
+                    failures += 1
+                    await asyncio.sleep(retry_after.compute(failures))
                     continue
+                if failures:
+                    log.info("relay reconnected to Redis after %d failed attempts", failures)
+                    failures = 0
                 if not reply:
                     continue
                 for key, entries in reply:

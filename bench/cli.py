@@ -26,7 +26,7 @@ from typing import Any
 from bench import report
 from bench.procs import ROOT
 from bench.scenario import Context, ScenarioResult
-from bench.scenarios import SCENARIOS
+from bench.scenarios import ON_REQUEST, SCENARIOS
 from bench.sysinfo import machine_info
 from llmq.embedded import find_redis_server
 
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)",
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all), or of "
+        f"{','.join(ON_REQUEST)} (run only when named)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per system (default 3)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (for the smoke test)")
@@ -48,9 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _scenarios(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SCENARIOS]
+    unknown = [n for n in names if n not in SCENARIOS and n not in ON_REQUEST]
     if unknown or not names:
-        raise SystemExit(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
+        known = ", ".join([*SCENARIOS, *ON_REQUEST])
+        raise SystemExit(f"unknown scenarios {unknown}; choose from {known}")
     return names
 
 
@@ -137,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ctx.say(f"scenario {name}")
             began = time.monotonic()
             try:
-                result = SCENARIOS[name](ctx)
+                result = {**SCENARIOS, **ON_REQUEST}[name](ctx)
             except Exception as exc:
                 keep_logs = True
                 ctx.say(f"scenario {name} failed: {type(exc).__name__}: {exc}")

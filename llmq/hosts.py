@@ -16,8 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from redis import Redis as SyncRedis
 
-from llmq.netns import API_PORT, REDIS_PORT, SENTINEL_PORT, Cluster, HostProcess
+from llmq.netns import (
+    API_PORT,
+    REDIS_PORT,
+    SENTINEL_MASTER,
+    SENTINEL_PORT,
+    Cluster,
+    HostProcess,
+)
 
 REDIS_HOSTS = ("redis1", "redis2", "redis3")
 API_HOSTS = ("api1", "api2")
@@ -88,6 +96,28 @@ class Stack:
                     logs = "\n".join(p.output()[-1500:] for p in self.cluster.processes)
                     raise RuntimeError(f"the stack on {host} did not get ready:\n{logs}")
                 time.sleep(0.1)
+        while self.sentinels and not self._sentinels_know_a_replica():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Sentinels do not list a healthy replica")
+            time.sleep(0.1)
+
+    def _sentinels_know_a_replica(self) -> bool:
+        """Every Sentinel lists a replica that is up: until then a killed primary has
+        no successor (the Sentinels abort with ``-failover-abort-no-good-slave`` and
+        retry only after twice their ``failover-timeout``)."""
+        for host in self.sentinels:
+            sentinel = SyncRedis(
+                host=self.cluster.hosts[host].address, port=SENTINEL_PORT, socket_timeout=1
+            )
+            try:
+                replicas = sentinel.sentinel_slaves(SENTINEL_MASTER)  # type: ignore[no-untyped-call]
+            except Exception:
+                return False
+            finally:
+                sentinel.close()
+            if not any(not r["is_sdown"] and r.get("master-link-status") == "ok" for r in replicas):
+                return False
+        return True
 
     def worker_host(self, worker_id: str) -> str | None:
         """The host of the worker whose id (``host-pid-hex``) this is."""

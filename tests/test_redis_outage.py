@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from llmq.embedded import EmbeddedRedis
 from tests.conftest import StartApi, StartWorker
 from tests.native import submit, wait_ready, wait_status
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -57,3 +59,41 @@ async def test_queued_requests_survive_a_restart_with_aof(
         await start_worker(redis_url=own_redis.url)
         done = await wait_status(c, rid, "done", timeout=20)
     assert done["completion_tokens"] == 5
+
+
+async def test_a_worker_logs_an_outage_once_and_claims_promptly_after_it(
+    own_redis: EmbeddedRedis,
+    start_api: StartApi,
+    start_worker: StartWorker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis away for 4 s: the claim loop and the wake-up listener each warn once (not
+    on every retry), and a request sent once Redis is back runs within the shared
+    backoff's cap (0.5 s) plus a reconnect, not after a delay grown to 2 s."""
+    await start_worker(redis_url=own_redis.url, **FAST_FAIL)
+    api = await start_api(redis_url=own_redis.url, relay_block_ms=500, **FAST_FAIL)
+    async with api.client(timeout=10) as c:
+        await wait_ready(c)
+        with caplog.at_level(logging.INFO, logger="worker"):
+            own_redis.kill()
+            await asyncio.sleep(4.0)  # the fault: Redis is away this long
+            await asyncio.to_thread(own_redis.start)
+            back = time.monotonic()
+            accepted: list[str] = []
+
+            async def sent() -> bool:
+                r = await c.post("/v1/requests", json={"model": "mock", "prompt": "after"})
+                if r.status_code == 202:
+                    accepted.append(r.json()["id"])
+                return bool(accepted)
+
+            await wait_until(sent, timeout=10, what="a request accepted after the restart")
+            done = await wait_status(c, accepted[0], "done", "failed", timeout=20)
+            took = time.monotonic() - back
+        messages = [r.getMessage() for r in caplog.records if r.name.startswith("worker")]
+    assert done["status"] == "done"
+    # measured 0.7 s (restart to done, the API's own reconnect included); with the
+    # former doubling delays (2 s by then) 2.2 s
+    assert took < 1.5, took
+    assert sum("claiming failed" in m for m in messages) == 1, messages
+    assert sum("wake-up listener lost" in m for m in messages) == 1, messages

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from api.relay import StreamRelay, decode_data, parse_id, valid_id
+from llmq.connection import connect
+from llmq.embedded import EmbeddedRedis
 from llmq.schema import TokensEvent, decode_event, encode_event
+from llmq.settings import ApiSettings
 from tests.waiting import wait_until
 
 
@@ -135,3 +140,47 @@ def test_fast_token_decoding_agrees_with_validation() -> None:
         '{"type":"tokens","index":1',
     ):
         assert decode_data(raw) == decode_event({"data": raw}), raw
+
+
+#: How long Redis stays away in the restart test: long enough for the retries to
+#: reach the backoff's cap (0.5 s), several times over.
+OUTAGE_S = 4.0
+
+
+@pytest.mark.timeout(60)
+async def test_a_restart_is_logged_once_and_followed_within_the_backoff_cap(
+    own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis restarted under a subscriber: one warning for the outage (not one per
+    retry), and the relay reads again promptly once Redis is back: within the
+    backoff's cap plus a reconnect, not a doubling delay grown during the outage."""
+    settings = ApiSettings(redis_url=own_redis.url, redis_socket_timeout_seconds=1.0)
+    # built as the API builds it: its own small pool, the same retrying connections
+    client = connect(settings, max_connections=2, socket_timeout=0.5 + 5)
+    relay = StreamRelay(client, "llmq:ctl:test", block_ms=500)
+    writer = Redis.from_url(own_redis.url, decode_responses=True)
+    await relay.start()
+    try:
+        sub = await relay.subscribe("s:1")
+        await add(writer, "s:1", 0)
+        assert await sub.next(2.0) is not None
+        with caplog.at_level(logging.INFO, logger="api.relay"):
+            own_redis.kill()
+            await asyncio.sleep(OUTAGE_S)  # the fault: Redis is away this long
+            await asyncio.to_thread(own_redis.start)
+            back = time.monotonic()
+            await add(writer, "s:1", 1)
+            got = await sub.next(10.0)
+            delay = time.monotonic() - back
+        lost = [r for r in caplog.records if "lost Redis" in r.getMessage()]
+        reconnected = [r for r in caplog.records if "reconnected" in r.getMessage()]
+    finally:
+        await relay.stop()
+        await client.aclose(close_connection_pool=True)
+        await writer.aclose()
+    assert got is not None and got[1] == TokensEvent(index=1, tokens=["t"])
+    # measured 0.1 s; bounded by the backoff's cap (0.5 s) plus a reconnect's own
+    # retries (0.3 s); the former doubling delay (2 s by then) measured 1.1 s here
+    assert delay < 1.0, delay
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert len(reconnected) == 1

@@ -20,7 +20,7 @@ import time
 from arq.connections import ArqRedis
 
 from llmq import keys, metrics, registry
-from llmq.connection import make_pool
+from llmq.connection import backoff, make_pool
 from llmq.queue import Queue, as_str, parse_handoff
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
@@ -65,6 +65,7 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
     wake_channel, cancel_channel = keys.wake(model), keys.cancel_channel(model)
     handoff_channel = keys.handoff(worker.worker_id)
     failures = 0
+    retry_after = backoff()
     while True:
         try:
             async with redis.pubsub(ignore_subscribe_messages=True) as pubsub:
@@ -90,7 +91,7 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
             if not failures:
                 log.warning("wake-up listener lost Redis (%s); reconnecting", exc)
             failures += 1
-            await asyncio.sleep(min(0.05 * 2**failures, 2.0))
+            await asyncio.sleep(retry_after.compute(failures))
 
 
 async def _handoff(worker: QueueWorker, data: bytes) -> None:

@@ -36,15 +36,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq import keys
+from llmq.connection import backoff
 from llmq.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
 from llmq.schema import JobPayload
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
 from worker.runner import RequestRunner
 
 log = logging.getLogger(__name__)
-
-BACKOFF_MIN = 0.05
-BACKOFF_MAX = 2.0
 
 
 async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
@@ -116,18 +114,23 @@ class QueueWorker(Worker):
     async def main(self) -> None:
         """Claim work whenever woken; the poll delay is only the fallback timer."""
         self.ctx["redis"] = self.pool
-        backoff = BACKOFF_MIN
+        retry_after = backoff()
+        failures = 0  # consecutive failed polls: >0 while Redis is unreachable
         while True:
             self.wake.clear()
             try:
                 await self._poll_iteration()
-                backoff = BACKOFF_MIN
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                # Redis is away: keep the running requests, retry claiming with backoff.
-                log.warning("claiming failed (%s); retrying in %.2fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                # Redis is away: keep the running requests, retry claiming with the
+                # backoff every retry uses; one warning per outage, not per retry.
+                if not failures:
+                    log.warning("claiming failed (%s); retrying", exc)
+                failures += 1
+                await asyncio.sleep(retry_after.compute(failures))
                 continue
+            if failures:
+                log.info("claiming works again after %d failed polls", failures)
+                failures = 0
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
             # races with the event being set, and this loop would never stop.
             with contextlib.suppress(TimeoutError):

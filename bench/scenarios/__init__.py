@@ -30,3 +30,8 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
     "choices": choices.run,
     "autoscale": autoscale.run,
 }
+
+#: Scenarios run only when named in ``--scenarios``: parts of a default one, alone.
+ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
+    "multihost-failovers": multihost.run_failovers,
+}

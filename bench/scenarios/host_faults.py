@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import itertools
 import json
+import re
 import time
 from typing import Any
 
@@ -199,6 +200,22 @@ async def _submit(url: str, stop: asyncio.Event, accepted: list[str]) -> int:
     return refused
 
 
+#: A Sentinel event in its log (``... # +elected-leader master llmq ...``): the
+#: steps of a failover, and what delays one (``+tilt``, ``-failover-abort-...``).
+_SENTINEL_EVENT = re.compile(r" [#*] ([+-][a-z][a-z-]*)")
+
+
+def _sentinel_events(stack: Stack, marks: dict[str, int]) -> dict[str, list[str]]:
+    """What each Sentinel logged since ``marks`` (its log's size then), events only."""
+    events = {}
+    for host, process in stack.sentinels.items():
+        with process.log.open("rb") as f:
+            f.seek(marks[host])
+            text = f.read().decode(errors="replace")
+        events[host] = _SENTINEL_EVENT.findall(text)
+    return events
+
+
 async def failover(
     stack: Stack, i: int, count: int, tokens: int, tokens_per_second: float
 ) -> dict[str, Any]:
@@ -220,6 +237,7 @@ async def failover(
         asyncio.create_task(_submit(stack.api_url("api2"), stop, plain)),
     ]
     await asyncio.sleep(0.5)  # submissions before the kill
+    marks = {host: p.log.stat().st_size for host, p in stack.sentinels.items()}
     stack.redis[primary].kill()
     kill_mono = time.monotonic()
 
@@ -228,6 +246,7 @@ async def failover(
 
     await _until(switched, 30, "the Sentinels to promote a replica")
     failover_s = time.monotonic() - kill_mono
+    sentinel_events = _sentinel_events(stack, marks)
     await asyncio.sleep(1.0)  # submissions after the switch
     stop.set()
     await asyncio.gather(*submitters)
@@ -238,7 +257,10 @@ async def failover(
     checks = []
     for st in streams:
         check = await _stream_check(redis, st, await _expected_text(sizes, st), tokens)
-        checks.append({**check, "stall_s": _longest_pause(st, kill_mono)})
+        stall = _longest_pause(st, kill_mono)
+        # what the client waited beyond the failover itself: llmq's part of the stall
+        beyond = None if stall is None else stall - failover_s
+        checks.append({**check, "stall_s": stall, "beyond_failover_s": beyond})
     missing = {}
     for name, ids in (("acked", acked), ("plain", plain)):
         missing[name] = sum([not await redis.exists(keys.request(rid)) for rid in ids])
@@ -248,6 +270,7 @@ async def failover(
     return {
         "killed": primary,
         "failover_s": failover_s,
+        "sentinel_events": sentinel_events,
         "streams": checks,
         "accepted": {"acked": len(acked), "plain": len(plain)},
         "missing": missing,
