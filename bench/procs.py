@@ -59,6 +59,9 @@ class Child:
         self.name = name
         self.log = log_dir / f"{name}.log"
         self._out = self.log.open("ab")
+        if args and args[0] == "cli" and not (ROOT / "cli").is_dir():
+            # an older checkout (``--compare``): its command module was ``llmq``
+            args = ["llmq", *args[1:]]
         self.popen = subprocess.Popen(
             [sys.executable, "-m", *args],
             env=dict(env),
