@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from llmq.connection import backoff
+from llmq.connection import Outage
 from llmq.schema import Event, TokensEvent, decode_event
 from llmq.tasks import cancel_and_wait
 
@@ -303,8 +303,11 @@ class StreamRelay:
         pool = self._redis.connection_pool
         conn: Any = None
         idle = True  # no command in flight on ``conn``
-        retry_after = backoff()
-        failures = 0  # consecutive failed reads: >0 while Redis is unreachable
+        outage = Outage(
+            log,
+            lost="relay lost Redis (%s); reconnecting",
+            back="relay reconnected to Redis after %d failed attempts",
+        )
         try:
             while not self._stopping:
                 try:
@@ -321,14 +324,9 @@ class StreamRelay:
                     if conn is not None:
                         await _drop(pool, conn)
                         conn = None
-                    if not failures:
-                        log.warning("relay lost Redis (%s); reconnecting", exc)
-                    failures += 1
-                    await asyncio.sleep(retry_after.compute(failures))
+                    await outage.failed(exc)
                     continue
-                if failures:
-                    log.info("relay reconnected to Redis after %d failed attempts", failures)
-                    failures = 0
+                outage.recovered()
                 if not reply:
                     continue
                 for key, entries in reply:

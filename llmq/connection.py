@@ -18,6 +18,7 @@ still open to a demoted primary is dropped on its first refused write.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -87,6 +88,35 @@ def backoff() -> ExponentialBackoff:
     second, not a busy loop.
     """
     return ExponentialBackoff(cap=0.5, base=0.02)
+
+
+class Outage:
+    """A loop that talks to Redis, through an outage: one warning when it starts, one
+    line when it ends, and the shared :func:`backoff` between attempts.
+
+    ``lost`` is a log format taking the error, ``back`` one taking the number of
+    failed attempts.
+    """
+
+    def __init__(self, log: logging.Logger, *, lost: str, back: str) -> None:
+        self.log = log
+        self.lost = lost
+        self.back = back
+        self.failures = 0  # consecutive failed attempts: >0 while Redis is unreachable
+        self._backoff = backoff()
+
+    async def failed(self, exc: BaseException) -> None:
+        """Count a failed attempt (warn if it is the first) and wait before the next."""
+        if not self.failures:
+            self.log.warning(self.lost, exc)
+        self.failures += 1
+        await asyncio.sleep(self._backoff.compute(self.failures))
+
+    def recovered(self) -> None:
+        """An attempt worked: say so once if an outage just ended."""
+        if self.failures:
+            self.log.info(self.back, self.failures)
+            self.failures = 0
 
 
 def _retry() -> Retry:

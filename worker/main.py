@@ -20,7 +20,7 @@ import time
 from arq.connections import ArqRedis
 
 from llmq import keys, metrics, registry
-from llmq.connection import backoff, make_pool
+from llmq.connection import Outage, make_pool
 from llmq.queue import Queue, as_str, parse_handoff
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
@@ -64,15 +64,16 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
     """
     wake_channel, cancel_channel = keys.wake(model), keys.cancel_channel(model)
     handoff_channel = keys.handoff(worker.worker_id)
-    failures = 0
-    retry_after = backoff()
+    outage = Outage(
+        log,
+        lost="wake-up listener lost Redis (%s); reconnecting",
+        back="wake-up listener is back after %d failed attempts",
+    )
     while True:
         try:
             async with redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                 await pubsub.subscribe(wake_channel, cancel_channel, handoff_channel)
-                if failures:
-                    log.info("wake-up listener is back")
-                failures = 0
+                outage.recovered()
                 worker.wake.set()
                 while True:
                     message = await pubsub.get_message(timeout=LISTEN_SECONDS)
@@ -88,10 +89,7 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not failures:
-                log.warning("wake-up listener lost Redis (%s); reconnecting", exc)
-            failures += 1
-            await asyncio.sleep(retry_after.compute(failures))
+            await outage.failed(exc)
 
 
 async def _handoff(worker: QueueWorker, data: bytes) -> None:

@@ -36,7 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq import keys
-from llmq.connection import backoff
+from llmq.connection import Outage
 from llmq.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
 from llmq.schema import JobPayload
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
@@ -114,8 +114,11 @@ class QueueWorker(Worker):
     async def main(self) -> None:
         """Claim work whenever woken; the poll delay is only the fallback timer."""
         self.ctx["redis"] = self.pool
-        retry_after = backoff()
-        failures = 0  # consecutive failed polls: >0 while Redis is unreachable
+        outage = Outage(
+            log,
+            lost="claiming failed (%s); retrying",
+            back="claiming works again after %d failed polls",
+        )
         while True:
             self.wake.clear()
             try:
@@ -123,14 +126,9 @@ class QueueWorker(Worker):
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 # Redis is away: keep the running requests, retry claiming with the
                 # backoff every retry uses; one warning per outage, not per retry.
-                if not failures:
-                    log.warning("claiming failed (%s); retrying", exc)
-                failures += 1
-                await asyncio.sleep(retry_after.compute(failures))
+                await outage.failed(exc)
                 continue
-            if failures:
-                log.info("claiming works again after %d failed polls", failures)
-                failures = 0
+            outage.recovered()
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
             # races with the event being set, and this loop would never stop.
             with contextlib.suppress(TimeoutError):
