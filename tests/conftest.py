@@ -2,32 +2,37 @@
 
 Nothing here fakes Redis: every test talks to a real ``redis-server`` on a free
 port. ``start_worker``/``start_api`` run real workers and a real uvicorn server in
-the test's event loop; the end-to-end tests in ``tests/e2e`` use processes.
+the test's event loop (their handles are in :mod:`tests.support.servers`); the
+end-to-end tests in ``tests/e2e`` use processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
 from redis.asyncio import Redis
-from starlette.types import Message, Receive, Scope, Send
 
 from api.app import create_app
-from api.state import AppState
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.settings import ApiSettings, WorkerSettings
-from tests.procs import Proc, clean_env
-from tests.waiting import wait_until
+from tests.support.processes import Proc, clean_env
+from tests.support.servers import (
+    FAST_MODEL,
+    ResponseLog,
+    RunningApi,
+    RunningWorker,
+    SpawnWorkers,
+    StartApi,
+    StartWorker,
+)
+from tests.support.waiting import wait_until
 from worker.main import serve
 from worker.model import Model
 
@@ -67,25 +72,6 @@ def redis_url(redis_server: EmbeddedRedis, redis: Redis) -> str:
     return redis_server.url
 
 
-#: Fast model timings so that tests are quick but tokens still arrive one by one.
-FAST_MODEL = {"model_tokens_per_second": 200.0, "model_prefill_seconds_per_token": 0.0001}
-
-
-@dataclass
-class RunningWorker:
-    settings: WorkerSettings
-    stop: asyncio.Event
-    task: asyncio.Task[None]
-
-    async def close(self) -> None:
-        self.stop.set()
-        async with asyncio.timeout(30):
-            await self.task
-
-
-StartWorker = Callable[..., Awaitable[RunningWorker]]
-
-
 @pytest.fixture
 async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     """Start real workers in this event loop; each is stopped at teardown."""
@@ -109,52 +95,6 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
 
     yield start
     await asyncio.gather(*(w.close() for w in workers))
-
-
-class ResponseLog:
-    """Pure ASGI wrapper that notes the status of every response, as an access log would.
-
-    It sees what the app answered even when the client is gone (a 499).
-    """
-
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-        self.statuses: list[tuple[str, str, int]] = []  # method, path, status
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def noted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.statuses.append((scope["method"], scope["path"], message["status"]))
-            await send(message)
-
-        await self.app(scope, receive, noted)
-
-
-@dataclass
-class RunningApi:
-    settings: ApiSettings
-    server: uvicorn.Server
-    task: asyncio.Task[None]
-    responses: ResponseLog
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.settings.port}"
-
-    def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, **{"timeout": 30, **kwargs})
-
-    def app_state(self) -> AppState:
-        """The running app's state (its process id, Redis client...)."""
-        state: AppState = self.responses.app.state.llmq
-        return state
-
-
-StartApi = Callable[..., Awaitable[RunningApi]]
 
 
 @pytest.fixture
@@ -200,9 +140,6 @@ async def stack(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
 
         await wait_until(ready, timeout=10, what="/readyz")
     return api
-
-
-SpawnWorkers = Callable[..., Awaitable[list[Proc]]]
 
 
 @pytest.fixture

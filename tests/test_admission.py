@@ -9,10 +9,10 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.conftest import SpawnWorkers, StartApi, StartWorker
-from tests.native import record, submit, wait_status
-from tests.sse import openai_chunks
-from tests.waiting import wait_until
+from tests.support.native import record, submit, wait_status
+from tests.support.servers import SpawnWorkers, StartApi, StartWorker
+from tests.support.sse import openai_chunks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

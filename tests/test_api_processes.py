@@ -13,11 +13,11 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.embedded import free_port
-from tests.conftest import StartWorker
-from tests.native import wait_ready
-from tests.procs import Proc, alive, children_of, clean_env, reap
-from tests.sse import openai_chunks
-from tests.waiting import wait_until
+from tests.support.native import wait_ready
+from tests.support.processes import Proc, alive, children_of, clean_env, reap
+from tests.support.servers import StartWorker
+from tests.support.sse import openai_chunks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -7,8 +7,8 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.conftest import RunningApi, StartApi, StartWorker
-from tests.native import wait_ready
+from tests.support.native import wait_ready
+from tests.support.servers import RunningApi, StartApi, StartWorker
 
 pytestmark = pytest.mark.timeout(60)
 

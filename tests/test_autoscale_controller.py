@@ -19,9 +19,9 @@ from llmq.autoscale.signals import Snapshot
 from llmq.autoscale.state import autoscaled
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
-from tests.conftest import StartApi, StartWorker
-from tests.native import submit, wait_status
-from tests.waiting import wait_until
+from tests.support.native import submit, wait_status
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

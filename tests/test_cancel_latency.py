@@ -17,9 +17,9 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.schema import DoneEvent, decode_event
 from llmq.streams import published_tokens
-from tests.conftest import SpawnWorkers, StartApi
-from tests.native import submit, wait_status
-from tests.waiting import wait_until
+from tests.support.native import submit, wait_status
+from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

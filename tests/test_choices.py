@@ -12,9 +12,9 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from tests.conftest import RunningApi, SpawnWorkers, StartApi, StartWorker
-from tests.native import record, wait_status
-from tests.sse import frames, openai_chunks
+from tests.support.native import record, wait_status
+from tests.support.servers import RunningApi, SpawnWorkers, StartApi, StartWorker
+from tests.support.sse import frames, openai_chunks
 
 
 def sdk(api: RunningApi) -> openai.AsyncOpenAI:

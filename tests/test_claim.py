@@ -14,10 +14,10 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.queue import Queue, now_ms
 from llmq.streams import published_tokens
-from tests.conftest import StartApi, StartWorker
-from tests.jobs import claim_with, enqueue_costing
-from tests.native import record, submit, wait_status
-from tests.waiting import wait_until
+from tests.support.jobs import claim_with, enqueue_costing
+from tests.support.native import record, submit, wait_status
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,9 +12,9 @@ from llmq import keys
 from llmq.connection import make_pool
 from llmq.queue import Claim, Queue
 from llmq.settings import WorkerSettings
-from tests.conftest import RunningApi
-from tests.jobs import enqueue_raw
-from tests.native import record, submit, wait_status
+from tests.support.jobs import enqueue_raw
+from tests.support.native import record, submit, wait_status
+from tests.support.servers import RunningApi
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
 
 pytestmark = pytest.mark.timeout(30)

@@ -16,8 +16,8 @@ from langchain_core.messages import AIMessage
 from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import BaseModel, Field
 
-from tests.conftest import RunningApi, StartApi, StartWorker
-from tests.native import wait_ready
+from tests.support.native import wait_ready
+from tests.support.servers import RunningApi, StartApi, StartWorker
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from llmq.connection import PoolExhausted, SentinelBlockingPool, connect, make_pool
 from llmq.embedded import EmbeddedRedis, find_redis_server, free_port
 from llmq.settings import CommonSettings
-from tests.procs import wait_for
+from tests.support.processes import wait_for
 
 PASSWORD = "sentinel-test"
 

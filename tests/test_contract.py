@@ -11,11 +11,11 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from tests.conftest import RunningApi, StartApi, StartWorker
-from tests.native import submit, wait_status
-from tests.sse import openai_chunks
+from tests.support.native import submit, wait_status
+from tests.support.servers import RunningApi, StartApi, StartWorker
+from tests.support.sse import openai_chunks
+from tests.support.waiting import wait_until
 from tests.test_metrics import value
-from tests.waiting import wait_until
 
 CHAT = [{"role": "user", "content": "hello there"}]
 

@@ -14,8 +14,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmq import metrics
-from tests.conftest import RunningApi
-from tests.waiting import wait_until
+from tests.support.servers import RunningApi
+from tests.support.waiting import wait_until
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 FILES = [DEPLOY / "prometheus.yml", *sorted((DEPLOY / "grafana").rglob("*.json"))]

@@ -20,9 +20,9 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.schema import DoneEvent, Event, StartedEvent, Timings, TokensEvent, Usage
 from llmq.streams import add_event
-from tests.conftest import StartApi
-from tests.sse import frames
-from tests.waiting import wait_until
+from tests.support.servers import StartApi
+from tests.support.sse import frames
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 

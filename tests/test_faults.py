@@ -12,11 +12,11 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.embedded import free_port
-from tests.conftest import SpawnWorkers, StartApi
-from tests.native import record, submit, wait_ready, wait_status
-from tests.procs import Proc, clean_env
-from tests.sse import frames
-from tests.waiting import wait_until
+from tests.support.native import record, submit, wait_ready, wait_status
+from tests.support.processes import Proc, clean_env
+from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.sse import frames
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 
 from bench.floor import FloorApp
 from llmq.embedded import free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 from worker.model import MockModel
 
 TOKENS_PER_SECOND = 50.0

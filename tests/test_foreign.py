@@ -9,11 +9,11 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.queue import Queue, serialize_job
-from tests.conftest import SpawnWorkers, StartApi
-from tests.jobs import enqueue_raw
-from tests.native import record, submit, wait_status
-from tests.procs import alive
-from tests.waiting import wait_until
+from tests.support.jobs import enqueue_raw
+from tests.support.native import record, submit, wait_status
+from tests.support.processes import alive
+from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

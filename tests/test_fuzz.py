@@ -20,7 +20,7 @@ from hypothesis.errors import Unsatisfiable
 
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
-from tests.procs import Proc, clean_env, live_workers, wait_for
+from tests.support.processes import Proc, clean_env, live_workers, wait_for
 
 DB = 7  # a database of its own: other tests flush database 0
 

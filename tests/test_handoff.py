@@ -13,9 +13,9 @@ from redis.asyncio.client import PubSub
 from llmq import keys, registry
 from llmq.queue import Admission, Claim, Queue, parse_handoff
 from llmq.schema import Lifecycle, WorkerInfo
-from tests.conftest import StartApi, StartWorker
-from tests.native import submit, wait_ready, wait_status
-from tests.waiting import wait_until
+from tests.support.native import submit, wait_ready, wait_status
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 from worker.claimed import ClaimingRedis
 
 pytestmark = pytest.mark.timeout(30)

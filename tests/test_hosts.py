@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.hosts import Stack
-from tests.hosts import (
+from tests.support.hosts import (
     client,
     cluster_stack,
     expected_text,
@@ -24,7 +24,7 @@ from tests.hosts import (
     record,
     wait_api_ready,
 )
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,8 +23,8 @@ from redis.asyncio import Redis
 
 from llmq.hosts import Stack, start_stack
 from llmq.netns import SENTINEL_MASTER, SENTINEL_PORT, Cluster
-from tests.hosts import client, expected_text, record, require_netns
-from tests.waiting import wait_until
+from tests.support.hosts import client, expected_text, record, require_netns
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(150)
 

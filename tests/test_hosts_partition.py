@@ -20,9 +20,9 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.hosts import Stack
-from tests.hosts import client, cluster_stack, expected_text, openai_text, record
-from tests.sse import frames
-from tests.waiting import wait_until
+from tests.support.hosts import client, cluster_stack, expected_text, openai_text, record
+from tests.support.sse import frames
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,10 +9,10 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.tail import CLIENT_NAME
-from tests.conftest import StartApi, StartWorker
-from tests.native import submit, wait_ready, wait_status
-from tests.procs import Proc, clean_env
-from tests.waiting import wait_until
+from tests.support.native import submit, wait_ready, wait_status
+from tests.support.processes import Proc, clean_env
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,10 +12,10 @@ from llmq import keys
 from llmq.embedded import free_port
 from llmq.streams import published_tokens
 from loadgen import LoadConfig, run_load
-from tests.conftest import StartApi, StartWorker
-from tests.native import wait_ready
-from tests.procs import Proc, clean_env
-from tests.waiting import wait_until
+from tests.support.native import wait_ready
+from tests.support.processes import Proc, clean_env
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,10 +13,10 @@ from redis.asyncio import Redis
 from cli.local_driver import LocalDriver
 from cli.supervisor import Child, RestartPolicy, Supervisor
 from llmq import keys, registry
-from tests.conftest import FAST_MODEL, StartApi
 from tests.e2e.test_run_supervised import stream_completion
-from tests.procs import clean_env
-from tests.waiting import wait_until
+from tests.support.processes import clean_env
+from tests.support.servers import FAST_MODEL, StartApi
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

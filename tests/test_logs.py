@@ -10,7 +10,7 @@ import pytest
 
 from llmq.logs import setup_logging
 from llmq.settings import CommonSettings
-from tests.conftest import StartApi, StartWorker
+from tests.support.servers import StartApi, StartWorker
 
 
 def test_json_lines_carry_the_request_id(monkeypatch: pytest.MonkeyPatch) -> None:

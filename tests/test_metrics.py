@@ -15,8 +15,8 @@ from api.exposition import GAUGES, Scrape, render
 from api.summary import estimate_quantile, percentiles, summarize, window_rates
 from api.totals import read_totals
 from llmq import keys, metrics
-from tests.conftest import SpawnWorkers, StartApi
-from tests.waiting import wait_until
+from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.waiting import wait_until
 
 INF = math.inf
 

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.conftest import StartApi, StartWorker
-from tests.native import submit, wait_ready, wait_status
-from tests.sse import openai_chunks
+from tests.support.native import submit, wait_ready, wait_status
+from tests.support.servers import StartApi, StartWorker
+from tests.support.sse import openai_chunks
 from worker.model import GenerationRequest, MockModel, count_tokens
 
 

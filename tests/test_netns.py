@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from llmq.netns import Cluster, remove_stale
-from tests.hosts import require_netns
-from tests.procs import alive, wait_for
+from tests.support.hosts import require_netns
+from tests.support.processes import alive, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.conftest import StartApi, StartWorker
-from tests.waiting import wait_until
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,9 +11,9 @@ from redis.asyncio import Redis
 
 from api import fanin
 from llmq import keys
-from tests.conftest import RunningApi, StartApi
-from tests.sse import frames, openai_chunks
-from tests.waiting import wait_until
+from tests.support.servers import RunningApi, StartApi
+from tests.support.sse import frames, openai_chunks
+from tests.support.waiting import wait_until
 
 
 async def test_streaming_completion(stack: RunningApi) -> None:

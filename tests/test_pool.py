@@ -11,8 +11,8 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.connection import DEFAULT_POOL_SIZE, WORKER_POOL_HEADROOM, pool_size
 from llmq.settings import ApiSettings, WorkerSettings
-from tests.conftest import StartApi, StartWorker
-from tests.native import wait_ready
+from tests.support.native import wait_ready
+from tests.support.servers import StartApi, StartWorker
 
 POOL_TIMEOUT = 0.3
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from llmq.embedded import free_port
-from tests.conftest import RunningApi
-from tests.waiting import wait_until
+from tests.support.servers import RunningApi
+from tests.support.waiting import wait_until
 
 PROMETHEUS = shutil.which("prometheus")
 QUERY = "histogram_quantile(0.5, sum(rate(llmq_time_to_first_token_seconds_bucket[30s])) by (le))"

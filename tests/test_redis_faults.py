@@ -16,12 +16,12 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.schema import DoneEvent, StartedEvent, TokensEvent
-from tests.conftest import RunningApi, SpawnWorkers, StartApi, StartWorker
-from tests.native import record, submit, wait_ready, wait_status
-from tests.procs import Proc, clean_env
-from tests.sse import frames, openai_chunks
+from tests.support.native import record, submit, wait_ready, wait_status
+from tests.support.processes import Proc, clean_env
+from tests.support.servers import RunningApi, SpawnWorkers, StartApi, StartWorker
+from tests.support.sse import frames, openai_chunks
+from tests.support.waiting import wait_until
 from tests.test_resume import stream_events, undisturbed
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

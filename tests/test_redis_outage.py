@@ -9,9 +9,9 @@ import time
 import pytest
 
 from llmq.embedded import EmbeddedRedis
-from tests.conftest import StartApi, StartWorker
-from tests.native import submit, wait_ready, wait_status
-from tests.waiting import wait_until
+from tests.support.native import submit, wait_ready, wait_status
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,7 +15,7 @@ from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
 from llmq.schema import TokensEvent, decode_event, encode_event
 from llmq.settings import ApiSettings
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

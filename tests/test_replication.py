@@ -9,9 +9,9 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.embedded import EmbeddedRedis
-from tests.conftest import StartApi, StartWorker
-from tests.native import wait_status
-from tests.waiting import wait_until
+from tests.support.native import wait_status
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 BODY = {"model": "mock", "prompt": "keep me", "max_tokens": 5}
 

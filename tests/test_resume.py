@@ -31,9 +31,9 @@ from llmq.schema import (
     decode_event,
 )
 from llmq.streams import contiguous_tokens, published_tokens
-from tests.conftest import FAST_MODEL, SpawnWorkers, StartApi, StartWorker
-from tests.native import record, wait_ready
-from tests.sse import frames, openai_chunks
+from tests.support.native import record, wait_ready
+from tests.support.servers import FAST_MODEL, SpawnWorkers, StartApi, StartWorker
+from tests.support.sse import frames, openai_chunks
 from worker.model import GenerationRequest, MockModel, count_tokens
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner

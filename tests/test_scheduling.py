@@ -15,9 +15,9 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.conftest import SpawnWorkers, StartApi
-from tests.native import record, submit, wait_status
-from tests.waiting import wait_until
+from tests.support.native import record, submit, wait_status
+from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -20,7 +20,7 @@ from llmq.schema import (
     decode_event,
 )
 from llmq.scripts import scripts_for
-from tests.jobs import enqueue_raw
+from tests.support.jobs import enqueue_raw
 
 pytestmark = pytest.mark.timeout(30)
 

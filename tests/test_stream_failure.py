@@ -19,9 +19,9 @@ from api.follow import follow as real_follow
 from api.state import AppState
 from llmq import keys
 from llmq.schema import Event, TokensEvent
-from tests.conftest import RunningApi
-from tests.sse import frames
-from tests.waiting import wait_until
+from tests.support.servers import RunningApi
+from tests.support.sse import frames
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 

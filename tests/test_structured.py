@@ -16,9 +16,9 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.schema import TokenLogprob, TokensEvent, decode_event, encode_event
-from tests.conftest import RunningApi, StartApi, StartWorker
-from tests.native import wait_ready
-from tests.waiting import wait_until
+from tests.support.native import wait_ready
+from tests.support.servers import RunningApi, StartApi, StartWorker
+from tests.support.waiting import wait_until
 from worker.model import GenerationRequest, MockModel, ToolCallStart
 from worker.structured import BUDGET, object_text, unsupported
 

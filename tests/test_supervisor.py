@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cli.supervisor import RestartPolicy, Supervisor, describe_exit
-from tests.procs import alive, reap
-from tests.waiting import wait_until
+from tests.support.processes import alive, reap
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from tests.conftest import RunningApi, StartApi, StartWorker
+from tests.support.servers import RunningApi, StartApi, StartWorker
 
 BAD_COMPLETIONS: list[tuple[Any, int, str | None]] = [
     ({"model": "mock"}, 400, "prompt"),

@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from tests.e2e.test_run_supervised import start_run, stream_completion
-from tests.procs import children_of, live_workers, reap, wait_for
-from tests.waiting import wait_until
+from tests.support.processes import children_of, live_workers, reap, wait_for
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

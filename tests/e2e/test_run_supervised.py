@@ -12,8 +12,16 @@ import httpx
 import pytest
 
 from llmq.embedded import free_port
-from tests.procs import Proc, alive, children_of, clean_env, live_workers, reap, wait_for
-from tests.sse import frames
+from tests.support.processes import (
+    Proc,
+    alive,
+    children_of,
+    clean_env,
+    live_workers,
+    reap,
+    wait_for,
+)
+from tests.support.sse import frames
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -12,7 +12,15 @@ import openai
 import pytest
 
 from llmq.embedded import free_port
-from tests.procs import Proc, alive, children_of, clean_env, live_workers, reap, wait_for
+from tests.support.processes import (
+    Proc,
+    alive,
+    children_of,
+    clean_env,
+    live_workers,
+    reap,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

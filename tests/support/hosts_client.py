@@ -1,4 +1,6 @@
-"""A client program run on the cluster's client host (``python -m tests.hosts_client``).
+"""A client program run on the cluster's client host.
+
+Run as ``python -m tests.support.hosts_client``.
 
 It prints one JSON object per line, flushed, so that the test watching its log
 knows what it has received and when (``t`` is wall-clock time, which the test
@@ -23,7 +25,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.sse import frames
+from tests.support.sse import frames
 
 
 def emit(**fields: Any) -> None:

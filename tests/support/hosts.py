@@ -15,7 +15,7 @@ import pytest
 
 from llmq.hosts import Stack, start_stack
 from llmq.netns import Cluster, HostProcess
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def require_netns() -> None:
@@ -33,7 +33,8 @@ def cluster_stack(**kwargs: Any) -> Iterator[Stack]:
 
 @dataclass
 class ClientRun:
-    """A run of ``tests.hosts_client`` on the client host, read from its JSON lines."""
+    """A run of :mod:`tests.support.hosts_client` on the client host, read from its
+    JSON lines."""
 
     proc: HostProcess
 
@@ -61,7 +62,7 @@ class ClientRun:
 
 
 def client(stack: Stack, *args: str) -> ClientRun:
-    argv = [sys.executable, "-m", "tests.hosts_client", *args]
+    argv = [sys.executable, "-m", "tests.support.hosts_client", *args]
     return ClientRun(stack.cluster.run("client", argv, name="client"))
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 async def submit(client: httpx.AsyncClient, prompt: str = "p", **body: Any) -> str:

@@ -1,0 +1,89 @@
+"""The llmq parts the fixtures in ``conftest.py`` start, as types a test can name.
+
+``start_worker`` and ``start_api`` run real workers and a real uvicorn server in
+the test's event loop; these are their handles, and ``FAST_MODEL`` the mock
+model timings that keep tests quick while tokens still arrive one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+from starlette.types import Message, Receive, Scope, Send
+
+from api.state import AppState
+from llmq.settings import ApiSettings, WorkerSettings
+from tests.support.processes import Proc
+
+#: Fast model timings so that tests are quick but tokens still arrive one by one.
+FAST_MODEL = {"model_tokens_per_second": 200.0, "model_prefill_seconds_per_token": 0.0001}
+
+
+@dataclass
+class RunningWorker:
+    settings: WorkerSettings
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.stop.set()
+        async with asyncio.timeout(30):
+            await self.task
+
+
+StartWorker = Callable[..., Awaitable[RunningWorker]]
+
+
+class ResponseLog:
+    """Pure ASGI wrapper that notes the status of every response, as an access log would.
+
+    It sees what the app answered even when the client is gone (a 499).
+    """
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.statuses: list[tuple[str, str, int]] = []  # method, path, status
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def noted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.statuses.append((scope["method"], scope["path"], message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, noted)
+
+
+@dataclass
+class RunningApi:
+    settings: ApiSettings
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    responses: ResponseLog
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, **{"timeout": 30, **kwargs})
+
+    def app_state(self) -> AppState:
+        """The running app's state (its process id, Redis client...)."""
+        state: AppState = self.responses.app.state.llmq
+        return state
+
+
+StartApi = Callable[..., Awaitable[RunningApi]]
+
+
+SpawnWorkers = Callable[..., Awaitable[list[Proc]]]
