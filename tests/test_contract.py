@@ -11,11 +11,11 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from tests.support.exposition import value
 from tests.support.native import submit, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.sse import openai_chunks
 from tests.support.waiting import wait_until
-from tests.test_metrics import value
 
 CHAT = [{"role": "user", "content": "hello there"}]
 

@@ -13,9 +13,9 @@ from redis.asyncio import Redis
 from cli.local_driver import LocalDriver
 from cli.supervisor import Child, RestartPolicy, Supervisor
 from llmq import keys, registry
-from tests.e2e.test_run_supervised import stream_completion
 from tests.support.processes import clean_env
 from tests.support.servers import FAST_MODEL, StartApi
+from tests.support.sse import stream_completion
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)

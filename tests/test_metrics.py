@@ -15,26 +15,11 @@ from api.exposition import GAUGES, Scrape, render
 from api.summary import estimate_quantile, percentiles, summarize, window_rates
 from api.totals import read_totals
 from llmq import keys, metrics
+from tests.support.exposition import samples, value
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
 INF = math.inf
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``(sample name, sorted labels) -> value`` of an exposition text."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples called ``name`` whose labels include ``labels``."""
-    return sum(
-        v for (n, ls), v in samples(text).items() if n == name and set(labels.items()) <= set(ls)
-    )
 
 
 def test_quantile_interpolates_inside_the_bucket() -> None:

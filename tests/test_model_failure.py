@@ -2,43 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from redis.asyncio import Redis
 
 from llmq import keys
+from tests.support.models import Flaky
 from tests.support.native import submit, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.sse import openai_chunks
-from worker.model import GenerationRequest, MockModel, count_tokens
-
-
-class Flaky:
-    """Fails at token index 3 when the prompt says so: a backend outside llmq.
-
-    The position is the request's, not the run's: a re-run resumes after the
-    tokens already published (``request.generated``), and a poison request fails
-    at the same place every time.
-    """
-
-    def __init__(self) -> None:
-        self.inner = MockModel(tokens_per_second=500)
-        self.seen: set[int] = set()
-
-    def count_tokens(self, text: str) -> int:
-        return count_tokens(text)
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        n = len(request.generated)
-        first_run = request.seed not in self.seen
-        self.seen.add(request.seed)
-        async for token in self.inner.generate(request):
-            if n == 3 and (
-                "explode" in request.prompt or ("hiccup" in request.prompt and first_run)
-            ):
-                raise RuntimeError("device lost")
-            n += 1
-            yield token
 
 
 async def test_model_error_ends_the_request_not_the_worker(

@@ -22,12 +22,12 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
+from tests.support.exposition import value
+from tests.support.models import Flaky
 from tests.support.native import record, submit, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
-from tests.test_metrics import value
-from tests.test_model_failure import Flaky
 from worker.model import GenerationRequest, count_tokens
 
 pytestmark = pytest.mark.timeout(30)

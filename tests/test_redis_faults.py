@@ -18,10 +18,10 @@ from llmq.embedded import EmbeddedRedis, free_port
 from llmq.schema import DoneEvent, StartedEvent, TokensEvent
 from tests.support.native import record, submit, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
+from tests.support.runs import stream_events, undisturbed
 from tests.support.servers import RunningApi, SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
-from tests.test_resume import stream_events, undisturbed
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -24,14 +23,12 @@ from llmq.schema import (
     DoneEvent,
     ErrorEvent,
     Event,
-    JobPayload,
-    SamplingParams,
     StartedEvent,
     TokensEvent,
-    decode_event,
 )
 from llmq.streams import contiguous_tokens, published_tokens
 from tests.support.native import record, wait_ready
+from tests.support.runs import payload, stream_events, undisturbed
 from tests.support.servers import FAST_MODEL, SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
 from worker.model import GenerationRequest, MockModel, count_tokens
@@ -39,23 +36,6 @@ from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
 
 pytestmark = pytest.mark.timeout(90)
-
-
-async def undisturbed(max_tokens: int, seed: int) -> list[str]:
-    """The mock model's tokens for ``seed``: what a run without failures produces."""
-    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
-    request = GenerationRequest(prompt="p", max_tokens=max_tokens, seed=seed, prompt_tokens=0)
-    return [token async for token in model.generate(request)]
-
-
-async def stream_events(redis: Redis, rid: str) -> list[tuple[float, Event]]:
-    """The request's stream as (written at, Unix s; event)."""
-    out: list[tuple[float, Event]] = []
-    for entry_id, fields in await redis.xrange(keys.stream(rid)):
-        event = decode_event(fields)
-        assert event is not None, fields
-        out.append((int(str(entry_id).split("-")[0]) / 1000, event))
-    return out
 
 
 def split_at_rerun(
@@ -210,20 +190,6 @@ async def test_rerun_after_a_model_error_resumes_after_the_published_tokens(
 
 
 # -- the runner on its own: what it reads, and when it does not ---------------------------
-
-
-def payload(rid: str, max_tokens: int, seed: int) -> JobPayload:
-    now = time.time()
-    return JobPayload(
-        request_id=rid,
-        model="mock",
-        prompt="p",
-        prompt_tokens=1,
-        params=SamplingParams(max_tokens=max_tokens, seed=seed),
-        enqueued_at=now,
-        queue_deadline=now + 60,
-        generation_timeout=30,
-    )
 
 
 class CountingRedis:

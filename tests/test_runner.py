@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.schema import DoneEvent, StartedEvent, TokensEvent
-from tests.test_resume import payload, stream_events
+from tests.support.runs import payload, stream_events
 from worker.model import GenerationRequest, count_tokens
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner

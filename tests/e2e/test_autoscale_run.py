@@ -13,8 +13,8 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.e2e.test_run_supervised import start_run, stream_completion
-from tests.support.processes import children_of, live_workers, reap, wait_for
+from tests.support.processes import children_of, live_workers, reap, start_run, wait_for
+from tests.support.sse import stream_completion
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,53 +6,21 @@ import asyncio
 import os
 import re
 import signal
-from typing import Any
 
 import httpx
 import pytest
 
-from llmq.embedded import free_port
 from tests.support.processes import (
-    Proc,
     alive,
     children_of,
-    clean_env,
     live_workers,
     reap,
+    start_run,
     wait_for,
 )
-from tests.support.sse import frames
+from tests.support.sse import stream_completion
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def start_run(*args: str, **env: str) -> tuple[str, Proc]:
-    port = free_port()
-    proc = Proc(["run", "--port", str(port), *args], clean_env(**env))
-    return f"http://127.0.0.1:{port}", proc
-
-
-async def stream_completion(
-    client: httpx.AsyncClient, max_tokens: int, started: asyncio.Event
-) -> tuple[str, list[Any]]:
-    """(text, error chunks) of a streaming completion; asserts it ends with [DONE]."""
-    body = {"model": "mock", "prompt": "go", "max_tokens": max_tokens, "stream": True}
-    text, errors, done = "", [], False
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        assert response.status_code == 200
-        async for frame in frames(response):
-            assert not done, "data after [DONE]"
-            if frame.data == "[DONE]":
-                done = True
-                continue
-            chunk = frame.json()
-            if "error" in chunk:
-                errors.append(chunk["error"])
-            elif chunk["choices"]:
-                text += chunk["choices"][0]["text"]
-                started.set()
-    assert done, "the stream was cut: no [DONE]"
-    return text, errors
 
 
 async def test_a_killed_worker_is_restarted_and_its_request_completes() -> None:

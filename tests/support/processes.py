@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from llmq.embedded import free_port
+
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without any LLMQ_* setting of the caller, plus ``extra``."""
@@ -115,3 +117,9 @@ def reap(pids: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def start_run(*args: str, **env: str) -> tuple[str, Proc]:
+    port = free_port()
+    proc = Proc(["run", "--port", str(port), *args], clean_env(**env))
+    return f"http://127.0.0.1:{port}", proc

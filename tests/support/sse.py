@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -47,3 +48,26 @@ async def openai_chunks(response: httpx.Response) -> list[Any]:
             chunks.append(frame.json())
     assert done, "stream did not end with [DONE]"
     return chunks
+
+
+async def stream_completion(
+    client: httpx.AsyncClient, max_tokens: int, started: asyncio.Event
+) -> tuple[str, list[Any]]:
+    """(text, error chunks) of a streaming completion; asserts it ends with [DONE]."""
+    body = {"model": "mock", "prompt": "go", "max_tokens": max_tokens, "stream": True}
+    text, errors, done = "", [], False
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        async for frame in frames(response):
+            assert not done, "data after [DONE]"
+            if frame.data == "[DONE]":
+                done = True
+                continue
+            chunk = frame.json()
+            if "error" in chunk:
+                errors.append(chunk["error"])
+            elif chunk["choices"]:
+                text += chunk["choices"][0]["text"]
+                started.set()
+    assert done, "the stream was cut: no [DONE]"
+    return text, errors
