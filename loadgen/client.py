@@ -28,7 +28,7 @@ import aiohttp
 
 from loadgen.config import LoadConfig
 from loadgen.records import FailureKind, RequestFailed, StreamClock
-from loadgen.sse import SSEDecoder, parse_chunk
+from loadgen.sse import frames, parse_chunk
 from loadgen.workload import RequestSpec
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -127,21 +127,11 @@ class HttpTarget:
 
 async def _consume(response: aiohttp.ClientResponse, clock: StreamClock) -> None:
     """Read the SSE body to its end, timestamping content chunks as they arrive."""
-    decoder = SSEDecoder()
     done = False
-    async for data in response.content.iter_any():
-        done = _handle(decoder.feed(data), clock, done)
-    done = _handle(decoder.close(), clock, done)
-    if not done:
-        raise RequestFailed("dropped", "stream ended before data: [DONE]")
-
-
-def _handle(events: list[str], clock: StreamClock, done: bool) -> bool:
-    """Apply parsed events to the clock; return whether [DONE] has been seen."""
-    for data in events:
+    async for event in frames(response.content.iter_any()):
         if done:
             continue  # anything after [DONE] is not part of the answer
-        chunk = parse_chunk(data)
+        chunk = parse_chunk(event.data)
         if chunk.done:
             done = True
             continue
@@ -149,4 +139,5 @@ def _handle(events: list[str], clock: StreamClock, done: bool) -> bool:
             clock.content()
         if chunk.completion_tokens is not None:
             clock.usage(chunk.completion_tokens)
-    return done
+    if not done:
+        raise RequestFailed("dropped", "stream ended before data: [DONE]")

@@ -1,13 +1,14 @@
-"""The incremental SSE decoder and the OpenAI chunk parser."""
+"""The incremental SSE decoder (the one reader of SSE streams) and the OpenAI chunk parser."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 
 from loadgen.records import RequestFailed
-from loadgen.sse import SSEDecoder, parse_chunk
+from loadgen.sse import Frame, SSEDecoder, frames, parse_chunk
 
 
 def _event(obj: object) -> str:
@@ -38,8 +39,12 @@ def _decode(pieces: list[bytes]) -> list[str]:
     decoder = SSEDecoder()
     events: list[str] = []
     for piece in pieces:
-        events += decoder.feed(piece)
-    return events + decoder.close()
+        events += [frame.data for frame in decoder.feed(piece)]
+    return events + [frame.data for frame in decoder.close()]
+
+
+def _data(frames: list[Frame]) -> list[str]:
+    return [frame.data for frame in frames]
 
 
 def test_whole_stream_decodes() -> None:
@@ -59,10 +64,23 @@ def test_byte_by_byte_decodes_the_same() -> None:
 def test_events_come_out_as_soon_as_they_are_complete() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b'data: {"a": 1}\n') == []
-    assert decoder.feed(b"\n") == ['{"a": 1}']
+    assert _data(decoder.feed(b"\n")) == ['{"a": 1}']
     assert decoder.feed(b"data: x\r") == []  # a lone \r may be half of \r\n
     assert decoder.feed(b"\r") == []  # ...here it was a line end, then an empty line
-    assert decoder.feed(b"\n") == ["x"]
+    assert _data(decoder.feed(b"\n")) == ["x"]
+
+
+async def test_id_and_event_fields_belong_to_their_event() -> None:
+    async def pieces() -> AsyncIterator[bytes]:
+        yield b"id: 1-0\nevent: tokens\ndata: {}\n"
+        yield b"\nid: 2-0\nevent: done\ndata: x\n\ndata: bare\n\n"
+
+    assert [frame async for frame in frames(pieces())] == [
+        Frame("1-0", "tokens", "{}"),
+        Frame("2-0", "done", "x"),
+        Frame(None, None, "bare"),
+    ]
+    assert Frame("1", None, '{"a": [1]}').json() == {"a": [1]}
 
 
 def test_multiline_data_and_missing_final_blank_line() -> None:

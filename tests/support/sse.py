@@ -1,39 +1,21 @@
-"""A small SSE reader for tests: frames of ``id``/``event``/``data`` lines."""
+"""SSE responses in tests, read by the load generator's reader (:mod:`loadgen.sse`)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-
-@dataclass
-class Frame:
-    id: str | None
-    event: str | None
-    data: str
-
-    def json(self) -> Any:
-        return json.loads(self.data)
+from loadgen.sse import Frame
+from loadgen.sse import frames as read_frames
 
 
 async def frames(response: httpx.Response) -> AsyncIterator[Frame]:
     """Frames of an SSE response, comments skipped, in arrival order."""
-    fields: dict[str, str] = {}
-    async for line in response.aiter_lines():
-        if line == "":
-            if "data" in fields:
-                yield Frame(fields.get("id"), fields.get("event"), fields["data"])
-            fields = {}
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            fields[name] = value[1:] if value.startswith(" ") else value
+    async for frame in read_frames(response.aiter_bytes()):
+        yield frame
 
 
 async def openai_chunks(response: httpx.Response) -> list[Any]:
