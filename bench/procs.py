@@ -5,125 +5,56 @@ separate process started the way an operator would (``python -m cli api``,
 ``python -m cli worker``, settings as ``LLMQ_*`` variables). Orchestration is
 synchronous and every process is owned by a context manager, so an error or a
 Ctrl-C anywhere unwinds through ``__exit__`` and stops them all: SIGTERM first
-(workers drain, uvicorn closes), SIGKILL only after a grace period. Each child
-also gets ``PR_SET_PDEATHSIG`` so that even a SIGKILLed benchmark leaves nothing
-behind. Children run in their own session: a terminal's Ctrl-C reaches only the
-benchmark, which then stops them in order rather than all at once.
+(workers drain, uvicorn closes), SIGKILL only after a grace period. The processes
+are :class:`cli.supervisor.LoggedProcess` children: in their own session (a
+terminal's Ctrl-C reaches only the benchmark, which then stops them in order) and
+stopped by the kernel when the benchmark dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
+from cli.supervisor import (
+    LoggedProcess,
+    NotReady,
+    children_of,
+    http_status,
+    stop_all,
+    wait_for,
+)
+from cli.supervisor import clean_env as clean_env
+from cli.supervisor import live_workers as live_workers
 from llmq.embedded import EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-STOP_TIMEOUT = 20.0
 READY_TIMEOUT = 60.0
-_PR_SET_PDEATHSIG = 1
+
+#: A process failed to start or to become ready.
+BenchError = NotReady
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the benchmark process dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+class BenchProcess(LoggedProcess):
+    """``python -m MODULE ARGS`` run from ``ROOT``, its output in ``log_dir/<name>.log``.
 
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without the caller's LLMQ_* settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMQ_")}
-    env.update(extra)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class BenchError(RuntimeError):
-    """A process failed to start or to become ready."""
-
-
-class Child:
-    """``python -m MODULE ARGS`` with its output in ``log_dir/<name>.log``."""
+    ``ROOT`` is read at each start: a ``--compare`` run points it at another
+    checkout, whose code the processes then run.
+    """
 
     def __init__(self, name: str, args: list[str], env: Mapping[str, str], log_dir: Path) -> None:
-        self.name = name
-        self.log = log_dir / f"{name}.log"
-        self._out = self.log.open("ab")
         if args and args[0] == "cli" and not (ROOT / "cli").is_dir():
             # an older checkout (``--compare``): its command module was ``llmq``
             args = ["llmq", *args[1:]]
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            env=dict(env),
-            cwd=ROOT,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+        super().__init__(
+            [sys.executable, "-m", *args], env, log_dir / f"{name}.log", name=name, cwd=ROOT
         )
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
 
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def terminate(self) -> None:
-        if self.running():
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(signal.SIGTERM)
-
-    def wait_stopped(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Wait for the exit after :meth:`terminate`; SIGKILL if it takes too long."""
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        finally:
-            self._out.close()
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        self.terminate()
-        self.wait_stopped(timeout)
-
-
-def stop_all(children: list[Child]) -> None:
-    """SIGTERM every child at once, then wait for each (so drains overlap)."""
-    for child in children:
-        child.terminate()
-    for child in children:
-        child.wait_stopped()
-
-
-def wait_for(condition: Callable[[], bool], what: str, watched: list[Child]) -> None:
-    """Poll ``condition`` until true; fail early if a watched child exits."""
-    deadline = time.monotonic() + READY_TIMEOUT
-    while not condition():
-        for child in watched:
-            if not child.running():
-                raise BenchError(f"{child.name} exited while waiting for {what}:\n{child.tail()}")
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {c.name}\n{c.tail(1500)}" for c in watched)
-            raise BenchError(f"timed out waiting for {what}\n{tails}")
-        time.sleep(0.05)
+#: The name ``bench.scenarios`` still use for :class:`BenchProcess`.
+Child = BenchProcess
 
 
 class Stack:
@@ -138,8 +69,8 @@ class Stack:
         self.api_env = dict(api_env or {})
         self.redis = EmbeddedRedis()
         self.port = free_port()
-        self.api: Child | None = None
-        self.workers: list[Child] = []
+        self.api: BenchProcess | None = None
+        self.workers: list[BenchProcess] = []
         self._worker_env: dict[str, str] = {}
         self._started = 0
 
@@ -154,8 +85,13 @@ class Stack:
         try:
             self.redis.start()
             env = self._env({**self.api_env, "LLMQ_PORT": str(self.port)})
-            self.api = Child("api", ["cli", "api"], env, self.log_dir)
-            wait_for(lambda: _status(self.url + "/healthz") == 200, "the API", [self.api])
+            self.api = BenchProcess("api", ["cli", "api"], env, self.log_dir)
+            wait_for(
+                lambda: http_status(self.url + "/healthz") == 200,
+                READY_TIMEOUT,
+                "the API",
+                self.api,
+            )
         except BaseException:
             self.close()
             raise
@@ -196,15 +132,17 @@ class Stack:
             del self.workers[count:]
         while len(self.workers) < count:
             self._started += 1
-            child = Child(
+            child = BenchProcess(
                 f"worker-{self._started}", ["cli", "worker"], self._env(env), self.log_dir
             )
             self.workers.append(child)
         assert self.api is not None
         wait_for(
             lambda: live_workers(self.url) == count,
+            READY_TIMEOUT,
             f"{count} live workers",
-            [self.api, *self.workers],
+            self.api,
+            *self.workers,
         )
 
     def pids(self) -> dict[str, int]:
@@ -213,44 +151,11 @@ class Stack:
         if self.api is not None:
             out["api"] = self.api.pid
             # With LLMQ_API_PROCESSES > 1 the API's servers are its children.
-            for i, pid in enumerate(children(self.api.pid)):
+            for i, pid in enumerate(children_of(self.api.pid)):
                 out[f"api-{i + 1}"] = pid
         if self.redis.process is not None:
             out["redis"] = self.redis.process.pid
         return out
-
-
-def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (e.g. the server processes of ``llmq api --api-processes``)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(entry.name))
-    return out
-
-
-def _status(url: str) -> int:
-    try:
-        return httpx.get(url, timeout=1.0).status_code
-    except httpx.HTTPError:
-        return -1
-
-
-def live_workers(url: str) -> int:
-    """How many workers ``GET /v1/workers`` lists (-1 when the API does not answer)."""
-    try:
-        response = httpx.get(url + "/v1/workers", timeout=1.0)
-    except httpx.HTTPError:
-        return -1
-    if response.status_code != 200:
-        return -1
-    return len(response.json()["data"])
 
 
 class FloorServer:
@@ -268,16 +173,21 @@ class FloorServer:
             "--prefill-seconds-per-token",
             str(prefill_seconds),
         ]
-        self.child: Child | None = None
+        self.child: BenchProcess | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> FloorServer:
-        self.child = Child("floor", self.args, clean_env(), self.log_dir)
+        self.child = BenchProcess("floor", self.args, clean_env(), self.log_dir)
         try:
-            wait_for(lambda: _status(self.url + "/healthz") == 200, "the floor", [self.child])
+            wait_for(
+                lambda: http_status(self.url + "/healthz") == 200,
+                READY_TIMEOUT,
+                "the floor",
+                self.child,
+            )
         except BaseException:
             self.child.stop()
             raise

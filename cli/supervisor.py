@@ -1,10 +1,14 @@
 """A process manager: spawn children, prefix their output, restart them, stop them in order.
 
-The one implementation of "run a child process and keep it running" in llmq:
-``llmq run`` (:mod:`cli.stack`) uses it for the API and the workers, and its
-local autoscaler adds and removes workers through it. Children run in their own
-session, so a terminal's Ctrl-C (SIGINT to the foreground process group) reaches
-only the supervisor, which then stops them in the order its owner chooses.
+The one implementation of "run a child process" in llmq: ``llmq run``
+(:mod:`cli.stack`) uses :class:`Supervisor` for the API and the workers, and its
+local autoscaler adds and removes workers through it; the benchmarks
+(:mod:`bench.procs`) and the tests start theirs as :class:`LoggedProcess`, with
+:func:`wait_for` to wait until they are ready and :func:`stop_all` to stop them.
+Children run in their own session, so a terminal's Ctrl-C (SIGINT to the
+foreground process group) reaches only their parent, which then stops them in the
+order it chooses; and each gets SIGTERM when its parent dies, even by SIGKILL, so a
+killed parent leaves no orphan behind.
 
 A child that exits while nobody asked it to is restarted after a backoff that
 doubles with each recent restart (``backoff_seconds`` up to ``backoff_max_seconds``),
@@ -22,12 +26,18 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import os
 import signal
+import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO
+
+import httpx
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +47,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the supervisor dies, even by
-    SIGKILL, so that a killed supervisor leaves no orphan behind."""
+    """In the child before exec (Linux): SIGTERM when its parent dies, even by
+    SIGKILL, so that a killed parent leaves no orphan behind."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
@@ -233,3 +243,171 @@ class Supervisor:
         """Stop every remaining child at once (owners stop them in order first)."""
         self._closing = True
         await self.stop(list(self.children.values()), timeout)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the caller's LLMQ_* settings, plus ``extra``.
+
+    A child then runs with exactly the settings it is given, whatever the shell
+    that started its parent exported.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMQ_")}
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class NotReady(RuntimeError):
+    """A process exited, or a condition did not hold in time, while waiting for it."""
+
+
+class LoggedProcess:
+    """A child that is not restarted, with its combined output appended to ``log``.
+
+    For processes whose owner watches them itself (a benchmark's stack, a test's
+    server): it runs in its own session and dies with its parent, like a
+    supervised child.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        log: Path,
+        *,
+        name: str | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name or Path(argv[0]).name
+        self.log = log
+        self._out = log.open("ab")
+        self.popen = subprocess.Popen(
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.output()[-chars:]
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+    def wait_stopped(self, timeout: float = STOP_TIMEOUT) -> int:
+        """Wait for the exit after :meth:`terminate`; SIGKILL if it takes too long."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in %.0fs; killing it", self.name, timeout)
+            self.popen.kill()
+            return self.popen.wait()
+        finally:
+            self._out.close()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        self.terminate()
+        return self.wait_stopped(timeout)
+
+
+def stop_all(processes: Iterable[LoggedProcess], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM every process at once, then wait for each (so their drains overlap)."""
+    processes = list(processes)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait_stopped(timeout)
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    *watched: LoggedProcess | None,
+    interval: float = 0.05,
+) -> None:
+    """Poll ``condition`` until true; raise :class:`NotReady` at the deadline, or at
+    once if a ``watched`` process exits, with the tail of its output."""
+    deadline = time.monotonic() + timeout
+    procs = [p for p in watched if p is not None]
+    while not condition():
+        for process in procs:
+            if not process.running():
+                raise NotReady(f"{process.name} exited while waiting for {what}:\n{process.tail()}")
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n{p.tail(1500)}" for p in procs)
+            raise NotReady(f"timed out after {timeout:g}s waiting for {what}\n{tails}")
+        time.sleep(interval)
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid``, from /proc (the servers of ``llmq api --api-processes``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie counts as gone: it has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def reap(pids: Iterable[int]) -> None:
+    """Best effort: SIGKILL whatever of ``pids`` still runs, so nothing leaks."""
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def http_status(url: str) -> int:
+    """The status of ``GET url``, -1 when nothing answers."""
+    try:
+        return httpx.get(url, timeout=1.0).status_code
+    except httpx.HTTPError:
+        return -1
+
+
+def live_workers(url: str) -> int:
+    """How many workers the API at ``url`` lists (-1 when it does not answer)."""
+    try:
+        response = httpx.get(url + "/v1/workers", timeout=1.0)
+    except httpx.HTTPError:
+        return -1
+    return len(response.json()["data"]) if response.status_code == 200 else -1
