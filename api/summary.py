@@ -46,7 +46,10 @@ def estimate_quantile(q: float, cumulative: list[tuple[float, float]]) -> float 
     return lower
 
 
-def percentiles(series: HistogramTotals, family: metrics.Histogram) -> dict[str, float | None]:
+def estimated_percentiles(
+    series: HistogramTotals, family: metrics.Histogram
+) -> dict[str, float | None]:
+    """``p50``, ``p95``, ``p99`` of one histogram series, estimated from its buckets."""
     cumulative = series.cumulative(family.buckets)
     return {f"p{round(q * 100)}": estimate_quantile(q, cumulative) for q in QUANTILES}
 
@@ -66,12 +69,13 @@ async def window_rates(redis: Redis, now: float | None = None) -> dict[str, floa
     return {name: total / WINDOW_SECONDS for name, total in sums.items()}
 
 
-def summarize(totals: Totals, rates: dict[str, float]) -> dict[str, Any]:
+def cluster_summary(totals: Totals, rates: dict[str, float]) -> dict[str, Any]:
+    """The body of ``/v1/metrics/summary``: outcomes, latency percentiles, rates."""
     outcomes = dict.fromkeys(metrics.OUTCOMES, 0)
     for (_, reason), n in totals.counters.get(metrics.REQUESTS.name, {}).items():
         outcomes[reason] = outcomes.get(reason, 0) + round(n)
     latency = {
-        label: percentiles(totals.histogram(family), family)
+        label: estimated_percentiles(totals.histogram(family), family)
         for label, family in (
             ("time_to_first_token_seconds", metrics.TTFT),
             ("inter_token_latency_seconds", metrics.ITL),

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.metrics import percentile
+
 
 def _numbers(values: Iterable[Any]) -> list[float]:
     return [
@@ -30,20 +32,14 @@ def median(values: Iterable[Any]) -> float | None:
     return float(np.median(numbers)) if numbers else None
 
 
-def percentile(values: Iterable[Any], q: float) -> float | None:
-    """Linear-interpolated ``q``-th percentile (0..100), None for no values."""
-    numbers = _numbers(values)
-    return float(np.percentile(numbers, q)) if numbers else None
-
-
 def describe_ms(values_ms: Iterable[Any]) -> dict[str, float | None]:
     """count, median, p90, p99, max of values already in milliseconds."""
     numbers = _numbers(values_ms)
     return {
         "count": float(len(numbers)),
         "median": median(numbers),
-        "p90": percentile(numbers, 90),
-        "p99": percentile(numbers, 99),
+        "p90": percentile(numbers, 90) if numbers else None,
+        "p99": percentile(numbers, 99) if numbers else None,
         "max": max(numbers) if numbers else None,
     }
 

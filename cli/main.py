@@ -117,10 +117,10 @@ def _run_autoscale(args: argparse.Namespace) -> int:
 
 
 def _run_tail(args: argparse.Namespace) -> int:
-    from llmq.tail import follow
+    from llmq.tail import tail_lifecycle
 
     settings = build_settings(CommonSettings, args)
-    return _run_async(follow(settings, from_start=args.from_start))
+    return _run_async(tail_lifecycle(settings, from_start=args.from_start))
 
 
 def _run_loadgen(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ def format_line(note: Lifecycle) -> str:
     return " ".join(parts)
 
 
-async def follow(
+async def tail_lifecycle(
     settings: CommonSettings,
     *,
     from_start: bool = False,

@@ -13,7 +13,7 @@ Programmatic use (the benchmark suite)::
 in this process (:mod:`loadgen.baseline`), the same arrivals, prompts and lengths
 for both (``target`` takes any :class:`loadgen.runner.Target` instead).
 :class:`RunResult` holds ``config``, ``records`` (one
-:class:`RequestRecord` per measured request, index order), ``warmup_records``,
+:class:`RequestMeasurement` per measured request, index order), ``warmup_records``,
 ``duration_s``, ``started_at`` (Unix time), ``target`` (``"http"`` or
 ``"in_process"``), ``lagged`` and:
 
@@ -38,8 +38,8 @@ Modules: :mod:`~loadgen.config` (settings), :mod:`~loadgen.arrivals` (schedule),
 """
 
 from loadgen.config import LoadConfig
-from loadgen.records import FAILURE_KINDS, RequestRecord
+from loadgen.records import FAILURE_KINDS, RequestMeasurement
 from loadgen.result import RunResult
 from loadgen.runner import run_load
 
-__all__ = ["FAILURE_KINDS", "LoadConfig", "RequestRecord", "RunResult", "run_load"]
+__all__ = ["FAILURE_KINDS", "LoadConfig", "RequestMeasurement", "RunResult", "run_load"]

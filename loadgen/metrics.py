@@ -27,14 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.records import FAILURE_KINDS, RequestRecord
+from loadgen.records import FAILURE_KINDS, RequestMeasurement
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation, like numpy.percentile."""
-    if not values:
+def percentile(values: Sequence[float] | np.ndarray[Any, Any], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, like numpy.percentile.
+
+    The one percentile of the load generator and the benchmarks.
+    """
+    if len(values) == 0:
         raise ValueError("percentile of no values")
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
@@ -57,11 +60,11 @@ def describe(values_s: Sequence[float], percentiles: Iterable[float]) -> dict[st
         "max": float(ms.max()),
     }
     for q in percentiles:
-        out[percentile_key(q)] = float(np.percentile(ms, q))
+        out[percentile_key(q)] = percentile(ms, q)
     return out
 
 
-def metric_values(records: Iterable[RequestRecord], metric: str) -> list[float]:
+def metric_values(records: Iterable[RequestMeasurement], metric: str) -> list[float]:
     """The values in seconds of one latency metric over the successful records."""
     ok = [r for r in records if r.ok]
     if metric == "ttft":
@@ -75,7 +78,7 @@ def metric_values(records: Iterable[RequestRecord], metric: str) -> list[float]:
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def meets_slos(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
+def meets_slos(record: RequestMeasurement, slos_ms: dict[str, float]) -> bool:
     """Whether a request succeeded and met every SLO (milliseconds) in ``slos_ms``."""
     if not record.ok:
         return False
@@ -90,7 +93,7 @@ def meets_slos(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
     return True
 
 
-def peak_in_flight(records: Iterable[RequestRecord]) -> int:
+def peak_in_flight(records: Iterable[RequestMeasurement]) -> int:
     """The most requests in flight at once, from their send and end times."""
     events = sorted(
         [(r.sent_s, 1) for r in records] + [(r.end_s, -1) for r in records],
@@ -104,7 +107,7 @@ def peak_in_flight(records: Iterable[RequestRecord]) -> int:
 
 
 def summarize(
-    records: Sequence[RequestRecord],
+    records: Sequence[RequestMeasurement],
     *,
     duration_s: float,
     percentiles: Sequence[float] = (50.0, 90.0, 99.0),
@@ -157,9 +160,9 @@ def summarize(
     return out
 
 
-def by_priority(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
+def by_priority(records: Sequence[RequestMeasurement]) -> dict[str, dict[str, Any]]:
     """Per-priority counts and TTFT/E2EL medians and p99s (priority None is ``"none"``)."""
-    groups: dict[str, list[RequestRecord]] = {}
+    groups: dict[str, list[RequestMeasurement]] = {}
     for r in records:
         groups.setdefault("none" if r.priority is None else str(r.priority), []).append(r)
     out: dict[str, dict[str, Any]] = {}

@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from loadgen.metrics import metric_values
-from loadgen.records import RequestRecord
+from loadgen.records import RequestMeasurement
 from loadgen.result import RunResult
 
 BINS = 40
@@ -112,7 +112,7 @@ def throughput_over_time(result: RunResult, path: Path) -> Path:
 def ttft_by_priority(result: RunResult, path: Path) -> Path:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot(1, 1, 1)
-    groups: dict[int | None, list[RequestRecord]] = {}
+    groups: dict[int | None, list[RequestMeasurement]] = {}
     for r in result.records:
         groups.setdefault(r.priority, []).append(r)
     for priority in sorted(groups, key=lambda p: (p is None, p or 0)):

@@ -18,7 +18,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from loadgen.records import RequestRecord
+from loadgen.records import RequestMeasurement
 
 
 class RunProgress:
@@ -54,7 +54,7 @@ class RunProgress:
         if self._progress is not None:
             self._progress.stop()
 
-    def done(self, record: RequestRecord) -> None:
+    def done(self, record: RequestMeasurement) -> None:
         if self._progress is None:
             return
         if not record.ok:

@@ -47,7 +47,7 @@ class RequestFailed(Exception):
 
 
 @dataclass
-class RequestRecord:
+class RequestMeasurement:
     """Everything measured about one request (successful or not).
 
     ``scheduled_s`` is when the request was due; ``sent_s`` when it left;
@@ -119,12 +119,12 @@ class StreamClock:
 
     def fill(
         self,
-        record: RequestRecord,
+        record: RequestMeasurement,
         *,
         run_start: float,
         ended_at: float,
         failure: RequestFailed | None,
-    ) -> RequestRecord:
+    ) -> RequestMeasurement:
         """Write the measurements into ``record`` and return it."""
         record.sent_s = self.sent_at - run_start
         record.end_s = ended_at - run_start

@@ -7,7 +7,7 @@ from typing import Any
 
 from loadgen.config import LoadConfig
 from loadgen.metrics import summarize
-from loadgen.records import RequestRecord
+from loadgen.records import RequestMeasurement
 
 ALWAYS_PERCENTILES = (50.0, 90.0, 99.0)  # in every summary, whatever the table shows
 
@@ -24,11 +24,11 @@ class RunResult:
     """
 
     config: LoadConfig
-    records: list[RequestRecord]
+    records: list[RequestMeasurement]
     duration_s: float
     started_at: float
     target: str
-    warmup_records: list[RequestRecord] = field(default_factory=list)
+    warmup_records: list[RequestMeasurement] = field(default_factory=list)
     _summary: dict[str, Any] | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import numpy as np
 from loadgen.arrivals import arrival_times
 from loadgen.config import LoadConfig
 from loadgen.progress import RunProgress
-from loadgen.records import RequestFailed, RequestRecord, StreamClock
+from loadgen.records import RequestFailed, RequestMeasurement, StreamClock
 from loadgen.result import RunResult
 from loadgen.workload import RequestSpec, Workload
 
@@ -93,7 +93,7 @@ async def run_load(config: LoadConfig, target: Target | None = None) -> RunResul
     owned = target is None
     chosen = make_target(config) if target is None else target
     try:
-        warmup: list[RequestRecord] = []
+        warmup: list[RequestMeasurement] = []
         if config.warmup:
             specs = [workload.spec(i, warmup=True) for i in range(config.warmup)]
             warm = _Run(config, chosen, RunProgress(None, enabled=False))
@@ -145,11 +145,11 @@ class _Run:
         self.progress = progress
         self.start = time.perf_counter()
         self.duration_s = 0.0
-        self.records: list[RequestRecord] = []
+        self.records: list[RequestMeasurement] = []
 
     async def open_loop(
         self, specs: Sequence[RequestSpec], due: Sequence[float]
-    ) -> list[RequestRecord]:
+    ) -> list[RequestMeasurement]:
         cap = self.config.max_concurrency
         slot = asyncio.Semaphore(cap) if cap is not None else None
         self.start = time.perf_counter()
@@ -162,7 +162,7 @@ class _Run:
                 group.create_task(self.execute(spec, at, slot))
         return self._finish()
 
-    async def closed_loop(self, workload: Workload) -> list[RequestRecord]:
+    async def closed_loop(self, workload: Workload) -> list[RequestMeasurement]:
         users = self.config.concurrency or 1
         limit = self.config.request_limit
         counter = itertools.count()
@@ -184,7 +184,9 @@ class _Run:
                 group.create_task(user())
         return self._finish()
 
-    async def burst(self, specs: Sequence[RequestSpec], slots: int | None) -> list[RequestRecord]:
+    async def burst(
+        self, specs: Sequence[RequestSpec], slots: int | None
+    ) -> list[RequestMeasurement]:
         """Everything due at once, at most ``slots`` in flight (used for the warmup)."""
         slot = asyncio.Semaphore(slots) if slots is not None else None
         self.start = time.perf_counter()
@@ -193,15 +195,15 @@ class _Run:
                 group.create_task(self.execute(spec, self.start, slot))
         return self._finish()
 
-    def _finish(self) -> list[RequestRecord]:
+    def _finish(self) -> list[RequestMeasurement]:
         self.duration_s = time.perf_counter() - self.start
         return sorted(self.records, key=lambda r: r.index)
 
     async def execute(
         self, spec: RequestSpec, due: float, slot: asyncio.Semaphore | None
-    ) -> RequestRecord:
+    ) -> RequestMeasurement:
         """Send one request; never raises (failures become the record's ``failure``)."""
-        record = RequestRecord(
+        record = RequestMeasurement(
             index=spec.index,
             priority=spec.priority,
             prompt_tokens=spec.prompt_tokens,

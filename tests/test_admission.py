@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.support.native import record, submit, wait_status
+from tests.support.native import post_request, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import openai_chunks
 from tests.support.waiting import wait_until
@@ -23,10 +23,10 @@ async def test_full_queue_gets_429_and_enqueues_nothing(
     await start_worker(concurrency=1, model_tokens_per_second=50)
     api = await start_api(max_queue_depth=3)
     async with api.client() as client:
-        busy = await submit(client, "busy", max_tokens=50)
+        busy = await post_request(client, "busy", max_tokens=50)
         await wait_status(client, busy, "running")
         for i in range(3):
-            await submit(client, f"q{i}", max_tokens=1)
+            await post_request(client, f"q{i}", max_tokens=1)
         before = await redis.dbsize()
         r = await client.post("/v1/completions", json={"model": "mock", "prompt": "x"})
     assert r.status_code == 429
@@ -97,7 +97,7 @@ async def test_expired_request_never_starts_on_a_late_worker(
 ) -> None:
     api = await start_api(accept_models="mock", sweep_seconds=30)
     async with api.client() as client:
-        rid = await submit(client, "late", queue_timeout=0.2)
+        rid = await post_request(client, "late", queue_timeout=0.2)
         await asyncio.sleep(0.3)  # the deadline passes while no worker exists (the point)
         await start_worker(sweep_seconds=30)
         rec = await wait_status(client, rid, "failed", timeout=10)
@@ -138,13 +138,15 @@ async def test_token_budget_spreads_long_requests(
     await spawn_workers(2, concurrency=8, worker_token_budget=1000, model_tokens_per_second=100)
     api = await start_api()
     async with api.client() as client:
-        long = [await submit(client, "ten words " * 5, max_tokens=600) for _ in range(2)]
-        short = [await submit(client, "short", max_tokens=20) for _ in range(6)]
+        long = [await post_request(client, "ten words " * 5, max_tokens=600) for _ in range(2)]
+        short = [await post_request(client, "short", max_tokens=20) for _ in range(6)]
         for rid in long:
             await wait_status(client, rid, "running")
         short_records = [await wait_status(client, rid, "done") for rid in short]
         long_records = [await record(client, rid) for rid in long]
-        huge = await submit(client, "huge", max_tokens=1500)  # over budget: an idle worker takes it
+        huge = await post_request(
+            client, "huge", max_tokens=1500
+        )  # over budget: an idle worker takes it
         await client.delete(f"/v1/requests/{long[0]}")
         await client.delete(f"/v1/requests/{long[1]}")
         huge_record = await wait_status(client, huge, "running", "done", timeout=20)

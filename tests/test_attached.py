@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.support.native import submit, wait_status
+from tests.support.native import post_request, wait_status
 from tests.support.servers import RunningApi, StartApi
 from tests.support.sse import frames
 from tests.support.waiting import wait_until
@@ -41,7 +41,7 @@ async def test_an_openai_request_is_attached_while_its_client_is_there(
             },
         )
         assert r2.status_code == 200, r2.text
-        native = await submit(client, max_tokens=2)
+        native = await post_request(client, max_tokens=2)
         await wait_status(client, native, "done")
 
     async def detached() -> bool:

@@ -19,7 +19,7 @@ from llmq.autoscale.signals import Snapshot
 from llmq.autoscale.state import autoscaled
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
-from tests.support.native import submit, wait_status
+from tests.support.native import post_request, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
 
@@ -139,7 +139,7 @@ async def test_a_model_without_workers_is_accepted_while_autoscaled(
                 return (await client.get("/readyz")).status_code == 200
 
             await wait_until(ready, timeout=10, what="/readyz with an autoscaler")
-            rid = await submit(client, max_tokens=3)
+            rid = await post_request(client, max_tokens=3)
 
             async def gauge() -> bool:
                 text = (await client.get("/metrics")).text

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.schema import DoneEvent, decode_event
 from llmq.streams import published_tokens
-from tests.support.native import submit, wait_status
+from tests.support.native import post_request, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
@@ -57,7 +57,7 @@ async def test_delete_stops_a_running_request_within_about_one_token(
     await spawn_workers(1, concurrency=1, model_tokens_per_second=TOKENS_PER_SECOND)
     api = await start_api()
     async with api.client() as client:
-        rid = await submit(client, "long", max_tokens=500)
+        rid = await post_request(client, "long", max_tokens=500)
         await wait_tokens(redis, rid, 10)
         before = await tokens_in_stream(redis, rid)
         sent_at = time.time()

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.support.native import record, submit, wait_status
+from tests.support.native import post_request, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.sse import frames
 from tests.support.waiting import wait_until
@@ -51,7 +51,7 @@ async def test_disconnect_mid_stream_stops_generation_and_frees_the_slot(
                 if n == 5:
                     break
         # a request queued behind the cancelled one
-        waiting = await submit(client, "next", max_tokens=3)
+        waiting = await post_request(client, "next", max_tokens=3)
         done = await wait_status(client, waiting, "done", timeout=10)
     ids = [k.split(":")[-1] for k in await redis.keys(keys.request("*"))]
     cancelled = [i for i in ids if i != waiting]
@@ -71,7 +71,7 @@ async def test_cancel_while_queued_never_runs(
     await spawn_workers(1, concurrency=1, **MODEL)
     api = await start_api()
     async with api.client() as client:
-        busy = await submit(client, "busy", max_tokens=25)
+        busy = await post_request(client, "busy", max_tokens=25)
         await wait_status(client, busy, "running")
         body = {"model": "mock", "prompt": "queued", "max_tokens": 5, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -100,7 +100,7 @@ async def test_non_streaming_disconnect_cancels(
                 json={"model": "mock", "prompt": "slow", "max_tokens": 500},
                 timeout=0.5,
             )
-        follow_up = await submit(client, "after", max_tokens=2)
+        follow_up = await post_request(client, "after", max_tokens=2)
         done = await wait_status(client, follow_up, "done", timeout=10)
     assert done["queue_ms"] < 2000
 
@@ -111,9 +111,9 @@ async def test_delete_running_and_queued(
     await spawn_workers(1, concurrency=1, **MODEL)
     api = await start_api()
     async with api.client() as client:
-        running = await submit(client, "running", max_tokens=500)
+        running = await post_request(client, "running", max_tokens=500)
         await wait_status(client, running, "running")
-        queued = await submit(client, "queued", max_tokens=5)
+        queued = await post_request(client, "queued", max_tokens=5)
         r1 = (await client.delete(f"/v1/requests/{queued}")).json()
         r2 = (await client.delete(f"/v1/requests/{running}")).json()
         stopped = await wait_status(client, running, "cancelled", timeout=5)
@@ -137,7 +137,7 @@ async def test_native_reconnect_does_not_cancel(
     await spawn_workers(1, concurrency=2, model_tokens_per_second=200)
     api = await start_api()
     async with api.client() as client:
-        rid = await submit(client, "keep going", max_tokens=40)
+        rid = await post_request(client, "keep going", max_tokens=40)
         async with client.stream("GET", f"/v1/requests/{rid}/events") as r:
             async for _ in frames(r):
                 break

@@ -15,7 +15,7 @@ from llmq import keys
 from llmq.queue import Queue, now_ms
 from llmq.streams import published_tokens
 from tests.support.jobs import claim_with, enqueue_costing
-from tests.support.native import record, submit, wait_status
+from tests.support.native import post_request, record, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
 
@@ -55,10 +55,10 @@ async def test_a_worker_leaves_a_request_queued_that_its_budget_cannot_hold(
     await start_worker(concurrency=8, worker_token_budget=1000, model_tokens_per_second=100)
     api = await start_api()
     async with api.client() as client:
-        first = await submit(client, "ten words " * 5, max_tokens=600)
+        first = await post_request(client, "ten words " * 5, max_tokens=600)
         await wait_status(client, first, "running")
-        second = await submit(client, "ten words " * 5, max_tokens=600)
-        small = await submit(client, "short", max_tokens=5)  # fits, but queued behind it
+        second = await post_request(client, "ten words " * 5, max_tokens=600)
+        small = await post_request(client, "short", max_tokens=5)  # fits, but queued behind it
         by_now = len(await published_tokens(redis, first)) + 30  # 0.3 s: many claims later
 
         async def first_went_on() -> bool:

@@ -13,7 +13,7 @@ from llmq.connection import make_pool
 from llmq.queue import Claim, Queue
 from llmq.settings import WorkerSettings
 from tests.support.jobs import enqueue_raw
-from tests.support.native import record, submit, wait_status
+from tests.support.native import post_request, record, wait_status
 from tests.support.servers import RunningApi
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
 
@@ -80,6 +80,6 @@ async def test_a_read_arq_was_not_expected_to_make_fails_loudly(arq_pool: Claimi
 
 async def test_a_request_run_once_counts_one_attempt(stack: RunningApi, redis: Redis) -> None:
     async with stack.client() as client:
-        rid = await submit(client, max_tokens=2)
+        rid = await post_request(client, max_tokens=2)
         await wait_status(client, rid, "done")
         assert (await record(client, rid))["attempts"] == 1

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.support.exposition import value
-from tests.support.native import submit, wait_status
+from tests.support.native import post_request, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.sse import openai_chunks
 from tests.support.waiting import wait_until
@@ -267,7 +267,7 @@ async def test_native_requests_count_in_the_latency_histograms(stack: RunningApi
     """A native request read from the start is timed as an OpenAI one is (TTFT, e2e)."""
     async with stack.client() as client:
         for _ in range(3):
-            rid = await submit(client, max_tokens=3)
+            rid = await post_request(client, max_tokens=3)
             async with client.stream("GET", f"/v1/requests/{rid}/events") as r:
                 async for _line in r.aiter_lines():
                     pass

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.embedded import free_port
-from tests.support.native import record, submit, wait_ready, wait_status
+from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.sse import frames
@@ -68,7 +68,7 @@ async def test_sigterm_hands_back_what_the_drain_window_could_not_finish(
     procs = await spawn_workers(2, concurrency=1, model_tokens_per_second=50, drain_seconds=0.3)
     api = await start_api()
     async with api.client() as client:
-        rid = await submit(client, "survive this", max_tokens=80, seed=11)
+        rid = await post_request(client, "survive this", max_tokens=80, seed=11)
         running = await wait_status(client, rid, "running")
         owner = next(p for p in procs if f"-{p.pid}-" in running["worker"])
         owner.signal(signal.SIGTERM)
@@ -85,7 +85,7 @@ async def test_reaper_requeues_a_dead_workers_requests(
     (victim,) = await spawn_workers(1, concurrency=2, model_tokens_per_second=20, lease_seconds=1)
     api = await start_api()
     async with api.client() as client:
-        ids = [await submit(client, f"r{i}", max_tokens=200) for i in range(2)]
+        ids = [await post_request(client, f"r{i}", max_tokens=200) for i in range(2)]
         for rid in ids:
             await wait_status(client, rid, "running")
         (survivor,) = await spawn_workers(1, concurrency=2, model_tokens_per_second=400)
@@ -118,7 +118,7 @@ async def test_native_client_resumes_on_another_api_after_one_dies(
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as a:
             await wait_ready(a, timeout=30, path="/healthz")
-            rid = await submit(a, "keep streaming", max_tokens=40)
+            rid = await post_request(a, "keep streaming", max_tokens=40)
             seen: list[tuple[str | None, str]] = []
             with pytest.raises(httpx.HTTPError):
                 async with a.stream("GET", f"/v1/requests/{rid}/events") as r:
@@ -169,7 +169,7 @@ async def test_openai_stream_is_cancelled_after_its_api_process_dies(
             killed = await wait_status(b, rid, "cancelled", timeout=10)
             assert killed["completion_tokens"] < 1000
             # the slot is free: the next request starts at once
-            nxt = await submit(b, "next", max_tokens=2)
+            nxt = await post_request(b, "next", max_tokens=2)
             await wait_status(b, nxt, "done", timeout=10)
     finally:
         doomed.stop()
@@ -197,7 +197,7 @@ async def test_a_killed_parked_worker_is_skipped_and_nothing_waits_for_it(
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
-        ids = [await submit(client, f"r{i}", max_tokens=3) for i in range(4)]
+        ids = [await post_request(client, f"r{i}", max_tokens=3) for i in range(4)]
         for rid in ids:
             done = await wait_status(client, rid, "done", timeout=10)
             assert f"-{survivor.pid}-" in done["worker"]

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.queue import Queue, serialize_job
 from tests.support.jobs import enqueue_raw
-from tests.support.native import record, submit, wait_status
+from tests.support.native import post_request, record, wait_status
 from tests.support.processes import alive
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
@@ -35,7 +35,7 @@ async def test_a_corrupt_job_ends_with_an_error_and_the_worker_goes_on(
     await enqueue_raw(Queue(redis, stream_maxlen=100, ttl_seconds=60), "bad2", job)
     await redis.publish(keys.wake("mock"), "bad2")
     async with api.client() as client:
-        rid = await submit(client, "after the bad one", max_tokens=3)
+        rid = await post_request(client, "after the bad one", max_tokens=3)
         await wait_status(client, rid, "done")
         bad = await wait_status(client, "bad2", "failed")
         assert bad["error"], bad

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.support.native import record, submit, wait_status
+from tests.support.native import post_request, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.sse import frames
 from tests.support.waiting import wait_until
@@ -42,7 +42,7 @@ async def test_a_stopping_worker_hands_back_at_the_original_score_and_the_client
     api = await start_api()
     async with api.client() as client:
         expected = (await client.post("/v1/completions", json=BODY)).json()
-        blocker = await submit(client, "blocker", max_tokens=250)
+        blocker = await post_request(client, "blocker", max_tokens=250)
         b_worker = (await wait_status(client, blocker, "running"))["worker"]
         owner = next(p for p in procs if f"-{p.pid}-" not in b_worker)
         chunks: list[Any] = []
@@ -56,7 +56,7 @@ async def test_a_stopping_worker_hands_back_at_the_original_score_and_the_client
                 chunks.append(frame.json())
                 if len(chunks) == 10:
                     rid = chunks[0]["id"].removeprefix("cmpl-")
-                    later = await submit(client, "later", max_tokens=2)
+                    later = await post_request(client, "later", max_tokens=2)
                     owner.signal(signal.SIGTERM)
                     order_after_hand_back = await queue_once_holding(redis, rid)
         assert owner.wait(15) == 0

@@ -13,7 +13,7 @@ from redis.asyncio.client import PubSub
 from llmq import keys, registry
 from llmq.queue import Admission, Claim, Queue, parse_handoff
 from llmq.schema import Lifecycle, WorkerInfo
-from tests.support.native import submit, wait_ready, wait_status
+from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
 from worker.claimed import ClaimingRedis
@@ -217,7 +217,7 @@ async def test_an_idle_worker_is_handed_requests_and_runs_them(
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
-        rid = await submit(client, max_tokens=3)
+        rid = await post_request(client, max_tokens=3)
         assert (await handed(listener)).request_id == rid
         done = await wait_status(client, rid, "done")
     assert done["completion_tokens"] == 3
@@ -241,14 +241,14 @@ async def test_a_hand_off_to_a_full_worker_goes_back_to_the_queue(
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
-        busy = await submit(client, max_tokens=400)  # 2 s at 200 tok/s: the slot is taken
+        busy = await post_request(client, max_tokens=400)  # 2 s at 200 tok/s: the slot is taken
         await wait_status(client, busy, "running")
         (worker_id,) = await redis.zrange(keys.WORKERS, 0, -1)
         # A hand-off that crossed a claim: claimed for the worker, which has no slot.
         arq = ClaimingRedis.from_url(api.settings.redis_url)
         queue = Queue(arq, stream_maxlen=100, ttl_seconds=60)
         try:
-            late = await submit(client, max_tokens=2)
+            late = await post_request(client, max_tokens=2)
             got = await claim(queue, "", free=1)
             assert got.request_id == late and got.job is not None
             message = b"|".join(

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from llmq.tail import CLIENT_NAME
-from tests.support.native import submit, wait_ready, wait_status
+from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -35,7 +35,7 @@ async def test_a_request_leaves_its_trail(
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
-        rid = await submit(client, "trail", max_tokens=5, priority=2)
+        rid = await post_request(client, "trail", max_tokens=5, priority=2)
         await wait_status(client, rid, "done")
 
         async def all_four() -> bool:
@@ -59,9 +59,9 @@ async def test_a_request_leaves_its_trail(
 async def test_cancelled_and_expired_while_queued(start_api: StartApi, redis: Redis) -> None:
     api = await start_api(accept_models="mock", sweep_seconds=0.05)
     async with api.client() as client:
-        cancelled = await submit(client, "never", max_tokens=5)
+        cancelled = await post_request(client, "never", max_tokens=5)
         await client.delete(f"/v1/requests/{cancelled}")
-        expired = await submit(client, "late", max_tokens=5, queue_timeout=0.2)
+        expired = await post_request(client, "late", max_tokens=5, queue_timeout=0.2)
         await wait_status(client, expired, "failed")
     assert [e["event"] for e in await entries(redis, cancelled)] == ["queued", "cancelled"]
     last = (await entries(redis, expired))[-1]
@@ -83,7 +83,7 @@ async def test_llmq_tail_follows_live(
         await wait_until(following, timeout=20, what="llmq tail to block on the stream")
         async with api.client() as client:
             await wait_ready(client)
-            rid = await submit(client, "watched", max_tokens=3)
+            rid = await post_request(client, "watched", max_tokens=3)
             await wait_status(client, rid, "done")
 
         def events() -> list[str]:
@@ -100,7 +100,7 @@ async def test_queue_depth_by_priority_gauge(start_api: StartApi) -> None:
     api = await start_api(accept_models="mock")
     async with api.client() as client:
         for priority in (0, 0, 5, 5, 5, -1):
-            await submit(client, "waiting", max_tokens=2, priority=priority)
+            await post_request(client, "waiting", max_tokens=2, priority=priority)
         text = (await client.get("/metrics")).text
     lines = {
         line.split(" ")[0]: float(line.split(" ")[1])

@@ -17,7 +17,7 @@ from loadgen.config import (
     parse_range,
 )
 from loadgen.metrics import describe, meets_slos, peak_in_flight, percentile, summarize
-from loadgen.records import RequestFailed, RequestRecord, StreamClock
+from loadgen.records import RequestFailed, RequestMeasurement, StreamClock
 from loadgen.report import format_summary, write_json
 from loadgen.result import RunResult
 
@@ -31,8 +31,8 @@ def _ok(
     tokens: int = 10,
     lag: float = 0.0,
     priority: int | None = None,
-) -> RequestRecord:
-    return RequestRecord(
+) -> RequestMeasurement:
+    return RequestMeasurement(
         index=index,
         priority=priority,
         prompt_tokens=5,
@@ -48,8 +48,8 @@ def _ok(
     )
 
 
-def _failed(index: int, kind: str) -> RequestRecord:
-    record = RequestRecord(index=index, priority=None, prompt_tokens=5, max_tokens=10)
+def _failed(index: int, kind: str) -> RequestMeasurement:
+    record = RequestMeasurement(index=index, priority=None, prompt_tokens=5, max_tokens=10)
     record.failure = kind  # type: ignore[assignment]
     record.error = "x"
     return record
@@ -135,7 +135,7 @@ def test_stream_clock_follows_vllm_definitions() -> None:
     clock.sent_at = 100.0
     clock.chunk_at = [100.2, 100.25, 100.35]
     clock.usage(5)  # e.g. coalesced chunks: 5 tokens in 3 chunks
-    record = RequestRecord(index=0, priority=None, prompt_tokens=3, max_tokens=5)
+    record = RequestMeasurement(index=0, priority=None, prompt_tokens=3, max_tokens=5)
     record.scheduled_s = 0.5
     clock.fill(record, run_start=99.0, ended_at=100.6, failure=None)
     assert record.sent_s == pytest.approx(1.0) and record.end_s == pytest.approx(1.6)
@@ -148,13 +148,13 @@ def test_stream_clock_follows_vllm_definitions() -> None:
 
     no_usage = StreamClock()
     no_usage.sent_at, no_usage.chunk_at = 0.0, [0.1, 0.2]
-    bad = RequestRecord(index=1, priority=None, prompt_tokens=3, max_tokens=5)
+    bad = RequestMeasurement(index=1, priority=None, prompt_tokens=3, max_tokens=5)
     no_usage.fill(bad, run_start=0.0, ended_at=0.3, failure=RequestFailed("connection", "cut"))
     assert (bad.failure, bad.error, bad.output_tokens) == ("connection", "cut", 2)
     assert bad.e2e_s is None and bad.tpot_s is None and not bad.ok
 
 
-def _result(records: list[RequestRecord], **overrides: object) -> RunResult:
+def _result(records: list[RequestMeasurement], **overrides: object) -> RunResult:
     config = LoadConfig(num_requests=len(records), **overrides)  # type: ignore[arg-type]
     return RunResult(config, records, duration_s=10.0, started_at=0.0, target="http")
 

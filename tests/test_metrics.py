@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from api.exposition import GAUGES, Scrape, render
-from api.summary import estimate_quantile, percentiles, summarize, window_rates
+from api.summary import cluster_summary, estimate_quantile, estimated_percentiles, window_rates
 from api.totals import read_totals
 from llmq import keys, metrics
 from tests.support.exposition import samples, value
@@ -71,9 +71,9 @@ async def test_recorder_flushes_deltas_that_exposition_renders(redis: Redis) -> 
     bounds = [s.labels["le"] for s in families[ttft].samples if s.name.endswith("_bucket")]
     assert len(bounds) == len(metrics.TTFT_BUCKETS) + 1
 
-    p = percentiles(totals.histogram(metrics.TTFT), metrics.TTFT)
+    p = estimated_percentiles(totals.histogram(metrics.TTFT), metrics.TTFT)
     assert p["p50"] is not None and 0.02 <= p["p50"] <= 0.04
-    body = summarize(totals, await window_rates(redis))
+    body = cluster_summary(totals, await window_rates(redis))
     assert body["requests"]["by_outcome"]["stop"] == 5
     assert body["requests"]["total"] == 6
     # both flushes happened within the window, averaged over all of it

@@ -6,7 +6,7 @@ from redis.asyncio import Redis
 
 from llmq import keys
 from tests.support.models import Flaky
-from tests.support.native import submit, wait_ready, wait_status
+from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.sse import openai_chunks
 
@@ -21,9 +21,9 @@ async def test_model_error_ends_the_request_not_the_worker(
         body = {"model": "mock", "prompt": "please explode", "max_tokens": 10, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as r:
             chunks = await openai_chunks(r)
-        failed = await submit(client, "explode again", max_tokens=10)
+        failed = await post_request(client, "explode again", max_tokens=10)
         rec = await wait_status(client, failed, "failed")
-        fine = await submit(client, "all good", max_tokens=10)
+        fine = await post_request(client, "all good", max_tokens=10)
         ok = await wait_status(client, fine, "done")
         hiccup = {"model": "mock", "prompt": "a hiccup", "max_tokens": 10, "seed": 5}
         async with client.stream("POST", "/v1/completions", json={**hiccup, "stream": True}) as r:

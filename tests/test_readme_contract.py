@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from llmq import keys
 from tests.support.exposition import value
 from tests.support.models import Flaky
-from tests.support.native import record, submit, wait_ready, wait_status
+from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
@@ -162,7 +162,7 @@ async def test_a_non_streaming_model_error_is_a_500_with_model_error(
 
 async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> None:
     async with stack.client() as client:
-        rid = await submit(client, "p", max_tokens=200)
+        rid = await post_request(client, "p", max_tokens=200)
         await wait_status(client, rid, "running")
         listed: list[dict[str, Any]] = []
 
@@ -229,7 +229,7 @@ async def test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval(
 ) -> None:
     api = await start_api(accept_models="mock", sse_keepalive_seconds=0.2)
     async with api.client() as client:
-        rid = await submit(client, "nobody runs this")  # no worker: the stream stays idle
+        rid = await post_request(client, "nobody runs this")  # no worker: the stream stays idle
         started = time.monotonic()
         comments: list[float] = []
         async with asyncio.timeout(3), client.stream("GET", f"/v1/requests/{rid}/events") as r:
@@ -266,7 +266,7 @@ async def _ended_at_the_job_timeout(api: RunningApi, redis: Redis) -> tuple[floa
     async with api.client() as client:
         await wait_ready(client)
         submitted = time.monotonic()
-        rid = await submit(client, "p", max_tokens=500)  # 10 s at 50 tokens/s
+        rid = await post_request(client, "p", max_tokens=500)  # 10 s at 50 tokens/s
         failed = await wait_status(client, rid, "failed", timeout=5)
         ran = time.monotonic() - submitted
         async with client.stream("GET", f"/v1/requests/{rid}/events") as r:

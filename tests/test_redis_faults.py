@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.schema import DoneEvent, StartedEvent, TokensEvent
-from tests.support.native import record, submit, wait_ready, wait_status
+from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.runs import stream_events, undisturbed
 from tests.support.servers import RunningApi, SpawnWorkers, StartApi, StartWorker
@@ -100,13 +100,13 @@ async def two_clients_through(
     expected = await undisturbed(max_tokens, SEED)
     async with api.client(timeout=30) as c:
         await wait_ready(c)
-        rid = await submit(c, "through the outage", max_tokens=max_tokens, seed=SEED)
+        rid = await post_request(c, "through the outage", max_tokens=max_tokens, seed=SEED)
         native = NativeReader(c, rid, after_tokens=10)
         openai = asyncio.create_task(openai_stream(c, max_tokens))
         await asyncio.wait_for(native.seen.wait(), timeout=20)
         await fault()
         # new requests are accepted at once: the workers are not taken for dead
-        await submit(c, "right after the fault", max_tokens=2)
+        await post_request(c, "right after the fault", max_tokens=2)
         await asyncio.wait_for(native.task, timeout=30)
         chunks = await asyncio.wait_for(openai, timeout=30)
         final = await record(c, rid)
@@ -203,7 +203,7 @@ async def test_a_cancel_sent_while_the_worker_is_not_subscribed_still_stops_it(
     """The cancel message is lost (the worker's pub/sub connection is down); the cancel
     flag, read with the next lease renewal (every 0.2 s here), stops the request."""
     async with stack.client() as client:
-        rid = await submit(client, "cancel me", max_tokens=1000)  # 5 s at 200 tokens/s
+        rid = await post_request(client, "cancel me", max_tokens=1000)  # 5 s at 200 tokens/s
         await wait_status(client, rid, "running")
         # each kill doubles the listener's reconnect delay: after three it stays away
         # for 0.4 s, longer than the cancel below takes
@@ -244,7 +244,7 @@ async def test_a_fenced_worker_stops_and_writes_nothing_after_losing_its_lease(
     expected = await undisturbed(max_tokens, SEED)
     async with api.client() as c:
         await wait_ready(c)
-        rid = await submit(c, "fence me", max_tokens=max_tokens, seed=SEED)
+        rid = await post_request(c, "fence me", max_tokens=max_tokens, seed=SEED)
         native = NativeReader(c, rid, after_tokens=10)
         await asyncio.wait_for(native.seen.wait(), timeout=20)
         owner = (await record(c, rid))["worker"]
@@ -299,7 +299,7 @@ async def test_an_idle_stack_logs_no_warning(spawn_workers: SpawnWorkers, redis_
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
             await wait_ready(c, timeout=30)
-            rid = await submit(c, "one request, then idle", max_tokens=3)
+            rid = await post_request(c, "one request, then idle", max_tokens=3)
             await wait_status(c, rid, "done")
             await asyncio.sleep(3.0)  # the idle period under test: 6 socket timeouts
             assert (await c.get("/readyz")).status_code == 200

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llmq.embedded import EmbeddedRedis
-from tests.support.native import submit, wait_ready, wait_status
+from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
 
@@ -26,7 +26,7 @@ async def test_outage_and_restart(
     api = await start_api(redis_url=own_redis.url, relay_block_ms=500, **FAST_FAIL)
     async with api.client(timeout=10) as c:
         await wait_ready(c)
-        await wait_status(c, await submit(c, "before", max_tokens=3), "done")
+        await wait_status(c, await post_request(c, "before", max_tokens=3), "done")
 
         own_redis.kill()
         # the outage outlasts the worker's 0.5 s fallback poll, so it has to cope
@@ -53,7 +53,7 @@ async def test_queued_requests_survive_a_restart_with_aof(
 ) -> None:
     api = await start_api(redis_url=own_redis.url, accept_models="mock", relay_block_ms=500)
     async with api.client(timeout=10) as c:
-        rid = await submit(c, "wait for me", max_tokens=5)  # no worker yet: it waits
+        rid = await post_request(c, "wait for me", max_tokens=5)  # no worker yet: it waits
         own_redis.stop(remove=False)  # a restart: SIGTERM, AOF flushed
         own_redis.start()
         await start_worker(redis_url=own_redis.url)

@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import keys
-from tests.support.native import record, submit, wait_status
+from tests.support.native import post_request, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
@@ -37,7 +37,7 @@ async def test_fifo_within_a_priority(start_api: StartApi, spawn_workers: SpawnW
     await spawn_workers(1, concurrency=1, **SLOW)
     api = await start_api()
     async with api.client() as client:
-        ids = [await submit(client, f"n{i}", **SHORT) for i in range(6)]
+        ids = [await post_request(client, f"n{i}", **SHORT) for i in range(6)]
         assert await started_order(client, ids) == ids
 
 
@@ -47,10 +47,10 @@ async def test_higher_priority_overtakes_a_backlog(
     await spawn_workers(1, concurrency=1, **SLOW)
     api = await start_api()
     async with api.client() as client:
-        busy = await submit(client, "busy", max_tokens=40)
+        busy = await post_request(client, "busy", max_tokens=40)
         await wait_status(client, busy, "running")
-        backlog = [await submit(client, f"low{i}", priority=5, **SHORT) for i in range(5)]
-        urgent = await submit(client, "urgent", priority=0, **SHORT)
+        backlog = [await post_request(client, f"low{i}", priority=5, **SHORT) for i in range(5)]
+        urgent = await post_request(client, "urgent", priority=0, **SHORT)
         order = await started_order(client, [busy, *backlog, urgent])
     assert order == [busy, urgent, *backlog]
 
@@ -59,11 +59,11 @@ async def test_three_workers_compete(start_api: StartApi, spawn_workers: SpawnWo
     await spawn_workers(3, concurrency=1, **SLOW)
     api = await start_api()
     async with api.client() as client:
-        busy = [await submit(client, f"busy{i}", max_tokens=40) for i in range(3)]
+        busy = [await post_request(client, f"busy{i}", max_tokens=40) for i in range(3)]
         for rid in busy:
             await wait_status(client, rid, "running")
-        backlog = [await submit(client, f"low{i}", priority=5, **SHORT) for i in range(9)]
-        urgent = [await submit(client, f"urgent{i}", priority=-1, **SHORT) for i in range(2)]
+        backlog = [await post_request(client, f"low{i}", priority=5, **SHORT) for i in range(9)]
+        urgent = [await post_request(client, f"urgent{i}", priority=-1, **SHORT) for i in range(2)]
         order = await started_order(client, busy + backlog + urgent)
         records = {rid: await record(client, rid) for rid in busy + backlog + urgent}
     assert set(order[:3]) == set(busy)
@@ -85,12 +85,12 @@ async def test_low_priority_does_not_starve(
     await spawn_workers(1, concurrency=1, **SLOW)
     api = await start_api(priority_step_ms=100)
     async with api.client() as client:
-        busy = await submit(client, "busy", max_tokens=10)
+        busy = await post_request(client, "busy", max_tokens=10)
         await wait_status(client, busy, "running")
-        low = await submit(client, "low", priority=5, max_tokens=5)
+        low = await post_request(client, "low", priority=5, max_tokens=5)
         stream: list[str] = []
         for i in range(12):  # a steady stream of urgent work, arriving every 100 ms
-            stream.append(await submit(client, f"hi{i}", priority=0, max_tokens=10))
+            stream.append(await post_request(client, f"hi{i}", priority=0, max_tokens=10))
             await asyncio.sleep(0.1)
         low_record = await wait_status(client, low, "done")
         overtook = [
@@ -113,14 +113,14 @@ async def test_more_running_than_arqs_read_limit(
     api = await start_api()
     async with api.client() as client:
         for i in range(110):
-            await submit(client, f"long{i}", max_tokens=400)
+            await post_request(client, f"long{i}", max_tokens=400)
 
         async def all_running() -> bool:
             return int(await redis.zcard(keys.running("mock"))) == 110
 
         await wait_until(all_running, timeout=30, what="110 running requests")
         assert await redis.zcard(keys.queue("mock")) == 0
-        extra = await submit(client, "extra", max_tokens=2)
+        extra = await post_request(client, "extra", max_tokens=2)
         done = await wait_status(client, extra, "done", timeout=10)
     assert done["queue_ms"] < 1000
 
@@ -130,8 +130,8 @@ async def test_wakeup_not_poll(start_api: StartApi, spawn_workers: SpawnWorkers)
     await spawn_workers(1, concurrency=1, poll_seconds=60, **SLOW)
     api = await start_api()
     async with api.client() as client:
-        first = await submit(client, "first", **SHORT)
-        second = await submit(client, "second", **SHORT)
+        first = await post_request(client, "first", **SHORT)
+        second = await post_request(client, "second", **SHORT)
         one = await wait_status(client, first, "done", timeout=10)
         two = await wait_status(client, second, "done", timeout=10)
     assert one["queue_ms"] < 1000

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.exposition import render, scrape
 from api.state import State
-from api.summary import summarize, window_rates
+from api.summary import cluster_summary, window_rates
 from api.totals import read_totals
 
 router = APIRouter(tags=["metrics"])
@@ -30,4 +30,4 @@ async def prometheus_metrics(state: State) -> Response:
 @router.get("/v1/metrics/summary")
 async def summary(state: State) -> dict[str, Any]:
     """Outcome counts, estimated latency percentiles and recent rates (see api.summary)."""
-    return summarize(await read_totals(state.redis), await window_rates(state.redis))
+    return cluster_summary(await read_totals(state.redis), await window_rates(state.redis))

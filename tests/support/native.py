@@ -9,7 +9,8 @@ import httpx
 from tests.support.waiting import wait_until
 
 
-async def submit(client: httpx.AsyncClient, prompt: str = "p", **body: Any) -> str:
+async def post_request(client: httpx.AsyncClient, prompt: str = "p", **body: Any) -> str:
+    """POST a native request for ``mock``; its id once it is accepted (202)."""
     r = await client.post("/v1/requests", json={"model": "mock", "prompt": prompt, **body})
     assert r.status_code == 202, r.text
     rid: str = r.json()["id"]
