@@ -11,7 +11,6 @@ if the background refresh stalls (Redis away), reads refresh inline again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -19,6 +18,7 @@ from redis.asyncio import Redis
 
 from llmq import registry
 from llmq.schema import WorkerInfo
+from llmq.tasks import run_periodically
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,9 @@ class Catalog:
 
     async def refresh_forever(self) -> None:
         """Keep the cache younger than ``max_age`` (twice a period, so reads never wait)."""
-        while True:
-            try:
-                await self.workers()
-            except Exception as exc:
-                log.warning("worker registry refresh failed: %s", exc)
-            await asyncio.sleep(self._max_age / 2)
+        await run_periodically(
+            self.workers, self._max_age / 2, what="worker registry refresh", logger=log
+        )
 
     async def models(self) -> frozenset[str]:
         if time.monotonic() - self._fetched > self._max_age:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from llmq import keys
+from llmq.tasks import run_periodically
 
 log = logging.getLogger(__name__)
 
@@ -223,15 +224,11 @@ class Recorder:
 
 
 async def flush_forever(recorder: Recorder, redis: Redis, interval: float = FLUSH_SECONDS) -> None:
-    """Flush every ``interval`` seconds until cancelled; a failed flush is retried next time."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await recorder.flush(redis)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("metrics flush failed (kept for the next one): %s", exc)
+    """Flush every ``interval`` seconds until cancelled; a failed flush keeps its deltas
+    for the next one."""
+    await run_periodically(
+        lambda: recorder.flush(redis), interval, what="metrics flush", logger=log
+    )
 
 
 async def final_flush(recorder: Recorder, redis: Redis, timeout: float = 2.0) -> None:

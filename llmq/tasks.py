@@ -1,4 +1,9 @@
-"""Stopping background tasks reliably.
+"""Background tasks: running one forever, and stopping them reliably.
+
+:func:`run_periodically` is the one "do this every few seconds until cancelled"
+loop (the metrics flush, the API's worker catalog...): a failing run does not end
+the task, and an outage is logged once when it starts and once when it ends, not
+at every run.
 
 A single ``Task.cancel()`` is not always enough: a cancellation that races with a
 timeout inside a library (a Redis read under ``asyncio.timeout``, say) can be
@@ -12,12 +17,40 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
 
 RECANCEL_SECONDS = 0.1
+
+
+async def run_periodically(
+    action: Callable[[], Awaitable[object]],
+    interval: float,
+    *,
+    what: str,
+    logger: logging.Logger = log,
+) -> NoReturn:
+    """Run ``action`` now and then every ``interval`` seconds, until cancelled.
+
+    An exception from ``action`` is logged (a warning for the first failure of a
+    run of them, an info line when ``action`` works again) and the next run comes
+    at the usual interval; only cancellation ends the loop.
+    """
+    failing = False
+    while True:
+        try:
+            await action()
+        except Exception as exc:
+            if not failing:
+                logger.warning("%s failed: %s; retrying every %gs", what, exc, interval)
+            failing = True
+        else:
+            if failing:
+                logger.info("%s works again", what)
+            failing = False
+        await asyncio.sleep(interval)
 
 
 async def cancel_and_wait(
