@@ -57,6 +57,10 @@ class BenchProcess(LoggedProcess):
 Child = BenchProcess
 
 
+def _wait_healthy(url: str, what: str, process: BenchProcess) -> None:
+    wait_for(lambda: http_status(url + "/healthz") == 200, READY_TIMEOUT, what, process)
+
+
 class Stack:
     """An embedded Redis, one API process and a resizable set of worker processes.
 
@@ -86,12 +90,7 @@ class Stack:
             self.redis.start()
             env = self._env({**self.api_env, "LLMQ_PORT": str(self.port)})
             self.api = BenchProcess("api", ["cli", "api"], env, self.log_dir)
-            wait_for(
-                lambda: http_status(self.url + "/healthz") == 200,
-                READY_TIMEOUT,
-                "the API",
-                self.api,
-            )
+            _wait_healthy(self.url, "the API", self.api)
         except BaseException:
             self.close()
             raise
@@ -182,12 +181,7 @@ class FloorServer:
     def __enter__(self) -> FloorServer:
         self.child = BenchProcess("floor", self.args, clean_env(), self.log_dir)
         try:
-            wait_for(
-                lambda: http_status(self.url + "/healthz") == 200,
-                READY_TIMEOUT,
-                "the floor",
-                self.child,
-            )
+            _wait_healthy(self.url, "the floor", self.child)
         except BaseException:
             self.child.stop()
             raise
