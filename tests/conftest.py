@@ -22,6 +22,7 @@ from api.app import create_app
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.settings import ApiSettings, WorkerSettings
+from tests.support.native import wait_ready
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import (
     FAST_MODEL,
@@ -128,18 +129,24 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
         await asyncio.gather(*(api.task for api in apis))
 
 
+async def _ready_stack(start_api: StartApi, start_worker: StartWorker, **worker: Any) -> RunningApi:
+    await start_worker(**worker)
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+    return api
+
+
 @pytest.fixture
 async def stack(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
     """One API and one worker, ready to serve the ``mock`` model."""
-    await start_worker()
-    api = await start_api()
-    async with api.client() as client:
+    return await _ready_stack(start_api, start_worker)
 
-        async def ready() -> bool:
-            return (await client.get("/readyz")).status_code == 200
 
-        await wait_until(ready, timeout=10, what="/readyz")
-    return api
+@pytest.fixture
+async def fast(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
+    """A stack whose mock decodes 2000 tokens/s: whole JSON documents in milliseconds."""
+    return await _ready_stack(start_api, start_worker, model_tokens_per_second=2000.0)
 
 
 @pytest.fixture

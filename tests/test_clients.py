@@ -16,17 +16,7 @@ from langchain_core.messages import AIMessage
 from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import BaseModel, Field
 
-from tests.support.native import wait_ready
-from tests.support.servers import RunningApi, StartApi, StartWorker
-
-
-@pytest.fixture
-async def fast(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
-    await start_worker(model_tokens_per_second=2000.0)
-    api = await start_api()
-    async with api.client() as client:
-        await wait_ready(client)
-    return api
+from tests.support.servers import RunningApi
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from redis.asyncio.client import PubSub
 
 from llmq import keys, registry
 from llmq.queue import Admission, Claim, Queue, parse_handoff
-from llmq.schema import Lifecycle, WorkerInfo
+from llmq.schema import WorkerInfo
+from tests.support.jobs import enqueue_costing
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -31,20 +32,6 @@ async def listener(redis: Redis) -> AsyncIterator[PubSub]:
     pubsub = redis.pubsub()
     yield pubsub
     await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-
-async def enqueue(queue: Queue, rid: str, cost: int = 1, score: int = 1) -> Admission:
-    return await queue.enqueue(
-        rid,
-        "mock",
-        job=f'{{"job": "{rid}"}}'.encode(),
-        score=score,
-        max_depth=100,
-        cost=cost,
-        deadline_ms=2**50,
-        record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
-        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
-    )
 
 
 async def claim(
@@ -106,7 +93,7 @@ async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
 ) -> None:
     await listener.subscribe(keys.handoff("w1"))
     await claim(queue, "w1", free=2)
-    assert await enqueue(queue, "r1", cost=7, score=42) == Admission.HANDED_OFF
+    assert await enqueue_costing(queue, "r1", cost=7, score=42) == Admission.HANDED_OFF
     got = await handed(listener)
     assert (got.request_id, got.score, got.cost, got.job, got.job_try) == (
         "r1",
@@ -135,7 +122,7 @@ async def test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skippe
     beat = await redis.zscore(keys.WORKERS, "w1")
     assert beat is not None
     await redis.zadd(keys.WORKERS, {"w1": beat - 3001})  # older than its 3 s lease
-    assert await enqueue(queue, "r1") == Admission.QUEUED
+    assert await enqueue_costing(queue, "r1") == Admission.QUEUED
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
     assert await redis.zcard(keys.running("mock")) == 0
     assert await terms(redis, "w1") is None
@@ -146,9 +133,9 @@ async def test_the_hand_off_that_takes_the_last_free_slot_unparks(
 ) -> None:
     await listener.subscribe(keys.handoff("w1"))
     await claim(queue, "w1", free=1)
-    assert await enqueue(queue, "r1") == Admission.HANDED_OFF
+    assert await enqueue_costing(queue, "r1") == Admission.HANDED_OFF
     assert await redis.zcard(keys.parked("mock")) == 0
-    assert await enqueue(queue, "r2") == Admission.QUEUED
+    assert await enqueue_costing(queue, "r2") == Admission.QUEUED
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r2"]
 
 
@@ -157,7 +144,7 @@ async def test_a_parked_worker_that_does_not_listen_is_dropped_and_the_request_q
 ) -> None:
     await listener.subscribe(keys.wake("mock"))
     await claim(queue, "gone", free=4)  # parked, but nobody reads its channel
-    assert await enqueue(queue, "r1") == Admission.QUEUED
+    assert await enqueue_costing(queue, "r1") == Admission.QUEUED
     assert await redis.zcard(keys.parked("mock")) == 0
     assert await terms(redis, "gone") is None
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
@@ -168,8 +155,8 @@ async def test_parked_workers_take_turns(redis: Redis, queue: Queue, listener: P
     await listener.subscribe(keys.handoff("w1"), keys.handoff("w2"))
     await claim(queue, "w1", free=4)
     await claim(queue, "w2", free=4)
-    assert await enqueue(queue, "r1") == Admission.HANDED_OFF
-    assert await enqueue(queue, "r2") == Admission.HANDED_OFF
+    assert await enqueue_costing(queue, "r1") == Admission.HANDED_OFF
+    assert await enqueue_costing(queue, "r2") == Admission.HANDED_OFF
     first, second = await next_message(listener), await next_message(listener)
     assert [(m["channel"], parse_handoff(m["data"]).request_id) for m in (first, second)] == [
         (keys.handoff("w1"), "r1"),
@@ -182,10 +169,10 @@ async def test_no_hand_off_over_budget_or_past_a_queued_request(
 ) -> None:
     await listener.subscribe(keys.handoff("w1"))
     await claim(queue, "w1", free=4, budget=5, idle=False)
-    assert await enqueue(queue, "big", cost=10) == Admission.QUEUED
+    assert await enqueue_costing(queue, "big", cost=10) == Admission.QUEUED
     assert await redis.zrange(keys.parked("mock"), 0, -1) == ["w1"]  # it still fits others
     # "small" fits the budget, but "big" is queued ahead of it: order comes first.
-    assert await enqueue(queue, "small", cost=1, score=2) == Admission.QUEUED
+    assert await enqueue_costing(queue, "small", cost=1, score=2) == Admission.QUEUED
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["big", "small"]
     assert await listener.get_message(True, timeout=0.2) is None
 
@@ -193,8 +180,8 @@ async def test_no_hand_off_over_budget_or_past_a_queued_request(
 async def test_a_claim_says_whether_requests_remain_and_parks_on_the_last(
     redis: Redis, queue: Queue
 ) -> None:
-    await enqueue(queue, "r1", score=1)
-    await enqueue(queue, "r2", score=2)
+    await enqueue_costing(queue, "r1", score=1)
+    await enqueue_costing(queue, "r2", score=2)
     first = await claim(queue, "w1", free=3)
     assert (first.request_id, first.more) == ("r1", True)
     assert await redis.zcard(keys.parked("mock")) == 0

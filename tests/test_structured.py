@@ -75,16 +75,6 @@ PARAMS: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-async def fast(start_api: StartApi, start_worker: StartWorker) -> RunningApi:
-    """A stack whose mock decodes 2000 tokens/s: whole JSON documents in milliseconds."""
-    await start_worker(model_tokens_per_second=2000.0)
-    api = await start_api()
-    async with api.client() as client:
-        await wait_ready(client)
-    return api
-
-
 def sdk(api: RunningApi) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=api.url + "/v1", api_key="unused")
 

@@ -8,27 +8,23 @@ from llmq.schema import Lifecycle
 
 async def enqueue_raw(queue: Queue, rid: str, job: bytes) -> None:
     """Queue ``job`` (any bytes) for the ``mock`` model under ``rid``, with a record."""
-    assert await queue.enqueue(
-        rid,
-        "mock",
-        job=job,
-        score=1,
-        max_depth=100,
-        cost=1,
-        deadline_ms=2**50,
-        record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
-        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
-    )
+    assert await enqueue_costing(queue, rid, job=job)
 
 
 async def enqueue_costing(
-    queue: Queue, rid: str, cost: int, score: int = 1, deadline_ms: int = 2**50
+    queue: Queue,
+    rid: str,
+    cost: int = 1,
+    score: int = 1,
+    deadline_ms: int = 2**50,
+    *,
+    job: bytes | None = None,
 ) -> Admission:
     """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget."""
     return await queue.enqueue(
         rid,
         "mock",
-        job=f'{{"job": "{rid}"}}'.encode(),
+        job=job if job is not None else f'{{"job": "{rid}"}}'.encode(),
         score=score,
         max_depth=100,
         cost=cost,
