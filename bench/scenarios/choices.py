@@ -14,7 +14,6 @@ the client.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from bench.procs import BenchError, Stack
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.stats import median, median_of, paired_ratios
+from loadgen.sse import DONE, frames
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,10 @@ async def _stream(
     async with session.post(url + "/v1/completions", json={**body, "stream": True}) as r:
         if r.status != 200:
             raise BenchError(f"/v1/completions answered {r.status}: {await r.text()}")
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: {"):
+        async for frame in frames(r.content.iter_any()):
+            if frame.data == DONE:
                 continue
-            for choice in json.loads(line[6:]).get("choices", []):
+            for choice in frame.json().get("choices", []):
                 i = choice["index"] + offset
                 now = (time.perf_counter() - t0) * 1000
                 if choice.get("text"):

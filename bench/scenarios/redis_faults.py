@@ -45,6 +45,7 @@ from bench.stats import median
 from llmq import keys
 from llmq.embedded import EmbeddedRedis
 from llmq.settings import WorkerSettings
+from loadgen.sse import DONE, frames
 from worker.model import GenerationRequest, MockModel
 
 TOKENS_PER_SECOND = 50.0
@@ -69,10 +70,8 @@ class Client:
 async def _native(c: httpx.AsyncClient, client: Client) -> None:
     try:
         async with c.stream("GET", f"/v1/requests/{client.rid}/events") as r:
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                event = json.loads(line[5:])
+            async for frame in frames(r.aiter_bytes()):
+                event = frame.json()
                 if event["type"] == "tokens":
                     now = time.monotonic()
                     for i, token in enumerate(event["tokens"]):
@@ -90,10 +89,10 @@ async def _openai(c: httpx.AsyncClient, client: Client, prompt: str, seed: int) 
     body = {"model": "mock", "prompt": prompt, "max_tokens": MAX_TOKENS, "seed": seed}
     try:
         async with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-            async for line in r.aiter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            async for frame in frames(r.aiter_bytes()):
+                if frame.data == DONE:
                     continue
-                chunk = json.loads(line[5:])
+                chunk = frame.json()
                 if "error" in chunk:
                     client.error = json.dumps(chunk["error"])[:200]
                     continue
