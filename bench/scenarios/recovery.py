@@ -36,17 +36,19 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
-from bench.procs import BenchError, Child, Stack, clean_env
+from bench.procs import BenchError, BenchProcess, Stack, clean_env
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median
+from cli.supervisor import wait_for
 from llmq.settings import WorkerSettings
+from loadgen.sse import DONE, frames
 from worker.model import GenerationRequest, MockModel
 
 #: Slack over ``lease_seconds`` allowed for the restart (sweep, wake-up, claim, load).
@@ -130,15 +132,12 @@ async def _consume(client: httpx.AsyncClient, s: Sizes, stream: Stream) -> None:
                 await response.aread()
                 stream.error = f"HTTP {response.status_code}: {response.text[:300]}"
                 return
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
+            async for frame in frames(response.aiter_bytes()):
                 arrived = time.monotonic()
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if frame.data == DONE:
                     stream.done = True
                     break
-                chunk = json.loads(data)
+                chunk = frame.json()
                 if "error" in chunk:
                     stream.error = json.dumps(chunk["error"])[:300]
                     continue
@@ -159,29 +158,30 @@ async def _consume(client: httpx.AsyncClient, s: Sizes, stream: Stream) -> None:
 
 
 async def _until(
-    condition: Callable[[], Awaitable[bool]],
+    condition: Callable[[], bool],
     what: str,
     tasks: list[asyncio.Task[None]],
-    children: list[Child],
+    watched: list[BenchProcess],
     timeout: float = 60.0,
 ) -> None:
-    """Poll ``condition``; fail early if a stream ended or a process exited."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        for task in tasks:
-            if task.done():
-                raise BenchError(f"a stream ended while waiting for {what}")
-        for child in children:
-            if not child.running():
-                raise BenchError(f"{child.name} exited while waiting for {what}:\n{child.tail()}")
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    """:func:`wait_for` ``condition``, failing early if a stream ended or a process exited.
+
+    It polls in a thread: the streams are read by this event loop meanwhile.
+    """
+
+    def ready() -> bool:
+        if condition():
+            return True
+        if any(task.done() for task in tasks):
+            raise BenchError(f"a stream ended while waiting for {what}")
+        return False
+
+    await asyncio.to_thread(wait_for, ready, timeout, what, *watched, interval=0.02)
 
 
-async def _registered(client: httpx.AsyncClient, pid: int) -> bool:
+def _registered(url: str, pid: int) -> bool:
     try:
-        response = await client.get("/v1/workers")
+        response = httpx.get(url + "/v1/workers", timeout=5.0)
     except httpx.HTTPError:
         return False
     return response.status_code == 200 and any(w.get("pid") == pid for w in response.json()["data"])
@@ -190,15 +190,12 @@ async def _registered(client: httpx.AsyncClient, pid: int) -> bool:
 async def _events(client: httpx.AsyncClient, rid: str) -> list[tuple[float, dict[str, Any]]]:
     """The request's whole event stream (native API): (written at, Unix s; event)."""
     out: list[tuple[float, dict[str, Any]]] = []
-    event_id: str | None = None
     async with client.stream("GET", f"/v1/requests/{rid}/events") as response:
         if response.status_code != 200:
             raise BenchError(f"GET /v1/requests/{rid}/events answered {response.status_code}")
-        async for line in response.aiter_lines():
-            if line.startswith("id:"):
-                event_id = line[3:].strip()
-            elif line.startswith("data:") and event_id is not None:
-                out.append((int(event_id.split("-")[0]) / 1000.0, json.loads(line[5:])))
+        async for frame in frames(response.aiter_bytes()):
+            if frame.id is not None:
+                out.append((int(frame.id.split("-")[0]) / 1000.0, frame.json()))
     return out
 
 
@@ -274,8 +271,8 @@ def _stall(
 
 
 async def _repeat(
-    stack: Stack, s: Sizes, victim: Child, env: dict[str, str], ctx: Context, i: int
-) -> tuple[dict[str, Any], Child]:
+    stack: Stack, s: Sizes, victim: BenchProcess, env: dict[str, str], ctx: Context, i: int
+) -> tuple[dict[str, Any], BenchProcess]:
     """Streams on ``victim``; start a survivor; SIGKILL the victim; follow the streams."""
     streams = [
         Stream(n, seed=1000 * (i + 1) + n, prompt=f"recovery probe {i} {n}")
@@ -289,7 +286,7 @@ async def _repeat(
             assert stack.api is not None
             watched.append(stack.api)
 
-            async def flowing() -> bool:
+            def flowing() -> bool:
                 return all(st.received >= 1 for st in streams)
 
             await _until(flowing, "every stream's first token", tasks, watched)
@@ -299,18 +296,18 @@ async def _repeat(
                     where = record.get("worker")
                     raise BenchError(f"stream {st.n} runs on {where}, not on the victim")
             spawned = time.monotonic()
-            survivor = Child(f"recovery-worker-{i + 2}", ["cli", "worker"], env, ctx.log_dir)
+            survivor = BenchProcess(f"recovery-worker-{i + 2}", ["cli", "worker"], env, ctx.log_dir)
             stack.workers.append(survivor)
             watched.append(survivor)
 
-            async def survivor_up() -> bool:
-                return await _registered(client, survivor.pid)
+            def survivor_up() -> bool:
+                return _registered(stack.url, survivor.pid)
 
             await _until(survivor_up, "the survivor to register", tasks, watched)
             survivor_ready_s = time.monotonic() - spawned
             tokens_at_ready = min(st.received for st in streams)
 
-            async def far_enough() -> bool:
+            def far_enough() -> bool:
                 return all(st.received >= s.kill_after_tokens for st in streams)
 
             await _until(far_enough, f"{s.kill_after_tokens} tokens per stream", tasks, watched)
