@@ -53,10 +53,6 @@ class BenchProcess(LoggedProcess):
         )
 
 
-#: The name ``bench.scenarios`` still use for :class:`BenchProcess`.
-Child = BenchProcess
-
-
 def _wait_healthy(url: str, what: str, process: BenchProcess) -> None:
     wait_for(lambda: http_status(url + "/healthz") == 200, READY_TIMEOUT, what, process)
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench import traffic
-from bench.procs import Child, Stack, clean_env
+from bench.procs import BenchProcess, Stack, clean_env
 from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.stats import describe_ms, median_of
@@ -67,7 +67,7 @@ def _figures(result: RunResult) -> dict[str, Any]:
     return out
 
 
-def _probe_result(probe: Child) -> dict[str, Any]:
+def _probe_result(probe: BenchProcess) -> dict[str, Any]:
     probe.popen.wait(60)
     probe.wait_stopped()
     lines = [line for line in probe.tail(4000).splitlines() if line.startswith("{")]
@@ -86,7 +86,7 @@ def run(ctx: Context) -> ScenarioResult:
         stack.scale(1, worker_env)
 
         def ours(i: int) -> dict[str, Any]:
-            probe = Child(
+            probe = BenchProcess(
                 f"health-probe-{i}",
                 ["bench.health_probe", stack.url + "/healthz", f"{burst_s + 2:.1f}"],
                 clean_env(),

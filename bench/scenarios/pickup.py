@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from arq.connections import ArqRedis, RedisSettings, create_pool
 
-from bench.procs import BenchError, Child, Stack, clean_env
+from bench.procs import BenchError, BenchProcess, Stack, clean_env
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.stats import describe_ms, median_of, paired_ratios
@@ -119,7 +119,9 @@ def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
     with Stack(ctx.log_dir) as stack:
         stack.scale(1, {})
-        arq = Child("stock-arq", ["bench.stock_arq", stack.redis.url], clean_env(), ctx.log_dir)
+        arq = BenchProcess(
+            "stock-arq", ["bench.stock_arq", stack.redis.url], clean_env(), ctx.log_dir
+        )
         try:
 
             def stock(i: int) -> dict[str, Any]:
