@@ -103,8 +103,8 @@ async def test_a_disconnect_cancels_every_choice(stack: RunningApi, redis: Redis
             "/v1/completions",
             json={"model": "mock", "prompt": "x", "n": 3, "max_tokens": 2000, "stream": True},
         ) as r:
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
+            async for frame in frames(r):
+                if frame.data.startswith("{"):
                     break
         ids = await request_ids(redis)
         assert len(ids) == 3

@@ -3,7 +3,6 @@ reasons clients know, text-only errors, ``models.retrieve``, the OpenAPI documen
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -14,7 +13,7 @@ from redis.asyncio import Redis
 from tests.support.exposition import value
 from tests.support.native import post_request, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
-from tests.support.sse import openai_chunks
+from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
 
 CHAT = [{"role": "user", "content": "hello there"}]
@@ -129,9 +128,9 @@ async def test_cancelled_and_timed_out_choices_end_with_abort(
             json={"model": "mock", "messages": CHAT, "max_tokens": 400, "stream": True},
         ) as r:
             chunks: list[Any] = []
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
-                    chunks.append(json.loads(line[6:]))
+            async for frame in frames(r):
+                if frame.data.startswith("{"):
+                    chunks.append(frame.json())
                     if len(chunks) == 3:  # role + two tokens: it runs
                         rid = chunks[0]["id"].removeprefix("chatcmpl-")
                         await client.delete(f"/v1/requests/{rid}")

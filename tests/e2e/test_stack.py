@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from collections.abc import Iterator
 
@@ -12,6 +11,7 @@ import openai
 import pytest
 
 from llmq.embedded import free_port
+from loadgen.sse import Frame
 from tests.support.processes import (
     Proc,
     alive,
@@ -21,6 +21,7 @@ from tests.support.processes import (
     reap,
     wait_for,
 )
+from tests.support.sse import frames
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,26 +115,18 @@ async def test_native_stream_cut_and_resumed(stack: tuple[str, Proc]) -> None:
                 "/v1/requests", json={"model": "mock", "prompt": "resume", "max_tokens": 30}
             )
         ).json()["id"]
-        seen: list[tuple[str, str]] = []
+        seen: list[Frame] = []
         async with http.stream("GET", f"/v1/requests/{rid}/events") as r:
-            event_id = ""
-            async for line in r.aiter_lines():
-                if line.startswith("id: "):
-                    event_id = line[4:]
-                elif line.startswith("data: "):
-                    seen.append((event_id, line[6:]))
-                    if len(seen) == 4:
-                        break
-        resumed: list[tuple[str, str]] = []
-        headers = {"Last-Event-ID": seen[-1][0]}
+            async for frame in frames(r):
+                seen.append(frame)
+                if len(seen) == 4:
+                    break
+        assert seen[-1].id is not None
+        headers = {"Last-Event-ID": seen[-1].id}
         async with http.stream("GET", f"/v1/requests/{rid}/events", headers=headers) as r:
-            async for line in r.aiter_lines():
-                if line.startswith("id: "):
-                    event_id = line[4:]
-                elif line.startswith("data: "):
-                    resumed.append((event_id, line[6:]))
-    events = [json.loads(d) for _, d in seen + resumed]
-    ids = [i for i, _ in seen + resumed]
+            resumed = [frame async for frame in frames(r)]
+    events = [f.json() for f in seen + resumed]
+    ids = [f.id for f in seen + resumed]
     assert len(set(ids)) == len(ids), "an event was repeated"
     assert events[-1]["type"] == "done"
     tokens = [e for e in events if e["type"] == "tokens"]
