@@ -6,6 +6,7 @@ import asyncio
 import io
 import itertools
 import sys
+import time
 
 import pytest
 from redis.asyncio import Redis
@@ -46,6 +47,7 @@ async def test_scale_in_under_running_streams_cuts_none(
     driver = LocalDriver(supervisor, spawn)
     api = await start_api()
     try:
+        ordered = time.monotonic()
         await driver.scale("mock", 2, ())
         assert driver.starting("mock", ()) == 2
 
@@ -53,6 +55,11 @@ async def test_scale_in_under_running_streams_cuts_none(
             return int(await redis.zcard(keys.WORKERS)) == 2
 
         await wait_until(registered, timeout=30, what="two workers")
+        seen = time.monotonic() - ordered
+        # measured to the worker's registration, not to when the driver noticed it
+        assert driver.starting("mock", tuple(await registry.live_workers(redis, 5.0))) == 0
+        startup = driver.startup_seconds()
+        assert startup is not None and 0 < startup < seen
         async with api.client() as client:
             started = [asyncio.Event(), asyncio.Event()]
             streams = [asyncio.create_task(stream_completion(client, TOKENS, e)) for e in started]
@@ -67,7 +74,6 @@ async def test_scale_in_under_running_streams_cuts_none(
             await wait_until(both_busy, timeout=10, what="each worker to run a stream")
             live = tuple(await registry.live_workers(redis, 5.0))
             assert driver.starting("mock", live) == 0
-            assert driver.startup_seconds() is not None
             await driver.scale("mock", 1, live)  # the victim is running a stream
             results = await asyncio.gather(*streams)
         assert [(len(text.split()), errors) for text, errors in results] == [(TOKENS, [])] * 2

@@ -105,13 +105,15 @@ class ClusterProbe:
         model: str,
         *,
         worker_ttl: float,
-        rate_window: float = 5.0,
+        rate_window: float = 10.0,
+        recent_window: float = 2.0,
         latency_window: float = 10.0,
     ) -> None:
         self.redis = redis
         self.model = model
         self.worker_ttl = worker_ttl
         self.rate_window = rate_window
+        self.recent_window = recent_window
         self.latency_window = latency_window
         self._history: deque[Snapshot] = deque()
 
@@ -145,8 +147,10 @@ class ClusterProbe:
                 return snap
         return self._history[-1]
 
-    def arrival_rate(self) -> float:
-        new, old = self._history[-1], self._since(self.rate_window)
+    def arrival_rate(self, window: float | None = None) -> float:
+        """Requests per second that entered over ``window`` (default: the rate window;
+        the law also reads the recent window, where a rise shows first)."""
+        new, old = self._history[-1], self._since(window or self.rate_window)
         span = new.at - old.at
         if span <= 0:
             return 0.0
