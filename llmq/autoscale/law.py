@@ -12,7 +12,10 @@ at 5 req/s is ±14 %) does not order a worker that the next window takes back.
 
 **Backlog** (the fast path of a step): ``Q`` requests are queued. If the live
 workers keep up with ``λ`` and their spare slots drain ``Q`` within the TTFT
-objective, nothing is needed. Otherwise new workers are needed, and they arrive
+objective, nothing is needed, unless a step shows: the recent rate exceeds the
+live slots and at least one request per live worker is queued (``λ`` lags a step
+by half its window; the recent rate alone is too noisy to act on, the queue
+confirms it). Otherwise new workers are needed, and they arrive
 only after the start-up time ``L``; meanwhile the queue grows by what arrives
 beyond the live capacity. The arrival rate for that projection is the recent one
 (``λ_recent``, a 2 s window, when it is above ``λ``): a rising rate shows there
@@ -142,14 +145,18 @@ def backlog_slots(settings: LawSettings, s: Signals, S: float) -> float:
     if s.queued <= 0:
         return 0.0
     live = float(s.ready * s.concurrency)
+    recent = s.arrival_rate if s.arrival_rate_recent is None else s.arrival_rate_recent
     spare = live - s.arrival_rate * S
-    if spare > 0 and s.queued * S / spare <= settings.slo_ttft_seconds:
+    # a step: the recent rate is beyond what is live and a queue as deep as the
+    # worker count stands (the recent rate alone is too noisy to act on)
+    saturated = settings.project_backlog and recent * S > live and s.queued >= s.ready
+    if not saturated and spare > 0 and s.queued * S / spare <= settings.slo_ttft_seconds:
         return 0.0
     L = settings.startup_seconds
     if not settings.project_backlog:
         drain = max(settings.slo_ttft_seconds, L + S)
         return s.arrival_rate * S + min(s.queued * S / drain, float(s.queued))
-    rate = max(s.arrival_rate, s.arrival_rate_recent or 0.0)
+    rate = max(s.arrival_rate, recent)
     at_arrival = s.queued + max(rate * S - live, 0.0) / S * L
     drain = max(settings.slo_ttft_seconds - L, S)
     return rate * S + min(at_arrival * S / drain, at_arrival)
