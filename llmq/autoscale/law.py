@@ -6,14 +6,15 @@ arriving at ``λ`` per second keep ``λ·S`` slots busy on average.
 
 **Load** (``λ`` over a long window, 10 s): the target is ``λ·S·(1 + headroom)``
 slots. It scales *up* only when ``λ·S·(1 + headroom - dead_band)`` exceeds the
-slots ordered, and *down* only when the target fits in fewer workers: between the
-two is a dead band, so the noise of a measured rate at a steady load (a 10 s count
-at 5 req/s is ±14 %) does not order a worker that the next window takes back.
+slots ordered, and *down* only when ``λ·S·(1 + headroom + dead_band)`` fits in
+fewer workers: between the two is a dead band, so the noise of a measured rate at
+a steady load (a 10 s count at 5.6 req/s is ±13 %) neither orders a worker that the
+next window takes back nor stops one the next window orders again.
 
 **Backlog** (the fast path of a step): ``Q`` requests are queued. If the live
 workers keep up with ``λ`` and their spare slots drain ``Q`` within the TTFT
 objective, nothing is needed, unless a step shows: the recent rate exceeds the
-live slots and at least one request per live worker is queued (``λ`` lags a step
+live slots and at least as many requests as live slots are queued (``λ`` lags a step
 by half its window; the recent rate alone is too noisy to act on, the queue
 confirms it). Otherwise new workers are needed, and they arrive
 only after the start-up time ``L``; meanwhile the queue grows by what arrives
@@ -132,12 +133,13 @@ def _workers(slots: float, concurrency: int) -> int:
 
 
 def load_workers(settings: LawSettings, s: Signals) -> int:
-    """Workers for the load alone, at the higher of the two rates: what the
-    scale-down window remembers (a backlog's overshoot is not kept)."""
+    """Workers the load keeps from a scale-down: its target with the headroom plus the
+    dead band (the band's other side), and what the scale-down window remembers (a
+    backlog's overshoot is not kept)."""
     if s.service_seconds is None or s.service_seconds <= 0:
         return _workers(float(s.running + s.queued), s.concurrency)
-    rate = max(s.arrival_rate, s.arrival_rate_recent or 0.0)
-    return _workers(rate * s.service_seconds * (1 + settings.headroom), s.concurrency)
+    kept = s.arrival_rate * s.service_seconds * (1 + settings.headroom + settings.dead_band)
+    return _workers(kept, s.concurrency)
 
 
 def backlog_slots(settings: LawSettings, s: Signals, S: float) -> float:
@@ -147,9 +149,9 @@ def backlog_slots(settings: LawSettings, s: Signals, S: float) -> float:
     live = float(s.ready * s.concurrency)
     recent = s.arrival_rate if s.arrival_rate_recent is None else s.arrival_rate_recent
     spare = live - s.arrival_rate * S
-    # a step: the recent rate is beyond what is live and a queue as deep as the
-    # worker count stands (the recent rate alone is too noisy to act on)
-    saturated = settings.project_backlog and recent * S > live and s.queued >= s.ready
+    # a step: the recent rate is beyond what is live and a queue as long as the live
+    # slots stands (the recent rate alone is too noisy to act on)
+    saturated = settings.project_backlog and recent * S > live and s.queued >= max(live, 1)
     if not saturated and spare > 0 and s.queued * S / spare <= settings.slo_ttft_seconds:
         return 0.0
     L = settings.startup_seconds
