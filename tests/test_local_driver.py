@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import subprocess
 import sys
 import time
 
@@ -88,3 +89,18 @@ async def test_scale_in_under_running_streams_cuts_none(
     finally:
         await driver.close()
         await supervisor.close()
+
+
+def test_a_worker_start_does_not_import_the_load_generator() -> None:
+    """numpy and the loadgen package cost about 0.3 s of CPU, paid by every worker a
+    scale-up starts, for flags that only ``llmq loadgen`` has."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cli", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
+    assert "llmq worker" in out.stdout.replace("usage: llmq worker", "llmq worker")
+    assert not imported & {"numpy", "loadgen"}, sorted(imported & {"numpy", "loadgen"})
