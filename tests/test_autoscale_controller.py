@@ -164,6 +164,11 @@ async def test_arrivals_are_the_enqueues_of_the_model_at_once(
     probe = ClusterProbe(redis, "mock", worker_ttl=5.0)
     await probe.snapshot()
     async with api.client() as client:
+
+        async def ready() -> bool:  # the API has seen the worker
+            return (await client.get("/readyz")).status_code == 200
+
+        await wait_until(ready, timeout=10, what="/readyz with a worker")
         rids = [await submit(client, max_tokens=2) for _ in range(4)]
         for rid in rids:
             await wait_status(client, rid, "done")
