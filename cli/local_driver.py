@@ -46,13 +46,15 @@ class LocalDriver:
     def starting(self, model: str, live: tuple[WorkerInfo, ...]) -> int:
         pids = self._live_pids(live)
         count = 0
-        now = time.monotonic()
+        # the worker's entry says when it registered (wall clock): the start-up is
+        # measured to that instant, not to the control period that noticed it
+        wall_offset = time.time() - time.monotonic()
         for child in self.active():
             pid = child.pid
             if pid in pids:
                 if pid not in self._registered:
-                    self._registered[pid] = now
-                    took = now - child.started_at
+                    took = max(pids[pid].started_at - (child.started_at + wall_offset), 0.0)
+                    self._registered[pid] = took
                     self._startup = (
                         took if self._startup is None else 0.7 * self._startup + 0.3 * took
                     )

@@ -283,6 +283,13 @@ class ControllerSettings(CommonSettings):
     scale_headroom: float = Field(
         0.2, ge=0, le=5, description="Spare capacity ordered above the measured load (0.2: 20%)."
     )
+    scale_dead_band: float = Field(
+        0.15,
+        ge=0,
+        le=5,
+        description="Dead band below the headroom: the load term scales up only when the "
+        "load plus (headroom - dead band) exceeds what is ordered.",
+    )
     worker_startup_seconds: float = Field(
         5.0,
         ge=0,

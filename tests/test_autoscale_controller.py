@@ -15,7 +15,7 @@ from llmq import keys, metrics
 from llmq.autoscale.controller import Controller
 from llmq.autoscale.drivers import PublishDriver
 from llmq.autoscale.lease import LeaderLease
-from llmq.autoscale.signals import Snapshot
+from llmq.autoscale.signals import ClusterProbe, Snapshot
 from llmq.autoscale.state import autoscaled
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
@@ -152,3 +152,27 @@ async def test_a_model_without_workers_is_accepted_while_autoscaled(
         finally:
             stop.set()
             await run
+
+
+async def test_arrivals_are_the_enqueues_of_the_model_at_once(
+    redis_url: str, redis: Redis, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    """Counted from the enqueue script's lifecycle entries, not from the metric totals:
+    requests that already finished count at once, before their worker's next flush."""
+    api = await start_api()
+    await start_worker()
+    probe = ClusterProbe(redis, "mock", worker_ttl=5.0)
+    await probe.snapshot()
+    async with api.client() as client:
+
+        async def ready() -> bool:  # the API has seen the worker
+            return (await client.get("/readyz")).status_code == 200
+
+        await wait_until(ready, timeout=10, what="/readyz with a worker")
+        rids = [await post_request(client, max_tokens=2) for _ in range(4)]
+        for rid in rids:
+            await wait_status(client, rid, "done")
+        await redis.xadd(keys.LIFECYCLE, {"event": "queued", "model": "other", "data": "{}"})
+        await probe.snapshot()
+    assert probe.arrived(60.0) == 4
+    assert probe.arrival_rate(60.0) > 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
+import subprocess
 import sys
+import time
 
 import pytest
 from redis.asyncio import Redis
@@ -46,6 +48,7 @@ async def test_scale_in_under_running_streams_cuts_none(
     driver = LocalDriver(supervisor, spawn)
     api = await start_api()
     try:
+        ordered = time.monotonic()
         await driver.scale("mock", 2, ())
         assert driver.starting("mock", ()) == 2
 
@@ -53,6 +56,11 @@ async def test_scale_in_under_running_streams_cuts_none(
             return int(await redis.zcard(keys.WORKERS)) == 2
 
         await wait_until(registered, timeout=30, what="two workers")
+        seen = time.monotonic() - ordered
+        # measured to the worker's registration, not to when the driver noticed it
+        assert driver.starting("mock", tuple(await registry.live_workers(redis, 5.0))) == 0
+        startup = driver.startup_seconds()
+        assert startup is not None and 0 < startup < seen
         async with api.client() as client:
             started = [asyncio.Event(), asyncio.Event()]
             streams = [asyncio.create_task(stream_completion(client, TOKENS, e)) for e in started]
@@ -67,7 +75,6 @@ async def test_scale_in_under_running_streams_cuts_none(
             await wait_until(both_busy, timeout=10, what="each worker to run a stream")
             live = tuple(await registry.live_workers(redis, 5.0))
             assert driver.starting("mock", live) == 0
-            assert driver.startup_seconds() is not None
             await driver.scale("mock", 1, live)  # the victim is running a stream
             results = await asyncio.gather(*streams)
         assert [(len(text.split()), errors) for text, errors in results] == [(TOKENS, [])] * 2
@@ -82,3 +89,18 @@ async def test_scale_in_under_running_streams_cuts_none(
     finally:
         await driver.close()
         await supervisor.close()
+
+
+def test_a_worker_start_does_not_import_the_load_generator() -> None:
+    """numpy and the loadgen package cost about 0.3 s of CPU, paid by every worker a
+    scale-up starts, for flags that only ``llmq loadgen`` has."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cli", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
+    assert "llmq worker" in out.stdout.replace("usage: llmq worker", "llmq worker")
+    assert not imported & {"numpy", "loadgen"}, sorted(imported & {"numpy", "loadgen"})

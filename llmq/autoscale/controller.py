@@ -41,6 +41,7 @@ def law_settings(settings: ControllerSettings, bounds: tuple[int, int]) -> LawSe
         slo_ttft_seconds=settings.slo_ttft_ms / 1000,
         slo_tpot_seconds=settings.slo_tpot_ms / 1000,
         headroom=settings.scale_headroom,
+        dead_band=settings.scale_dead_band,
         down_window_seconds=settings.scale_down_window_seconds,
         idle_to_zero_seconds=settings.scale_to_zero_seconds,
         startup_seconds=settings.worker_startup_seconds,
@@ -128,6 +129,7 @@ class Controller:
             starting=starting,
             ttft_p90_seconds=probe.p90("ttft"),
             tpot_p90_seconds=probe.p90("tpot"),
+            arrival_rate_recent=probe.arrival_rate(probe.recent_window),
         )
         decision = law.decide(signals, time.monotonic())
         if decision.direction != "none":
@@ -156,8 +158,8 @@ class Controller:
     async def _record(self, model: str, decision: Decision, s: Signals) -> None:
         ordered = s.ready + s.starting
         log.info(
-            "scale %s %s: %d -> %d workers (%s; queued %d, running %d, arrivals %.2f/s, "
-            "service %s, ready %d, starting %d)",
+            "scale %s %s: %d -> %d workers (%s; queued %d, running %d, arrivals %.2f/s "
+            "(recent %.2f/s), service %s, ready %d, starting %d)",
             model,
             decision.direction,
             ordered,
@@ -166,6 +168,7 @@ class Controller:
             s.queued,
             s.running,
             s.arrival_rate,
+            s.arrival_rate if s.arrival_rate_recent is None else s.arrival_rate_recent,
             "unmeasured" if s.service_seconds is None else f"{s.service_seconds:.2f}s",
             s.ready,
             s.starting,

@@ -2,15 +2,35 @@
 
 A worker has ``concurrency`` slots; a request holds one slot for its service time
 ``S`` (prefill + decode, measured from the cluster). By Little's law, requests
-arriving at ``λ`` per second keep ``λ·S`` slots busy on average, so the load term
-orders ``λ·S·(1 + headroom)`` slots. Requests already waiting need slots too:
-each of the ``Q`` queued requests holds a slot for ``S``; draining them within
-``T = max(slo_ttft, L + S)`` (no sooner than a new worker, with start-up time
-``L``, can serve one) takes ``Q·S/T`` slots (at most one each), which the
-headroom covers up to its size: ``slots = max(λ·S·(1 + headroom), λ·S + Q·S/T)``.
-The slots running now are a floor (a busy worker is not stopped), not added: at
-saturation running equals capacity, and adding it would grow on every queued
-request. Desired workers = ``ceil(slots / concurrency)``.
+arriving at ``λ`` per second keep ``λ·S`` slots busy on average.
+
+**Load** (``λ`` over a long window, 10 s): the target is ``λ·S·(1 + headroom)``
+slots. It scales *up* only when ``λ·S·(1 + headroom - dead_band)`` exceeds the
+slots ordered, and *down* only when ``λ·S·(1 + headroom + dead_band)`` fits in
+fewer workers: between the two is a dead band, so the noise of a measured rate at
+a steady load (a 10 s count at 5.6 req/s is ±13 %) neither orders a worker that the
+next window takes back nor stops one the next window orders again.
+
+**Backlog** (the fast path of a step): ``Q`` requests are queued. If the live
+workers keep up with ``λ`` and their spare slots drain ``Q`` within the TTFT
+objective, nothing is needed, unless a step shows: the recent rate exceeds the
+live slots and at least as many requests as live slots are queued (``λ`` lags a step
+by half its window; the recent rate alone is too noisy to act on, the queue
+confirms it). Otherwise new workers are needed, and they arrive
+only after the start-up time ``L``; meanwhile the queue grows by what arrives
+beyond the live capacity. The arrival rate for that projection is the recent one
+(``λ_recent``, a 2 s window, when it is above ``λ``): a rising rate shows there
+first, so the trend is projected over the start-up instead of the long mean:
+
+    Q_L   = Q + max(λ_recent·S - live_slots, 0) / S · L     backlog when they arrive
+    D     = max(slo_ttft - L, S)                            time left to drain it
+    slots = λ_recent·S + min(Q_L·S / D, Q_L)
+
+When ``L`` is most of the objective, ``D`` is short and the order overshoots the
+load (every backlogged request gets a slot at once); the overshoot is not kept:
+the scale-down window remembers only the load term, so once the backlog is served
+the target falls back to the load in one worker per period. The slots running now
+are a floor (a busy worker is not stopped), not a term.
 
 Before any service time has been measured (a cold cluster, or scale from zero),
 every request in the system gets a slot: ``running + queued``.
@@ -28,9 +48,10 @@ Dynamics:
 - **Scale up at once**: a desired count above what is ordered (live + starting)
   is ordered in the same control period. Starting workers count as capacity on
   its way, so a slow start does not make the controller order again and again.
-- **Scale down slowly**: the target falls only to the highest desired count of
-  the last ``down_window`` seconds (HPA's stabilization window), and one worker
-  per period, so a noisy or bursty load does not make it flap.
+- **Scale down slowly**: the target falls only to the highest load-term count of
+  the last ``down_window`` seconds (HPA's stabilization window), one worker per
+  period, never while a worker is starting, so a noisy or bursty load does not
+  make it flap.
 - **Bounds**: ``min_workers <= target <= max_workers``.
 - **Scale to zero** (``min_workers == 0``): the last worker goes only after the
   model was idle (nothing queued or running, no arrivals) for ``idle_to_zero``
@@ -54,12 +75,17 @@ class LawSettings:
     slo_ttft_seconds: float
     slo_tpot_seconds: float
     headroom: float = 0.2
+    #: The load term scales up only above ``headroom - dead_band`` (0: no dead band).
+    dead_band: float = 0.15
     down_window_seconds: float = 30.0
     idle_to_zero_seconds: float = 60.0
     startup_seconds: float = 5.0
     #: The latency measurements' window: after an upward action, the feedback waits
     #: this long, until what it measures was served by the new capacity.
     feedback_window_seconds: float = 10.0
+    #: Project the backlog over the start-up at the recent arrival rate and drain it
+    #: within the objective (False: drain it within ``max(slo, L + S)``, no projection).
+    project_backlog: bool = True
 
 
 @dataclass(frozen=True)
@@ -68,7 +94,7 @@ class Signals:
 
     queued: int
     running: int
-    #: Requests per second entering the system (recent window).
+    #: Requests per second entering the system (long window).
     arrival_rate: float
     #: Mean time a request holds a slot (prefill + decode), None until measured.
     service_seconds: float | None
@@ -80,6 +106,8 @@ class Signals:
     starting: int = 0
     ttft_p90_seconds: float | None = None
     tpot_p90_seconds: float | None = None
+    #: Requests per second over the last few seconds (None: as ``arrival_rate``).
+    arrival_rate_recent: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,26 +128,63 @@ class Policy(Protocol):
     def decide(self, s: Signals, now: float) -> Decision: ...
 
 
-def wanted(settings: LawSettings, s: Signals, *, feedback: bool = True) -> tuple[int, str]:
+def _workers(slots: float, concurrency: int) -> int:
+    return math.ceil(slots / max(concurrency, 1) - 1e-9)
+
+
+def load_workers(settings: LawSettings, s: Signals) -> int:
+    """Workers the load keeps from a scale-down: its target with the headroom plus the
+    dead band (the band's other side), and what the scale-down window remembers (a
+    backlog's overshoot is not kept)."""
+    if s.service_seconds is None or s.service_seconds <= 0:
+        return _workers(float(s.running + s.queued), s.concurrency)
+    kept = s.arrival_rate * s.service_seconds * (1 + settings.headroom + settings.dead_band)
+    return _workers(kept, s.concurrency)
+
+
+def backlog_slots(settings: LawSettings, s: Signals, S: float) -> float:
+    """Slots that serve the queue within the objective, 0 if the live workers do."""
+    if s.queued <= 0:
+        return 0.0
+    live = float(s.ready * s.concurrency)
+    recent = s.arrival_rate if s.arrival_rate_recent is None else s.arrival_rate_recent
+    spare = live - s.arrival_rate * S
+    # a step: the recent rate is beyond what is live and a queue as long as the live
+    # slots stands (the recent rate alone is too noisy to act on)
+    saturated = settings.project_backlog and recent * S > live and s.queued >= max(live, 1)
+    if not saturated and spare > 0 and s.queued * S / spare <= settings.slo_ttft_seconds:
+        return 0.0
+    L = settings.startup_seconds
+    if not settings.project_backlog:
+        drain = max(settings.slo_ttft_seconds, L + S)
+        return s.arrival_rate * S + min(s.queued * S / drain, float(s.queued))
+    rate = max(s.arrival_rate, recent)
+    at_arrival = s.queued + max(rate * S - live, 0.0) / S * L
+    drain = max(settings.slo_ttft_seconds - L, S)
+    return rate * S + min(at_arrival * S / drain, at_arrival)
+
+
+def wanted(
+    settings: LawSettings, s: Signals, ordered: int | None = None, *, feedback: bool = True
+) -> tuple[int, str]:
     """Desired workers for ``s`` and the term that decided it (unbounded, unstabilized);
+    ``ordered``: workers ordered now (default ready + starting), for the dead band;
     ``feedback``: whether the latency measurements may add a worker."""
     S = s.service_seconds
+    if ordered is None:
+        ordered = s.ready + s.starting
     if S is None or S <= 0:
-        slots = float(s.running + s.queued)
-        reason = "backlog"
+        workers, reason = _workers(float(s.running + s.queued), s.concurrency), "backlog"
     else:
         offered = s.arrival_rate * S
-        drain = max(settings.slo_ttft_seconds, settings.startup_seconds + S)
-        backlog = min(s.queued * S / drain, float(s.queued))
-        # the headroom absorbs a small backlog (the queue of a random arrival
-        # process); only a backlog beyond it orders more. What runs now is a floor
-        # (never stop a busy worker), not a reason to grow: at saturation running
-        # equals capacity, and growing on it would chase noise.
-        steady = max(offered * (1 + settings.headroom), float(s.running))
-        slots = max(steady, offered + backlog)
-        reason = "backlog" if offered + backlog > steady else "load"
-    workers = math.ceil(slots / max(s.concurrency, 1) - 1e-9)
-    ordered = s.ready + s.starting
+        load = _workers(offered * (1 + settings.headroom), s.concurrency)
+        trigger = _workers(offered * (1 + settings.headroom - settings.dead_band), s.concurrency)
+        if load > ordered and trigger <= ordered:
+            load = ordered  # inside the dead band: hold
+        floor = _workers(float(s.running), s.concurrency)
+        backlog = _workers(backlog_slots(settings, s, S), s.concurrency)
+        workers = max(load, floor, backlog)
+        reason = "backlog" if backlog > max(load, floor) else "load"
     if feedback and s.starting == 0 and s.ready > 0:
         if (
             s.queued > 0
@@ -139,7 +204,7 @@ def wanted(settings: LawSettings, s: Signals, *, feedback: bool = True) -> tuple
 
 
 class ControlLaw:
-    """The law with its memory: the desired counts of the scale-down window, idle time."""
+    """The law with its memory: the load counts of the scale-down window, idle time."""
 
     def __init__(self, settings: LawSettings) -> None:
         self.settings = settings
@@ -167,20 +232,24 @@ class ControlLaw:
             return desired, "activation"
         return desired, reason
 
+    def _bounded(self, desired: int) -> int:
+        return min(max(desired, self.settings.min_workers), self.settings.max_workers)
+
     def decide(self, s: Signals, now: float) -> Decision:
         cfg = self.settings
         if self._since is None:
             self._since = now
         ordered = s.ready + s.starting
         feedback = now - self._last_up >= cfg.feedback_window_seconds
-        desired, reason = wanted(cfg, s, feedback=feedback)
+        desired, reason = wanted(cfg, s, ordered, feedback=feedback)
 
         desired, reason = self._idle_or_activation(s, now, desired, reason)
-        bounded = min(max(desired, cfg.min_workers), cfg.max_workers)
+        # the window remembers the load, not a backlog's overshoot or a busy floor
+        remembered = load_workers(cfg, s) if reason in ("backlog", "load") else desired
+        self._history.append((now, self._bounded(remembered)))
+        bounded = self._bounded(desired)
         if bounded != desired:
             desired, reason = bounded, "bounds"
-
-        self._history.append((now, desired))
         while self._history and now - self._history[0][0] > cfg.down_window_seconds:
             self._history.popleft()
 

@@ -1,11 +1,12 @@
 """What the autoscaler reads from the cluster: queue, running set, registry, metric totals.
 
 Nothing here is new state: the queue and running set are the model's own keys,
-the workers are the registry, and rates and latencies are differences between
-snapshots of the cluster-wide metric totals that every process flushes
-(:mod:`llmq.metrics`). The arrival rate is what entered the system: completions
-plus the growth of queued + running over the window (conservation), so it needs
-no per-request counter of its own.
+the workers are the registry, latencies and the service time are differences
+between snapshots of the cluster-wide metric totals that every process flushes
+(:mod:`llmq.metrics`). The arrival rate counts the ``queued`` entries of the
+lifecycle stream (written by the enqueue script itself, stamped by Redis), read
+incrementally from a cursor: exact to the millisecond, where the metric totals lag
+by their 1 s flush, which makes a 2 s rate from them swing by half.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from llmq import keys, metrics, registry
 from llmq.queue import as_str
 from llmq.schema import WorkerInfo
 
-#: Finished outcomes that left the system (a 429 never entered it).
-_LEFT = frozenset({"stop", "length", "cancelled", "timeout", "error"})
+#: Most stream entries one read takes (the rest come with the next read).
+_READ = 5000
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,6 @@ class Snapshot:
     at: float
     queued: int
     running: int
-    completed: float
     #: (sum, count) of prefill + decode seconds, cumulative.
     service: tuple[float, float]
     #: Per-bucket (not cumulative) counts of TTFT and TPOT, cumulative over time.
@@ -57,9 +57,8 @@ def _diff(new: dict[float, float], old: dict[float, float]) -> dict[float, float
 
 async def _totals(
     redis: Redis, model: str
-) -> tuple[float, tuple[float, float], dict[str, dict[float, float]]]:
+) -> tuple[tuple[float, float], dict[str, dict[float, float]]]:
     families: tuple[metrics.Family, ...] = (
-        metrics.REQUESTS,
         metrics.PREFILL_TIME,
         metrics.DECODE_TIME,
         metrics.TTFT,
@@ -69,7 +68,6 @@ async def _totals(
     for family in families:
         pipe.hgetall(keys.metric(family.name))
     replies = await pipe.execute()
-    completed = 0.0
     service_sum = service_count = 0.0
     buckets: dict[str, dict[float, float]] = {metrics.TTFT.name: {}, metrics.TPOT.name: {}}
     for family, reply in zip(families, replies, strict=True):
@@ -77,12 +75,9 @@ async def _totals(
             parsed = metrics.parse_field(as_str(raw))
             if parsed is None or not parsed[1] or parsed[1][0] != model:
                 continue
-            kind, labels = parsed
+            kind = parsed[0]
             amount = float(value)
-            if family is metrics.REQUESTS:
-                if len(labels) == 2 and labels[1] in _LEFT:
-                    completed += amount
-            elif family in (metrics.PREFILL_TIME, metrics.DECODE_TIME):
+            if family in (metrics.PREFILL_TIME, metrics.DECODE_TIME):
                 if kind == "sum":
                     service_sum += amount
                 elif kind == "count" and family is metrics.DECODE_TIME:
@@ -93,7 +88,7 @@ async def _totals(
                 except ValueError:
                     continue
                 buckets[family.name][bound] = amount
-    return completed, (service_sum, service_count), buckets
+    return (service_sum, service_count), buckets
 
 
 class ClusterProbe:
@@ -105,28 +100,58 @@ class ClusterProbe:
         model: str,
         *,
         worker_ttl: float,
-        rate_window: float = 5.0,
+        rate_window: float = 10.0,
+        recent_window: float = 2.0,
         latency_window: float = 10.0,
     ) -> None:
         self.redis = redis
         self.model = model
         self.worker_ttl = worker_ttl
         self.rate_window = rate_window
+        self.recent_window = recent_window
         self.latency_window = latency_window
         self._history: deque[Snapshot] = deque()
+        #: Redis times (ms) of this model's arrivals in the rate window, and the
+        #: stream cursor and Redis time (ms) of the last read.
+        self._arrivals: deque[int] = deque()
+        self._cursor: str | None = None
+        self._now_ms = 0
+        self._first_ms: int | None = None
+
+    async def _read_arrivals(self) -> None:
+        seconds, micros = await self.redis.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if self._cursor is None:
+            self._cursor, self._first_ms = f"{now_ms}-0", now_ms
+        while True:
+            entries = await self.redis.xrange(
+                keys.LIFECYCLE, min=f"({self._cursor}", max="+", count=_READ
+            )
+            for raw_id, fields in entries:
+                entry = {as_str(k): as_str(v) for k, v in fields.items()}
+                if entry.get("event") == "queued" and entry.get("model") == self.model:
+                    self._arrivals.append(int(as_str(raw_id).split("-")[0]))
+            if entries:
+                self._cursor = as_str(entries[-1][0])
+            if len(entries) < _READ:
+                break
+        self._now_ms = now_ms
+        keep_ms = int(max(self.rate_window, self.recent_window) * 1000)
+        while self._arrivals and self._arrivals[0] <= now_ms - keep_ms:
+            self._arrivals.popleft()
 
     async def snapshot(self) -> Snapshot:
+        await self._read_arrivals()
         pipe = self.redis.pipeline(transaction=False)
         pipe.zcard(keys.queue(self.model))
         pipe.zcard(keys.running(self.model))
         queued, running = await pipe.execute()
         workers = await registry.live_workers(self.redis, self.worker_ttl)
-        completed, service, buckets = await _totals(self.redis, self.model)
+        service, buckets = await _totals(self.redis, self.model)
         snap = Snapshot(
             at=time.monotonic(),
             queued=int(queued),
             running=int(running),
-            completed=completed,
             service=service,
             ttft=buckets[metrics.TTFT.name],
             tpot=buckets[metrics.TPOT.name],
@@ -145,17 +170,22 @@ class ClusterProbe:
                 return snap
         return self._history[-1]
 
-    def arrival_rate(self) -> float:
-        new, old = self._history[-1], self._since(self.rate_window)
-        span = new.at - old.at
-        if span <= 0:
-            return 0.0
-        entered = (
-            (new.completed - old.completed)
-            + (new.queued + new.running)
-            - (old.queued + old.running)
-        )
-        return max(entered / span, 0.0)
+    def arrived(self, window: float) -> int:
+        """This model's requests enqueued in the last ``window`` seconds (Redis time)."""
+        since = self._now_ms - int(window * 1000)
+        count = 0
+        for t in reversed(self._arrivals):
+            if t <= since:
+                break
+            count += 1
+        return count
+
+    def arrival_rate(self, window: float | None = None) -> float:
+        """Requests per second that entered over ``window`` (default: the rate window;
+        the law also reads the recent window, where a rise shows first)."""
+        window = window or self.rate_window
+        span_ms = min(window * 1000, self._now_ms - (self._first_ms or self._now_ms))
+        return self.arrived(window) * 1000 / span_ms if span_ms > 0 else 0.0
 
     def service_seconds(self) -> float | None:
         new, old = self._history[-1], self._since(self.latency_window)
