@@ -62,6 +62,7 @@ from llmq.streams import published_tokens
 from worker.model import (
     GenerationRequest,
     Model,
+    SteppedModel,
     Token,
     ToolCallStart,
     capabilities_of,
@@ -383,36 +384,46 @@ class RequestRunner:
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         loop = asyncio.get_running_loop()
+
+        def take(out: str) -> None:
+            """One output of the model: queued for the flush, no await."""
+            if isinstance(out, ToolCallStart):
+                # Before its argument tokens, in stream order; not a token itself.
+                event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
+                # Not awaited: a failed write surfaces with the tokens' flush.
+                written = self.publisher.post(rid, event)
+                written.add_done_callback(lambda f: f.cancelled() or f.exception())
+                return
+            now = time.time()
+            if isinstance(out, Token):
+                self.publisher.token(rid, progress.produced, str(out), out.logprob)
+            else:
+                self.publisher.token(rid, progress.produced, out)
+            progress.produced += 1
+            if progress.first_at is None:
+                # No ITL across the gap between runs; and a resumed request's
+                # first token reached its readers in an earlier run.
+                progress.first_at = now
+                if not progress.resumed:
+                    # Noted once the token's flush is under way: not on its path.
+                    loop.call_soon(self._note_first_token, payload, now)
+            else:
+                observe(itl, now - progress.last_at, model)
+            progress.last_at = now
+
         # The generation timeout, or the job timeout's deadline if that comes first.
         deadline = loop.time() + payload.generation_timeout
         if progress.deadline is not None and progress.deadline < deadline:
             deadline, progress.by_job_timeout = progress.deadline, True
         try:
             async with asyncio.timeout_at(deadline):
-                async for out in self.model.generate(request):
-                    if isinstance(out, ToolCallStart):
-                        # Before its argument tokens, in stream order; not a token itself.
-                        event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
-                        # Not awaited: a failed write surfaces with the tokens' flush.
-                        written = self.publisher.post(rid, event)
-                        written.add_done_callback(lambda f: f.cancelled() or f.exception())
-                        continue
-                    now = time.time()
-                    if isinstance(out, Token):
-                        self.publisher.token(rid, progress.produced, str(out), out.logprob)
-                    else:
-                        self.publisher.token(rid, progress.produced, out)
-                    progress.produced += 1
-                    if progress.first_at is None:
-                        # No ITL across the gap between runs; and a resumed request's
-                        # first token reached its readers in an earlier run.
-                        progress.first_at = now
-                        if not progress.resumed:
-                            # Noted once the token's flush is under way: not on its path.
-                            loop.call_soon(self._note_first_token, payload, now)
-                    else:
-                        observe(itl, now - progress.last_at, model)
-                    progress.last_at = now
+                if isinstance(self.model, SteppedModel):
+                    # Tokens arrive by callback from the model's step loop: no wake-up
+                    # of this task per token.
+                    await self.model.generate_into(request, take)
+                else:
+                    async for out in self.model.generate(request):
+                        take(out)
         except TimeoutError:
             return "timeout"
         return "length" if progress.produced >= params.max_tokens else "stop"
