@@ -1,7 +1,9 @@
-"""The runner starts the model before its bookkeeping, yet "started" still comes first."""
+"""The runner starts the model before its bookkeeping, yet "started" still comes first; a
+backend with its own step loop hands tokens over by callback."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -9,7 +11,7 @@ from redis.asyncio import Redis
 
 from llmq.schema import DoneEvent, StartedEvent, TokensEvent
 from tests.test_resume import payload, stream_events
-from worker.model import GenerationRequest, count_tokens
+from worker.model import Emit, GenerationRequest, count_tokens
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
 
@@ -42,4 +44,31 @@ async def test_started_precedes_tokens_a_model_yields_at_once(redis: Redis) -> N
         [" t1"],
         [" t2"],
     ]
+    assert isinstance(events[-1], DoneEvent) and events[-1].finish_reason == "length"
+
+
+class CallbackModel(EagerModel):
+    """A backend with its own step loop: tokens come by callback; iterating is refused."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        raise AssertionError("a stepped backend is not iterated")
+        yield ""  # pragma: no cover
+
+    async def generate_into(self, request: GenerationRequest, emit: Emit) -> None:
+        for i in range(request.max_tokens):
+            await asyncio.sleep(0)
+            emit(f" s{i}")
+
+
+async def test_a_stepped_backend_hands_its_tokens_over_by_callback(redis: Redis) -> None:
+    publisher = StreamPublisher(redis, maxlen=100, ttl_seconds=60, max_event_tokens=50)
+    publisher.start()
+    runner = RequestRunner("w-test", CallbackModel(), publisher)
+    try:
+        await runner.run(payload("stepped", max_tokens=4, seed=1), attempt=1)
+    finally:
+        await publisher.stop()
+    events = [e for _, e in await stream_events(redis, "stepped")]
+    tokens = [t for e in events if isinstance(e, TokensEvent) for t in e.tokens]
+    assert tokens == [" s0", " s1", " s2", " s3"]
     assert isinstance(events[-1], DoneEvent) and events[-1].finish_reason == "length"

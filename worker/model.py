@@ -171,12 +171,12 @@ class _Steps:
 
     Sequences wait in a heap by their next deadline. After its first token (one
     interval after prefill, exactly), a sequence's deadlines lie on a grid of
-    ``grid`` seconds (a fraction of the interval, so that one gap is stretched by
-    less than that) and advance by one interval per token: the sequences of a worker
-    fall due together, a few steps per interval, and each step wakes the loop once
-    and emits one token for every sequence due, instead of one timer and one task
-    wake-up per token per sequence. After a late step the next one follows at once
-    until the backlog is out, so lateness does not accumulate.
+    ``grid`` seconds (a fraction of the interval: the gap after the first token is
+    stretched by less than one step) and advance by one interval per token. So the
+    sequences of a worker fall due together, a few steps per interval, and each step
+    wakes the loop once and emits one token for every sequence due, instead of one
+    timer and one task wake-up per token per sequence. After a late step the next
+    one follows at once until the backlog is out, so lateness does not accumulate.
     """
 
     def __init__(self, interval: float, grid: float) -> None:
@@ -294,7 +294,9 @@ class MockModel:
     tokens fall due on a grid of ``steps_per_token`` steps per interval (so the gap
     after the first token is up to one step longer; the others are exactly one
     interval). Deadlines are absolute, so a busy event loop does not stretch the
-    inter-token time cumulatively. The same seed always yields the same tokens.
+    inter-token time cumulatively. Each next token is drawn when the previous one is
+    emitted, so a sequence that stops by itself ends right after its last token. The
+    same seed always yields the same tokens.
 
     A resumed request (``generated`` not empty) prefills ``prompt_tokens +
     len(generated)`` tokens, replays the random draws of the tokens already

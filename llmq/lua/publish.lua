@@ -6,11 +6,11 @@
 -- The fence key (llmq:fence:<id>) holds `attempt`, the lowest attempt allowed to
 -- write (a write from a higher one raises it), `next`, the stream's next token index
 -- (tokens are contiguous from 0 below it) and `ended` ('1' once a terminal event is
--- in, absent before). A tokens event below `next` is skipped and a partial overlap trimmed, so a
--- flush retried after a lost reply never duplicates an index. A terminal event's
--- usage, and the record's completion_tokens, are what the stream holds (`next`),
--- not what the producer meant. Attempt 0 writes unfenced (a job too malformed to
--- run). Arguments: llmq.codec.PublishArgs.
+-- in, absent before). A tokens event below `next` is skipped and a partial overlap
+-- trimmed, so a flush retried after a lost reply never duplicates an index. A
+-- terminal event's usage, and the record's completion_tokens, are what the stream
+-- holds (`next`), not what the producer meant. Attempt 0 writes unfenced (a job too
+-- malformed to run). Arguments: llmq.codec.PublishArgs.
 local stream_key = KEYS[1]
 local record_key = KEYS[2]
 local fence_key = KEYS[3]
