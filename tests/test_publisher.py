@@ -148,3 +148,16 @@ async def test_a_flush_whose_replies_are_lost_is_retried_without_writing_anythin
         assert tokens == [(0, [f"{rid}{i}" for i in range(6)])]
         assert [type(e).__name__ for e in stream[1:]] == ["TokensEvent", "DoneEvent"]
         assert isinstance(stream[-1], DoneEvent) and stream[-1].usage.completion_tokens == 6
+
+
+async def test_written_is_done_once_what_was_queued_for_the_request_has_landed(
+    publisher: StreamPublisher, redis: Redis
+) -> None:
+    assert publisher.written("w").done()  # nothing queued
+    for i in range(3):
+        publisher.token("w", i, f"w{i}")
+    landed = publisher.written("w")
+    assert not landed.done()
+    await asyncio.wait_for(landed, timeout=5)
+    tokens = [t for e in await read(redis, "w") if isinstance(e, TokensEvent) for t in e.tokens]
+    assert tokens == ["w0", "w1", "w2"]

@@ -104,6 +104,8 @@ class StreamPublisher:
         self._ttl = ttl_seconds
         self._max_event_tokens = max_event_tokens
         self._pending: dict[str, _Pending] = {}
+        #: The batch being written (see :meth:`written`).
+        self._in_flight: dict[str, _Pending] = {}
         self._owners: dict[str, tuple[int, OnFenced | None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -227,10 +229,23 @@ class StreamPublisher:
                 )
             failures = 0
 
+    def written(self, request_id: str) -> asyncio.Future[None]:
+        """Done once everything queued for ``request_id`` so far is written (at once if
+        nothing is queued or in flight); it fails with :class:`Fenced` as those writes do.
+        """
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if request_id not in self._pending and request_id not in self._in_flight:
+            done.set_result(None)
+        else:  # with the next write, behind the batch in flight: a stream's land in order
+            self._queue(request_id).waiters.append(done)
+            self._wake.set()
+        return done
+
     async def _flush(self) -> None:
         if not self._pending:
             return
         batch, self._pending = self._pending, {}
+        self._in_flight = batch
         try:
             written = await self._write(batch)
         except RETRYABLE:
@@ -247,6 +262,8 @@ class StreamPublisher:
                     if not w.done():
                         w.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
             raise
+        finally:
+            self._in_flight = {}
         for (request_id, p), ok in zip(batch.items(), written, strict=True):
             if not ok:
                 self._fenced(request_id, p)

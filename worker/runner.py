@@ -36,6 +36,7 @@ same indices, which readers drop. A first run pays no extra round trip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -75,6 +76,10 @@ log = logging.getLogger(__name__)
 #: How long a cancel received for an unknown request is remembered (it may be
 #: about to start on this worker).
 CANCEL_MEMORY_SECONDS = 60.0
+
+#: How long a run that failed waits for its queued tokens to land before it is
+#: handed back (beyond it, e.g. while Redis is away, its re-run generates them again).
+SETTLE_SECONDS = 1.0
 
 #: The generation stops this long (at most a fifth of the job timeout) before the
 #: job timeout, leaving the terminal write time to land before arq cancels the run.
@@ -345,6 +350,7 @@ class RequestRunner:
             if attempt < self.max_tries:
                 # arq hands it back to the queue; the re-run resumes after the tokens
                 # published so far. A poison request ends after max_tries.
+                await self._settle(rid)
                 raise Retry() from exc
             await self._finish_error(
                 payload, progress, "model_error", f"model failed: {exc}", "error"
@@ -361,6 +367,13 @@ class RequestRunner:
             await self._finish_error(payload, progress, "generation_timeout", message, "timeout")
             return
         await self._finish_done(payload, progress, finish, queue_ms, started)
+
+    async def _settle(self, rid: str) -> None:
+        """Wait (briefly) until this run's queued tokens are written: handing the request
+        back raises its fence past this attempt, which would drop them, and the re-run
+        would generate them again."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.publisher.written(rid), SETTLE_SECONDS)
 
     async def _generate(
         self, payload: JobPayload, progress: _Progress, generated: list[str]
