@@ -1,10 +1,15 @@
-"""The mock model: timing like the seed's, deterministic output, no hidden cap."""
+"""The mock model: timing like the seed's, deterministic output, no hidden cap; one step
+loop for all its sequences."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 
+import pytest
+
+from tests.support.waiting import wait_until
 from worker.model import GenerationRequest, MockModel, count_tokens, seed_for
 
 
@@ -111,3 +116,72 @@ async def test_resumed_run_prefills_the_generated_tokens_and_does_not_regenerate
     assert times[0] >= 0.058
     assert times[-1] >= 0.148
     assert times[-1] < 0.4
+
+
+async def run_stepped(
+    model: MockModel, req: GenerationRequest, out: list[tuple[float, str]]
+) -> None:
+    """``generate_into``, noting when each token came."""
+    await model.generate_into(req, lambda token: out.append((time.monotonic(), token)))
+
+
+async def test_the_step_loop_keeps_each_streams_timing_and_output_and_shares_its_steps() -> None:
+    """Sequences started at scattered moments: each one gets its seeded tokens on its own
+    schedule (first one interval after the start, then one per interval), while the
+    loop wakes up once per step for all of them, not once per token per sequence."""
+    interval = 0.01
+    model = MockModel(tokens_per_second=1 / interval, prefill_seconds_per_token=0.0)
+    outs: list[list[tuple[float, str]]] = [[] for _ in range(12)]
+    starts, runs = [], []
+    for i, out in enumerate(outs):
+        starts.append(time.monotonic())
+        runs.append(asyncio.ensure_future(run_stepped(model, request(20, seed=i), out)))
+        await asyncio.sleep(0.0013)  # scattered over an interval: distinct phases
+    await asyncio.gather(*runs)
+    for i, (start, out) in enumerate(zip(starts, outs, strict=True)):
+        expected, _ = await collect(MockModel(tokens_per_second=1e6), request(20, seed=i))
+        assert [t for _, t in out] == expected
+        times = [at - start for at, _ in out]
+        assert times[0] >= interval - 0.002
+        # on absolute deadlines one interval apart (the first gap up to a step more):
+        # the last token 20 intervals after the start, give or take a loaded machine
+        assert 20 * interval - 0.002 <= times[-1] <= 20 * interval + 0.05
+    # a wake-up is a cluster of tokens emitted together
+    moments = sorted(at for out in outs for at, _ in out)
+    wakeups = 1 + sum(b - a > 0.0005 for a, b in itertools.pairwise(moments))
+    assert wakeups < len(moments) / 3, (wakeups, len(moments))
+
+
+async def test_cancelling_one_stepped_sequence_stops_it_at_once_and_only_it() -> None:
+    model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.0)
+    outs: list[list[tuple[float, str]]] = [[], [], []]
+    runs = [asyncio.ensure_future(run_stepped(model, request(500), out)) for out in outs]
+    await wait_until(lambda: all(len(o) >= 3 for o in outs), timeout=5, what="3 tokens each")
+    runs[1].cancel()
+    at_cancel = len(outs[1])
+    others = [len(outs[0]), len(outs[2])]
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(runs[1], timeout=0.1)
+    await wait_until(
+        lambda: len(outs[0]) >= others[0] + 5 and len(outs[2]) >= others[1] + 5,
+        timeout=5,
+        what="the others to go on",
+    )
+    assert len(outs[1]) == at_cancel
+    for run in (runs[0], runs[2]):
+        run.cancel()
+    await asyncio.gather(*runs, return_exceptions=True)
+
+
+async def test_a_consumer_that_raises_ends_its_sequence_with_the_error_and_no_other() -> None:
+    model = MockModel(tokens_per_second=200, prefill_seconds_per_token=0.0)
+    kept: list[tuple[float, str]] = []
+
+    def broken(token: str) -> None:
+        raise RuntimeError("consumer bug")
+
+    healthy = asyncio.ensure_future(run_stepped(model, request(10), kept))
+    with pytest.raises(RuntimeError, match="consumer bug"):
+        await model.generate_into(request(10), broken)
+    await asyncio.wait_for(healthy, timeout=5)
+    assert len(kept) == 10

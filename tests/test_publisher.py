@@ -109,3 +109,55 @@ async def test_writes_that_cannot_land_are_kept_in_order_and_logged_once(
     assert isinstance(events[-1], DoneEvent)
     assert isinstance(events[-1], DoneEvent) and events[-1].usage.completion_tokens == 12
     assert len([r for r in caplog.records if "stream writes failed" in r.message]) == 1
+
+
+async def test_a_flush_whose_replies_are_lost_is_retried_without_writing_anything_twice(
+    own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis stalls with a flush of two streams unread; the publisher's read times out
+    and it drops the connection, but Redis still runs the calls once it wakes up, and
+    the retry runs them again: no token index and no terminal event lands twice."""
+    client = Redis.from_url(own_redis.url, decode_responses=True, socket_timeout=0.2)
+    admin = Redis.from_url(own_redis.url, decode_responses=True)
+    p = StreamPublisher(client, maxlen=1000, ttl_seconds=60, max_event_tokens=50)
+    p.start()
+    try:
+        for rid in ("a", "b"):
+            await p.emit(rid, StartedEvent(worker="w", attempt=1, queue_ms=0))
+        await admin.config_resetstat()
+        stalled = await admin.connection_pool.get_connection()
+        await stalled.send_command("DEBUG", "SLEEP", "0.6")  # Redis stalls from now
+        with caplog.at_level(logging.WARNING, logger="worker.publisher"):
+            for rid in ("a", "b"):
+                for i in range(6):
+                    p.token(rid, i, f"{rid}{i}")
+            ended = [p.post(rid, done(), record={"status": "done"}) for rid in ("a", "b")]
+            await asyncio.wait_for(asyncio.gather(*ended), timeout=10)
+        await stalled.read_response()
+        await admin.connection_pool.release(stalled)
+        calls = (await admin.info("commandstats"))["cmdstat_evalsha"]["calls"]
+        events = {rid: await read(admin, rid) for rid in ("a", "b")}
+    finally:
+        await p.stop()
+        await client.aclose()
+        await admin.aclose()
+    assert any("stream writes failed" in r.message for r in caplog.records)
+    assert calls >= 4, "the lost flush ran, and so did its retry"
+    for rid, stream in events.items():
+        tokens = [(e.index, e.tokens) for e in stream if isinstance(e, TokensEvent)]
+        assert tokens == [(0, [f"{rid}{i}" for i in range(6)])]
+        assert [type(e).__name__ for e in stream[1:]] == ["TokensEvent", "DoneEvent"]
+        assert isinstance(stream[-1], DoneEvent) and stream[-1].usage.completion_tokens == 6
+
+
+async def test_written_is_done_once_what_was_queued_for_the_request_has_landed(
+    publisher: StreamPublisher, redis: Redis
+) -> None:
+    assert publisher.written("w").done()  # nothing queued
+    for i in range(3):
+        publisher.token("w", i, f"w{i}")
+    landed = publisher.written("w")
+    assert not landed.done()
+    await asyncio.wait_for(landed, timeout=5)
+    tokens = [t for e in await read(redis, "w") if isinstance(e, TokensEvent) for t in e.tokens]
+    assert tokens == ["w0", "w1", "w2"]

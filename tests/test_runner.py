@@ -1,15 +1,17 @@
-"""The runner starts the model before its bookkeeping, yet "started" still comes first."""
+"""The runner starts the model before its bookkeeping, yet "started" still comes first; a
+backend with its own step loop hands tokens over by callback."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
-from llmq.schema import DoneEvent, StartedEvent, TokensEvent
+from llmq.schema import DoneEvent, Event, StartedEvent, TokensEvent
 from tests.support.runs import payload, stream_events
-from worker.model import GenerationRequest, count_tokens
+from worker.model import Emit, GenerationRequest, Model, count_tokens
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
 
@@ -27,19 +29,44 @@ class EagerModel:
             yield f" t{i}"
 
 
-async def test_started_precedes_tokens_a_model_yields_at_once(redis: Redis) -> None:
+async def run_one(redis: Redis, model: Model, rid: str, max_tokens: int) -> list[Event]:
+    """Run one request on ``model`` (one token per event); its stream's events."""
     publisher = StreamPublisher(redis, maxlen=100, ttl_seconds=60, max_event_tokens=1)
     publisher.start()
-    runner = RequestRunner("w-test", EagerModel(), publisher)
+    runner = RequestRunner("w-test", model, publisher)
     try:
-        await runner.run(payload("eager", max_tokens=3, seed=1), attempt=1)
+        await runner.run(payload(rid, max_tokens=max_tokens, seed=1), attempt=1)
     finally:
         await publisher.stop()
-    events = [e for _, e in await stream_events(redis, "eager")]
+    return [e for _, e in await stream_events(redis, rid)]
+
+
+async def test_started_precedes_tokens_a_model_yields_at_once(redis: Redis) -> None:
+    events = await run_one(redis, EagerModel(), "eager", 3)
     assert isinstance(events[0], StartedEvent)
     assert [e.tokens for e in events[1:-1] if isinstance(e, TokensEvent)] == [
         [" t0"],
         [" t1"],
         [" t2"],
     ]
+    assert isinstance(events[-1], DoneEvent) and events[-1].finish_reason == "length"
+
+
+class CallbackModel(EagerModel):
+    """A backend with its own step loop: tokens come by callback; iterating is refused."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        raise AssertionError("a stepped backend is not iterated")
+        yield ""  # pragma: no cover
+
+    async def generate_into(self, request: GenerationRequest, emit: Emit) -> None:
+        for i in range(request.max_tokens):
+            await asyncio.sleep(0)
+            emit(f" s{i}")
+
+
+async def test_a_stepped_backend_hands_its_tokens_over_by_callback(redis: Redis) -> None:
+    events = await run_one(redis, CallbackModel(), "stepped", 4)
+    tokens = [t for e in events if isinstance(e, TokensEvent) for t in e.tokens]
+    assert tokens == [" s0", " s1", " s2", " s3"]
     assert isinstance(events[-1], DoneEvent) and events[-1].finish_reason == "length"

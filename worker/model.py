@@ -8,6 +8,12 @@ model stopped by itself (finish_reason ``stop``); reaching ``max_tokens`` means
 ``length``. Everything around it (queueing, streaming, cancellation) is the
 pipeline's job, not the model's.
 
+A backend that runs its own step loop (continuous batching: every running sequence
+advances one token per step) may also implement :class:`SteppedModel`: it calls
+back with each token from that loop instead of waking one iterator per token per
+request, and the worker then takes the callbacks (see ``worker.runner``). The
+iterator stays the interface every backend has.
+
 A backend declares what it honours beyond plain text in a ``capabilities``
 attribute (names from :data:`CAPABILITIES`); the API refuses requests that need
 more than the serving workers declare, so nothing is silently ignored.
@@ -21,11 +27,16 @@ then decode the rest), instead of generating them again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
+import heapq
+import itertools
+import math
 import random
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from llmq.schema import TokenLogprob
 from worker import structured
@@ -136,14 +147,156 @@ class Model(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[str]: ...
 
 
+#: Takes one output of a generation (a token, or a :class:`ToolCallStart`).
+Emit = Callable[[str], None]
+
+
+@runtime_checkable
+class SteppedModel(Model, Protocol):
+    """A backend with its own step loop, which can hand tokens over by callback.
+
+    ``generate_into`` produces what ``generate`` would yield, in the same order,
+    calling ``emit`` with each from the backend's loop (synchronously, on the
+    running event loop) and returning when the generation ends; cancelling it stops
+    the sequence. ``emit`` must not block; if it raises, the generation ends with
+    that exception. One wake-up per step for every sequence instead of one per
+    token per sequence is what makes this cheaper than iterating.
+    """
+
+    async def generate_into(self, request: GenerationRequest, emit: Emit) -> None: ...
+
+
+class _Steps:
+    """The mock engine's step loop on one event loop: one timer for all sequences.
+
+    Sequences wait in a heap by their next deadline. After its first token (one
+    interval after prefill, exactly), a sequence's deadlines lie on a grid of
+    ``grid`` seconds (a fraction of the interval: the gap after the first token is
+    stretched by less than one step) and advance by one interval per token. So the
+    sequences of a worker fall due together, a few steps per interval, and each step
+    wakes the loop once and emits one token for every sequence due, instead of one
+    timer and one task wake-up per token per sequence. After a late step the next
+    one follows at once until the backlog is out, so lateness does not accumulate.
+    """
+
+    def __init__(self, interval: float, grid: float) -> None:
+        self._interval = interval
+        self._grid = grid
+        self._heap: list[tuple[float, int, _Sequence]] = []
+        self._order = itertools.count()
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = 0.0
+
+    def add(self, outputs: Iterator[str], emit: Emit) -> asyncio.Future[None]:
+        """Run ``outputs``, the first token one interval from now; the future is done
+        when they end (cancel it to stop them)."""
+        loop = asyncio.get_running_loop()
+        sequence = _Sequence(outputs, emit, loop.create_future())
+        if sequence.advance():
+            heapq.heappush(self._heap, (loop.time() + self._interval, next(self._order), sequence))
+            self._schedule(loop)
+        return sequence.finished
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One timer, at the earliest deadline."""
+        if not self._heap:
+            return
+        when = self._heap[0][0]
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(when, self._step, loop), when
+
+    def _step(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        heap, interval, grid = self._heap, self._interval, self._grid
+        now = loop.time() + _TIMER_RESOLUTION
+        stepped = []
+        while heap and heap[0][0] <= now:
+            due, order, sequence = heapq.heappop(heap)
+            if not sequence.step():
+                continue
+            if sequence.first:  # the following tokens go on the grid
+                sequence.first = False
+                due = math.ceil((due + interval) / grid - 1e-6) * grid - interval
+            stepped.append((due + interval, order, sequence))
+        # One token per sequence per step: a late step's backlog goes out over the
+        # next loop iterations, each token with its own flush, as if on time.
+        for entry in stepped:
+            heapq.heappush(heap, entry)
+        self._schedule(loop)
+
+
+#: Event loop timers fire up to about a millisecond early or late (uvloop counts in
+#: milliseconds): a step takes what falls due within it.
+_TIMER_RESOLUTION = 0.001
+
+
+class _Sequence:
+    """One running sequence: its next output, already drawn, and where outputs go."""
+
+    __slots__ = ("emit", "finished", "first", "next", "outputs")
+
+    def __init__(self, outputs: Iterator[str], emit: Emit, finished: asyncio.Future[None]):
+        self.outputs, self.emit, self.finished = outputs, emit, finished
+        self.next: str | None = None
+        #: Before the first token, which alone is off the grid.
+        self.first = True
+
+    def advance(self) -> bool:
+        """Draw the next output; False (and finished) when there is none. Outputs that
+        take no time (a tool call's start) are emitted at once."""
+        try:
+            for out in self.outputs:
+                if isinstance(out, ToolCallStart):
+                    if not self._emit(out):
+                        return False
+                    continue
+                self.next = out
+                return True
+        except Exception as exc:
+            return self._end(exc)
+        return self._end(None)
+
+    def step(self) -> bool:
+        """Emit the token due now and draw the next; False once the sequence is over
+        (cancelled, ended, or its consumer raised)."""
+        if self.finished.done() or self.next is None:
+            return False
+        out, self.next = self.next, None
+        return self._emit(out) and self.advance()
+
+    def _emit(self, out: str) -> bool:
+        try:
+            self.emit(out)
+        except Exception as exc:
+            return self._end(exc)
+        return not self.finished.done()
+
+    def _end(self, exc: Exception | None) -> bool:
+        if not self.finished.done():
+            if exc is None:
+                self.finished.set_result(None)
+            else:
+                self.finished.set_exception(exc)
+        return False
+
+
 @dataclass(frozen=True)
 class MockModel:
     """A model with realistic timing and deterministic output.
 
     Prefill sleeps ``prefill_seconds_per_token`` per prompt token, then one token
-    is produced every ``1 / tokens_per_second`` seconds. Tokens are scheduled on
-    absolute deadlines, so a busy event loop does not stretch the inter-token time
-    cumulatively. The same seed always yields the same tokens.
+    is produced every ``1 / tokens_per_second`` seconds, the first one interval
+    after prefill. Like a continuous-batching engine, all sequences on an event loop
+    share one step loop (:class:`_Steps`): after its first token, a sequence's
+    tokens fall due on a grid of ``steps_per_token`` steps per interval (so the gap
+    after the first token is up to one step longer; the others are exactly one
+    interval). Deadlines are absolute, so a busy event loop does not stretch the
+    inter-token time cumulatively. Each next token is drawn when the previous one is
+    emitted, so a sequence that stops by itself ends right after its last token. The
+    same seed always yields the same tokens.
 
     A resumed request (``generated`` not empty) prefills ``prompt_tokens +
     len(generated)`` tokens, replays the random draws of the tokens already
@@ -162,24 +315,71 @@ class MockModel:
     prefill_seconds_per_token: float = 0.0001
     stop_probability: float = 0.0
     capabilities: frozenset[str] = CAPABILITIES
+    steps_per_token: int = 2
+    _steps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Steps] = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
+    )
 
     def count_tokens(self, text: str) -> int:
         return count_tokens(text)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        ready: collections.deque[str] = collections.deque()
         loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def wake(*_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        def emit(out: str) -> None:
+            ready.append(out)
+            wake()
+
+        finished = await self._start(request, emit)
+        finished.add_done_callback(wake)
+        try:
+            while True:
+                while ready:
+                    yield ready.popleft()
+                if finished.done():
+                    finished.result()
+                    return
+                await waiter
+                waiter = loop.create_future()
+        finally:
+            finished.cancel()
+
+    async def generate_into(self, request: GenerationRequest, emit: Emit) -> None:
+        finished = await self._start(request, emit)
+        try:
+            await finished
+        finally:
+            finished.cancel()
+
+    async def _start(self, request: GenerationRequest, emit: Emit) -> asyncio.Future[None]:
+        """Prefill, then join the step loop; the future is done when the sequence ends."""
         context = request.prompt_tokens + len(request.generated)
         await asyncio.sleep(context * self.prefill_seconds_per_token)
+        loop = asyncio.get_running_loop()
+        steps = self._steps.get(loop)
+        if steps is None:
+            interval = 1.0 / self.tokens_per_second
+            steps = self._steps[loop] = _Steps(interval, interval / self.steps_per_token)
+        return steps.add(self._outputs(request), emit)
+
+    def _outputs(self, request: GenerationRequest) -> Iterator[str]:
+        """Everything the request produces after ``generated``, in order, untimed."""
         planned = self._plan(request)
         if planned is not None:
             call, pieces = planned
-            texts: AsyncIterator[str] = self._paced(pieces, request, loop)
             if call is not None and not request.generated:
                 yield call
+            texts = self._pieces(pieces, request)
         else:
-            texts = self._sampled(request, loop)
+            texts = self._sampled(request)
         position = min(len(request.generated), request.max_tokens)
-        async for text in texts:
+        for text in texts:
             if request.logprobs is None:
                 yield text
             else:
@@ -202,37 +402,26 @@ class MockModel:
             return None, structured.pieces(text)
         return None
 
-    async def _paced(
-        self, pieces: list[str], request: GenerationRequest, loop: asyncio.AbstractEventLoop
-    ) -> AsyncIterator[str]:
-        interval = 1.0 / self.tokens_per_second
-        start = loop.time()
-        rest = pieces[len(request.generated) : request.max_tokens]
-        for i, piece in enumerate(rest):
-            await asyncio.sleep(max(start + (i + 1) * interval - loop.time(), 0.0))
+    @staticmethod
+    def _pieces(pieces: list[str], request: GenerationRequest) -> Iterator[str]:
+        for piece in pieces[len(request.generated) : request.max_tokens]:
             if any(s in piece for s in request.stop):
                 return  # a stop sequence ends structured output too (truncated: "stop")
             yield piece
 
-    async def _sampled(
-        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop
-    ) -> AsyncIterator[str]:
+    def _sampled(self, request: GenerationRequest) -> Iterator[str]:
         rng = random.Random(request.seed)
         resume = min(len(request.generated), request.max_tokens)
         for position in range(resume):
-            # The draws of the run that produced these tokens, without its waits.
+            # The draws of the run that produced these tokens.
             if self._draw(rng, request) is None or self._stops_after(rng, request, position):
                 return  # that run had stopped here already: nothing follows
-        interval = 1.0 / self.tokens_per_second
-        start = loop.time()
-        for i in range(request.max_tokens - resume):
-            delay = start + (i + 1) * interval - loop.time()
-            await asyncio.sleep(max(delay, 0.0))
+        for position in range(resume, request.max_tokens):
             token = self._draw(rng, request)
             if token is None:
                 return
             yield token
-            if self._stops_after(rng, request, resume + i):
+            if self._stops_after(rng, request, position):
                 return
 
     @staticmethod

@@ -27,12 +27,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import hiredis
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq import codec, keys
@@ -103,6 +104,8 @@ class StreamPublisher:
         self._ttl = ttl_seconds
         self._max_event_tokens = max_event_tokens
         self._pending: dict[str, _Pending] = {}
+        #: The batch being written (see :meth:`written`).
+        self._in_flight: dict[str, _Pending] = {}
         self._owners: dict[str, tuple[int, OnFenced | None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -226,10 +229,23 @@ class StreamPublisher:
                 )
             failures = 0
 
+    def written(self, request_id: str) -> asyncio.Future[None]:
+        """Done once everything queued for ``request_id`` so far is written (at once if
+        nothing is queued or in flight); it fails with :class:`Fenced` as those writes do.
+        """
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if request_id not in self._pending and request_id not in self._in_flight:
+            done.set_result(None)
+        else:  # with the next write, behind the batch in flight: a stream's land in order
+            self._queue(request_id).waiters.append(done)
+            self._wake.set()
+        return done
+
     async def _flush(self) -> None:
         if not self._pending:
             return
         batch, self._pending = self._pending, {}
+        self._in_flight = batch
         try:
             written = await self._write(batch)
         except RETRYABLE:
@@ -246,6 +262,8 @@ class StreamPublisher:
                     if not w.done():
                         w.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
             raise
+        finally:
+            self._in_flight = {}
         for (request_id, p), ok in zip(batch.items(), written, strict=True):
             if not ok:
                 self._fenced(request_id, p)
@@ -255,18 +273,21 @@ class StreamPublisher:
                     w.set_result(None)
 
     async def _write(self, batch: dict[str, _Pending]) -> list[bool]:
-        """One pipeline, one ``publish.lua`` call per request; True where it landed."""
+        """One round trip, one ``publish.lua`` call per request; True where it landed."""
         for p in batch.values():
             p.close_tokens()
         try:
-            replies = await self._pipeline(batch).execute()
+            replies = await self._round_trip(self._commands(batch))
         except NoScriptError:  # Redis restarted without its script cache: nothing ran
             self._script.sha = await self._redis.script_load(self._script.script)
-            replies = await self._pipeline(batch).execute()
+            replies = await self._round_trip(self._commands(batch))
         return [int(r) == 1 for r in replies]
 
-    def _pipeline(self, batch: dict[str, _Pending]) -> Pipeline:
-        pipe = self._redis.pipeline(transaction=False)
+    def _commands(self, batch: dict[str, _Pending]) -> list[bytes]:
+        """The batch's ``EVALSHA`` calls in the wire format, packed by hiredis (in C:
+        redis-py's packing in Python cost more than the rest of a token's way)."""
+        sha = self._script.sha
+        commands = []
         for request_id, p in batch.items():
             args = codec.publish_args(
                 p.attempt,
@@ -277,14 +298,35 @@ class StreamPublisher:
                 record=p.record,
                 notes=p.notes,
             )
-            request_keys = [
+            request_keys = (
                 keys.stream(request_id),
                 keys.request(request_id),
                 keys.fence(request_id),
                 keys.LIFECYCLE,
-            ]
-            pipe.evalsha(self._script.sha, len(request_keys), *request_keys, *args)
-        return pipe
+            )
+            command: Any = ("EVALSHA", sha, len(request_keys), *request_keys, *args)
+            commands.append(hiredis.pack_command(command))
+        return commands
+
+    async def _round_trip(self, commands: list[bytes]) -> list[Any]:
+        """Send ``commands`` on one pooled connection and read a reply to each, as a
+        pipeline does; a failed reply is raised once every reply is read."""
+        pool = self._redis.connection_pool
+        connection = await pool.get_connection()
+        try:
+            await connection.send_packed_command(b"".join(commands))
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        finally:
+            await pool.release(connection)  # a broken connection was disconnected
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return replies
 
     def _fenced(self, request_id: str, p: _Pending) -> None:
         owner = self._owners.get(request_id)

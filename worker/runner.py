@@ -36,6 +36,7 @@ same indices, which readers drop. A first run pays no extra round trip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ from llmq.streams import published_tokens
 from worker.model import (
     GenerationRequest,
     Model,
+    SteppedModel,
     Token,
     ToolCallStart,
     capabilities_of,
@@ -74,6 +76,10 @@ log = logging.getLogger(__name__)
 #: How long a cancel received for an unknown request is remembered (it may be
 #: about to start on this worker).
 CANCEL_MEMORY_SECONDS = 60.0
+
+#: How long a run that failed waits for its queued tokens to land before it is
+#: handed back (beyond it, e.g. while Redis is away, its re-run generates them again).
+SETTLE_SECONDS = 1.0
 
 #: The generation stops this long (at most a fifth of the job timeout) before the
 #: job timeout, leaving the terminal write time to land before arq cancels the run.
@@ -344,6 +350,7 @@ class RequestRunner:
             if attempt < self.max_tries:
                 # arq hands it back to the queue; the re-run resumes after the tokens
                 # published so far. A poison request ends after max_tries.
+                await self._settle(rid)
                 raise Retry() from exc
             await self._finish_error(
                 payload, progress, "model_error", f"model failed: {exc}", "error"
@@ -360,6 +367,13 @@ class RequestRunner:
             await self._finish_error(payload, progress, "generation_timeout", message, "timeout")
             return
         await self._finish_done(payload, progress, finish, queue_ms, started)
+
+    async def _settle(self, rid: str) -> None:
+        """Wait (briefly) until this run's queued tokens are written: handing the request
+        back raises its fence past this attempt, which would drop them, and the re-run
+        would generate them again."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.publisher.written(rid), SETTLE_SECONDS)
 
     async def _generate(
         self, payload: JobPayload, progress: _Progress, generated: list[str]
@@ -383,36 +397,46 @@ class RequestRunner:
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         loop = asyncio.get_running_loop()
+
+        def take(out: str) -> None:
+            """One output of the model: queued for the flush, no await."""
+            if isinstance(out, ToolCallStart):
+                # Before its argument tokens, in stream order; not a token itself.
+                event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
+                # Not awaited: a failed write surfaces with the tokens' flush.
+                written = self.publisher.post(rid, event)
+                written.add_done_callback(lambda f: f.cancelled() or f.exception())
+                return
+            now = time.time()
+            if isinstance(out, Token):
+                self.publisher.token(rid, progress.produced, str(out), out.logprob)
+            else:
+                self.publisher.token(rid, progress.produced, out)
+            progress.produced += 1
+            if progress.first_at is None:
+                # No ITL across the gap between runs; and a resumed request's
+                # first token reached its readers in an earlier run.
+                progress.first_at = now
+                if not progress.resumed:
+                    # Noted once the token's flush is under way: not on its path.
+                    loop.call_soon(self._note_first_token, payload, now)
+            else:
+                observe(itl, now - progress.last_at, model)
+            progress.last_at = now
+
         # The generation timeout, or the job timeout's deadline if that comes first.
         deadline = loop.time() + payload.generation_timeout
         if progress.deadline is not None and progress.deadline < deadline:
             deadline, progress.by_job_timeout = progress.deadline, True
         try:
             async with asyncio.timeout_at(deadline):
-                async for out in self.model.generate(request):
-                    if isinstance(out, ToolCallStart):
-                        # Before its argument tokens, in stream order; not a token itself.
-                        event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
-                        # Not awaited: a failed write surfaces with the tokens' flush.
-                        written = self.publisher.post(rid, event)
-                        written.add_done_callback(lambda f: f.cancelled() or f.exception())
-                        continue
-                    now = time.time()
-                    if isinstance(out, Token):
-                        self.publisher.token(rid, progress.produced, str(out), out.logprob)
-                    else:
-                        self.publisher.token(rid, progress.produced, out)
-                    progress.produced += 1
-                    if progress.first_at is None:
-                        # No ITL across the gap between runs; and a resumed request's
-                        # first token reached its readers in an earlier run.
-                        progress.first_at = now
-                        if not progress.resumed:
-                            # Noted once the token's flush is under way: not on its path.
-                            loop.call_soon(self._note_first_token, payload, now)
-                    else:
-                        observe(itl, now - progress.last_at, model)
-                    progress.last_at = now
+                if isinstance(self.model, SteppedModel):
+                    # Tokens arrive by callback from the model's step loop: no wake-up
+                    # of this task per token.
+                    await self.model.generate_into(request, take)
+                else:
+                    async for out in self.model.generate(request):
+                        take(out)
         except TimeoutError:
             return "timeout"
         return "length" if progress.produced >= params.max_tokens else "stop"

@@ -6,11 +6,11 @@
 -- The fence key (llmq:fence:<id>) holds `attempt`, the lowest attempt allowed to
 -- write (a write from a higher one raises it), `next`, the stream's next token index
 -- (tokens are contiguous from 0 below it) and `ended` ('1' once a terminal event is
--- in). A tokens event below `next` is skipped and a partial overlap trimmed, so a
--- flush retried after a lost reply never duplicates an index. A terminal event's
--- usage, and the record's completion_tokens, are what the stream holds (`next`),
--- not what the producer meant. Attempt 0 writes unfenced (a job too malformed to
--- run). Arguments: llmq.codec.PublishArgs.
+-- in, absent before). A tokens event below `next` is skipped and a partial overlap
+-- trimmed, so a flush retried after a lost reply never duplicates an index. A
+-- terminal event's usage, and the record's completion_tokens, are what the stream
+-- holds (`next`), not what the producer meant. Attempt 0 writes unfenced (a job too
+-- malformed to run). Arguments: llmq.codec.PublishArgs.
 local stream_key = KEYS[1]
 local record_key = KEYS[2]
 local fence_key = KEYS[3]
@@ -110,12 +110,18 @@ for i = notes_from, #ARGV, 4 do
     'request_id', ARGV[i + 1], 'model', ARGV[i + 2], 'data', ARGV[i + 3])
 end
 
-local fence_fields = {'next', next_index, 'ended', ended and '1' or '0'}
-if attempt > fence then
-  table.insert(fence_fields, 'attempt')
-  table.insert(fence_fields, attempt)
+-- The fence is written only when it changes: a call that adds no token to a
+-- running request (a note, a record update) leaves it as it was.
+if next_index ~= tonumber(state[2]) or ended or attempt > fence then
+  if ended then
+    redis.call('HSET', fence_key, 'next', next_index, 'ended', '1')
+  else
+    redis.call('HSET', fence_key, 'next', next_index)
+  end
+  if attempt > fence then
+    redis.call('HSET', fence_key, 'attempt', attempt)
+  end
 end
-redis.call('HSET', fence_key, unpack(fence_fields))
 if needs_ttl then
   redis.call('EXPIRE', fence_key, ttl)
 end
