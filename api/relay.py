@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,33 +43,67 @@ def parse_id(stream_id: str) -> StreamId:
     return int(ms), int(seq or 0)
 
 
+#: How a token event written by a worker begins; the index follows.
+_TOKENS_HEAD = '{"type":"tokens","index":'
+_TOKENS_LIST = ',"tokens":['
+#: The fields a token event built from ``index`` and ``tokens`` counts as set
+#: (what ``model_construct`` records for them).
+_TOKENS_SET = frozenset({"index", "tokens"})
+_object_setattr = object.__setattr__
+
+
 def decode_data(raw: str) -> Event | None:
     """The event in a stream entry's ``data`` field; None for a malformed one.
 
-    A well-formed token event (the shape the workers write) is built directly from
-    ``json.loads``; anything else goes through :func:`llmq.schema.decode_event`,
+    A token event of exactly the shape the workers write is read by
+    :func:`_token_event`; anything else goes through :func:`llmq.schema.decode_event`,
     which validates it and logs what it skips.
     """
-    if raw.startswith('{"type":"tokens"'):
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
-        if type(body) is dict and len(body) == 3:
-            index, tokens = body.get("index"), body.get("tokens")
-            if (
-                type(index) is int
-                and index >= 0
-                and type(tokens) is list
-                and tokens
-                and (
-                    type(tokens[0]) is str
-                    if len(tokens) == 1
-                    else all(type(t) is str for t in tokens)
-                )
-            ):
-                return TokensEvent.model_construct(index=index, tokens=tokens)
+    if raw.startswith(_TOKENS_HEAD):
+        event = _token_event(raw)
+        if event is not None:
+            return event
     return decode_event({"data": raw})
+
+
+def _token_event(raw: str) -> TokensEvent | None:
+    """``{"type":"tokens","index":N,"tokens":["...",...]}`` without ``json.loads``.
+
+    This runs for every token the API relays. ``json.loads`` spends most of its
+    time in its Python wrappers around the C scanner, and ``model_construct`` in a
+    loop over the model's fields; here the index is read with ``int``, each token
+    with the C string scanner (``json.decoder.scanstring``, the one ``json.loads``
+    uses, so escapes and errors are the same), and the event is assembled as
+    ``model_construct`` would. Anything else (whitespace, other fields, a key order
+    the workers do not write) returns None and goes the validating way.
+    """
+    start = len(_TOKENS_HEAD)
+    end = raw.find(_TOKENS_LIST, start)
+    digits = raw[start:end]
+    if end < 0 or not (digits.isascii() and digits.isdigit()) or digits[0] == "0" != digits:
+        return None
+    pos = end + len(_TOKENS_LIST)
+    tokens: list[str] = []
+    try:
+        while True:
+            if raw[pos] != '"':
+                return None
+            token, pos = scanstring(raw, pos + 1)
+            tokens.append(token)
+            if raw[pos] != ",":
+                break
+            pos += 1
+    except (ValueError, IndexError):
+        return None
+    if raw[pos:] != "]}":
+        return None
+    event = TokensEvent.__new__(TokensEvent)
+    values = {"type": "tokens", "index": int(digits), "tokens": tokens, "logprobs": None}
+    _object_setattr(event, "__dict__", values)
+    _object_setattr(event, "__pydantic_fields_set__", set(_TOKENS_SET))
+    _object_setattr(event, "__pydantic_extra__", None)
+    _object_setattr(event, "__pydantic_private__", None)
+    return event
 
 
 def _data_field(fields: list[str]) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -11,8 +12,10 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from api.main import _server
 from llmq import keys
 from llmq.embedded import free_port
+from llmq.settings import ApiSettings
 from tests.conftest import StartWorker
 from tests.native import wait_ready
 from tests.procs import Proc, alive, children_of, clean_env, reap
@@ -108,3 +111,13 @@ async def test_one_process_dying_stops_all_with_an_error(redis_url: str, redis: 
         await wait_until(lambda: not any(alive(p) for p in before), timeout=10, what="exit")
     finally:
         api.stop()
+
+
+def test_what_the_process_built_to_serve_is_left_out_of_collections() -> None:
+    """The app and the modules are frozen before serving, so full collections skip them."""
+    gc.unfreeze()
+    try:
+        _server(ApiSettings(redis_url="redis://127.0.0.1:1", port=free_port()))
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from api.relay import StreamRelay, decode_data, parse_id, valid_id
+from api.relay import StreamRelay, _token_event, decode_data, parse_id, valid_id
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
 from llmq.schema import TokensEvent, decode_event, encode_event
@@ -138,8 +138,49 @@ def test_fast_token_decoding_agrees_with_validation() -> None:
         '{"type":"tokens","index":"1","tokens":["a"]}',
         '{"type":"tokens","index":1,"tokens":["a"],"extra":0}',
         '{"type":"tokens","index":1',
+        '{"type":"tokens","index":01,"tokens":["a"]}',
+        '{"type":"tokens","index":+1,"tokens":["a"]}',
+        '{"type":"tokens","index":1,"tokens":["a",]}',
+        '{"type":"tokens","index":1,"tokens":["a"]}}',
+        '{"type":"tokens","index":1,"tokens":["a"] }',
+        '{"type":"tokens","index":1,"tokens":["a\\"]}',
+        '{"type":"tokens","index":1,"tokens":["\x01"]}',
+        '{"type":"tokens","index":1,"tokens":["a" "b"]}',
     ):
         assert decode_data(raw) == decode_event({"data": raw}), raw
+
+
+#: Tokens whose JSON needs care: quotes, backslashes, control characters, escapes
+#: that look like the envelope, non-ASCII and astral characters.
+TRICKY_TOKENS = [
+    " plain",
+    "",
+    '"',
+    "\\",
+    '","tokens":["',
+    "]}",
+    "\n\t\r\x00\x1f\x7f",
+    "\\u0041",
+    "é中文",
+    "😀👍🏽",
+    "\u2028\u2029",
+    "</script>",
+]
+
+
+def test_fast_token_decoding_reads_every_token_the_workers_write() -> None:
+    """Each tricky token, alone and all in one event, comes back exactly, and the
+    event is the one pydantic builds (the same fields, set the same way)."""
+    for tokens in [[t] for t in TRICKY_TOKENS] + [TRICKY_TOKENS]:
+        event = TokensEvent(index=12345678901, tokens=tokens)
+        raw = encode_event(event)["data"]
+        fast = _token_event(raw)  # the fast way must take every one of them
+        assert fast is not None, raw
+        assert decode_data(raw) == fast == event, raw
+        assert isinstance(fast, TokensEvent) and fast.tokens == tokens
+        assert fast.model_dump_json() == raw
+        constructed = TokensEvent.model_construct(index=1, tokens=["a"])
+        assert fast.model_fields_set == constructed.model_fields_set
 
 
 #: How long Redis stays away in the restart test: long enough for the retries to
