@@ -163,13 +163,30 @@ class Subscription:
             waiter.set_result(None)
 
     async def next(self, timeout: float) -> tuple[str, Event] | None:
-        """The next entry, or None if none arrived within ``timeout`` seconds.
+        """The next entry, or None if none arrived within ``timeout`` seconds."""
+        if not self.items:
+            await self._arrival(timeout)
+        return self.items.popleft() if self.items else None
+
+    async def batch(self, timeout: float) -> list[tuple[str, Event]]:
+        """Every entry that arrived, in order: at least one, or none if none arrived
+        within ``timeout`` seconds.
+
+        A client that fell behind by several entries gets them in one go, so its
+        response writes them in one send instead of one per entry.
+        """
+        if not self.items:
+            await self._arrival(timeout)
+        items = list(self.items)
+        self.items.clear()
+        return items
+
+    async def _arrival(self, timeout: float) -> None:
+        """Wait until an entry arrives or ``timeout`` seconds pass.
 
         A bare future and one timer handle rather than a queue and a timeout
         context: this runs once per token of every stream.
         """
-        if self.items:  # the common case under load: nothing to wait for
-            return self.items.popleft()
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         timer = loop.call_later(timeout, _expire, waiter)
@@ -178,7 +195,6 @@ class Subscription:
         finally:
             timer.cancel()
             self._waiter = None
-        return self.items.popleft() if self.items else None
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

@@ -80,6 +80,22 @@ async def test_resume_after_an_id_and_two_readers_of_one_stream(
     assert await late.next(0.05) is None
 
 
+async def test_entries_that_arrived_together_come_as_one_batch_in_order(
+    relay: StreamRelay, redis: Redis
+) -> None:
+    """What a subscriber has not taken yet is handed over at once, in stream order,
+    so its response writes it in one send; an empty batch means none arrived."""
+    ids = [await add(redis, "s:b", i) for i in range(5)]
+    sub = await relay.subscribe("s:b")
+    await wait_until(lambda: len(sub.items) == 5, timeout=2, what="the entries to arrive")
+    batch = await sub.batch(1.0)
+    assert [stream_id for stream_id, _ in batch] == ids
+    assert [e.index for _, e in batch if isinstance(e, TokensEvent)] == list(range(5))
+    assert await sub.batch(0.05) == []
+    later = await add(redis, "s:b", 5)
+    assert [stream_id for stream_id, _ in await sub.batch(1.0)] == [later]
+
+
 async def test_malformed_entries_are_stepped_over(relay: StreamRelay, redis: Redis) -> None:
     sub = await relay.subscribe("s:bad")
     await redis.xadd("s:bad", {"data": "garbage"})
