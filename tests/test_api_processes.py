@@ -12,7 +12,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from api.main import _server
+from api.main import YOUNG_COLLECTION_THRESHOLD, _server
 from llmq import keys
 from llmq.embedded import free_port
 from llmq.settings import ApiSettings
@@ -113,11 +113,15 @@ async def test_one_process_dying_stops_all_with_an_error(redis_url: str, redis: 
         api.stop()
 
 
-def test_what_the_process_built_to_serve_is_left_out_of_collections() -> None:
-    """The app and the modules are frozen before serving, so full collections skip them."""
+def test_the_garbage_collector_is_tuned_for_streaming_before_serving() -> None:
+    """The app and the modules are frozen (collections skip them) and young
+    collections are rare, so that they do not stall every stream several times a second."""
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     try:
         _server(ApiSettings(redis_url="redis://127.0.0.1:1", port=free_port()))
         assert gc.get_freeze_count() > 10_000
+        assert gc.get_threshold()[0] == YOUNG_COLLECTION_THRESHOLD > thresholds[0]
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
