@@ -108,6 +108,8 @@ def _token_event(raw: str) -> TokensEvent | None:
 
 def _data_field(fields: list[str]) -> str | None:
     """The value of ``data`` in a flat ``[name, value, ...]`` entry."""
+    if len(fields) == 4 and fields[2] == "data":  # how the workers write it: type, data
+        return fields[3]
     for i in range(0, len(fields) - 1, 2):
         if fields[i] == "data":
             return fields[i + 1]
@@ -140,6 +142,11 @@ class Subscription:
     last: StreamId = field(init=False)
     #: The future :meth:`next` waits on while ``items`` is empty.
     _waiter: asyncio.Future[None] | None = field(default=None, init=False)
+    #: When the current wait times out (event loop time).
+    _deadline: float = field(default=0.0, init=False)
+    #: The timer that ends waits past their deadline, and when it fires.
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    _timer_at: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self.last = parse_id(self.last_id)
@@ -184,22 +191,45 @@ class Subscription:
     async def _arrival(self, timeout: float) -> None:
         """Wait until an entry arrives or ``timeout`` seconds pass.
 
-        A bare future and one timer handle rather than a queue and a timeout
-        context: this runs once per token of every stream.
+        This runs for nearly every token of every stream, and the wait nearly always
+        ends with an entry, long before its timeout (the keep-alive interval). A timer
+        armed and cancelled per wait cost more than the rest of the wait (uvloop's
+        ``call_later`` and ``cancel``: several microseconds), so one timer per
+        subscription stays armed across waits: a wait only notes its deadline, and
+        the timer, when it fires, ends the wait if the deadline passed and otherwise
+        re-arms for it. A bare future rather than a queue: nothing else per wait.
         """
         loop = asyncio.get_running_loop()
+        deadline = self._deadline = loop.time() + timeout
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(loop, deadline)
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(when, self._expire), when
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+    def _expire(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # not waiting: the next wait arms the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._deadline:
+            waiter.set_result(None)
+        else:
+            self._arm(loop, self._deadline)
+
+    def close(self) -> None:
+        """Stop the subscription's timer (it is unsubscribed)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class StreamRelay:
@@ -285,6 +315,7 @@ class StreamRelay:
                 return
 
     def unsubscribe(self, sub: Subscription) -> None:
+        sub.close()
         subs = self._subs.get(sub.key)
         if subs is not None:
             subs.discard(sub)

@@ -96,6 +96,28 @@ async def test_entries_that_arrived_together_come_as_one_batch_in_order(
     assert [stream_id for stream_id, _ in await sub.batch(1.0)] == [later]
 
 
+async def test_a_wait_ends_at_its_own_timeout_whatever_the_waits_before_it(
+    relay: StreamRelay, redis: Redis
+) -> None:
+    """One timer per subscription serves every wait: a short wait after a long one
+    still ends on time, a wait that an entry ends leaves no early timeout behind for
+    the next, and an unsubscribed subscription keeps no timer."""
+    loop = asyncio.get_running_loop()
+    sub = await relay.subscribe("s:t")
+    await add(redis, "s:t", 0)
+    assert await sub.next(30.0) is not None  # a long wait, ended by an entry
+    start = loop.time()
+    assert await sub.next(0.2) is None
+    assert 0.15 <= loop.time() - start < 1.0
+    await add(redis, "s:t", 1)
+    assert await sub.next(0.2) is not None
+    start = loop.time()
+    assert await sub.next(0.5) is None  # not cut short by the previous wait's timer
+    assert loop.time() - start >= 0.45
+    relay.unsubscribe(sub)
+    assert sub._timer is None
+
+
 async def test_malformed_entries_are_stepped_over(relay: StreamRelay, redis: Redis) -> None:
     sub = await relay.subscribe("s:bad")
     await redis.xadd("s:bad", {"data": "garbage"})
