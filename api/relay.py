@@ -13,7 +13,9 @@ The loop is on every token's path, so it does per read only what changed: the
 position of each stream is kept up to date as entries arrive (not recomputed over
 every subscriber), the reply is taken as Redis sends it (redis-py's per-entry
 dict building is skipped), and token events, nearly all of what it reads, are
-decoded without pydantic's validator (:func:`decode_data`).
+decoded without ``json.loads`` or pydantic's validator (:func:`decode_data`).
+A subscriber takes everything that arrived for it at once (:meth:`Subscription.batch`),
+and waits under one keep-alive timer that stays armed across its waits.
 """
 
 from __future__ import annotations
