@@ -70,7 +70,7 @@ async def follow(
                     yield IDLE
                     continue
                 for i, (_, event) in enumerate(batch):
-                    if is_terminal(event):
+                    if type(event) is not TokensEvent and is_terminal(event):
                         yield batch[: i + 1]
                         return
                 yield batch
