@@ -38,10 +38,15 @@ async def test_a_stream_that_fails_mid_way_ends_with_an_error_chunk_and_done(
     ) -> AsyncIterator[Batch | None]:
         relayed = 0
         async for batch in real_follow(state, request_id, last_id):
+            # Break right after the BREAK_AFTER-th token event, even when the rest of
+            # the request arrived in the same batch.
+            for i, (_, event) in enumerate(batch or ()):
+                if isinstance(event, TokensEvent):
+                    relayed += 1
+                    if relayed == BREAK_AFTER:
+                        yield (batch or [])[: i + 1]
+                        raise ConnectionError("No connection available.")
             yield batch
-            relayed += sum(isinstance(event, TokensEvent) for _, event in batch or ())
-            if relayed >= BREAK_AFTER:
-                raise ConnectionError("No connection available.")
 
     monkeypatch.setattr(fanin, "follow", breaks_mid_way)
     body = {"model": "mock", "prompt": "p", "max_tokens": 200, "stream": True}
