@@ -2,7 +2,7 @@
 
 With ``n`` > 1 or a list of prompts every choice is its own request in the queue
 (so priority, cancellation and crash recovery work per choice); the response
-relays their streams together. :func:`merged` yields ``(choice index, item)`` in
+relays their streams together. :func:`merged` yields ``(choice index, batch)`` in
 arrival order, each choice's events in its own order, and ends once every choice
 has ended.
 """
@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
-from api.follow import follow
+from api.follow import Batch, follow
 from api.state import AppState
 from api.submit import Submitted
-from llmq.schema import Event
 from llmq.tasks import cancel_and_wait
 
-Item = tuple[str, Event] | None
+Item = Batch | None
 
 
 class _End:
@@ -28,7 +27,7 @@ class _End:
 async def merged(
     state: AppState, subs: Sequence[Submitted]
 ) -> AsyncGenerator[tuple[int, Item], None]:
-    """Events of every choice; ``(index, IDLE)`` marks a keep-alive tick."""
+    """Batches of events of every choice; ``(index, IDLE)`` marks a keep-alive tick."""
     if len(subs) == 1:  # the common case: no tasks, no queue
         async for item in follow(state, subs[0].id):
             yield subs[0].index, item

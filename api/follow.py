@@ -4,7 +4,8 @@ A request re-run after a worker failure resumes after the tokens already in its
 stream, but an index can still appear twice (a stopping worker's last write racing
 its re-run, or tokens a dead worker generated but never wrote); :class:`TokenCursor`
 drops what was already relayed, so a client sees each token exactly once.
-:func:`follow` ends after the terminal event, and ends with an ``expired`` error if
+:func:`follow` yields the events that arrived together as one batch (a response
+writes them in one send), ends after the terminal event, and ends with an ``expired`` error if
 the request's record vanished while the stream was idle.
 """
 
@@ -39,30 +40,40 @@ class TokenCursor:
         return fresh
 
 
+#: Entries of one stream in order, as :func:`follow` yields them.
+Batch = list[tuple[str, Event]]
+
+
 async def follow(
     state: AppState, request_id: str, last_id: str = "0-0"
-) -> AsyncIterator[tuple[str, Event] | None]:
-    """Events of the request after ``last_id``; ``None`` marks an idle keep-alive tick."""
+) -> AsyncIterator[Batch | None]:
+    """Events of the request after ``last_id``, in batches of those that arrived
+    together (never empty); ``None`` marks an idle keep-alive tick."""
     keepalive = state.settings.sse_keepalive_seconds
     async with state.relay.subscription(keys.stream(request_id), last_id) as sub:
         state.following.add(sub)  # so that a shutdown can end it cleanly
         try:
             while True:
-                item = await sub.next(keepalive)
-                if item is None:
+                batch = await sub.batch(keepalive)
+                if not batch:
                     if not await state.redis.exists(keys.request(request_id)):
-                        yield (
-                            sub.last_id,
-                            ErrorEvent(
-                                code="expired", message="the request expired before it finished"
-                            ),
-                        )
+                        yield [
+                            (
+                                sub.last_id,
+                                ErrorEvent(
+                                    code="expired",
+                                    message="the request expired before it finished",
+                                ),
+                            )
+                        ]
                         return
                     yield IDLE
                     continue
-                yield item
-                if is_terminal(item[1]):
-                    return
+                for i, (_, event) in enumerate(batch):
+                    if type(event) is not TokensEvent and is_terminal(event):
+                        yield batch[: i + 1]
+                        return
+                yield batch
         finally:
             state.following.discard(sub)
 

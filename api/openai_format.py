@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from api import sse
@@ -106,7 +107,8 @@ class CompletionFormat:
             prefix, _, suffix = whole.partition(json.dumps(placeholder).encode())
             frame = self._frames[index] = (prefix, suffix)
         prefix, suffix = frame
-        return prefix + json.dumps(text).encode() + suffix
+        # What ``json.dumps(text)`` returns, without its wrappers around the C encoder.
+        return prefix + encode_basestring_ascii(text).encode() + suffix
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -13,18 +13,20 @@ The loop is on every token's path, so it does per read only what changed: the
 position of each stream is kept up to date as entries arrive (not recomputed over
 every subscriber), the reply is taken as Redis sends it (redis-py's per-entry
 dict building is skipped), and token events, nearly all of what it reads, are
-decoded without pydantic's validator (:func:`decode_data`).
+decoded without ``json.loads`` or pydantic's validator (:func:`decode_data`).
+A subscriber takes everything that arrived for it at once (:meth:`Subscription.batch`),
+and waits under one keep-alive timer that stays armed across its waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,37 +45,73 @@ def parse_id(stream_id: str) -> StreamId:
     return int(ms), int(seq or 0)
 
 
+#: How a token event written by a worker begins; the index follows.
+_TOKENS_HEAD = '{"type":"tokens","index":'
+_TOKENS_LIST = ',"tokens":['
+#: The fields a token event built from ``index`` and ``tokens`` counts as set
+#: (what ``model_construct`` records for them).
+_TOKENS_SET = frozenset({"index", "tokens"})
+_object_setattr = object.__setattr__
+
+
 def decode_data(raw: str) -> Event | None:
     """The event in a stream entry's ``data`` field; None for a malformed one.
 
-    A well-formed token event (the shape the workers write) is built directly from
-    ``json.loads``; anything else goes through :func:`llmq.schema.decode_event`,
+    A token event of exactly the shape the workers write is read by
+    :func:`_token_event`; anything else goes through :func:`llmq.schema.decode_event`,
     which validates it and logs what it skips.
     """
-    if raw.startswith('{"type":"tokens"'):
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
-        if type(body) is dict and len(body) == 3:
-            index, tokens = body.get("index"), body.get("tokens")
-            if (
-                type(index) is int
-                and index >= 0
-                and type(tokens) is list
-                and tokens
-                and (
-                    type(tokens[0]) is str
-                    if len(tokens) == 1
-                    else all(type(t) is str for t in tokens)
-                )
-            ):
-                return TokensEvent.model_construct(index=index, tokens=tokens)
+    if raw.startswith(_TOKENS_HEAD):
+        event = _token_event(raw)
+        if event is not None:
+            return event
     return decode_event({"data": raw})
+
+
+def _token_event(raw: str) -> TokensEvent | None:
+    """``{"type":"tokens","index":N,"tokens":["...",...]}`` without ``json.loads``.
+
+    This runs for every token the API relays. ``json.loads`` spends most of its
+    time in its Python wrappers around the C scanner, and ``model_construct`` in a
+    loop over the model's fields; here the index is read with ``int``, each token
+    with the C string scanner (``json.decoder.scanstring``, the one ``json.loads``
+    uses, so escapes and errors are the same), and the event is assembled as
+    ``model_construct`` would. Anything else (whitespace, other fields, a key order
+    the workers do not write) returns None and goes the validating way.
+    """
+    start = len(_TOKENS_HEAD)
+    end = raw.find(_TOKENS_LIST, start)
+    digits = raw[start:end]
+    if end < 0 or not (digits.isascii() and digits.isdigit()) or digits[0] == "0" != digits:
+        return None
+    pos = end + len(_TOKENS_LIST)
+    tokens: list[str] = []
+    try:
+        while True:
+            if raw[pos] != '"':
+                return None
+            token, pos = scanstring(raw, pos + 1)
+            tokens.append(token)
+            if raw[pos] != ",":
+                break
+            pos += 1
+    except (ValueError, IndexError):
+        return None
+    if raw[pos:] != "]}":
+        return None
+    event = TokensEvent.__new__(TokensEvent)
+    values = {"type": "tokens", "index": int(digits), "tokens": tokens, "logprobs": None}
+    _object_setattr(event, "__dict__", values)
+    _object_setattr(event, "__pydantic_fields_set__", set(_TOKENS_SET))
+    _object_setattr(event, "__pydantic_extra__", None)
+    _object_setattr(event, "__pydantic_private__", None)
+    return event
 
 
 def _data_field(fields: list[str]) -> str | None:
     """The value of ``data`` in a flat ``[name, value, ...]`` entry."""
+    if len(fields) == 4 and fields[2] == "data":  # how the workers write it: type, data
+        return fields[3]
     for i in range(0, len(fields) - 1, 2):
         if fields[i] == "data":
             return fields[i + 1]
@@ -106,6 +144,11 @@ class Subscription:
     last: StreamId = field(init=False)
     #: The future :meth:`next` waits on while ``items`` is empty.
     _waiter: asyncio.Future[None] | None = field(default=None, init=False)
+    #: When the current wait times out (event loop time).
+    _deadline: float = field(default=0.0, init=False)
+    #: The timer that ends waits past their deadline, and when it fires.
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    _timer_at: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self.last = parse_id(self.last_id)
@@ -129,27 +172,66 @@ class Subscription:
             waiter.set_result(None)
 
     async def next(self, timeout: float) -> tuple[str, Event] | None:
-        """The next entry, or None if none arrived within ``timeout`` seconds.
+        """The next entry, or None if none arrived within ``timeout`` seconds."""
+        if not self.items:
+            await self._arrival(timeout)
+        return self.items.popleft() if self.items else None
 
-        A bare future and one timer handle rather than a queue and a timeout
-        context: this runs once per token of every stream.
+    async def batch(self, timeout: float) -> list[tuple[str, Event]]:
+        """Every entry that arrived, in order: at least one, or none if none arrived
+        within ``timeout`` seconds.
+
+        A client that fell behind by several entries gets them in one go, so its
+        response writes them in one send instead of one per entry.
         """
-        if self.items:  # the common case under load: nothing to wait for
-            return self.items.popleft()
+        if not self.items:
+            await self._arrival(timeout)
+        items = list(self.items)
+        self.items.clear()
+        return items
+
+    async def _arrival(self, timeout: float) -> None:
+        """Wait until an entry arrives or ``timeout`` seconds pass.
+
+        This runs for nearly every token of every stream, and the wait nearly always
+        ends with an entry, long before its timeout (the keep-alive interval). A timer
+        armed and cancelled per wait cost more than the rest of the wait (uvloop's
+        ``call_later`` and ``cancel``: several microseconds), so one timer per
+        subscription stays armed across waits: a wait only notes its deadline, and
+        the timer, when it fires, ends the wait if the deadline passed and otherwise
+        re-arms for it. A bare future rather than a queue: nothing else per wait.
+        """
         loop = asyncio.get_running_loop()
+        deadline = self._deadline = loop.time() + timeout
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(loop, deadline)
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
-        return self.items.popleft() if self.items else None
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(when, self._expire), when
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+    def _expire(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # not waiting: the next wait arms the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._deadline:
+            waiter.set_result(None)
+        else:
+            self._arm(loop, self._deadline)
+
+    def close(self) -> None:
+        """Stop the subscription's timer (it is unsubscribed)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class StreamRelay:
@@ -235,6 +317,7 @@ class StreamRelay:
                 return
 
     def unsubscribe(self, sub: Subscription) -> None:
+        sub.close()
         subs = self._subs.get(sub.key)
         if subs is not None:
             subs.discard(sub)

@@ -38,9 +38,15 @@ def event(event_id: str, kind: str, payload: str) -> bytes:
 class EventStream(Response):
     """``text/event-stream`` of the chunks ``body`` yields; a disconnect closes ``body``.
 
-    On a disconnect the task sending the stream is cancelled wherever it waits,
-    so ``body``'s ``finally`` blocks run (a route cancels its request there) and
-    the response ends quietly, as ``StreamingResponse`` does.
+    The chunks are written by a task of their own. A request's task runs the
+    route under every middleware, some twenty frames deep, and each time a
+    coroutine resumes, every frame between it and its task resumes too: once per
+    chunk, for every chunk of every stream. The stream's own task is a few frames
+    deep, and the request's task waits for it once.
+
+    On a disconnect that task is cancelled wherever it waits, so ``body``'s
+    ``finally`` blocks run (a route cancels its request there) and the response
+    ends quietly, as ``StreamingResponse`` does.
     """
 
     media_type = MEDIA_TYPE
@@ -55,32 +61,34 @@ class EventStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        write: Send = scope.get(SERVER_SEND, send)
-        streaming = asyncio.current_task()
-        disconnected = False
+        streaming = asyncio.create_task(
+            self._write(scope.get(SERVER_SEND, send)), name="sse-stream"
+        )
 
         async def watch() -> None:
-            nonlocal disconnected
             while (await receive())["type"] != "http.disconnect":
                 pass
-            disconnected = True
-            if streaming is not None:
-                streaming.cancel()
+            streaming.cancel()
 
         watcher = asyncio.create_task(watch(), name="sse-disconnect")
         try:
-            async for chunk in self.chunks:
-                await write({"type": "http.response.body", "body": chunk, "more_body": True})
+            await asyncio.wait({streaming})
+        finally:  # also when this task is cancelled: the stream ends with it
             watcher.cancel()
-            await write({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not disconnected or streaming is None:
-                raise
-            streaming.uncancel()
-        finally:
-            watcher.cancel()
+            if not streaming.done():
+                streaming.cancel()
+                await asyncio.wait({streaming})
             with contextlib.suppress(BaseException):
                 await watcher
+        if not streaming.cancelled():  # cancelled: the client went away
+            streaming.result()  # a failure of the stream is the response's
+
+    async def _write(self, write: Send) -> None:
+        try:
+            async for chunk in self.chunks:
+                await write({"type": "http.response.body", "body": chunk, "more_body": True})
+            await write({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
             aclose = getattr(self.chunks, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -11,8 +12,10 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from api.main import YOUNG_COLLECTION_THRESHOLD, _server
 from llmq import keys
 from llmq.embedded import free_port
+from llmq.settings import ApiSettings
 from tests.support.native import wait_ready
 from tests.support.processes import Proc, alive, children_of, clean_env, reap
 from tests.support.servers import StartWorker
@@ -108,3 +111,17 @@ async def test_one_process_dying_stops_all_with_an_error(redis_url: str, redis: 
         await wait_until(lambda: not any(alive(p) for p in before), timeout=10, what="exit")
     finally:
         api.stop()
+
+
+def test_the_garbage_collector_is_tuned_for_streaming_before_serving() -> None:
+    """The app and the modules are frozen (collections skip them) and young
+    collections are rare, so that they do not stall every stream several times a second."""
+    thresholds = gc.get_threshold()
+    gc.unfreeze()
+    try:
+        _server(ApiSettings(redis_url="redis://127.0.0.1:1", port=free_port()))
+        assert gc.get_freeze_count() > 10_000
+        assert gc.get_threshold()[0] == YOUNG_COLLECTION_THRESHOLD > thresholds[0]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)

@@ -11,7 +11,21 @@ from api.submit import Submitted
 
 @pytest.mark.parametrize("fmt_class", [CompletionFormat, ChatFormat])
 @pytest.mark.parametrize("usage", [False, True])
-@pytest.mark.parametrize("text", [" fox", "", 'say "hi"\n', "naïve ☃ \\ \x00 \u2028"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        " fox",
+        "",
+        'say "hi"\n',
+        "naïve ☃ \\ \x00 \u2028",
+        "\x01\x1f\x7f\t\r\b\f",
+        "😀👍🏽 中文",
+        "\ud800",
+        '\\u0041 \\" </script>',
+        '","choices":[',
+        "\x00text\x00",
+    ],
+)
 def test_delta_frames_are_the_encoded_delta_chunks(
     fmt_class: type[CompletionFormat], usage: bool, text: str
 ) -> None:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from api.relay import StreamRelay, decode_data, parse_id, valid_id
+from api.relay import StreamRelay, _token_event, decode_data, parse_id, valid_id
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
 from llmq.schema import TokensEvent, decode_event, encode_event
@@ -80,6 +80,44 @@ async def test_resume_after_an_id_and_two_readers_of_one_stream(
     assert await late.next(0.05) is None
 
 
+async def test_entries_that_arrived_together_come_as_one_batch_in_order(
+    relay: StreamRelay, redis: Redis
+) -> None:
+    """What a subscriber has not taken yet is handed over at once, in stream order,
+    so its response writes it in one send; an empty batch means none arrived."""
+    ids = [await add(redis, "s:b", i) for i in range(5)]
+    sub = await relay.subscribe("s:b")
+    await wait_until(lambda: len(sub.items) == 5, timeout=2, what="the entries to arrive")
+    batch = await sub.batch(1.0)
+    assert [stream_id for stream_id, _ in batch] == ids
+    assert [e.index for _, e in batch if isinstance(e, TokensEvent)] == list(range(5))
+    assert await sub.batch(0.05) == []
+    later = await add(redis, "s:b", 5)
+    assert [stream_id for stream_id, _ in await sub.batch(1.0)] == [later]
+
+
+async def test_a_wait_ends_at_its_own_timeout_whatever_the_waits_before_it(
+    relay: StreamRelay, redis: Redis
+) -> None:
+    """One timer per subscription serves every wait: a short wait after a long one
+    still ends on time, a wait that an entry ends leaves no early timeout behind for
+    the next, and an unsubscribed subscription keeps no timer."""
+    loop = asyncio.get_running_loop()
+    sub = await relay.subscribe("s:t")
+    await add(redis, "s:t", 0)
+    assert await sub.next(30.0) is not None  # a long wait, ended by an entry
+    start = loop.time()
+    assert await sub.next(0.2) is None
+    assert 0.15 <= loop.time() - start < 1.0
+    await add(redis, "s:t", 1)
+    assert await sub.next(0.2) is not None
+    start = loop.time()
+    assert await sub.next(0.5) is None  # not cut short by the previous wait's timer
+    assert loop.time() - start >= 0.45
+    relay.unsubscribe(sub)
+    assert sub._timer is None
+
+
 async def test_malformed_entries_are_stepped_over(relay: StreamRelay, redis: Redis) -> None:
     sub = await relay.subscribe("s:bad")
     await redis.xadd("s:bad", {"data": "garbage"})
@@ -138,8 +176,49 @@ def test_fast_token_decoding_agrees_with_validation() -> None:
         '{"type":"tokens","index":"1","tokens":["a"]}',
         '{"type":"tokens","index":1,"tokens":["a"],"extra":0}',
         '{"type":"tokens","index":1',
+        '{"type":"tokens","index":01,"tokens":["a"]}',
+        '{"type":"tokens","index":+1,"tokens":["a"]}',
+        '{"type":"tokens","index":1,"tokens":["a",]}',
+        '{"type":"tokens","index":1,"tokens":["a"]}}',
+        '{"type":"tokens","index":1,"tokens":["a"] }',
+        '{"type":"tokens","index":1,"tokens":["a\\"]}',
+        '{"type":"tokens","index":1,"tokens":["\x01"]}',
+        '{"type":"tokens","index":1,"tokens":["a" "b"]}',
     ):
         assert decode_data(raw) == decode_event({"data": raw}), raw
+
+
+#: Tokens whose JSON needs care: quotes, backslashes, control characters, escapes
+#: that look like the envelope, non-ASCII and astral characters.
+TRICKY_TOKENS = [
+    " plain",
+    "",
+    '"',
+    "\\",
+    '","tokens":["',
+    "]}",
+    "\n\t\r\x00\x1f\x7f",
+    "\\u0041",
+    "é中文",
+    "😀👍🏽",
+    "\u2028\u2029",
+    "</script>",
+]
+
+
+def test_fast_token_decoding_reads_every_token_the_workers_write() -> None:
+    """Each tricky token, alone and all in one event, comes back exactly, and the
+    event is the one pydantic builds (the same fields, set the same way)."""
+    for tokens in [[t] for t in TRICKY_TOKENS] + [TRICKY_TOKENS]:
+        event = TokensEvent(index=12345678901, tokens=tokens)
+        raw = encode_event(event)["data"]
+        fast = _token_event(raw)  # the fast way must take every one of them
+        assert fast is not None, raw
+        assert decode_data(raw) == fast == event, raw
+        assert isinstance(fast, TokensEvent) and fast.tokens == tokens
+        assert fast.model_dump_json() == raw
+        constructed = TokensEvent.model_construct(index=1, tokens=["a"])
+        assert fast.model_fields_set == constructed.model_fields_set
 
 
 #: How long Redis stays away in the restart test: long enough for the retries to

@@ -15,10 +15,11 @@ import pytest
 from redis.asyncio import Redis
 
 from api import fanin
+from api.follow import Batch
 from api.follow import follow as real_follow
 from api.state import AppState
 from llmq import keys
-from llmq.schema import Event, TokensEvent
+from llmq.schema import TokensEvent
 from tests.support.servers import RunningApi
 from tests.support.sse import frames
 from tests.support.waiting import wait_until
@@ -34,14 +35,18 @@ async def test_a_stream_that_fails_mid_way_ends_with_an_error_chunk_and_done(
 ) -> None:
     async def breaks_mid_way(
         state: AppState, request_id: str, last_id: str = "0-0"
-    ) -> AsyncIterator[tuple[str, Event] | None]:
+    ) -> AsyncIterator[Batch | None]:
         relayed = 0
-        async for item in real_follow(state, request_id, last_id):
-            yield item
-            if item is not None and isinstance(item[1], TokensEvent):
-                relayed += 1
-                if relayed == BREAK_AFTER:
-                    raise ConnectionError("No connection available.")
+        async for batch in real_follow(state, request_id, last_id):
+            # Break right after the BREAK_AFTER-th token event, even when the rest of
+            # the request arrived in the same batch.
+            for i, (_, event) in enumerate(batch or ()):
+                if isinstance(event, TokensEvent):
+                    relayed += 1
+                    if relayed == BREAK_AFTER:
+                        yield (batch or [])[: i + 1]
+                        raise ConnectionError("No connection available.")
+            yield batch
 
     monkeypatch.setattr(fanin, "follow", breaks_mid_way)
     body = {"model": "mock", "prompt": "p", "max_tokens": 200, "stream": True}

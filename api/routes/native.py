@@ -76,17 +76,19 @@ async def _events(state: AppState, record: RequestRecord, last_id: str) -> Async
     # Read from the start, the stream is timed as an OpenAI response is (a resumed
     # read is not: its client already had the first token).
     timer = RelayTimer.since(state, record.model, record.created_at) if last_id == "0-0" else None
-    async for item in follow(state, record.id, last_id):
-        if item is IDLE:
+    async for batch in follow(state, record.id, last_id):
+        if batch is IDLE:
             yield sse.KEEPALIVE
             continue
-        stream_id, event = item
-        if timer is not None:
-            if isinstance(event, TokensEvent):
-                timer.tokens()
-            elif is_terminal(event):
-                timer.end()
-        yield sse.event(stream_id, event.type, event.model_dump_json())
+        frames = []
+        for stream_id, event in batch:
+            if timer is not None:
+                if isinstance(event, TokensEvent):
+                    timer.tokens()
+                elif is_terminal(event):
+                    timer.end()
+            frames.append(sse.event(stream_id, event.type, event.model_dump_json()))
+        yield b"".join(frames)  # what arrived together leaves in one send
 
 
 @router.delete("/v1/requests/{request_id}", responses=error_responses(401, 404))

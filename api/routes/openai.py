@@ -30,7 +30,7 @@ from api.cancel import release_later, unless_disconnected
 from api.errors import ApiError, NotFound, error_body, json_error
 from api.extras import chat_extras, completion_extras
 from api.fanin import Item, merged
-from api.follow import IDLE, TokenCursor
+from api.follow import IDLE, Batch, TokenCursor
 from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
 from api.openapi import GENERATION_RESPONSES, error_responses
 from api.schemas import ChatCompletionRequest, CompletionRequest
@@ -106,15 +106,13 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
         for chunk in fmt.opening():
             yield sse.data(chunk)
         async with contextlib.aclosing(merged(state, fmt.subs)) as events:
-            async for index, item in events:
-                if item is IDLE:
+            async for index, batch in events:
+                if batch is IDLE:
                     yield sse.KEEPALIVE
                     continue
-                frames, ended = _frames(fmt, choices[index], item[1], usage)
-                for frame in frames:
-                    yield frame
-                if isinstance(item[1], TokensEvent) and frames:
-                    timer.tokens()
+                frames, ended = _batch_frames(fmt, choices[index], batch, usage, timer)
+                if frames:  # what arrived together leaves in one send
+                    yield frames[0] if len(frames) == 1 else b"".join(frames)
                 if ended:
                     break  # one choice failed: the others are cancelled below
             else:
@@ -131,6 +129,22 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
     finally:
         for c in choices.values():
             release_later(state, c.sub.model, c.sub.id, cancel=not c.finished)
+
+
+def _batch_frames(
+    fmt: CompletionFormat, choice: _Choice, batch: Batch, usage: UsageSum, timer: RelayTimer
+) -> tuple[list[bytes], bool]:
+    """The SSE frames of one choice's batch of events, and whether the response ends."""
+    out: list[bytes] = []
+    for _, event in batch:
+        frames, ended = _frames(fmt, choice, event, usage)
+        if frames:
+            out += frames
+            if isinstance(event, TokensEvent):
+                timer.tokens()
+        if ended:
+            return out, True
+    return out, False
 
 
 def _frames(
@@ -193,34 +207,47 @@ async def _gather(
     timer: RelayTimer,
     events: AsyncIterator[tuple[int, Item]],
 ) -> Response:
-    left = len(choices)
-    async for index, item in events:
-        if item is IDLE:
+    async for index, batch in events:
+        if batch is IDLE:
             continue
-        choice, event = choices[index], item[1]
-        result = choice.result
-        if isinstance(event, TokensEvent):
-            text, arguments, logprobs = choice.take(event)
-            result.text.extend(text)
-            result.arguments.extend(arguments)
-            if logprobs is not None:
-                result.logprobs = (result.logprobs or []) + list(zip(text, logprobs, strict=False))
-            timer.tokens()
-        elif isinstance(event, ToolCallEvent):
-            choice.tool(event)
-        elif isinstance(event, DoneEvent):
-            choice.finished = True
-            result.finish = event.finish_reason
-            usage.add(choice.sub, event.usage)
-            left -= 1
-            if not left:
-                timer.end()
-                return JSONResponse(fmt.full([c.result for c in choices.values()], usage.total()))
-        elif isinstance(event, ErrorEvent):
-            choice.finished = True
-            timer.end()
-            return json_error(_error_of(event), _error_status(event))
+        for _, event in batch:
+            response = _gathered(fmt, choices, usage, timer, choices[index], event)
+            if response is not None:
+                return response
     raise ApiError("the stream ended without a result", status=500, code="internal_error")
+
+
+def _gathered(
+    fmt: CompletionFormat,
+    choices: dict[int, _Choice],
+    usage: UsageSum,
+    timer: RelayTimer,
+    choice: _Choice,
+    event: Event,
+) -> Response | None:
+    """Take one event of ``choice`` into its result; the response once it is complete."""
+    result = choice.result
+    if isinstance(event, TokensEvent):
+        text, arguments, logprobs = choice.take(event)
+        result.text.extend(text)
+        result.arguments.extend(arguments)
+        if logprobs is not None:
+            result.logprobs = (result.logprobs or []) + list(zip(text, logprobs, strict=False))
+        timer.tokens()
+    elif isinstance(event, ToolCallEvent):
+        choice.tool(event)
+    elif isinstance(event, DoneEvent):
+        choice.finished = True
+        result.finish = event.finish_reason
+        usage.add(choice.sub, event.usage)
+        if all(c.finished for c in choices.values()):
+            timer.end()
+            return JSONResponse(fmt.full([c.result for c in choices.values()], usage.total()))
+    elif isinstance(event, ErrorEvent):
+        choice.finished = True
+        timer.end()
+        return json_error(_error_of(event), _error_status(event))
+    return None
 
 
 async def _respond(
