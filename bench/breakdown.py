@@ -40,7 +40,7 @@ def pipeline_breakdown(redis_url: str, since: float) -> dict[str, float | None]:
     client = redis.Redis.from_url(redis_url)
     try:
         with contextlib.suppress(redis.RedisError, ValueError, KeyError):
-            for key in client.scan_iter(match=keys.request("*"), count=500):
+            for key in client.scan_iter(match=keys.REQUESTS_GLOB, count=500):
                 record: Any = client.hmget(key, ["id", "created_at", "started_at"])
                 rid, created, started = record
                 if rid is None or created is None or started is None:

@@ -1,9 +1,11 @@
 """``llmq tail``: follow the lifecycle stream live in the terminal.
 
-It reads ``llmq:lifecycle`` with a plain ``XREAD`` from the newest entry (or from
-the oldest kept one with ``--from-start``), one line per state change. Consumers
-that must not miss entries across restarts should use a consumer group instead
-(``XGROUP CREATE llmq:lifecycle NAME $ MKSTREAM`` then ``XREADGROUP``).
+It reads the lifecycle streams (``llmq:lifecycle:{r:<k>}``, one per request group,
+see :mod:`llmq.keys`) with a plain ``XREAD`` from the newest entry (or from the
+oldest kept one with ``--from-start``), one line per state change. Consumers that
+must not miss entries across restarts should use a consumer group on each stream
+instead (``XGROUP CREATE llmq:lifecycle:{r:0} NAME $ MKSTREAM`` then
+``XREADGROUP``).
 """
 
 from __future__ import annotations
@@ -55,14 +57,14 @@ async def follow(
         client_name=CLIENT_NAME,
         socket_timeout=BLOCK_MS / 1000 + 5,
     )
-    last = "0-0" if from_start else "$"
+    last = dict.fromkeys(keys.LIFECYCLES, "0-0" if from_start else "$")
     printed = 0
     try:
         while limit is None or printed < limit:
-            reply = await redis.xread({keys.LIFECYCLE: last}, count=500, block=BLOCK_MS)
-            for _, entries in reply or []:
+            reply = await redis.xread(dict(last), count=500, block=BLOCK_MS)  # type: ignore[arg-type]
+            for key, entries in reply or []:
                 for entry_id, fields in entries:
-                    last = entry_id
+                    last[key] = entry_id
                     try:
                         note = Lifecycle.model_validate_json(fields.get("data", ""))
                     except ValidationError:

@@ -26,6 +26,7 @@ from api.state import AppState
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.settings import ApiSettings, WorkerSettings
+from tests.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
 from tests.procs import Proc, clean_env
 from tests.waiting import wait_until
 from worker.main import serve

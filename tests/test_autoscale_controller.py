@@ -19,6 +19,7 @@ from llmq.autoscale.signals import Snapshot
 from llmq.autoscale.state import autoscaled
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
+from llmq.streams import lifecycle_entries
 from tests.conftest import StartApi, StartWorker
 from tests.native import submit, wait_status
 from tests.waiting import wait_until
@@ -107,7 +108,7 @@ async def test_every_decision_is_visible(redis_url: str, redis: Redis) -> None:
     await run
     counts = await redis.hgetall(keys.metric(metrics.AUTOSCALER_ACTIONS.name))  # type: ignore[misc]
     assert counts == {json.dumps(["", "mock", "up", "activation"]): "1"}
-    entries = await redis.xrange(keys.LIFECYCLE)
+    entries = await lifecycle_entries(redis)
     scaled = [json.loads(f["data"]) for _, f in entries if f["event"] == "scaled"]
     assert len(scaled) == 1
     assert {k: scaled[0][k] for k in ("direction", "reason", "actual", "target")} == {

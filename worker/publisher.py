@@ -281,7 +281,7 @@ class StreamPublisher:
                 keys.stream(request_id),
                 keys.request(request_id),
                 keys.fence(request_id),
-                keys.LIFECYCLE,
+                keys.lifecycle(request_id),
             ]
             pipe.evalsha(self._script.sha, len(request_keys), *request_keys, *args)
         return pipe

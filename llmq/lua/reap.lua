@@ -1,7 +1,8 @@
 -- Requests whose lease ran out in lease time (their worker died, stopped, or is cut
--- off) go back to the queue at their original score, and their fence rises past
--- the attempt that held the lease, so that worker's later writes are refused
--- (publish.lua). Returns llmq.codec.Reaped pairs: id, attempt.
+-- off) go back to the queue at their original score. Returns llmq.codec.Reaped
+-- pairs (id, attempt), whose fences the caller then raises past the attempt
+-- (fence.lua, in each request's slot), so that worker's later writes are refused
+-- (publish.lua).
 local running_key = KEYS[1]
 local queue_key = KEYS[2]
 local leases_key = KEYS[3]
@@ -11,8 +12,6 @@ local clock_key = KEYS[5]
 local limit = ARGV[1]
 local wake_channel = ARGV[2]
 local in_progress_prefix = ARGV[3]
-local fence_prefix = ARGV[4]
-local ttl = ARGV[5]
 
 local now = lease_now(clock_key)
 local due = redis.call('ZRANGEBYSCORE', running_key, '-inf', ms(now), 'LIMIT', 0, limit)
@@ -25,7 +24,6 @@ for _, id in ipairs(due) do
   if score then
     redis.call('ZADD', queue_key, score, id)
     redis.call('HSET', costs_key, id, cost)
-    raise_fence(fence_prefix .. id, attempt + 1, ttl)
     table.insert(out, id)
     table.insert(out, attempt)
   end
