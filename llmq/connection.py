@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any, cast
+from weakref import WeakSet
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline
@@ -279,6 +280,19 @@ class ClusterClient(RedisCluster):
     docstring for the writes that ask for one) and running scripts in pipelines
     (:class:`ScriptPipeline`)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nodes_manager.startup_nodes = _StartupNodes(self.nodes_manager.startup_nodes)
+
+    async def initialize(self) -> ClusterClient:
+        """Discover the cluster, then keep every node found as a node to start from:
+        after a failover the cluster is found from any survivor, not only the URL's
+        node."""
+        await super().initialize()
+        for node in list(self.nodes_manager.nodes_cache.values()):
+            self.nodes_manager.startup_nodes.setdefault(node.name, node)
+        return self
+
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None
     ) -> ClusterPipeline:
@@ -290,6 +304,16 @@ class ClusterClient(RedisCluster):
         await super().aclose()
 
 
+class _StartupNodes(dict[str, ClusterNode]):
+    """The nodes a cluster client rediscovers the cluster from, which a timeout does
+    not shrink. redis-py drops a node from them on any connection error or timeout
+    of a command it served; on a busy host (or a one-shard cluster) a single slow
+    reply then left none, and the client could never connect again."""
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        return self.get(key, default)
+
+
 def connect_cluster(
     settings: CommonSettings,
     *,
@@ -299,7 +323,7 @@ def connect_cluster(
 ) -> ClusterClient:
     """A cluster client for a ``redis+cluster://`` URL; ``max_connections`` per node."""
     kwargs = pool_kwargs(settings, max_connections=max_connections)
-    client: ClusterClient = ClusterClient.from_url(
+    client = ClusterClient.from_url(
         plain_url(settings.redis_url),
         decode_responses=decode_responses,
         max_connections=kwargs["max_connections"],
@@ -307,7 +331,7 @@ def connect_cluster(
         socket_connect_timeout=kwargs["socket_connect_timeout"],
         retry=kwargs["retry"],
     )
-    return client
+    return cast(ClusterClient, client)
 
 
 class SlotPool(BoundedPool):
@@ -325,15 +349,15 @@ class SlotPool(BoundedPool):
         super().__init__(**kwargs)
         self.cluster = cluster
         self.key = key
-        self._connected = False
+        self._pointed: WeakSet[Any] = WeakSet()
 
     async def ensure_connection(self, connection: Any) -> None:
         if not connection.is_connected:  # new, or dropped after an error
-            if self._connected:  # a reconnect: the slot may have moved
+            if connection in self._pointed:  # a reconnect: the slot may have moved
                 await self.cluster.nodes_manager.initialize()
             node = owner(self.cluster, self.key)
             connection.host, connection.port = node.host, node.port
-            self._connected = True
+            self._pointed.add(connection)
         await super().ensure_connection(connection)
 
 

@@ -381,29 +381,30 @@ class Queue:
         return codec.parse_renew(held, reply)
 
     async def reap(self, model: str, limit: int = 100) -> list[tuple[str, int]]:
-        """Requeue requests whose lease ran out in lease time, then fence off the
-        attempts that held them; returns (id, attempt) pairs.
+        """Requeue requests whose lease ran out in lease time, fencing off the
+        attempts that held them first; returns (id, attempt) pairs.
 
-        Requeue first (model slot), fences next (each request's slot): a crash
-        between the two leaves a requeued request whose old attempt is not yet
-        fenced; its lease is gone, so that worker's next renewal tells it to stop,
-        and the next attempt's first write raises the fence past it
-        (``publish.lua``), while token indexes keep any write of both from being
-        doubled.
+        Three calls (``llmq/lua/reap.lua``): which leases are due (model slot), their
+        fences raised (each request's slot), then the requeue of those whose lease
+        is still that attempt's (model slot). So once a request is back in the
+        queue, nothing of the attempt that lost it lands, as when it was one step.
+        A crash after the fences leaves fenced attempts whose leases are still due:
+        the next sweep reaps them. A sweep with nothing due costs one call.
         """
-        reply = await self.scripts.reap(
-            keys=[
-                keys.running(model),
-                keys.queue(model),
-                keys.leases(model),
-                keys.costs(model),
-                keys.clock(model),
-            ],
-            args=[limit, keys.wake(model), keys.in_progress_prefix(model)],
-        )
-        reaped = codec.parse_reaped(reply)
-        await self.raise_fences(reaped)
-        return reaped
+        keys_ = [
+            keys.running(model),
+            keys.queue(model),
+            keys.leases(model),
+            keys.costs(model),
+            keys.clock(model),
+        ]
+        args: list[Any] = [limit, keys.wake(model), keys.in_progress_prefix(model)]
+        due = codec.parse_reaped(await self.scripts.reap(keys=keys_, args=args))
+        if not due:
+            return []
+        await self.raise_fences(due)
+        pairs = [x for rid, attempt in due for x in (rid, attempt)]
+        return codec.parse_reaped(await self.scripts.reap(keys=keys_, args=[*args, *pairs]))
 
     async def api_beat(self, process_id: str, grace_seconds: float) -> None:
         """Renew an API process's liveness lease: dead ``grace_seconds`` of lease time

@@ -20,7 +20,7 @@ from redis.crc import key_slot
 
 from llmq import keys
 from llmq.embedded import EmbeddedRedis
-from tests.cluster import LocalCluster
+from llmq.embedded_cluster import EmbeddedCluster
 from tests.conftest import SpawnWorkers, StartApi, StartWorker
 from tests.native import record, submit, wait_ready, wait_status
 from tests.sse import frames, openai_chunks
@@ -39,7 +39,7 @@ async def redis(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[R
     """The test's client: a plain one, or a cluster client (routing by slot)."""
     client: Redis
     if backend == "cluster":
-        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
         cluster.flush()
         client = cast(
             Redis,
@@ -56,7 +56,7 @@ async def redis(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[R
 @pytest.fixture
 def redis_url(backend: str, request: pytest.FixtureRequest, redis: Redis) -> str:
     if backend == "cluster":
-        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
         return cluster.url
     server: EmbeddedRedis = request.getfixturevalue("redis_server")
     return server.url
