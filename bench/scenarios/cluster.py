@@ -154,7 +154,8 @@ def run(ctx: Context) -> ScenarioResult:
     finally:
         for stack in stacks.values():
             stack.close()
-    rows, summary = [], {}
+    rows: list[list[str]] = []
+    summary: dict[int, dict[int, dict[str, Any]]] = {}
     for n in s.shards:
         for users, level in sorted(runs[n].items()):
             row = {
