@@ -1,7 +1,7 @@
 """Where a request's time goes inside llmq, read back from Redis after a run.
 
 The client sees one TTFT; the pipeline leaves timestamps behind that split it:
-the request record (``llmq:req:<id>``: ``created_at`` when the API accepted it,
+the request record (``llmq.keys.request(id)``: ``created_at`` when the API accepted it,
 ``started_at`` when a worker started it) and the request's stream, whose entry
 ids carry the millisecond at which the worker wrote each event. So, per request:
 

@@ -245,6 +245,9 @@ def connect(
     return Redis(connection_pool=pool)
 
 
+#: Connections a cluster client may open per node, as a multiple of the plain pool.
+CLUSTER_POOL_FACTOR = 4
+
 #: The URL schemes that choose a Redis Cluster, mapped to the plain scheme.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -321,12 +324,19 @@ def connect_cluster(
     max_connections: int | None = None,
     socket_timeout: float | None = None,
 ) -> ClusterClient:
-    """A cluster client for a ``redis+cluster://`` URL; ``max_connections`` per node."""
+    """A cluster client for a ``redis+cluster://`` URL.
+
+    redis-py's cluster client does not wait for a free connection: a node whose
+    connections are all busy fails the command at once (``MaxConnectionsError``,
+    not retried). So each node may open :data:`CLUSTER_POOL_FACTOR` times the
+    plain pool's connections (opened only as needed), which a burst of requests
+    to one shard does not exhaust.
+    """
     kwargs = pool_kwargs(settings, max_connections=max_connections)
     client = ClusterClient.from_url(
         plain_url(settings.redis_url),
         decode_responses=decode_responses,
-        max_connections=kwargs["max_connections"],
+        max_connections=kwargs["max_connections"] * CLUSTER_POOL_FACTOR,
         socket_timeout=socket_timeout or kwargs["socket_timeout"],
         socket_connect_timeout=kwargs["socket_connect_timeout"],
         retry=kwargs["retry"],

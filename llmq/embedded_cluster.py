@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import Any, cast
 
 import redis
 
@@ -69,6 +70,9 @@ class EmbeddedCluster:
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "1000",
+                    # a replica syncs at once, not after the default 5 s wait for others
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ),
             )
             os.makedirs(node.directory, exist_ok=True)
@@ -113,16 +117,29 @@ class EmbeddedCluster:
                 client.close()
 
     def ready(self) -> bool:
-        """Every node says ``cluster_state:ok``."""
+        """Every node says ``cluster_state:ok``, and every replica is in sync (one that
+        never synced cannot take over from its primary)."""
         for node in self.nodes:
             client = redis.Redis(port=node.port, decode_responses=True)
             try:
                 info = str(client.execute_command("CLUSTER", "INFO"))  # type: ignore[no-untyped-call]
+                replication = cast(dict[str, Any], client.info("replication"))
             finally:
                 client.close()
             if "cluster_state:ok" not in info:
                 return False
+            if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                return False
         return True
+
+    def owner_of(self, key: str) -> EmbeddedRedis:
+        """The node serving ``key``'s slot now."""
+        client = redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+        try:
+            port = client.get_node_from_key(key).port
+        finally:
+            client.close()
+        return next(n for n in self.nodes if n.port == port)
 
     def flush(self) -> None:
         """Empty every primary."""
