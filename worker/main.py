@@ -62,7 +62,10 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
     away, logged once per outage; after a reconnect the worker polls once, since a
     wake-up may have been missed meanwhile, and a missed cancel is found by the next
     lease renewal (the cancel flag). The worker parks (and so can be handed
-    requests) only through that poll, after its channel is subscribed.
+    requests) only through that poll, after its channel is subscribed. On a Redis
+    Cluster the connection goes to the node that owns the model's slot, where the
+    enqueue script publishes, and after a failover to its successor
+    (:class:`llmq.connection.SlotPool`).
     """
     wake_channel, cancel_channel = keys.wake(model), keys.cancel_channel(model)
     handoff_channel = keys.handoff(worker.worker_id, model)
