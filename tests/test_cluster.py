@@ -23,8 +23,10 @@ from llmq.embedded import EmbeddedRedis
 from llmq.embedded_cluster import EmbeddedCluster
 from tests.conftest import SpawnWorkers, StartApi, StartWorker
 from tests.native import record, submit, wait_ready, wait_status
+from tests.procs import Proc, clean_env
 from tests.sse import frames, openai_chunks
 from tests.test_resume import undisturbed
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -137,3 +139,29 @@ async def test_a_killed_workers_request_is_reaped_and_resumed(
     assert text == "".join(await undisturbed(max_tokens, seed)), "tokens lost or repeated"
     assert final["attempts"] == 2 and final["worker"] != victim
     assert final["completion_tokens"] == max_tokens
+
+
+async def test_llmq_tail_reads_every_lifecycle_stream(
+    start_api: StartApi, start_worker: StartWorker, redis_url: str
+) -> None:
+    """The lifecycle is 64 streams, spread over the shards: ``llmq tail`` reads them
+    all (one blocking read on a single Redis, polling per stream on a cluster)."""
+    await start_worker()
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        rids = [await submit(client, f"watched {i}", max_tokens=3) for i in range(3)]
+        for rid in rids:
+            await wait_status(client, rid, "done")
+    tail = Proc(["tail", "--from-start", "--redis-url", redis_url], clean_env())
+    try:
+
+        def lines() -> list[list[str]]:
+            return [line.split() for line in tail.output().splitlines()]
+
+        await wait_until(lambda: len(lines()) >= 12, timeout=20, what="twelve lines")
+    finally:
+        tail.stop()
+    for rid in rids:
+        events = [words[1] for words in lines() if len(words) > 2 and words[2] == rid]
+        assert events == ["queued", "started", "first_token", "finished"]
