@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 
 from llmq import codec, keys, metrics
@@ -153,8 +153,11 @@ class Queue:
         Three slots are written, in this order (see :mod:`llmq.keys`): the global
         slot (attached set) with the request's slot (record and ``queued`` note,
         ``llmq/lua/record.lua``) in one round trip, then the model's slot (queue,
-        job, hand-off). Before the last step nobody can run or see the request:
-        the API has not answered with its id, and no worker can claim it. So a
+        job, hand-off); on a single Redis all three go in one pipeline on one
+        connection, which runs them in that order in one round trip, while a
+        cluster client waits for the first before it sends the last (its pipelines
+        run per node, in parallel). Before the last step nobody can run or see the
+        request: the API has not answered with its id, and no worker can claim it. So a
         crash between the steps leaves a record and a note nobody asks about (the
         record expires with its TTL) and at worst an attached member of a request
         that does not exist, whose cancel by the orphan sweep only sets a flag that
@@ -166,9 +169,13 @@ class Queue:
         call = Enqueue(
             request_id, model, job, score, cost, deadline_ms, record, lifecycle, attach_to
         )
-        notes = await self._record([call])
         keys_, args = self._enqueue_call(call, max_depth)
-        admitted = Admission(int(await self.scripts.enqueue(keys=keys_, args=args)))
+        if isinstance(self.redis, RedisCluster):  # other nodes: the record lands first
+            notes, _ = await self._record([call])
+            admitted = Admission(int(await self.scripts.enqueue(keys=keys_, args=args)))
+        else:  # one connection runs them in order: one round trip
+            notes, reply = await self._record([call], then=(keys_, args))
+            admitted = Admission(int(reply))
         if not admitted:
             await self._unrecord([call], notes)
         return admitted
@@ -180,7 +187,7 @@ class Queue:
         enqueued exactly as :meth:`enqueue` would (see ``llmq/lua/enqueue_batch.lua``),
         its record and note written first as there.
         """
-        notes = await self._record(calls)
+        notes, _ = await self._record(calls)
         all_keys: list[str] = []
         counts: list[int] = []
         all_args: list[Any] = []
@@ -196,10 +203,14 @@ class Queue:
             await self._unrecord(calls, notes)
         return bool(admitted)
 
-    async def _record(self, calls: list[Enqueue]) -> list[str]:
+    async def _record(
+        self, calls: list[Enqueue], then: tuple[list[str], list[Any]] | None = None
+    ) -> tuple[list[str], Any]:
         """The requests' records and ``queued`` notes, and their attached members, in
         one round trip; returns the notes' entry ids. Also makes the model known to
-        the deadline sweep (once per process and model)."""
+        the deadline sweep (once per process and model). ``then``: the KEYS and ARGV
+        of an enqueue script call to make after them in the same pipeline (on one
+        connection, so in that order), whose reply is returned too."""
         model = calls[0].model
         if model not in self.models:
             await cast("Awaitable[int]", self.redis.sadd(keys.MODELS, model))
@@ -225,9 +236,13 @@ class Queue:
             if attach_to:
                 members = [keys.attached_member(c.request_id, c.model) for c in calls]
                 pipe.sadd(keys.attached(attach_to), *members)
+            if then is not None:
+                pipe.evalsha(self.scripts.enqueue.sha, len(then[0]), *then[0], *then[1])
 
-        replies = await run_pipelined(self.redis, script, calls_, extra)
-        return [as_str(r) for r in replies[: len(calls)]]
+        replies = await run_pipelined(
+            self.redis, script, calls_, extra, also=(self.scripts.enqueue,)
+        )
+        return [as_str(r) for r in replies[: len(calls)]], replies[-1]
 
     async def _unrecord(self, calls: list[Enqueue], notes: list[str]) -> None:
         """Undo :meth:`_record` for refused requests (``llmq/lua/unrecord.lua``)."""

@@ -118,13 +118,15 @@ async def run_pipelined(
     script: AsyncScript,
     calls: Sequence[Call],
     extra: Callable[[Pipeline], None] | None = None,
+    also: Sequence[AsyncScript] = (),
 ) -> list[Any]:
     """Run ``script`` once per (keys, args) of ``calls``, then whatever ``extra`` adds,
     in one non-transactional pipeline (on a cluster, one per node, in parallel).
 
-    By EVALSHA, loading the script and running the whole pipeline again if Redis
-    lost its script cache (a restart): nothing of a failed EVALSHA ran, and the
-    other commands must be ones that may run twice.
+    By EVALSHA, loading the script (and the scripts ``extra`` runs, ``also``) and
+    running the whole pipeline again if Redis lost its script cache (a restart).
+    The scripts are loaded together and a cache is lost whole, so then none of the
+    pipeline's EVALSHAs ran; its other commands must be ones that may run twice.
     """
 
     def build() -> Pipeline:
@@ -138,5 +140,6 @@ async def run_pipelined(
     try:
         return await build().execute()
     except NoScriptError:
-        script.sha = await redis.script_load(script.script)
+        for s in (script, *also):
+            s.sha = await redis.script_load(s.script)
         return await build().execute()
