@@ -9,19 +9,22 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
+from typing import cast
 
 from fastapi import FastAPI
+from redis.asyncio import Redis, RedisCluster
 from starlette.types import Receive, Scope, Send
 
 from api import errors, openapi, sse
 from api.catalog import Catalog
 from api.limits import BodyLimit
 from api.relay import StreamRelay
+from api.relays import GroupedRelay
 from api.routes import health, native, openai
 from api.routes import metrics as metrics_routes
 from api.state import AppState
 from llmq import __version__, keys, metrics
-from llmq.connection import connect
+from llmq.connection import connect, is_cluster
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
 from llmq.sweep import sweep_forever
@@ -67,10 +70,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
         redis = connect(settings)
         # The relay's XREAD blocks: it gets its own connection, with a socket timeout
         # longer than the block time.
-        blocking = connect(
-            settings, max_connections=2, socket_timeout=settings.relay_block_ms / 1000 + 5
-        )
-        relay = StreamRelay(blocking, keys.control(process_id), block_ms=settings.relay_block_ms)
+        blocking: Redis | None = None
+        relay: StreamRelay | GroupedRelay
+        if is_cluster(settings):  # a reader per slot (api/relays.py)
+            relay = GroupedRelay(settings, cast(RedisCluster, redis), process_id)
+        else:
+            blocking = connect(
+                settings, max_connections=2, socket_timeout=settings.relay_block_ms / 1000 + 5
+            )
+            relay = StreamRelay(
+                blocking, keys.control(process_id), block_ms=settings.relay_block_ms
+            )
         recorder = metrics.Recorder()
         state = AppState(
             settings=settings,
@@ -114,7 +124,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     await state.queue.api_gone(process_id)
             await metrics.final_flush(state.metrics, redis)
             await relay.stop()
-            await blocking.aclose(close_connection_pool=True)
+            if blocking is not None:
+                await blocking.aclose(close_connection_pool=True)
             await redis.aclose(close_connection_pool=True)
 
     app = _App(

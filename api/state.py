@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from api.catalog import Catalog
 from api.relay import StreamRelay, Subscription
+from api.relays import GroupedRelay
 from llmq.metrics import Recorder
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
@@ -25,7 +26,7 @@ class AppState:
     settings: ApiSettings
     process_id: str
     redis: Redis
-    relay: StreamRelay
+    relay: StreamRelay | GroupedRelay
     catalog: Catalog
     queue: Queue
     accept_models: frozenset[str]

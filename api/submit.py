@@ -1,8 +1,10 @@
 """Admission: validate a generation request against the limits and enqueue it.
 
-Everything that can refuse a request is checked before anything is written, and
-the write itself is one Lua script (queue bound, job, record, wake-up), so a
-refused request leaves no job, key or queue entry behind. A request with several
+Everything that can refuse a request is checked before anything is written; the
+write itself is the request's record and then one Lua script in its model's slot
+(queue bound, job, wake-up or hand-off, see :meth:`llmq.queue.Queue.enqueue`), and
+a request the queue refuses has its record deleted again, so it leaves no job, key
+or queue entry behind. A request with several
 choices (``n``, a prompt list) becomes one queued request per choice, written by
 one script call that admits all of them or none.
 """

@@ -1,7 +1,7 @@
 """Where a request's time goes inside llmq, read back from Redis after a run.
 
 The client sees one TTFT; the pipeline leaves timestamps behind that split it:
-the request record (``llmq:req:<id>``: ``created_at`` when the API accepted it,
+the request record (``llmq.keys.request(id)``: ``created_at`` when the API accepted it,
 ``started_at`` when a worker started it) and the request's stream, whose entry
 ids carry the millisecond at which the worker wrote each event. So, per request:
 
@@ -40,7 +40,7 @@ def pipeline_breakdown(redis_url: str, since: float) -> dict[str, float | None]:
     client = redis.Redis.from_url(redis_url)
     try:
         with contextlib.suppress(redis.RedisError, ValueError, KeyError):
-            for key in client.scan_iter(match=keys.request("*"), count=500):
+            for key in client.scan_iter(match=keys.REQUESTS_GLOB, count=500):
                 record: Any = client.hmget(key, ["id", "created_at", "started_at"])
                 rid, created, started = record
                 if rid is None or created is None or started is None:

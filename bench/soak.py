@@ -46,7 +46,8 @@ def sample(stack: Stack, client: redis.Redis) -> dict[str, float]:
     out["redis_keys"] = float(client.dbsize())  # type: ignore[arg-type]
     out["redis_used_memory"] = float(info["used_memory"])
     out["redis_clients"] = float(info["connected_clients"])
-    out["lifecycle_entries"] = float(client.xlen(keys.LIFECYCLE))  # type: ignore[arg-type]
+    lengths: list[int] = [client.xlen(k) for k in keys.LIFECYCLES]  # type: ignore[misc]
+    out["lifecycle_entries"] = float(sum(lengths))
     return out
 
 

@@ -2,12 +2,12 @@
 decoded here and nowhere else in Python. Each format is documented next to its code;
 the Lua side reads or writes the same text.
 
-- lease (``llmq:leases:<model>`` hash value): ``"score:cost:attempt"``, written by
+- lease (``llmq:leases:{m:<model>}`` hash value): ``"score:cost:attempt"``, written by
   claim.lua and enqueue.lua (hand-off), read by renew, requeue, release and reap;
-- deadline member (``llmq:deadlines``, ``llmq:attached:<api>``): ``"<id>:<model>"``;
-- parked terms (``llmq:parked-terms:<model>``): ``"free|budget|idle|lease ms|in-progress
+- attached member (``llmq:{g}:attached:<api>``): ``"<id>:<model>"``;
+- parked terms (``llmq:parked-terms:{m:<model>}``): ``"free|budget|idle|lease ms|in-progress
   ms"``, written and read by Lua only (claim.lua, enqueue.lua);
-- hand-off message (``llmq:handoff:<worker>``): ``"id|score|cost|try|job"``;
+- hand-off message (``llmq:handoff:{m:<model>}:<worker>``): ``"id|score|cost|try|job"``;
 - claim reply: ``[id, score, cost, job, try, more, expired..., "|", cancelled...]``;
 - renew reply: one of ``ok``/``lost``/``cancelled`` per (id, attempt) pair sent;
 - reap reply: ``[id, attempt, id, attempt, ...]``;
@@ -49,12 +49,12 @@ class Lease:
         return cls(int(score), int(cost), int(attempt))
 
 
-def deadline_member(request_id: str, model: str) -> str:
+def attached_member(request_id: str, model: str) -> str:
     return f"{request_id}:{model}"
 
 
 def parse_member(member: bytes | str) -> tuple[str, str]:
-    """``(id, model)`` of a deadline member; empty strings if malformed."""
+    """``(id, model)`` of an attached member; empty strings if malformed."""
     request_id, _, model = as_str(member).partition(":")
     return request_id, model
 

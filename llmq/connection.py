@@ -13,19 +13,33 @@ With ``LLMQ_REDIS_SENTINELS`` set, every pool asks the Sentinels for the primary
 when it opens a connection, so after a failover the next connection (every
 connection error drops the broken one) goes to the new primary, and a connection
 still open to a demoted primary is dropped on its first refused write.
+
+With a ``redis+cluster://host:port`` URL (``rediss+cluster://`` for TLS), llmq runs
+on a Redis Cluster: :func:`connect` returns redis-py's cluster client (it finds the
+other nodes from the one named, routes each command and script by its keys' slot,
+and follows MOVED redirections and failovers), and :class:`SlotPool` gives the
+plain connections that the cluster client lacks (pub/sub, the relay's blocking
+reads) to whichever node owns one slot now. Every script's keys share a slot
+(:mod:`llmq.keys`), so the cluster client runs them as they are. Its pipelines
+cannot be transactions: a ``transaction=True`` pipeline runs as a plain one there
+(:class:`ClusterClient`), which only the few multi-key bookkeeping writes use
+(unparking, unregistering, a metrics flush).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
+from weakref import WeakSet
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ClusterError, MovedError, RedisClusterException, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -38,6 +52,19 @@ DEFAULT_POOL_SIZE = 64
 #: Connections a worker needs beside one per running request: claim, heartbeat,
 #: sweep, pub/sub listeners, cancels.
 WORKER_POOL_HEADROOM = 16
+
+
+#: What a loop that talks to Redis waits out rather than dies of: Redis (or the
+#: node owning a slot) is away, or a Redis Cluster is moving a slot or failing over.
+OUTAGE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    RedisClusterException,
+    ClusterError,
+    MovedError,
+    TryAgainError,
+)
 
 
 class PoolExhausted(RedisConnectionError):
@@ -206,6 +233,166 @@ def connect(
     max_connections: int | None = None,
     socket_timeout: float | None = None,
 ) -> Redis:
-    """A client with ``str`` responses over a bounded, retrying pool."""
+    """A client with ``str`` responses over a bounded, retrying pool; on a Redis
+    Cluster the cluster client, which answers the same commands (typed as ``Redis``
+    for its callers: it is used only through the commands both share)."""
+    if is_cluster(settings):
+        cluster = connect_cluster(
+            settings, max_connections=max_connections, socket_timeout=socket_timeout
+        )
+        return cast(Redis, cluster)
     pool = make_pool(settings, max_connections=max_connections, socket_timeout=socket_timeout)
     return Redis(connection_pool=pool)
+
+
+#: Connections a cluster client may open per node, as a multiple of the plain pool.
+CLUSTER_POOL_FACTOR = 4
+
+#: The URL schemes that choose a Redis Cluster, mapped to the plain scheme.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster(settings: CommonSettings) -> bool:
+    """Whether ``redis_url`` names a Redis Cluster (``redis+cluster://``)."""
+    return settings.redis_url.partition("://")[0] in CLUSTER_SCHEMES
+
+
+def plain_url(url: str) -> str:
+    """``url`` with a cluster scheme turned into the plain one (same node, same options)."""
+    scheme, sep, rest = url.partition("://")
+    return CLUSTER_SCHEMES.get(scheme, scheme) + sep + rest
+
+
+class ScriptPipeline(ClusterPipeline):
+    """redis-py's cluster pipeline, with EVALSHA allowed back in.
+
+    redis-py blocks EVALSHA in cluster pipelines, as it cannot know in general that
+    a script keeps to its declared keys. llmq's scripts do, all in one slot, so the
+    pipeline routes each call by its keys like any other command; the publisher's
+    batched flushes and the fence raises after a reap rely on it.
+    """
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
+        return self
+
+
+class ClusterClient(RedisCluster):
+    """redis-py's asyncio cluster client, taking ``transaction=True`` pipelines as
+    plain ones (the cluster client refuses transactions outright; see the module
+    docstring for the writes that ask for one) and running scripts in pipelines
+    (:class:`ScriptPipeline`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nodes_manager.startup_nodes = _StartupNodes(self.nodes_manager.startup_nodes)
+
+    async def initialize(self) -> ClusterClient:
+        """Discover the cluster, then keep every node found as a node to start from:
+        after a failover the cluster is found from any survivor, not only the URL's
+        node."""
+        await super().initialize()
+        for node in list(self.nodes_manager.nodes_cache.values()):
+            self.nodes_manager.startup_nodes.setdefault(node.name, node)
+        return self
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        return ScriptPipeline(self)  # type: ignore[abstract]
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        """Close every node's connections (``close_connection_pool`` is the plain
+        client's argument, accepted so that callers need not tell them apart)."""
+        await super().aclose()
+
+
+class _StartupNodes(dict[str, ClusterNode]):
+    """The nodes a cluster client rediscovers the cluster from, which a timeout does
+    not shrink. redis-py drops a node from them on any connection error or timeout
+    of a command it served; on a busy host (or a one-shard cluster) a single slow
+    reply then left none, and the client could never connect again."""
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        return self.get(key, default)
+
+
+def connect_cluster(
+    settings: CommonSettings,
+    *,
+    decode_responses: bool = True,
+    max_connections: int | None = None,
+    socket_timeout: float | None = None,
+) -> ClusterClient:
+    """A cluster client for a ``redis+cluster://`` URL.
+
+    redis-py's cluster client does not wait for a free connection: a node whose
+    connections are all busy fails the command at once (``MaxConnectionsError``,
+    not retried). So each node may open :data:`CLUSTER_POOL_FACTOR` times the
+    plain pool's connections (opened only as needed), which a burst of requests
+    to one shard does not exhaust.
+    """
+    kwargs = pool_kwargs(settings, max_connections=max_connections)
+    client = ClusterClient.from_url(
+        plain_url(settings.redis_url),
+        decode_responses=decode_responses,
+        max_connections=kwargs["max_connections"] * CLUSTER_POOL_FACTOR,
+        socket_timeout=socket_timeout or kwargs["socket_timeout"],
+        socket_connect_timeout=kwargs["socket_connect_timeout"],
+        retry=kwargs["retry"],
+    )
+    return cast(ClusterClient, client)
+
+
+class SlotPool(BoundedPool):
+    """A bounded pool of plain connections to the node that owns ``key``'s slot.
+
+    Each connection it hands out is pointed at the slot's owner as the cluster
+    client last saw it. A connection that was dropped (after an error: a failover,
+    a MOVED reply) makes the pool ask the cluster for its slots again first, so the
+    next one goes to the new owner. Used for what the cluster client cannot do:
+    pub/sub on the node whose scripts publish (the hand-off counts receivers there)
+    and the relay's blocking reads.
+    """
+
+    def __init__(self, cluster: RedisCluster, key: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cluster = cluster
+        self.key = key
+        self._pointed: WeakSet[Any] = WeakSet()
+
+    async def ensure_connection(self, connection: Any) -> None:
+        if not connection.is_connected:  # new, or dropped after an error
+            if connection in self._pointed:  # a reconnect: the slot may have moved
+                await self.cluster.nodes_manager.initialize()
+            node = owner(self.cluster, self.key)
+            connection.host, connection.port = node.host, node.port
+            self._pointed.add(connection)
+        await super().ensure_connection(connection)
+
+
+def owner(cluster: RedisCluster, key: str) -> ClusterNode:
+    """The node that serves ``key``'s slot, as the cluster client last saw it."""
+    node = cluster.get_node_from_key(key)
+    if node is None:
+        raise RedisConnectionError(f"no node serves the slot of {key!r}")
+    return node
+
+
+async def slot_pool(
+    settings: CommonSettings,
+    cluster: RedisCluster,
+    key: str,
+    *,
+    decode_responses: bool = True,
+    max_connections: int | None = None,
+    socket_timeout: float | None = None,
+) -> SlotPool:
+    """A :class:`SlotPool` for ``key``, with the settings' timeouts and credentials."""
+    await cluster.initialize()
+    kwargs = pool_kwargs(settings, max_connections=max_connections)
+    if socket_timeout is not None:
+        kwargs["socket_timeout"] = socket_timeout
+    url = parse_url(plain_url(settings.redis_url))
+    url.pop("db", None)  # a cluster has database 0 only
+    return SlotPool(cluster, key, **{**url, **kwargs, "decode_responses": decode_responses})

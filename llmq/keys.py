@@ -1,10 +1,33 @@
-"""Every Redis key and channel name llmq uses, in one place.
+"""Every Redis key and channel name llmq uses, in one place, laid out for Redis Cluster.
 
-Queues are arq queues (a sorted set per model); jobs live under arq's own key
-prefixes so that arq's worker machinery (tries, in-progress markers) works on them.
+A Redis Cluster runs a script or transaction only when all its keys hash to one
+slot, and a key's slot is that of its *hash tag* (the text between the first
+``{`` and the next ``}``). Every key here carries one of three tags, chosen so that
+each script touches a single slot (``tests/test_cluster_slots.py`` checks it):
+
+- the **model slot** ``{m:<model>}``: the model's queue and everything a claim,
+  hand-off, renewal, reap, requeue, cancel or deadline sweep changes with it (costs,
+  leases, running, parked workers, deadlines, its lease clock and worker beats,
+  arq's job, try and in-progress keys of its requests, the cancel flags) and its
+  wake, cancel and hand-off channels. A model's queue order is exact because it is
+  one slot; a model is as hot as one shard can carry.
+- the **request slot** ``{r:<k>}``, ``k`` = crc32 of the request id modulo
+  :data:`REQUEST_GROUPS`: the request's stream, record and fence, and the lifecycle
+  stream of its group, so that publish.lua writes a request's events and its
+  lifecycle notes fenced, in one step. Token traffic, the bulk of all writes,
+  spreads over the cluster by request id. Readers of the lifecycle read all
+  :data:`LIFECYCLES`.
+- the **global slot** ``{g}``: API processes, attached requests, the worker
+  registry and its lease clock, and the set of models that have ever queued
+  (the sweep's list).
+
+On a single Redis the tags change nothing but the names. Public request ids never
+contain braces: the tag is added by these functions, never by the client.
 """
 
 from __future__ import annotations
+
+import zlib
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
@@ -12,27 +35,29 @@ from llmq import codec
 
 PREFIX = "llmq"
 
-#: Sorted set of live worker ids, scored by their last heartbeat (ms).
-WORKERS = f"{PREFIX}:workers"
+#: How many request groups (request slots) there are. Fixed: every process must
+#: agree on a request's group. 64 spreads requests over up to 64 shards.
+REQUEST_GROUPS = 64
 
-#: The lifecycle stream: one entry per request state change (see llmq.schema.Lifecycle).
-LIFECYCLE = f"{PREFIX}:lifecycle"
+#: The global slot's tag.
+GLOBAL = "{g}"
+
+#: Sorted set of live worker ids, scored by their last heartbeat (ms, registry clock).
+WORKERS = f"{PREFIX}:{GLOBAL}:workers"
 
 #: Sorted set of live API process ids, scored by when they count as dead (ms): the
 #: OpenAI requests attached to a process that stopped renewing this get cancelled.
-APIS = f"{PREFIX}:apis"
+APIS = f"{PREFIX}:{GLOBAL}:apis"
 
-#: Sorted set of queued requests' deadlines (member ``<id>:<model>``, score ms).
-DEADLINES = f"{PREFIX}:deadlines"
+#: The lease clock of the global slot (API and worker registry leases); each model
+#: slot has its own (:func:`clock`). A hash: ``real`` ms last seen, ``lease`` ms
+#: (see ``llmq/lua/clock.lua``).
+CLOCK = f"{PREFIX}:{GLOBAL}:clock"
 
-#: The lease clock (hash: ``real`` ms last seen, ``lease`` ms): the time that every
-#: lease is set and judged by, kept in Redis (see ``llmq/lua/clock.lua``).
-CLOCK = f"{PREFIX}:clock"
+#: Set of every model a request was queued for: whose deadlines the sweep checks.
+MODELS = f"{PREFIX}:{GLOBAL}:models"
 
-QUEUE_PREFIX = f"{PREFIX}:queue:"
-COSTS_PREFIX = f"{PREFIX}:costs:"
-CANCEL_FLAG_PREFIX = f"{PREFIX}:cancelled:"
-ATTACHED_PREFIX = f"{PREFIX}:attached:"
+ATTACHED_PREFIX = f"{PREFIX}:{GLOBAL}:attached:"
 
 # arq's prefixes, re-exported so that no other module spells them.
 JOB_PREFIX: str = job_key_prefix
@@ -40,24 +65,177 @@ IN_PROGRESS_PREFIX: str = in_progress_key_prefix
 RETRY_PREFIX: str = retry_key_prefix
 
 
+def model_tag(model: str) -> str:
+    """The hash tag of a model's slot."""
+    return f"{{m:{model}}}"
+
+
+def request_group(request_id: str) -> int:
+    """The request group of ``request_id``: the same in every process."""
+    return zlib.crc32(request_id.encode()) % REQUEST_GROUPS
+
+
+def request_tag(request_id: str) -> str:
+    """The hash tag of a request's slot (that of its group)."""
+    return f"{{r:{request_group(request_id)}}}"
+
+
+# --- the model slot ---------------------------------------------------------------
+
+
+def _in_model(name: str, model: str) -> str:
+    return f"{PREFIX}:{name}:{model_tag(model)}"
+
+
 def queue(model: str) -> str:
     """The arq queue (sorted set of request ids, scored by effective start time)."""
-    return f"{QUEUE_PREFIX}{model}"
+    return _in_model("queue", model)
 
 
 def leases(model: str) -> str:
     """Hash of running request id -> lease "score:cost:attempt" (:class:`llmq.codec.Lease`):
     where to requeue it if its worker dies, and which attempt holds it."""
-    return f"{PREFIX}:leases:{model}"
+    return _in_model("leases", model)
 
 
 def costs(model: str) -> str:
     """Hash of queued request id -> prompt + max_tokens (token-aware admission)."""
-    return f"{COSTS_PREFIX}{model}"
+    return _in_model("costs", model)
 
 
-def deadline_member(request_id: str, model: str) -> str:
-    return codec.deadline_member(request_id, model)
+def deadlines(model: str) -> str:
+    """Sorted set of the model's queued request ids, scored by queue deadline (ms)."""
+    return _in_model("deadlines", model)
+
+
+def clock(model: str) -> str:
+    """The model slot's lease clock: every lease of the model's requests is set and
+    judged by it (``llmq/lua/clock.lua``)."""
+    return _in_model("clock", model)
+
+
+def beats(model: str) -> str:
+    """Sorted set of the model's worker ids, scored by their last lease renewal in the
+    model's lease time: the hand-off skips a parked worker that stopped beating."""
+    return _in_model("beats", model)
+
+
+def running(model: str) -> str:
+    """Sorted set of the model's running request ids, scored by lease expiry (ms)."""
+    return _in_model("running", model)
+
+
+def parked(model: str) -> str:
+    """Sorted set of the model's parked workers (a free slot, nothing queued for them),
+    scored by when they parked: the longest-waiting is handed the next request."""
+    return _in_model("parked", model)
+
+
+def parked_terms(model: str) -> str:
+    """Hash of parked worker id -> "free|budget|idle|lease ms|in-progress ms"."""
+    return _in_model("parked-terms", model)
+
+
+def cancel_flag_prefix(model: str) -> str:
+    return _in_model("cancelled", model) + ":"
+
+
+def cancel_flag(request_id: str, model: str) -> str:
+    """Set (with a TTL) when a request that was not queued any more is cancelled; in
+    the model slot, since the claim and the lease renewal check it."""
+    return f"{cancel_flag_prefix(model)}{request_id}"
+
+
+def wake(model: str) -> str:
+    """Pub/sub channel that tells idle workers of the model that work arrived."""
+    return _in_model("wake", model)
+
+
+def cancel_channel(model: str) -> str:
+    """Pub/sub channel that tells the model's workers to stop a request."""
+    return _in_model("cancel", model)
+
+
+def handoff_prefix(model: str) -> str:
+    return _in_model("handoff", model) + ":"
+
+
+def handoff(worker_id: str, model: str) -> str:
+    """Pub/sub channel on which one worker of ``model`` is handed requests claimed for it."""
+    return f"{handoff_prefix(model)}{worker_id}"
+
+
+def job_prefix(model: str) -> str:
+    return f"{JOB_PREFIX}{model_tag(model)}:"
+
+
+def in_progress_prefix(model: str) -> str:
+    return f"{IN_PROGRESS_PREFIX}{model_tag(model)}:"
+
+
+def retry_prefix(model: str) -> str:
+    return f"{RETRY_PREFIX}{model_tag(model)}:"
+
+
+def job(request_id: str, model: str) -> str:
+    """The job record (the serialized :class:`~llmq.schema.JobPayload`), under arq's
+    prefix but in the model slot: arq's worker never names it (see
+    :mod:`worker.claimed`), so it need not be arq's own ``arq:job:<id>``."""
+    return f"{job_prefix(model)}{request_id}"
+
+
+def in_progress(request_id: str, model: str) -> str:
+    return f"{in_progress_prefix(model)}{request_id}"
+
+
+def retry(request_id: str, model: str) -> str:
+    """The request's try counter: its attempt, the fencing token of a run."""
+    return f"{retry_prefix(model)}{request_id}"
+
+
+# --- the request slot -------------------------------------------------------------
+
+
+def _in_request(name: str, request_id: str) -> str:
+    return f"{PREFIX}:{name}:{request_tag(request_id)}:{request_id}"
+
+
+def fence(request_id: str) -> str:
+    """Hash guarding the request's writes (``llmq/lua/publish.lua``): ``attempt``, the
+    lowest attempt allowed to write; ``next``, the stream's next token index;
+    ``ended``, '1' once a terminal event is written."""
+    return _in_request("fence", request_id)
+
+
+def request(request_id: str) -> str:
+    """Hash holding the request's status and timings (:class:`~llmq.schema.RequestRecord`)."""
+    return _in_request("req", request_id)
+
+
+def stream(request_id: str) -> str:
+    """The request's token stream (events of :mod:`llmq.schema`)."""
+    return _in_request("stream", request_id)
+
+
+#: Matches every request record's key (a SCAN or KEYS pattern).
+REQUESTS_GLOB = f"{PREFIX}:req:*"
+
+
+def lifecycle_group(group: int) -> str:
+    return f"{PREFIX}:lifecycle:{{r:{group}}}"
+
+
+def lifecycle(request_id: str) -> str:
+    """The lifecycle stream of the request's group: one entry per state change of the
+    group's requests (see :class:`llmq.schema.Lifecycle`)."""
+    return lifecycle_group(request_group(request_id))
+
+
+#: Every lifecycle stream, one per request group: a reader of the lifecycle reads all.
+LIFECYCLES: tuple[str, ...] = tuple(lifecycle_group(g) for g in range(REQUEST_GROUPS))
+
+
+# --- the global slot --------------------------------------------------------------
 
 
 def attached(process_id: str) -> str:
@@ -66,86 +244,30 @@ def attached(process_id: str) -> str:
     return f"{ATTACHED_PREFIX}{process_id}"
 
 
-def cancel_flag(request_id: str) -> str:
-    """Set (with a TTL) when a request that was not queued any more is cancelled."""
-    return f"{CANCEL_FLAG_PREFIX}{request_id}"
-
-
-def cancel_channel(model: str) -> str:
-    """Pub/sub channel that tells the model's workers to stop a request."""
-    return f"{PREFIX}:cancel:{model}"
-
-
-def running(model: str) -> str:
-    """Sorted set of the model's running request ids, scored by lease expiry (ms)."""
-    return f"{PREFIX}:running:{model}"
-
-
-def wake(model: str) -> str:
-    """Pub/sub channel that tells idle workers of the model that work arrived."""
-    return f"{PREFIX}:wake:{model}"
-
-
-def parked(model: str) -> str:
-    """Sorted set of the model's parked workers (a free slot, nothing queued for them),
-    scored by when they parked: the longest-waiting is handed the next request."""
-    return f"{PREFIX}:parked:{model}"
-
-
-def parked_terms(model: str) -> str:
-    """Hash of parked worker id -> "free|budget|idle|lease ms|in-progress ms"."""
-    return f"{PREFIX}:parked-terms:{model}"
-
-
-HANDOFF_PREFIX = f"{PREFIX}:handoff:"
-
-
-def handoff(worker_id: str) -> str:
-    """Pub/sub channel on which one worker is handed requests claimed for it."""
-    return f"{HANDOFF_PREFIX}{worker_id}"
-
-
-def job(request_id: str) -> str:
-    """arq's job record: the serialized :class:`~llmq.schema.JobPayload`."""
-    return f"{JOB_PREFIX}{request_id}"
-
-
-def in_progress(request_id: str) -> str:
-    return f"{IN_PROGRESS_PREFIX}{request_id}"
-
-
-def retry(request_id: str) -> str:
-    return f"{RETRY_PREFIX}{request_id}"
-
-
-FENCE_PREFIX = f"{PREFIX}:fence:"
-
-
-def fence(request_id: str) -> str:
-    """Hash guarding the request's writes (``llmq/lua/publish.lua``): ``attempt``, the
-    lowest attempt allowed to write; ``next``, the stream's next token index;
-    ``ended``, '1' once a terminal event is written."""
-    return f"{FENCE_PREFIX}{request_id}"
-
-
-def request(request_id: str) -> str:
-    """Hash holding the request's status and timings (:class:`~llmq.schema.RequestRecord`)."""
-    return f"{PREFIX}:req:{request_id}"
-
-
-def stream(request_id: str) -> str:
-    """The request's token stream (events of :mod:`llmq.schema`)."""
-    return f"{PREFIX}:stream:{request_id}"
+def attached_member(request_id: str, model: str) -> str:
+    return codec.attached_member(request_id, model)
 
 
 def worker(worker_id: str) -> str:
     """A worker's registry entry (:class:`~llmq.schema.WorkerInfo` JSON, short TTL)."""
-    return f"{PREFIX}:worker:{worker_id}"
+    return f"{PREFIX}:{GLOBAL}:worker:{worker_id}"
 
 
-def control(process_id: str) -> str:
-    """A tiny stream that wakes one API process's relay when it gains a subscriber."""
-    return f"{PREFIX}:ctl:{process_id}"
+# --- single keys, in no script: any slot ------------------------------------------
+
+
+def control(process_id: str, group: int | None = None) -> str:
+    """A tiny stream that wakes one API process's relay when it gains a subscriber;
+    on a Redis Cluster one per request group, in the group's slot (:mod:`api.relays`)."""
+    if group is None:
+        return f"{PREFIX}:ctl:{process_id}"
+    return f"{PREFIX}:ctl:{{r:{group}}}:{process_id}"
+
+
+def group_of(key: str) -> int:
+    """The request group of a key in a request slot (its ``{r:<k>}`` tag)."""
+    start = key.index("{r:") + 3
+    return int(key[start : key.index("}", start)])
 
 
 METRICS_PREFIX = f"{PREFIX}:metrics:"

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.client import Pipeline
 
 from llmq import codec, keys, metrics
 from llmq.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.schema import Lifecycle
-from llmq.scripts import scripts_for
+from llmq.scripts import run_pipelined, scripts_for
 from llmq.streams import add_event, add_lifecycle, add_record, unstarted_end
 
 #: The arq function name of every llmq job.
@@ -124,6 +125,8 @@ class Queue:
         self.stream_maxlen = stream_maxlen
         self.ttl = ttl_seconds
         self.scripts = scripts_for(redis)
+        #: Models this process queued requests for: swept even if ``keys.MODELS`` is lost.
+        self.models: set[str] = set()
 
     async def enqueue(
         self,
@@ -144,22 +147,47 @@ class Queue:
         If the queue is empty and a worker is parked, the request is handed to that
         worker instead of queued (see ``llmq/lua/enqueue.lua``).
         ``attach_to`` (an API process id) ties the request to that process's
-        liveness in the same atomic step: if the process dies before it calls
-        :meth:`detach`, the sweep cancels the request (see :meth:`cancel_orphans`).
+        liveness: if the process dies before it calls :meth:`detach`, the sweep
+        cancels the request (see :meth:`cancel_orphans`).
+
+        Three slots are written, in this order (see :mod:`llmq.keys`): the global
+        slot (attached set) with the request's slot (record and ``queued`` note,
+        ``llmq/lua/record.lua``) in one round trip, then the model's slot (queue,
+        job, hand-off); on a single Redis all three go in one pipeline on one
+        connection, which runs them in that order in one round trip, while a
+        cluster client waits for the first before it sends the last (its pipelines
+        run per node, in parallel). Before the last step nobody can run or see the
+        request: the API has not answered with its id, and no worker can claim it. So a
+        crash between the steps leaves a record and a note nobody asks about (the
+        record expires with its TTL) and at worst an attached member of a request
+        that does not exist, whose cancel by the orphan sweep only sets a flag that
+        expires. Once the model step admits the request, its record already holds
+        the fields a worker's first write adds to, and its ``queued`` note comes
+        before the run's notes. A refused request's record, note and attached
+        member are deleted again.
         """
         call = Enqueue(
             request_id, model, job, score, cost, deadline_ms, record, lifecycle, attach_to
         )
         keys_, args = self._enqueue_call(call, max_depth)
-        admitted = await self.scripts.enqueue(keys=keys_, args=args)
-        return Admission(int(admitted))
+        if isinstance(self.redis, RedisCluster):  # other nodes: the record lands first
+            notes, _ = await self._record([call])
+            admitted = Admission(int(await self.scripts.enqueue(keys=keys_, args=args)))
+        else:  # one connection runs them in order: one round trip
+            notes, reply = await self._record([call], then=(keys_, args))
+            admitted = Admission(int(reply))
+        if not admitted:
+            await self._unrecord([call], notes)
+        return admitted
 
     async def enqueue_all(self, calls: list[Enqueue], max_depth: int) -> bool:
         """Enqueue every request of ``calls`` (one model's) or none, in one atomic step.
 
         Refused (False) unless the queue has room for all of them; each is then
-        enqueued exactly as :meth:`enqueue` would (see ``llmq/lua/enqueue_batch.lua``).
+        enqueued exactly as :meth:`enqueue` would (see ``llmq/lua/enqueue_batch.lua``),
+        its record and note written first as there.
         """
+        notes, _ = await self._record(calls)
         all_keys: list[str] = []
         counts: list[int] = []
         all_args: list[Any] = []
@@ -171,26 +199,80 @@ class Queue:
         admitted = await self.scripts.enqueue_batch(
             keys=all_keys, args=[len(calls), max_depth, *counts, *all_args]
         )
+        if not admitted:
+            await self._unrecord(calls, notes)
         return bool(admitted)
 
+    async def _record(
+        self, calls: list[Enqueue], then: tuple[list[str], list[Any]] | None = None
+    ) -> tuple[list[str], Any]:
+        """The requests' records and ``queued`` notes, and their attached members, in
+        one round trip; returns the notes' entry ids. Also makes the model known to
+        the deadline sweep (once per process and model). ``then``: the KEYS and ARGV
+        of an enqueue script call to make after them in the same pipeline (on one
+        connection, so in that order), whose reply is returned too."""
+        model = calls[0].model
+        if model not in self.models:
+            await cast("Awaitable[int]", self.redis.sadd(keys.MODELS, model))
+            self.models.add(model)
+        script = self.scripts.record
+        calls_ = [
+            (
+                [keys.request(c.request_id), keys.lifecycle(c.request_id)],
+                [
+                    self.ttl * 1000,
+                    self.lifecycle_maxlen,
+                    c.request_id,
+                    c.model,
+                    c.lifecycle.model_dump_json(exclude_none=True),
+                    *(x for kv in c.record.items() for x in kv),
+                ],
+            )
+            for c in calls
+        ]
+        attach_to = calls[0].attach_to
+
+        def extra(pipe: Pipeline) -> None:
+            if attach_to:
+                members = [keys.attached_member(c.request_id, c.model) for c in calls]
+                pipe.sadd(keys.attached(attach_to), *members)
+            if then is not None:
+                pipe.evalsha(self.scripts.enqueue.sha, len(then[0]), *then[0], *then[1])
+
+        replies = await run_pipelined(
+            self.redis, script, calls_, extra, also=(self.scripts.enqueue,)
+        )
+        return [as_str(r) for r in replies[: len(calls)]], replies[-1]
+
+    async def _unrecord(self, calls: list[Enqueue], notes: list[str]) -> None:
+        """Undo :meth:`_record` for refused requests (``llmq/lua/unrecord.lua``)."""
+        calls_ = [
+            ([keys.request(c.request_id), keys.lifecycle(c.request_id)], [note])
+            for c, note in zip(calls, notes, strict=True)
+        ]
+        attach_to = calls[0].attach_to
+
+        def extra(pipe: Pipeline) -> None:
+            if attach_to:
+                members = [keys.attached_member(c.request_id, c.model) for c in calls]
+                pipe.srem(keys.attached(attach_to), *members)
+
+        await run_pipelined(self.redis, self.scripts.unrecord, calls_, extra)
+
     def _enqueue_call(self, call: Enqueue, max_depth: int) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the enqueue script for one request."""
-        request_id, model, attach_to = call.request_id, call.model, call.attach_to
+        """KEYS and ARGV of the enqueue script for one request (all in the model's slot)."""
+        request_id, model = call.request_id, call.model
         return [
             keys.queue(model),
-            keys.job(request_id),
-            keys.request(request_id),
+            keys.job(request_id, model),
             keys.costs(model),
-            keys.DEADLINES,
-            keys.LIFECYCLE,
-            # an unused key name when not attaching; the script touches it only with '1'
-            keys.attached(attach_to) if attach_to else keys.APIS,
+            keys.deadlines(model),
             keys.parked(model),
             keys.parked_terms(model),
             keys.running(model),
             keys.leases(model),
-            keys.CLOCK,
-            keys.WORKERS,
+            keys.clock(model),
+            keys.beats(model),
         ], [
             request_id,
             call.score,
@@ -200,16 +282,10 @@ class Queue:
             keys.wake(model),
             call.cost,
             call.deadline_ms,
-            keys.deadline_member(request_id, model),
-            self.lifecycle_maxlen,
-            model,
-            call.lifecycle.model_dump_json(exclude_none=True),
-            "1" if attach_to else "0",
-            keys.HANDOFF_PREFIX,
-            keys.IN_PROGRESS_PREFIX,
-            keys.RETRY_PREFIX,
+            keys.handoff_prefix(model),
+            keys.in_progress_prefix(model),
+            keys.retry_prefix(model),
             RETRY_TTL_SECONDS,
-            *(x for kv in call.record.items() for x in kv),
         ]
 
     async def claim(
@@ -233,23 +309,22 @@ class Queue:
                 keys.queue(model),
                 keys.running(model),
                 keys.costs(model),
-                keys.DEADLINES,
+                keys.deadlines(model),
                 keys.leases(model),
                 keys.parked(model),
                 keys.parked_terms(model),
-                keys.CLOCK,
+                keys.clock(model),
             ],
             args=[
                 now_ms(),
                 lease_ms,
-                keys.IN_PROGRESS_PREFIX,
+                keys.in_progress_prefix(model),
                 in_progress_ms,
                 -1 if budget_left is None else max(budget_left, 0),
                 "1" if idle else "0",
-                model,
-                keys.JOB_PREFIX,
-                keys.CANCEL_FLAG_PREFIX,
-                keys.RETRY_PREFIX,
+                keys.job_prefix(model),
+                keys.cancel_flag_prefix(model),
+                keys.retry_prefix(model),
                 RETRY_TTL_SECONDS,
                 worker_id,
                 free_slots,
@@ -267,18 +342,28 @@ class Queue:
 
     async def requeue(self, model: str, request_id: str, attempt: int) -> bool:
         """Hand a claimed request back at its original score; its fence rises past
-        ``attempt``. False if ``attempt`` no longer holds the lease."""
+        ``attempt``. False if ``attempt`` no longer holds the lease.
+
+        The queue (model slot) takes the request back first, then the fence
+        (request slot) rises. Only the process running ``attempt`` hands it back,
+        so if that process dies between the two, nothing of the attempt writes any
+        more; the fence only stops what its publisher still holds, and the next
+        attempt's first write raises it as well (``publish.lua``).
+        """
         done = await self.scripts.requeue(
-            keys=[
-                keys.queue(model),
-                keys.running(model),
-                keys.leases(model),
-                keys.costs(model),
-                keys.fence(request_id),
-            ],
-            args=[request_id, attempt, keys.wake(model), self.ttl],
+            keys=[keys.queue(model), keys.running(model), keys.leases(model), keys.costs(model)],
+            args=[request_id, attempt, keys.wake(model), keys.in_progress(request_id, model)],
         )
+        if done:
+            await self.raise_fences([(request_id, attempt)])
         return bool(done)
+
+    async def raise_fences(self, lost: list[tuple[str, int]]) -> None:
+        """Fence off each (id, attempt): its writes are refused from now on
+        (``llmq/lua/fence.lua``, one call per request slot, in one round trip)."""
+        if lost:
+            calls = [([keys.fence(rid)], [attempt + 1, self.ttl]) for rid, attempt in lost]
+            await run_pipelined(self.redis, self.scripts.fence, calls)
 
     async def release(self, model: str, request_id: str, attempt: int) -> bool:
         """Drop the lease of a run that ended, if ``attempt`` still holds it."""
@@ -287,34 +372,54 @@ class Queue:
         )
         return bool(done)
 
-    async def renew(self, model: str, held: Mapping[str, int], lease_ms: int) -> dict[str, Renewal]:
-        """Extend the leases of ``held`` (id -> attempt) by ``lease_ms`` of lease time.
+    async def renew(
+        self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""
+    ) -> dict[str, Renewal]:
+        """Extend the leases of ``held`` (id -> attempt) by ``lease_ms`` of lease time,
+        and record ``worker_id``'s beat in the model's slot (the hand-off's check).
 
         Says per request whether it is still this worker's (``ok``), was taken away
         (``lost``: stop it without writing) or cancelled (``cancelled``).
         """
-        if not held:
+        if not held and not worker_id:
             return {}
         reply = await self.scripts.renew(
-            keys=[keys.running(model), keys.leases(model), keys.CLOCK],
-            args=[lease_ms, keys.CANCEL_FLAG_PREFIX, *codec.renew_args(held)],
+            keys=[keys.running(model), keys.leases(model), keys.clock(model), keys.beats(model)],
+            args=[
+                lease_ms,
+                keys.cancel_flag_prefix(model),
+                worker_id,
+                PARK_TTL_MS,
+                *codec.renew_args(held),
+            ],
         )
         return codec.parse_renew(held, reply)
 
     async def reap(self, model: str, limit: int = 100) -> list[tuple[str, int]]:
         """Requeue requests whose lease ran out in lease time, fencing off the
-        attempts that held them; returns (id, attempt) pairs."""
-        reply = await self.scripts.reap(
-            keys=[
-                keys.running(model),
-                keys.queue(model),
-                keys.leases(model),
-                keys.costs(model),
-                keys.CLOCK,
-            ],
-            args=[limit, keys.wake(model), keys.IN_PROGRESS_PREFIX, keys.FENCE_PREFIX, self.ttl],
-        )
-        return codec.parse_reaped(reply)
+        attempts that held them first; returns (id, attempt) pairs.
+
+        Three calls (``llmq/lua/reap.lua``): which leases are due (model slot), their
+        fences raised (each request's slot), then the requeue of those whose lease
+        is still that attempt's (model slot). So once a request is back in the
+        queue, nothing of the attempt that lost it lands, as when it was one step.
+        A crash after the fences leaves fenced attempts whose leases are still due:
+        the next sweep reaps them. A sweep with nothing due costs one call.
+        """
+        keys_ = [
+            keys.running(model),
+            keys.queue(model),
+            keys.leases(model),
+            keys.costs(model),
+            keys.clock(model),
+        ]
+        args: list[Any] = [limit, keys.wake(model), keys.in_progress_prefix(model)]
+        due = codec.parse_reaped(await self.scripts.reap(keys=keys_, args=args))
+        if not due:
+            return []
+        await self.raise_fences(due)
+        pairs = [x for rid, attempt in due for x in (rid, attempt)]
+        return codec.parse_reaped(await self.scripts.reap(keys=keys_, args=[*args, *pairs]))
 
     async def api_beat(self, process_id: str, grace_seconds: float) -> None:
         """Renew an API process's liveness lease: dead ``grace_seconds`` of lease time
@@ -334,16 +439,11 @@ class Queue:
             keys=[
                 keys.queue(model),
                 keys.costs(model),
-                keys.DEADLINES,
-                keys.job(request_id),
-                keys.cancel_flag(request_id),
+                keys.deadlines(model),
+                keys.job(request_id, model),
+                keys.cancel_flag(request_id, model),
             ],
-            args=[
-                request_id,
-                keys.deadline_member(request_id, model),
-                self.ttl * 1000,
-                keys.cancel_channel(model),
-            ],
+            args=[request_id, self.ttl * 1000, keys.cancel_channel(model)],
         )
         if was_queued:
             await self.end_unstarted([request_id], "cancelled")
@@ -351,7 +451,7 @@ class Queue:
 
     async def detach(self, process_id: str, request_id: str, model: str) -> None:
         """The request's client is done with it: its API process may die in peace."""
-        member = keys.deadline_member(request_id, model)
+        member = keys.attached_member(request_id, model)
         await cast("Awaitable[int]", self.redis.srem(keys.attached(process_id), member))
 
     async def cancel_orphans(self, limit: int = 100) -> list[str]:
@@ -372,12 +472,16 @@ class Queue:
         return cancelled
 
     async def sweep(self, limit: int = 100) -> list[str]:
-        """Expire queued requests past their deadline; returns their ids."""
-        reply = await self.scripts.sweep(
-            keys=[keys.DEADLINES],
-            args=[now_ms(), limit, keys.QUEUE_PREFIX, keys.COSTS_PREFIX, keys.JOB_PREFIX],
-        )
-        expired = [as_str(x) for x in reply]
+        """Expire queued requests past their deadline, model by model (each model's
+        deadlines are in its slot); returns their ids."""
+        known = await cast("Awaitable[set[Any]]", self.redis.smembers(keys.MODELS))
+        expired: list[str] = []
+        for model in sorted(self.models | {as_str(m) for m in known}):
+            reply = await self.scripts.sweep(
+                keys=[keys.deadlines(model), keys.queue(model), keys.costs(model)],
+                args=[now_ms(), limit, keys.job_prefix(model)],
+            )
+            expired += [as_str(x) for x in reply]
         await self.end_unstarted(expired, "timeout")
         return expired
 
@@ -427,7 +531,7 @@ async def queued_by_priority(redis: Redis, model: str, limit: int = 10_000) -> d
     if not ids:
         return {}
     counts: dict[int, int] = {}
-    for raw in await redis.mget([keys.job(as_str(i)) for i in ids]):
+    for raw in await redis.mget([keys.job(as_str(i), model) for i in ids]):
         try:
             priority = int(deserialize(raw)["k"]["payload"]["priority"])
         except (TypeError, ValueError, KeyError):

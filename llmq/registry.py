@@ -3,7 +3,7 @@
 Workers: who is alive, what model it serves, how busy it is.
 
 Each worker writes its :class:`~llmq.schema.WorkerInfo` under its own key with a
-short TTL and bumps its score in the ``llmq:workers`` sorted set at every
+short TTL and bumps its score in the ``llmq.keys.WORKERS`` sorted set at every
 heartbeat. A worker that stops heartbeating drops out within ``worker_ttl``
 seconds, whether it exited cleanly or was killed. Both the heartbeat and the
 liveness check use lease time (``llmq/lua/clock.lua``), so a stall or restart of

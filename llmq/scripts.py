@@ -6,25 +6,32 @@ and argument. The shared helpers (the lease clock, lease parsing, the fence) liv
 read once per process; :func:`scripts_for` registers them once per client. The
 values the scripts and Python exchange are encoded and decoded in :mod:`llmq.codec`.
 
-Keys are passed where a script touches a fixed set of them; scripts that work
-across models or requests (the deadline sweep, the fence raised by a reap) build key
-names from prefixes, which is fine on a single Redis node.
+Every script's keys share one hash slot (:mod:`llmq.keys`), so that each runs on a
+Redis Cluster as on a single Redis: the declared KEYS, and the keys a script builds
+from a prefix in ARGV (a job, try or cancel flag of a request claimed from the
+queue), all carry the same hash tag. A step that must write two slots is two
+calls, ordered so that a crash between them leaves a state someone repairs
+(their docstrings in :mod:`llmq.queue` say which).
 
 A queued request lives in three places, always changed together: the model's
 queue (sorted set, score = effective start time), the model's cost hash (prompt +
-max_tokens, for token-aware admission) and the global deadline set (member
-``<id>:<model>``, score = queue deadline in ms).
+max_tokens, for token-aware admission) and the model's deadline set (score = queue
+deadline in ms).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 #: Prepended to every script.
 HELPERS = "clock"
@@ -43,6 +50,9 @@ NAMES = (
     "worker_beat",
     "publish",
     "enqueue_batch",
+    "record",
+    "unrecord",
+    "fence",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -83,6 +93,9 @@ class Scripts:
     worker_beat: AsyncScript
     publish: AsyncScript
     enqueue_batch: AsyncScript
+    record: AsyncScript
+    unrecord: AsyncScript
+    fence: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()
@@ -95,3 +108,38 @@ def scripts_for(redis: Redis) -> Scripts:
         found = Scripts(**{name: redis.register_script(source(name)) for name in NAMES})
         _REGISTERED[redis] = found
     return found
+
+
+Call = tuple[Sequence[Any], Sequence[Any]]
+
+
+async def run_pipelined(
+    redis: Redis,
+    script: AsyncScript,
+    calls: Sequence[Call],
+    extra: Callable[[Pipeline], None] | None = None,
+    also: Sequence[AsyncScript] = (),
+) -> list[Any]:
+    """Run ``script`` once per (keys, args) of ``calls``, then whatever ``extra`` adds,
+    in one non-transactional pipeline (on a cluster, one per node, in parallel).
+
+    By EVALSHA, loading the script (and the scripts ``extra`` runs, ``also``) and
+    running the whole pipeline again if Redis lost its script cache (a restart).
+    The scripts are loaded together and a cache is lost whole, so then none of the
+    pipeline's EVALSHAs ran; its other commands must be ones that may run twice.
+    """
+
+    def build() -> Pipeline:
+        pipe = redis.pipeline(transaction=False)
+        for keys_, args in calls:
+            pipe.evalsha(script.sha, len(keys_), *keys_, *args)
+        if extra is not None:
+            extra(pipe)
+        return pipe
+
+    try:
+        return await build().execute()
+    except NoScriptError:
+        for s in (script, *also):
+            s.sha = await redis.script_load(s.script)
+        return await build().execute()

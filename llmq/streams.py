@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from llmq import keys
+from llmq import codec, keys
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,
@@ -41,8 +41,23 @@ def add_event(pipe: Pipeline, request_id: str, event: Event, *, maxlen: int, ttl
 
 
 def add_lifecycle(pipe: Pipeline, note: Lifecycle, *, maxlen: int) -> None:
+    """Queue an XADD of ``note`` to the lifecycle stream of its request's group."""
     fields: dict[Any, Any] = note.fields()
-    pipe.xadd(keys.LIFECYCLE, fields, maxlen=maxlen, approximate=True)
+    pipe.xadd(keys.lifecycle(note.request_id), fields, maxlen=maxlen, approximate=True)
+
+
+async def lifecycle_entries(redis: Redis) -> list[tuple[str, dict[str, str]]]:
+    """Every entry of every lifecycle stream (one per request group), in entry id
+    order: the order they were written in, to the millisecond."""
+    pipe = redis.pipeline(transaction=False)
+    for key in keys.LIFECYCLES:
+        pipe.xrange(key)
+    entries = [
+        (codec.as_str(entry_id), {codec.as_str(k): codec.as_str(v) for k, v in fields.items()})
+        for found in await pipe.execute()
+        for entry_id, fields in found
+    ]
+    return sorted(entries, key=lambda e: tuple(int(x) for x in e[0].split("-")))
 
 
 def add_record(pipe: Pipeline, request_id: str, fields: dict[str, str], *, ttl: int) -> None:

@@ -22,6 +22,7 @@ from api.app import create_app
 from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.settings import ApiSettings, WorkerSettings
+from tests.support.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
 from tests.support.native import wait_ready
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import (

@@ -19,6 +19,7 @@ from llmq.autoscale.signals import ClusterProbe, Snapshot
 from llmq.autoscale.state import autoscaled
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
+from llmq.streams import lifecycle_entries
 from tests.support.native import post_request, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -107,7 +108,7 @@ async def test_every_decision_is_visible(redis_url: str, redis: Redis) -> None:
     await run
     counts = await redis.hgetall(keys.metric(metrics.AUTOSCALER_ACTIONS.name))  # type: ignore[misc]
     assert counts == {json.dumps(["", "mock", "up", "activation"]): "1"}
-    entries = await redis.xrange(keys.LIFECYCLE)
+    entries = await lifecycle_entries(redis)
     scaled = [json.loads(f["data"]) for _, f in entries if f["event"] == "scaled"]
     assert len(scaled) == 1
     assert {k: scaled[0][k] for k in ("direction", "reason", "actual", "target")} == {
@@ -172,7 +173,7 @@ async def test_arrivals_are_the_enqueues_of_the_model_at_once(
         rids = [await post_request(client, max_tokens=2) for _ in range(4)]
         for rid in rids:
             await wait_status(client, rid, "done")
-        await redis.xadd(keys.LIFECYCLE, {"event": "queued", "model": "other", "data": "{}"})
+        await redis.xadd(keys.lifecycle("x"), {"event": "queued", "model": "other", "data": "{}"})
         await probe.snapshot()
     assert probe.arrived(60.0) == 4
     assert probe.arrival_rate(60.0) > 0

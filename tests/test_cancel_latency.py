@@ -83,7 +83,7 @@ async def test_a_non_streaming_client_that_leaves_gets_499_and_its_request_stops
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes
             await post
         left_at = time.time()
-        (rid,) = [k.split(":")[-1] for k in await redis.keys(keys.request("*"))]
+        (rid,) = [k.split(":")[-1] for k in await redis.keys(keys.REQUESTS_GLOB)]
         before = await tokens_in_stream(redis, rid)
         final = await wait_status(client, rid, "cancelled", timeout=10)
 

@@ -53,7 +53,7 @@ async def test_disconnect_mid_stream_stops_generation_and_frees_the_slot(
         # a request queued behind the cancelled one
         waiting = await post_request(client, "next", max_tokens=3)
         done = await wait_status(client, waiting, "done", timeout=10)
-    ids = [k.split(":")[-1] for k in await redis.keys(keys.request("*"))]
+    ids = [k.split(":")[-1] for k in await redis.keys(keys.REQUESTS_GLOB)]
     cancelled = [i for i in ids if i != waiting]
     assert len(cancelled) == 1
     rec = await redis.hgetall(keys.request(cancelled[0]))  # type: ignore[misc]
@@ -76,14 +76,14 @@ async def test_cancel_while_queued_never_runs(
         body = {"model": "mock", "prompt": "queued", "max_tokens": 5, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200  # headers only: the request is still queued
-        ids = {k.split(":")[-1] for k in await redis.keys(keys.request("*"))} - {busy}
+        ids = {k.split(":")[-1] for k in await redis.keys(keys.REQUESTS_GLOB)} - {busy}
         (queued,) = ids
         rec = await wait_status(client, queued, "cancelled", timeout=10)
         await wait_status(client, busy, "done", timeout=10)
         after = await record(client, queued)
     assert rec["started_at"] is None and after["started_at"] is None
     assert await redis.zcard(keys.queue("mock")) == 0
-    assert not await redis.exists(keys.job(queued))
+    assert not await redis.exists(keys.job(queued, "mock"))
     events = [f["type"] for _, f in await redis.xrange(keys.stream(queued))]
     assert events == ["done"]
 

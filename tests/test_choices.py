@@ -12,6 +12,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from llmq import keys
 from tests.support.native import record, wait_status
 from tests.support.servers import RunningApi, SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
@@ -22,7 +23,7 @@ def sdk(api: RunningApi) -> openai.AsyncOpenAI:
 
 
 async def request_ids(redis: Redis) -> list[str]:
-    return [k.removeprefix("llmq:req:") async for k in redis.scan_iter("llmq:req:*")]
+    return [k.rsplit(":", 1)[-1] async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
 
 
 async def test_prompt_list_times_n_gives_every_choice_with_its_index(
@@ -92,7 +93,7 @@ async def test_choices_are_admitted_all_or_none(
         )
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["code"] == "queue_full"
-    assert await redis.zcard("llmq:queue:parked") == 2
+    assert await redis.zcard(keys.queue("parked")) == 2
     assert await redis.dbsize() == before
 
 

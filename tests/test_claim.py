@@ -84,4 +84,4 @@ async def test_the_claim_drops_a_request_past_its_queue_deadline(
     assert claim.expired == ["late"]
     assert claim.request_id == "timely"
     assert await redis.zcard(keys.queue("mock")) == 0
-    assert not await redis.exists(keys.job("late"))
+    assert not await redis.exists(keys.job("late", "mock"))

@@ -47,19 +47,19 @@ async def test_a_claim_returns_the_job_and_bumps_its_try_count(arq_pool: Claimin
         "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
     )
     assert (again.request_id, again.job_try) == ("r1", 2)
-    assert 0 < await arq_pool.ttl(keys.retry("r1")) <= 88400
+    assert 0 < await arq_pool.ttl(keys.retry("r1", "mock")) <= 88400
 
 
 async def test_the_carried_claim_answers_one_read_only(arq_pool: ClaimingRedis) -> None:
     async def in_task() -> list[object]:
         carry(ClaimedJob("r2", b"job", 3))
         async with arq_pool.pipeline(transaction=True) as pipe:
-            pipe.get(keys.job("r2"))
-            pipe.incr(keys.retry("r2"))
-            pipe.expire(keys.retry("r2"), 88400)
+            pipe.get(keys.JOB_PREFIX + "r2")
+            pipe.incr(keys.RETRY_PREFIX + "r2")
+            pipe.expire(keys.RETRY_PREFIX + "r2", 88400)
             answered = await pipe.execute()
         async with arq_pool.pipeline(transaction=True) as pipe:  # a real one now
-            pipe.incr(keys.retry("r2"))
+            pipe.incr(keys.RETRY_PREFIX + "r2")
             real = await pipe.execute()
         return [answered, real]
 
@@ -72,7 +72,7 @@ async def test_a_read_arq_was_not_expected_to_make_fails_loudly(arq_pool: Claimi
     async def in_task() -> None:
         carry(ClaimedJob("r3", b"job", 1))
         async with arq_pool.pipeline(transaction=True) as pipe:
-            pipe.get(keys.job("someone-else"))
+            pipe.get(keys.JOB_PREFIX + "someone-else")
 
     with pytest.raises(RuntimeError, match="expected"):
         await asyncio.create_task(in_task())

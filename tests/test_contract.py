@@ -10,6 +10,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from llmq.streams import lifecycle_entries
 from tests.support.exposition import value
 from tests.support.native import post_request, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
@@ -25,7 +26,7 @@ def sdk(api: RunningApi, **kwargs: Any) -> openai.AsyncOpenAI:
 
 async def queued_count(redis: Redis) -> int:
     """How many requests were ever accepted: the lifecycle stream's ``queued`` entries."""
-    entries = await redis.xrange("llmq:lifecycle")
+    entries = await lifecycle_entries(redis)
     return sum(1 for _, fields in entries if fields["event"] == "queued")
 
 

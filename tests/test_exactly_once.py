@@ -60,7 +60,7 @@ async def only_request(redis: Redis) -> str:
     found: list[str] = []
 
     async def accepted() -> bool:
-        found[:] = [k.split(":")[-1] for k in await redis.keys(keys.request("*"))]
+        found[:] = [k.split(":")[-1] for k in await redis.keys(keys.REQUESTS_GLOB)]
         return len(found) == 1
 
     await wait_until(accepted, timeout=10, what="the request to be accepted")

@@ -10,9 +10,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from llmq import keys, registry
+from llmq import keys
 from llmq.queue import Admission, Claim, Queue, parse_handoff
-from llmq.schema import WorkerInfo
 from tests.support.jobs import enqueue_costing
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
@@ -37,18 +36,8 @@ async def listener(redis: Redis) -> AsyncIterator[PubSub]:
 async def claim(
     queue: Queue, worker: str, free: int, budget: int | None = None, idle: bool = True
 ) -> Claim:
-    """A claim by a live worker (its registry heartbeat comes first, as in a worker)."""
-    info = WorkerInfo(
-        id=worker,
-        host="h",
-        pid=1,
-        model="mock",
-        concurrency=free,
-        running=0,
-        started_at=0.0,
-        heartbeat_at=0.0,
-    )
-    await registry.heartbeat(queue.redis, info, ttl_seconds=5)
+    """A claim by a live worker (its heartbeat, a renewal, comes first, as in a worker)."""
+    await queue.renew("mock", {}, lease_ms=3000, worker_id=worker)
     return await queue.claim(
         "mock",
         lease_ms=3000,
@@ -91,7 +80,7 @@ async def test_a_worker_that_finds_the_queue_empty_parks(redis: Redis, queue: Qu
 async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
     redis: Redis, queue: Queue, listener: PubSub
 ) -> None:
-    await listener.subscribe(keys.handoff("w1"))
+    await listener.subscribe(keys.handoff("w1", "mock"))
     await claim(queue, "w1", free=2)
     assert await enqueue_costing(queue, "r1", cost=7, score=42) == Admission.HANDED_OFF
     got = await handed(listener)
@@ -106,9 +95,9 @@ async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
     assert await redis.zcard(keys.queue("mock")) == 0
     assert await redis.zscore(keys.running("mock"), "r1") is not None
     assert await redis.hget(keys.leases("mock"), "r1") == "42:7:1"  # type: ignore[misc]
-    assert await redis.get(keys.retry("r1")) == "1"
-    assert 0 < await redis.pttl(keys.in_progress("r1")) <= 4000
-    assert await redis.zscore(keys.DEADLINES, keys.deadline_member("r1", "mock")) is None
+    assert await redis.get(keys.retry("r1", "mock")) == "1"
+    assert 0 < await redis.pttl(keys.in_progress("r1", "mock")) <= 4000
+    assert await redis.zscore(keys.deadlines("mock"), "r1") is None
     # One slot left: still parked, with one free.
     assert await terms(redis, "w1") == "1|-1|0|3000|4000"
 
@@ -117,11 +106,11 @@ async def test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skippe
     redis: Redis, queue: Queue, listener: PubSub
 ) -> None:
     # A worker cut off from Redis leaves a half-open subscription that PUBLISH counts.
-    await listener.subscribe(keys.handoff("w1"))
+    await listener.subscribe(keys.handoff("w1", "mock"))
     await claim(queue, "w1", free=2)
-    beat = await redis.zscore(keys.WORKERS, "w1")
+    beat = await redis.zscore(keys.beats("mock"), "w1")
     assert beat is not None
-    await redis.zadd(keys.WORKERS, {"w1": beat - 3001})  # older than its 3 s lease
+    await redis.zadd(keys.beats("mock"), {"w1": beat - 3001})  # older than its 3 s lease
     assert await enqueue_costing(queue, "r1") == Admission.QUEUED
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
     assert await redis.zcard(keys.running("mock")) == 0
@@ -131,7 +120,7 @@ async def test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skippe
 async def test_the_hand_off_that_takes_the_last_free_slot_unparks(
     redis: Redis, queue: Queue, listener: PubSub
 ) -> None:
-    await listener.subscribe(keys.handoff("w1"))
+    await listener.subscribe(keys.handoff("w1", "mock"))
     await claim(queue, "w1", free=1)
     assert await enqueue_costing(queue, "r1") == Admission.HANDED_OFF
     assert await redis.zcard(keys.parked("mock")) == 0
@@ -152,22 +141,22 @@ async def test_a_parked_worker_that_does_not_listen_is_dropped_and_the_request_q
 
 
 async def test_parked_workers_take_turns(redis: Redis, queue: Queue, listener: PubSub) -> None:
-    await listener.subscribe(keys.handoff("w1"), keys.handoff("w2"))
+    await listener.subscribe(keys.handoff("w1", "mock"), keys.handoff("w2", "mock"))
     await claim(queue, "w1", free=4)
     await claim(queue, "w2", free=4)
     assert await enqueue_costing(queue, "r1") == Admission.HANDED_OFF
     assert await enqueue_costing(queue, "r2") == Admission.HANDED_OFF
     first, second = await next_message(listener), await next_message(listener)
     assert [(m["channel"], parse_handoff(m["data"]).request_id) for m in (first, second)] == [
-        (keys.handoff("w1"), "r1"),
-        (keys.handoff("w2"), "r2"),
+        (keys.handoff("w1", "mock"), "r1"),
+        (keys.handoff("w2", "mock"), "r2"),
     ]
 
 
 async def test_no_hand_off_over_budget_or_past_a_queued_request(
     redis: Redis, queue: Queue, listener: PubSub
 ) -> None:
-    await listener.subscribe(keys.handoff("w1"))
+    await listener.subscribe(keys.handoff("w1", "mock"))
     await claim(queue, "w1", free=4, budget=5, idle=False)
     assert await enqueue_costing(queue, "big", cost=10) == Admission.QUEUED
     assert await redis.zrange(keys.parked("mock"), 0, -1) == ["w1"]  # it still fits others
@@ -200,7 +189,7 @@ async def test_an_idle_worker_is_handed_requests_and_runs_them(
 
     await wait_until(parked, timeout=10, what="the worker to park")
     (worker_id,) = await redis.zrange(keys.parked("mock"), 0, -1)
-    await listener.subscribe(keys.handoff(worker_id))  # a second reader of its channel
+    await listener.subscribe(keys.handoff(worker_id, "mock"))  # a second reader of its channel
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
@@ -241,7 +230,7 @@ async def test_a_hand_off_to_a_full_worker_goes_back_to_the_queue(
             message = b"|".join(
                 [late.encode(), str(got.score).encode(), str(got.cost).encode(), b"1", got.job]
             )
-            assert await redis.publish(keys.handoff(worker_id), message) == 1
+            assert await redis.publish(keys.handoff(worker_id, "mock"), message) == 1
 
             async def requeued() -> bool:
                 return await redis.zscore(keys.queue("mock"), late) is not None

@@ -137,7 +137,9 @@ async def test_a_partitioned_worker_is_replaced_then_fenced_when_its_link_heals(
     assert [e["type"] for e in stored].count("done") == 1 and stored[-1]["type"] == "done"
     replay = await native_replay(stack, rid)
     assert token_indices(replay) == list(range(TOKENS)), "duplicate or out-of-order index"
-    lifecycle = [f for _, f in await redis.xrange(keys.LIFECYCLE) if f.get("request_id") == rid]
+    lifecycle = [
+        f for _, f in await redis.xrange(keys.lifecycle(rid)) if f.get("request_id") == rid
+    ]
     assert [f["event"] for f in lifecycle].count("finished") == 1
     assert [f["event"] for f in lifecycle].count("started") == 2
     # metrics are flushed once a second: wait for the one outcome, then check nothing more came

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(60)
 
 async def entries(redis: Redis, rid: str) -> list[dict[str, object]]:
     out = []
-    for _, fields in await redis.xrange(keys.LIFECYCLE):
+    for _, fields in await redis.xrange(keys.lifecycle(rid)):
         if fields["request_id"] == rid:
             data = json.loads(fields["data"])
             assert data["event"] == fields["event"] and data["model"] == fields["model"]
@@ -30,12 +30,13 @@ async def entries(redis: Redis, rid: str) -> list[dict[str, object]]:
 async def test_a_request_leaves_its_trail(
     start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
-    await redis.xgroup_create(keys.LIFECYCLE, "observers", id="0", mkstream=True)
     await start_worker()
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
         rid = await post_request(client, "trail", max_tokens=5, priority=2)
+        # a group from the start of the stream: it is given every entry, the first too
+        await redis.xgroup_create(keys.lifecycle(rid), "observers", id="0", mkstream=True)
         await wait_status(client, rid, "done")
 
         async def all_four() -> bool:
@@ -47,7 +48,7 @@ async def test_a_request_leaves_its_trail(
     assert trail[0]["priority"] == 2 and trail[1]["attempt"] == 1
     assert trail[3]["finish_reason"] == "length" and trail[3]["completion_tokens"] == 5
     assert 0 < trail[2]["ttft_ms"] <= trail[3]["e2e_ms"]  # type: ignore[operator]
-    read = await redis.xreadgroup("observers", "one", {keys.LIFECYCLE: ">"}, count=100)
+    read = await redis.xreadgroup("observers", "one", {keys.lifecycle(rid): ">"}, count=100)
     assert {f["event"] for _, f in read[0][1] if f["request_id"] == rid} == {
         "queued",
         "started",

@@ -79,6 +79,6 @@ async def test_a_connection_dropped_mid_stream_is_a_drop(
 
 async def streams_with_tokens(redis: Redis, n: int) -> bool:
     """At least ``n`` requests have tokens in their streams (and so clients have chunks)."""
-    rids = [k.split(":")[-1] for k in await redis.keys(keys.request("*"))]
+    rids = [k.split(":")[-1] for k in await redis.keys(keys.REQUESTS_GLOB)]
     counts = [len(await published_tokens(redis, rid)) for rid in rids]
     return sum(1 for c in counts if c >= 2) >= n

@@ -270,7 +270,7 @@ async def test_a_fenced_worker_stops_and_writes_nothing_after_losing_its_lease(
     started = [(e.worker, e.attempt) for e in events if isinstance(e, StartedEvent)]
     assert started == [(owner, 1), (final["worker"], 2)]
     # the lifecycle: nothing from the old worker once the re-run started
-    notes = [json.loads(f["data"]) for _, f in await redis.xrange(keys.LIFECYCLE)]
+    notes = [json.loads(f["data"]) for _, f in await redis.xrange(keys.lifecycle(rid))]
     mine = [n for n in notes if n["request_id"] == rid]
     rerun_at = next(i for i, n in enumerate(mine) if n.get("attempt") == 2)
     assert not [n for n in mine[rerun_at:] if n.get("worker") == owner], mine

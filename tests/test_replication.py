@@ -51,7 +51,7 @@ async def test_an_enqueue_no_replica_acknowledges_is_refused_and_cancelled(
         assert r.json()["error"]["code"] == "replica_timeout"
         assert r.headers["retry-after"] == "1"
     assert int(await redis.zcard(keys.queue("mock"))) == 0
-    records = [k async for k in redis.scan_iter(keys.request("*"))]
+    records = [k async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
     assert len(records) == 1
 
     async def cancelled() -> bool:

@@ -120,7 +120,7 @@ async def test_rerun_after_a_killed_worker_resumes_after_the_published_tokens(
     assert isinstance(done, DoneEvent)
     assert done.usage.completion_tokens == max_tokens and done.finish_reason == "length"
     # one first_token note: the resumed run's first token is not the client's first
-    notes = await redis.xrange(keys.LIFECYCLE)
+    notes = await redis.xrange(keys.lifecycle(rid))
     first_tokens = [f for _, f in notes if f["request_id"] == rid and f["event"] == "first_token"]
     assert len(first_tokens) == 1
 

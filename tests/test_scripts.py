@@ -33,14 +33,19 @@ def queue(redis: Redis) -> Queue:
     return Queue(redis, stream_maxlen=1000, ttl_seconds=60)
 
 
-async def lease_clock(redis: Redis) -> tuple[int, int]:
-    real, lease = await redis.hmget(keys.CLOCK, ["real", "lease"])  # type: ignore[misc]
+#: The lease clock of the model's slot (running requests); keys.CLOCK is the global
+#: slot's (API processes).
+MODEL_CLOCK = keys.clock("mock")
+
+
+async def lease_clock(redis: Redis, clock: str = MODEL_CLOCK) -> tuple[int, int]:
+    real, lease = await redis.hmget(clock, ["real", "lease"])  # type: ignore[misc]
     return int(real), int(lease)
 
 
-async def set_clock(redis: Redis, **fields: int) -> None:
-    """Write the lease clock directly, as if calls had come at other times."""
-    await cast("Awaitable[int]", redis.hset(keys.CLOCK, mapping=fields))
+async def set_clock(redis: Redis, clock: str = MODEL_CLOCK, **fields: int) -> None:
+    """Write a lease clock directly, as if calls had come at other times."""
+    await cast("Awaitable[int]", redis.hset(clock, mapping=fields))
 
 
 async def claim(queue: Queue, lease_ms: int = 1000) -> codec.Claim:
@@ -124,7 +129,8 @@ async def publish(redis: Redis, rid: str, attempt: int, *events: Any, **record: 
         notes=[],
     )
     written = await scripts_for(redis).publish(
-        keys=[keys.stream(rid), keys.request(rid), keys.fence(rid), keys.LIFECYCLE], args=args
+        keys=[keys.stream(rid), keys.request(rid), keys.fence(rid), keys.lifecycle(rid)],
+        args=args,
     )
     return int(written)
 
@@ -181,11 +187,11 @@ async def test_an_api_process_lease_survives_a_gap_but_not_real_silence(
 ) -> None:
     await queue.api_beat("api-1", grace_seconds=1.0)
     await cast("Awaitable[int]", redis.sadd(keys.attached("api-1"), "r1:mock"))
-    real, lease = await lease_clock(redis)
-    await set_clock(redis, real=real - 10_000, lease=lease)  # a 10 s stall
+    real, lease = await lease_clock(redis, keys.CLOCK)
+    await set_clock(redis, keys.CLOCK, real=real - 10_000, lease=lease)  # a 10 s stall
     assert await queue.cancel_orphans() == []
-    _, lease = await lease_clock(redis)
-    await set_clock(redis, lease=lease + 1_500)  # 1.5 s of live time without a beat
+    _, lease = await lease_clock(redis, keys.CLOCK)
+    await set_clock(redis, keys.CLOCK, lease=lease + 1_500)  # 1.5 s without a beat
     assert await queue.cancel_orphans() == ["r1"]
-    assert await redis.exists(keys.cancel_flag("r1")) == 1
+    assert await redis.exists(keys.cancel_flag("r1", "mock")) == 1
     assert await redis.zscore(keys.APIS, "api-1") is None  # forgotten once empty

@@ -59,7 +59,7 @@ async def test_a_stream_that_fails_mid_way_ends_with_an_error_chunk_and_done(
     assert len(texts) >= BREAK_AFTER and all(texts), "tokens before the failure reach the client"
     error = chunks[-1]["error"]
     assert error["code"] == "stream_failed" and error["type"] == "server_error"
-    (rid,) = [k.split(":")[-1] for k in await redis.keys(keys.request("*"))]
+    (rid,) = [k.split(":")[-1] for k in await redis.keys(keys.REQUESTS_GLOB)]
 
     async def cancelled() -> bool:
         status = await redis.hget(keys.request(rid), "status")  # type: ignore[misc]

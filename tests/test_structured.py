@@ -15,7 +15,9 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from llmq import keys
 from llmq.schema import TokenLogprob, TokensEvent, decode_event, encode_event
+from llmq.streams import lifecycle_entries
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -240,7 +242,7 @@ async def test_schema_features_the_mock_cannot_honour_are_refused(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "unsupported_parameter"
     assert r.json()["error"]["param"] == param
-    assert await redis.zcard("llmq:queue:mock") == 0
+    assert await redis.zcard(keys.queue("mock")) == 0
 
 
 async def test_tool_choice_needs_a_matching_tool(fast: RunningApi) -> None:
@@ -380,7 +382,7 @@ async def test_a_backend_without_a_capability_answers_400(
         refused = await client.post(
             "/v1/chat/completions", json={"model": "mock", "messages": CHAT, **extra}
         )
-        assert await redis.exists("llmq:lifecycle") == 0  # nothing was enqueued
+        assert not await lifecycle_entries(redis)  # nothing was enqueued
         plain = await client.post(
             "/v1/chat/completions", json={"model": "mock", "messages": CHAT, "max_tokens": 2}
         )
@@ -423,7 +425,7 @@ async def test_a_worker_refuses_what_it_cannot_honour_when_the_api_could_not_tel
             )
         )
         await wait_until(
-            lambda: redis.exists("llmq:queue:mock"), timeout=10, what="the request to queue"
+            lambda: redis.exists(keys.queue("mock")), timeout=10, what="the request to queue"
         )
         await start_worker(model=TextOnly())
         r = await pending

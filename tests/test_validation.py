@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from llmq import keys
 from tests.support.servers import RunningApi, StartApi, StartWorker
 
 BAD_COMPLETIONS: list[tuple[Any, int, str | None]] = [
@@ -90,7 +91,7 @@ async def _assert_refused(
     if param is not None:
         assert error["param"] == param
     assert await redis.dbsize() == before, "a refused request left keys behind"
-    assert await redis.zcard("llmq:queue:mock") == 0
+    assert await redis.zcard(keys.queue("mock")) == 0
 
 
 @pytest.mark.parametrize(("body", "status", "param"), BAD_COMPLETIONS)
@@ -120,7 +121,7 @@ async def test_invalid_json(limited: RunningApi, redis: Redis) -> None:
         )
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "invalid_json"
-    assert await redis.zcard("llmq:queue:mock") == 0
+    assert await redis.zcard(keys.queue("mock")) == 0
 
 
 @pytest.mark.parametrize("chunked", [False, True])
@@ -141,7 +142,7 @@ async def test_oversized_body(limited: RunningApi, redis: Redis, chunked: bool) 
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "request_too_large"
     assert await redis.dbsize() == before
-    assert await redis.zcard("llmq:queue:mock") == 0
+    assert await redis.zcard(keys.queue("mock")) == 0
 
 
 async def test_unknown_route_and_method(limited: RunningApi) -> None:

@@ -16,11 +16,13 @@ import secrets
 import signal
 import socket
 import time
+from typing import cast
 
 from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from llmq import keys, metrics, registry
-from llmq.connection import Outage, make_pool
+from llmq.connection import Outage, connect_cluster, is_cluster, make_pool, slot_pool
 from llmq.queue import Queue, as_str, parse_handoff
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
@@ -60,10 +62,13 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
     away, logged once per outage; after a reconnect the worker polls once, since a
     wake-up may have been missed meanwhile, and a missed cancel is found by the next
     lease renewal (the cancel flag). The worker parks (and so can be handed
-    requests) only through that poll, after its channel is subscribed.
+    requests) only through that poll, after its channel is subscribed. On a Redis
+    Cluster the connection goes to the node that owns the model's slot, where the
+    enqueue script publishes, and after a failover to its successor
+    (:class:`llmq.connection.SlotPool`).
     """
     wake_channel, cancel_channel = keys.wake(model), keys.cancel_channel(model)
-    handoff_channel = keys.handoff(worker.worker_id)
+    handoff_channel = keys.handoff(worker.worker_id, model)
     outage = Outage(
         log,
         lost="wake-up listener lost Redis (%s); reconnecting",
@@ -102,7 +107,7 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
 
 
 async def _heartbeat(
-    redis: ArqRedis, settings: WorkerSettings, worker: QueueWorker, worker_id: str
+    redis: Redis, settings: WorkerSettings, worker: QueueWorker, worker_id: str
 ) -> None:
     """Registry entry and request leases, renewed together every heartbeat.
 
@@ -127,7 +132,7 @@ async def _heartbeat(
             capabilities=capabilities_of(runner.model),
         )
         try:
-            news = await worker.queue.renew(settings.model, worker.held, lease_ms)
+            news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
             await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
         except Exception as exc:
             if not failing:
@@ -158,14 +163,24 @@ async def serve(
         return
 
     worker_id = new_worker_id()
+    # On a Redis Cluster the arq pool and the pub/sub listener talk to the node that
+    # owns the model's slot (where the enqueue script publishes hand-offs), while
+    # everything else goes through the cluster client, routed by slot.
+    cluster = connect_cluster(settings, decode_responses=False) if is_cluster(settings) else None
+    pool = (
+        await slot_pool(settings, cluster, keys.queue(settings.model), decode_responses=False)
+        if cluster is not None
+        else make_pool(settings, decode_responses=False)
+    )
     redis = ClaimingRedis(
-        pool_or_conn=make_pool(settings, decode_responses=False),
+        pool_or_conn=pool,
         job_serializer=None,
         job_deserializer=None,
         default_queue_name=keys.queue(settings.model),
     )
+    store = cast(Redis, cluster) if cluster is not None else redis
     publisher = StreamPublisher(
-        redis,
+        store,
         maxlen=settings.stream_maxlen,
         ttl_seconds=settings.request_ttl_seconds,
         max_event_tokens=settings.max_event_tokens,
@@ -182,7 +197,7 @@ async def serve(
         job_timeout=settings.job_timeout_seconds,
     )
     queue = Queue(
-        redis,
+        store,
         stream_maxlen=settings.stream_maxlen,
         ttl_seconds=settings.request_ttl_seconds,
         recorder=recorder,
@@ -203,12 +218,12 @@ async def serve(
     )
     publisher.start()
     tasks = [
-        asyncio.create_task(_heartbeat(redis, settings, worker, worker_id), name="heartbeat"),
+        asyncio.create_task(_heartbeat(store, settings, worker, worker_id), name="heartbeat"),
         asyncio.create_task(_listen(redis, settings.model, worker), name="pubsub"),
         asyncio.create_task(
             sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
         ),
-        asyncio.create_task(metrics.flush_forever(recorder, redis), name="metrics-flush"),
+        asyncio.create_task(metrics.flush_forever(recorder, store), name="metrics-flush"),
     ]
     main = asyncio.create_task(worker.main(), name="claim-loop")
     log.info(
@@ -232,14 +247,16 @@ async def serve(
                 await queue.unpark(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
         await cancel_and_wait([main, *tasks], timeout=5)
-        await metrics.final_flush(recorder, redis)
+        await metrics.final_flush(recorder, store)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
-                await registry.unregister(redis, worker_id)
+                await registry.unregister(store, worker_id)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await publisher.stop(timeout=5)
         await redis.aclose(close_connection_pool=True)
+        if cluster is not None:
+            await cluster.aclose()
         log.info("worker %s stopped", worker_id)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hiredis
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -277,17 +277,16 @@ class StreamPublisher:
         for p in batch.values():
             p.close_tokens()
         try:
-            replies = await self._round_trip(self._commands(batch))
+            replies = await self._round_trip(batch)
         except NoScriptError:  # Redis restarted without its script cache: nothing ran
             self._script.sha = await self._redis.script_load(self._script.script)
-            replies = await self._round_trip(self._commands(batch))
+            replies = await self._round_trip(batch)
         return [int(r) == 1 for r in replies]
 
-    def _commands(self, batch: dict[str, _Pending]) -> list[bytes]:
-        """The batch's ``EVALSHA`` calls in the wire format, packed by hiredis (in C:
-        redis-py's packing in Python cost more than the rest of a token's way)."""
+    def _calls(self, batch: dict[str, _Pending]) -> list[tuple[Any, ...]]:
+        """The batch's ``EVALSHA`` calls: one per request, its keys in its one slot."""
         sha = self._script.sha
-        commands = []
+        calls = []
         for request_id, p in batch.items():
             args = codec.publish_args(
                 p.attempt,
@@ -302,21 +301,34 @@ class StreamPublisher:
                 keys.stream(request_id),
                 keys.request(request_id),
                 keys.fence(request_id),
-                keys.LIFECYCLE,
+                keys.lifecycle(request_id),
             )
-            command: Any = ("EVALSHA", sha, len(request_keys), *request_keys, *args)
-            commands.append(hiredis.pack_command(command))
-        return commands
+            calls.append(("EVALSHA", sha, len(request_keys), *request_keys, *args))
+        return calls
 
-    async def _round_trip(self, commands: list[bytes]) -> list[Any]:
-        """Send ``commands`` on one pooled connection and read a reply to each, as a
-        pipeline does; a failed reply is raised once every reply is read."""
+    async def _round_trip(self, batch: dict[str, _Pending]) -> list[Any]:
+        """Run the batch's calls in one round trip and read a reply to each, as a
+        pipeline does; a failed reply is raised once every reply is read.
+
+        On a single Redis the calls are packed by hiredis (in C: redis-py's packing in
+        Python cost more than the rest of a token's way) and sent on one pooled
+        connection. On a Redis Cluster they go through the cluster's pipeline, which
+        sends each node the calls whose slots it owns.
+        """
+        calls = self._calls(batch)
+        if isinstance(self._redis, RedisCluster):
+            pipe = self._redis.pipeline(transaction=False)
+            for call in calls:
+                pipe.evalsha(*call[1:])
+            return list(await pipe.execute())
         pool = self._redis.connection_pool
         connection = await pool.get_connection()
         try:
-            await connection.send_packed_command(b"".join(commands))
+            await connection.send_packed_command(
+                b"".join(hiredis.pack_command(call) for call in calls)
+            )
             replies: list[Any] = []
-            for _ in commands:
+            for _ in calls:
                 try:
                     replies.append(await connection.read_response())
                 except ResponseError as exc:

@@ -22,6 +22,13 @@ cancellation on shutdown) and replaces how work is found:
   A run arq finished without a terminal event (its job timeout fired: the runner
   stops the generation before it, this is the backstop) is ended by the runner
   first, so that its client is answered and the request counted once.
+
+arq's own ``finish_job`` and ``finish_failed_job`` are replaced, not extended: they
+name arq's keys (``arq:job:<id>``, the global ``arq:abort`` set) in one MULTI, which
+a Redis Cluster refuses across slots. llmq keeps a request's job, try counter and
+in-progress marker in its model's slot (:mod:`llmq.keys`), deleted here in one
+transaction of that slot; nothing of llmq is ever in ``arq:abort``, and results
+are not kept (``keep_result=0``).
 """
 
 from __future__ import annotations
@@ -32,11 +39,9 @@ import logging
 from typing import Any
 
 from arq.worker import Worker, func
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq import keys
-from llmq.connection import Outage
+from llmq.connection import OUTAGE, Outage
 from llmq.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
 from llmq.schema import JobPayload
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
@@ -123,7 +128,7 @@ class QueueWorker(Worker):
             self.wake.clear()
             try:
                 await self._poll_iteration()
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except OUTAGE as exc:
                 # Redis is away: keep the running requests, retry claiming with the
                 # backoff every retry uses; one warning per outage, not per retry.
                 await outage.failed(exc)
@@ -223,21 +228,21 @@ class QueueWorker(Worker):
             await self.runner.end_unfinished(job_id)
         else:
             self.runner.unfinished.pop(job_id, None)  # handed back: a later run ends it
-        await super().finish_job(
-            job_id,
-            finish,
-            result_data,
-            result_timeout_s,
-            keep_result_forever,
-            incr_score,
-            keep_in_progress,
-        )
+        if finish:
+            await self._forget(job_id)
         await self._release(job_id, requeue=not finish)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
-        await super().finish_failed_job(job_id, result_data)
+        await self._forget(job_id)
         await self._release(job_id, requeue=False)
         await self.runner.fail(job_id, "job_failed", "the request could not be run")
+
+    async def _forget(self, job_id: str) -> None:
+        """What arq's finish deletes, under llmq's names: the job record, its try
+        counter and in-progress marker (a hand-back drops only the marker, in
+        ``requeue.lua``)."""
+        names = [keys.job(job_id, self.model), keys.retry(job_id, self.model)]
+        await self.pool.delete(*names, keys.in_progress(job_id, self.model))
 
     async def _release(self, job_id: str, *, requeue: bool) -> None:
         claim = self._claims.pop(job_id, None)

@@ -9,6 +9,7 @@ from bench.scenarios import (
     autoscale,
     capacity,
     choices,
+    cluster,
     light,
     multihost,
     overload,
@@ -34,4 +35,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
 #: Scenarios run only when named in ``--scenarios``: parts of a default one, alone.
 ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "multihost-failovers": multihost.run_failovers,
+    "cluster": cluster.run,
 }

@@ -111,30 +111,39 @@ class ClusterProbe:
         self.recent_window = recent_window
         self.latency_window = latency_window
         self._history: deque[Snapshot] = deque()
-        #: Redis times (ms) of this model's arrivals in the rate window, and the
-        #: stream cursor and Redis time (ms) of the last read.
+        #: Redis times (ms) of this model's arrivals in the rate window, the cursor
+        #: in each lifecycle stream, and the Redis time (ms) of the last read.
         self._arrivals: deque[int] = deque()
-        self._cursor: str | None = None
+        self._cursors: dict[str, str] = {}
         self._now_ms = 0
         self._first_ms: int | None = None
 
     async def _read_arrivals(self) -> None:
+        """Read what the lifecycle streams (one per request group) gained since the
+        last read, in one pipeline per round: on a Redis Cluster it reaches every
+        node that holds a group."""
         seconds, micros = await self.redis.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        if self._cursor is None:
-            self._cursor, self._first_ms = f"{now_ms}-0", now_ms
-        while True:
-            entries = await self.redis.xrange(
-                keys.LIFECYCLE, min=f"({self._cursor}", max="+", count=_READ
-            )
-            for raw_id, fields in entries:
-                entry = {as_str(k): as_str(v) for k, v in fields.items()}
-                if entry.get("event") == "queued" and entry.get("model") == self.model:
-                    self._arrivals.append(int(as_str(raw_id).split("-")[0]))
-            if entries:
-                self._cursor = as_str(entries[-1][0])
-            if len(entries) < _READ:
-                break
+        if not self._cursors:
+            self._cursors = dict.fromkeys(keys.LIFECYCLES, f"{now_ms}-0")
+            self._first_ms = now_ms
+        pending = list(self._cursors)
+        while pending:
+            pipe = self.redis.pipeline(transaction=False)
+            for key in pending:
+                pipe.xrange(key, min=f"({self._cursors[key]}", max="+", count=_READ)
+            more = []
+            for key, entries in zip(pending, await pipe.execute(), strict=True):
+                for raw_id, fields in entries:
+                    entry = {as_str(k): as_str(v) for k, v in fields.items()}
+                    if entry.get("event") == "queued" and entry.get("model") == self.model:
+                        self._arrivals.append(int(as_str(raw_id).split("-")[0]))
+                if entries:
+                    self._cursors[key] = as_str(entries[-1][0])
+                if len(entries) == _READ:
+                    more.append(key)
+            pending = more
+        self._arrivals = deque(sorted(self._arrivals))
         self._now_ms = now_ms
         keep_ms = int(max(self.rate_window, self.recent_window) * 1000)
         while self._arrivals and self._arrivals[0] <= now_ms - keep_ms:

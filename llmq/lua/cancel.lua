@@ -8,13 +8,12 @@ local job_key = KEYS[4]
 local flag_key = KEYS[5]
 
 local id = ARGV[1]
-local deadline_member = ARGV[2]
-local flag_ttl_ms = ARGV[3]
-local cancel_channel = ARGV[4]
+local flag_ttl_ms = ARGV[2]
+local cancel_channel = ARGV[3]
 
 if redis.call('ZREM', queue_key, id) == 1 then
   redis.call('HDEL', costs_key, id)
-  redis.call('ZREM', deadlines_key, deadline_member)
+  redis.call('ZREM', deadlines_key, id)
   redis.call('DEL', job_key)
   return 1
 end

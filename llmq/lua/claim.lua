@@ -22,21 +22,20 @@ local in_progress_prefix = ARGV[3]
 local in_progress_ms = ARGV[4]
 local budget = tonumber(ARGV[5])
 local idle = ARGV[6]
-local model = ARGV[7]
-local job_prefix = ARGV[8]
-local cancel_prefix = ARGV[9]
-local retry_prefix = ARGV[10]
-local retry_ttl = ARGV[11]
-local worker_id = ARGV[12]
-local free_slots = tonumber(ARGV[13])
-local park_ttl_ms = ARGV[14]
+local job_prefix = ARGV[7]
+local cancel_prefix = ARGV[8]
+local retry_prefix = ARGV[9]
+local retry_ttl = ARGV[10]
+local worker_id = ARGV[11]
+local free_slots = tonumber(ARGV[12])
+local park_ttl_ms = ARGV[13]
 
 local now = lease_now(clock_key)
 local expired, cancelled = {}, {}
 
-local function drop(id, member)
+local function drop(id)
   redis.call('ZREM', queue_key, id)
-  redis.call('ZREM', deadlines_key, member)
+  redis.call('ZREM', deadlines_key, id)
   redis.call('HDEL', costs_key, id)
 end
 
@@ -72,14 +71,13 @@ for _ = 1, 100 do
     return reply('', '0', '0')
   end
   local id = head[1]
-  local member = id .. ':' .. model
-  local deadline = redis.call('ZSCORE', deadlines_key, member)
+  local deadline = redis.call('ZSCORE', deadlines_key, id)
   if redis.call('EXISTS', cancel_prefix .. id) == 1 then
-    drop(id, member)
+    drop(id)
     redis.call('DEL', job_prefix .. id)
     table.insert(cancelled, id)
   elseif deadline and tonumber(deadline) <= deadline_now then
-    drop(id, member)
+    drop(id)
     redis.call('DEL', job_prefix .. id)
     table.insert(expired, id)
   else
@@ -88,7 +86,7 @@ for _ = 1, 100 do
       park(0)
       return reply('', '0', '0')
     end
-    drop(id, member)
+    drop(id)
     local job = redis.call('GET', job_prefix .. id)
     local try = redis.call('INCR', retry_prefix .. id)
     redis.call('EXPIRE', retry_prefix .. id, retry_ttl)

@@ -1,7 +1,8 @@
 -- The lease clock, prepended to every script that sets or judges a lease.
 --
--- Leases are judged by time kept in Redis (key llmq:clock, hash real -> Redis's own
--- TIME in ms when last seen, lease -> the lease clock in ms). Each call advances the
+-- Leases are judged by time kept in Redis (one clock per slot, llmq.keys.clock of a
+-- model and llmq.keys.CLOCK: hash real -> Redis's own TIME in ms when last seen,
+-- lease -> the lease clock in ms). Each call advances the
 -- lease clock by the real time since the previous call, but by at most CLOCK_CAP_MS:
 -- in a live system some process calls every sweep interval (0.25 s), so lease time
 -- follows real time; a stall of Redis, a restart (AOF keeps the key) or an outage

@@ -1,5 +1,7 @@
 -- Add a request unless the queue is full; hand it to a parked worker if one waits.
 -- Returns 0 when the queue is full, 1 when queued, 2 when handed to a parked worker.
+-- Every key is in the model's slot; the request's record and lifecycle note are
+-- written before this by record.lua (see llmq.queue.Queue.enqueue for the order).
 --
 -- The hand-off: when the queue is empty and a worker is parked (see claim.lua), the
 -- request is claimed for that worker here (attempt 1) and published on its own
@@ -7,22 +9,19 @@
 -- starts without a claim round trip. PUBLISH counts the receivers: a worker that is
 -- not listening (dead, reconnecting) is unparked and the next one tried; with none,
 -- the request is queued as usual. PUBLISH also counts a half-open connection of a
--- worker cut off from Redis, so a parked worker whose registry heartbeat (in lease
--- time, see worker_beat.lua) is older than its lease is skipped and unparked too: it
--- could not renew the lease it would be handed.
+-- worker cut off from Redis, so a parked worker whose heartbeat (in lease
+-- time: the model's beats, bumped by renew.lua) is older than its lease is skipped
+-- and unparked too: it could not renew the lease it would be handed.
 local queue_key = KEYS[1]
 local job_key = KEYS[2]
-local record_key = KEYS[3]
-local costs_key = KEYS[4]
-local deadlines_key = KEYS[5]
-local lifecycle_key = KEYS[6]
-local attached_key = KEYS[7]
-local parked_key = KEYS[8]
-local terms_key = KEYS[9]
-local running_key = KEYS[10]
-local leases_key = KEYS[11]
-local clock_key = KEYS[12]
-local workers_key = KEYS[13]
+local costs_key = KEYS[3]
+local deadlines_key = KEYS[4]
+local parked_key = KEYS[5]
+local terms_key = KEYS[6]
+local running_key = KEYS[7]
+local leases_key = KEYS[8]
+local clock_key = KEYS[9]
+local beats_key = KEYS[10]
 
 local id = ARGV[1]
 local score = ARGV[2]
@@ -32,28 +31,15 @@ local max_depth = tonumber(ARGV[5])
 local wake_channel = ARGV[6]
 local cost = ARGV[7]
 local deadline_ms = ARGV[8]
-local deadline_member = ARGV[9]
-local lifecycle_maxlen = ARGV[10]
-local model = ARGV[11]
-local lifecycle_data = ARGV[12]
-local attach = ARGV[13] == '1'
-local handoff_prefix = ARGV[14]
-local in_progress_prefix = ARGV[15]
-local retry_prefix = ARGV[16]
-local retry_ttl = ARGV[17]
-local record_from = 18
+local handoff_prefix = ARGV[9]
+local in_progress_prefix = ARGV[10]
+local retry_prefix = ARGV[11]
+local retry_ttl = ARGV[12]
 
 if redis.call('ZCARD', queue_key) >= max_depth then
   return 0
 end
-if attach then
-  redis.call('SADD', attached_key, deadline_member)
-end
 redis.call('SET', job_key, job, 'PX', ttl_ms)
-redis.call('HSET', record_key, unpack(ARGV, record_from))
-redis.call('PEXPIRE', record_key, ttl_ms)
-redis.call('XADD', lifecycle_key, 'MAXLEN', '~', lifecycle_maxlen, '*', 'event', 'queued',
-  'request_id', id, 'model', model, 'data', lifecycle_data)
 
 local function unpark(w)
   redis.call('ZREM', parked_key, w)
@@ -69,7 +55,7 @@ if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 t
     if terms then
       free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
     end
-    local beat = tonumber(redis.call('ZSCORE', workers_key, w) or '0')
+    local beat = tonumber(redis.call('ZSCORE', beats_key, w) or '0')
     if not free or now - beat > tonumber(lease) then
       unpark(w)
     elseif idle == '1' or tonumber(budget) < 0 or n_cost <= tonumber(budget) then
@@ -96,6 +82,6 @@ if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 t
 end
 redis.call('ZADD', queue_key, score, id)
 redis.call('HSET', costs_key, id, cost)
-redis.call('ZADD', deadlines_key, deadline_ms, deadline_member)
+redis.call('ZADD', deadlines_key, deadline_ms, id)
 redis.call('PUBLISH', wake_channel, id)
 return 1

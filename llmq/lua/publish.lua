@@ -3,7 +3,7 @@
 -- already written), 0 when the writer's attempt is fenced off: a later attempt owns
 -- the request (reap.lua, requeue.lua), and nothing of this call lands.
 --
--- The fence key (llmq:fence:<id>) holds `attempt`, the lowest attempt allowed to
+-- The fence key (llmq.keys.fence) holds `attempt`, the lowest attempt allowed to
 -- write (a write from a higher one raises it), `next`, the stream's next token index
 -- (tokens are contiguous from 0 below it) and `ended` ('1' once a terminal event is
 -- in, absent before). A tokens event below `next` is skipped and a partial overlap

@@ -1,17 +1,17 @@
 -- Hand a claimed request back to the queue at its original place (its worker is
 -- stopping, or has no slot for a hand-off). Only the attempt that holds the lease
 -- may: 1 when requeued, 0 when the lease is not (or no longer) this attempt's.
--- The fence rises past the attempt, so nothing it writes afterwards lands.
+-- The caller then raises the request's fence past the attempt (fence.lua, in the
+-- request's slot), so nothing the attempt still writes lands.
 local queue_key = KEYS[1]
 local running_key = KEYS[2]
 local leases_key = KEYS[3]
 local costs_key = KEYS[4]
-local fence_key = KEYS[5]
 
 local id = ARGV[1]
 local attempt = tonumber(ARGV[2])
 local wake_channel = ARGV[3]
-local ttl = ARGV[4]
+local in_progress_key = ARGV[4]
 
 local score, cost, held = parse_lease(redis.call('HGET', leases_key, id))
 if held ~= attempt then
@@ -19,8 +19,8 @@ if held ~= attempt then
 end
 redis.call('HDEL', leases_key, id)
 redis.call('ZREM', running_key, id)
+redis.call('DEL', in_progress_key)
 redis.call('ZADD', queue_key, score, id)
 redis.call('HSET', costs_key, id, cost)
-raise_fence(fence_key, attempt + 1, ttl)
 redis.call('PUBLISH', wake_channel, id)
 return 1

@@ -1,0 +1,169 @@
+"""The API and workers, unchanged, on a single Redis and on a real Redis Cluster.
+
+Every test here runs twice: against one ``redis-server``, and against a local
+cluster of three primaries with a replica each (:mod:`tests.support.cluster`), chosen by
+the ``redis+cluster://`` URL alone. A request's stream and record live on the
+shard of its group, its model's queue on another, the registry on a third: the
+pipeline, priority order, a worker SIGKILLed mid-stream and the resume of its
+request all have to work across them.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from typing import cast
+
+import pytest
+from redis.asyncio import Redis, RedisCluster
+from redis.crc import key_slot
+
+from llmq import keys
+from llmq.embedded import EmbeddedRedis
+from llmq.embedded_cluster import EmbeddedCluster
+from tests.support.native import post_request, record, wait_ready, wait_status
+from tests.support.processes import Proc, clean_env
+from tests.support.runs import undisturbed
+from tests.support.servers import SpawnWorkers, StartApi, StartWorker
+from tests.support.sse import frames, openai_chunks
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(params=["single", "cluster"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def redis(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
+    """The test's client: a plain one, or a cluster client (routing by slot)."""
+    client: Redis
+    if backend == "cluster":
+        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        client = cast(
+            Redis,
+            RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, decode_responses=True),
+        )
+    else:
+        server: EmbeddedRedis = request.getfixturevalue("redis_server")
+        client = Redis.from_url(server.url, decode_responses=True)
+        await client.flushall()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def redis_url(backend: str, request: pytest.FixtureRequest, redis: Redis) -> str:
+    if backend == "cluster":
+        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
+    server: EmbeddedRedis = request.getfixturevalue("redis_server")
+    return server.url
+
+
+async def test_the_pipeline(
+    backend: str, start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    await start_worker(concurrency=2)
+    api = await start_api()
+    body = {
+        "model": "mock",
+        "prompt": "say something",
+        "max_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with api.client() as client:
+        await wait_ready(client)
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            chunks = await openai_chunks(r)
+        # the native API: a request, its events read back, another cancelled running
+        rid = await post_request(client, "a b c", max_tokens=6)
+        async with client.stream("GET", f"/v1/requests/{rid}/events") as r:
+            kinds = [f.event async for f in frames(r)]
+        long = await post_request(client, "long", max_tokens=400)
+        await wait_status(client, long, "running")
+        assert (await client.delete(f"/v1/requests/{long}")).status_code == 200
+        cancelled = await wait_status(client, long, "cancelled", timeout=10)
+        done = await record(client, rid)
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert kinds[0] == "started" and kinds[-1] == "done" and kinds.count("done") == 1
+    assert done["status"] == "done" and done["completion_tokens"] == 6
+    assert cancelled["finish_reason"] == "cancelled"
+    assert await redis.ttl(keys.stream(rid)) > 0
+    if backend == "cluster":  # the request and its model's queue are on different slots
+        assert key_slot(keys.stream(rid).encode()) != key_slot(keys.queue("mock").encode())
+
+
+async def test_a_higher_priority_overtakes_the_backlog(
+    start_api: StartApi, spawn_workers: SpawnWorkers
+) -> None:
+    await spawn_workers(1, concurrency=1, model_tokens_per_second=100)
+    api = await start_api()
+    async with api.client() as client:
+        busy = await post_request(client, "busy", max_tokens=30)
+        await wait_status(client, busy, "running")
+        backlog = [
+            await post_request(client, f"low{i}", priority=5, max_tokens=10) for i in range(3)
+        ]
+        urgent = await post_request(client, "urgent", priority=0, max_tokens=10)
+        records = {rid: await wait_status(client, rid, "done") for rid in [*backlog, urgent]}
+    order = sorted(records, key=lambda rid: records[rid]["started_at"])
+    assert order == [urgent, *backlog]
+
+
+async def test_a_killed_workers_request_is_reaped_and_resumed(
+    start_api: StartApi, spawn_workers: SpawnWorkers
+) -> None:
+    max_tokens, seed = 80, 5
+    procs = await spawn_workers(2, concurrency=1, model_tokens_per_second=60, lease_seconds=1)
+    api = await start_api()
+    body = {"model": "mock", "prompt": "resume", "max_tokens": max_tokens, "seed": seed}
+    text, rid, victim = "", "", ""
+    async with api.client() as client:
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            async for frame in frames(r):
+                if frame.data == "[DONE]":
+                    break
+                chunk = frame.json()
+                assert "error" not in chunk, chunk
+                rid = chunk["id"].split("-", 1)[1]
+                text += "".join(c.get("text") or "" for c in chunk["choices"])
+                if not victim and len(text.split()) >= 20:
+                    victim = (await record(client, rid))["worker"]
+                    next(p for p in procs if f"-{p.pid}-" in victim).signal(signal.SIGKILL)
+        final = await record(client, rid)
+    assert victim, "the worker was never killed"
+    assert text == "".join(await undisturbed(max_tokens, seed)), "tokens lost or repeated"
+    assert final["attempts"] == 2 and final["worker"] != victim
+    assert final["completion_tokens"] == max_tokens
+
+
+async def test_llmq_tail_reads_every_lifecycle_stream(
+    start_api: StartApi, start_worker: StartWorker, redis_url: str
+) -> None:
+    """The lifecycle is 64 streams, spread over the shards: ``llmq tail`` reads them
+    all (one blocking read on a single Redis, polling per stream on a cluster)."""
+    await start_worker()
+    api = await start_api()
+    async with api.client() as client:
+        await wait_ready(client)
+        rids = [await post_request(client, f"watched {i}", max_tokens=3) for i in range(3)]
+        for rid in rids:
+            await wait_status(client, rid, "done")
+    tail = Proc(["tail", "--from-start", "--redis-url", redis_url], clean_env())
+    try:
+
+        def lines() -> list[list[str]]:
+            return [line.split() for line in tail.output().splitlines()]
+
+        await wait_until(lambda: len(lines()) >= 12, timeout=20, what="twelve lines")
+    finally:
+        tail.stop()
+    for rid in rids:
+        events = [words[1] for words in lines() if len(words) > 2 and words[2] == rid]
+        assert events == ["queued", "started", "first_token", "finished"]

@@ -1,0 +1,73 @@
+"""A Redis Cluster primary fails over under a stream: llmq follows the slot.
+
+The primary that holds the model's queue is SIGKILLed while a request streams.
+Its replica takes over within a couple of seconds (``cluster-node-timeout`` 1 s);
+the API and the worker rediscover the cluster, the worker's pub/sub and arq pool
+move to the new owner of the model's slot (``llmq.connection.SlotPool``), and the
+stream finishes whole: every token once, in order. The next request runs too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import cast
+
+import pytest
+from redis.asyncio import Redis, RedisCluster
+
+from llmq import keys
+from llmq.embedded_cluster import EmbeddedCluster
+from tests.support.native import post_request, wait_ready, wait_status
+from tests.support.runs import undisturbed
+from tests.support.servers import StartApi, StartWorker
+from tests.support.sse import frames
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[EmbeddedCluster]:
+    """A cluster of this test's own, which it damages."""
+    with EmbeddedCluster(primaries=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def redis(own_cluster: EmbeddedCluster) -> AsyncIterator[Redis]:
+    client = RedisCluster(host="127.0.0.1", port=own_cluster.nodes[0].port, decode_responses=True)
+    yield cast(Redis, client)
+    await client.aclose()
+
+
+@pytest.fixture
+def redis_url(own_cluster: EmbeddedCluster, redis: Redis) -> str:
+    """The URL names the very node that the test kills: llmq must find the cluster
+    again from the nodes it discovered, not only from the one it was given."""
+    return f"redis+cluster://127.0.0.1:{own_cluster.owner_of(keys.queue('mock')).port}/0"
+
+
+async def test_a_primary_failover_under_a_stream(
+    own_cluster: EmbeddedCluster, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    await start_worker(model_tokens_per_second=40, lease_seconds=3)
+    api = await start_api()
+    max_tokens, seed = 120, 3
+    body = {"model": "mock", "prompt": "fail over", "max_tokens": max_tokens, "seed": seed}
+    text, killed = "", False
+    async with api.client() as client:
+        await wait_ready(client)
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            async for frame in frames(r):
+                if frame.data == "[DONE]":
+                    break
+                chunk = frame.json()
+                assert "error" not in chunk, chunk
+                text += "".join(c.get("text") or "" for c in chunk["choices"])
+                if not killed and len(text.split()) >= 20:
+                    own_cluster.owner_of(keys.queue("mock")).kill()
+                    killed = True
+        after = await post_request(client, "after", max_tokens=5)
+        done = await wait_status(client, after, "done", timeout=30)
+    assert killed
+    assert text == "".join(await undisturbed(max_tokens, seed)), "tokens lost or repeated"
+    assert done["completion_tokens"] == 5
