@@ -4,8 +4,8 @@ Nothing here is new state: the queue and running set are the model's own keys,
 the workers are the registry, latencies and the service time are differences
 between snapshots of the cluster-wide metric totals that every process flushes
 (:mod:`llmq.metrics`). The arrival rate counts the ``queued`` entries of the
-lifecycle stream (written by the enqueue script itself, stamped by Redis), read
-incrementally from a cursor: exact to the millisecond, where the metric totals lag
+lifecycle streams (written at admission by ``record.lua``, stamped by Redis), read
+incrementally from a cursor per stream: exact to the millisecond, where the metric totals lag
 by their 1 s flush, which makes a 2 s rate from them swing by half.
 """
 
