@@ -9,7 +9,7 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import NoReturn, cast
 
 from fastapi import FastAPI
 from redis.asyncio import Redis, RedisCluster
@@ -28,26 +28,19 @@ from llmq.connection import connect, is_cluster
 from llmq.queue import Queue
 from llmq.settings import ApiSettings
 from llmq.sweep import sweep_forever
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import cancel_and_wait, run_periodically
 
 log = logging.getLogger(__name__)
 
 
-async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> None:
+async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> NoReturn:
     """Keep this process's liveness lease, which its attached requests depend on."""
-    failing = False
-    while True:
-        await asyncio.sleep(settings.heartbeat_seconds)
-        try:
-            await queue.api_beat(process_id, settings.orphan_grace_seconds)
-        except Exception as exc:
-            if not failing:  # once per outage, not every beat
-                log.warning("API heartbeat failed: %s; retrying", exc)
-            failing = True
-        else:
-            if failing:
-                log.info("API heartbeat works again")
-            failing = False
+    await run_periodically(
+        lambda: queue.api_beat(process_id, settings.orphan_grace_seconds),
+        settings.heartbeat_seconds,
+        what="API heartbeat",
+        logger=log,
+    )
 
 
 class _App(FastAPI):

@@ -19,10 +19,11 @@ wait of its own after one: when Redis is back, every live process has its lease
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from typing import NoReturn
 
 from llmq.queue import Queue
+from llmq.tasks import run_periodically
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +41,6 @@ async def sweep_once(queue: Queue, reap: tuple[str, ...]) -> None:
         log.warning("cancelled %d requests of a dead API process: %s", len(orphans), orphans)
 
 
-async def sweep_forever(queue: Queue, interval: float, reap: tuple[str, ...] = ()) -> None:
+async def sweep_forever(queue: Queue, interval: float, reap: tuple[str, ...] = ()) -> NoReturn:
     """Sweep every ``interval`` seconds until cancelled; an outage is logged once."""
-    failing = False
-    while True:
-        try:
-            await sweep_once(queue, reap)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not failing:
-                log.warning("sweep failed: %s; retrying every %.2fs", exc, interval)
-            failing = True
-        else:
-            if failing:
-                log.info("sweep works again")
-            failing = False
-        await asyncio.sleep(interval)
+    await run_periodically(lambda: sweep_once(queue, reap), interval, what="sweep", logger=log)

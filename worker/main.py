@@ -16,7 +16,7 @@ import secrets
 import signal
 import socket
 import time
-from typing import cast
+from typing import NoReturn, cast
 
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
@@ -27,7 +27,7 @@ from llmq.queue import Queue, as_str, parse_handoff
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.sweep import sweep_forever
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import cancel_and_wait, run_periodically
 from worker.claimed import ClaimingRedis
 from worker.model import MockModel, Model, capabilities_of
 from worker.publisher import StreamPublisher
@@ -108,7 +108,7 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
 
 async def _heartbeat(
     redis: Redis, settings: WorkerSettings, worker: QueueWorker, worker_id: str
-) -> None:
+) -> NoReturn:
     """Registry entry and request leases, renewed together every heartbeat.
 
     The renewal brings news: a request this worker lost (its lease was reaped) is
@@ -118,8 +118,8 @@ async def _heartbeat(
     runner = worker.runner
     lease_ms = int(settings.lease_seconds * 1000)
     started_at = time.time()
-    failing = False
-    while True:
+
+    async def beat() -> None:
         info = WorkerInfo(
             id=worker_id,
             host=socket.gethostname(),
@@ -131,23 +131,15 @@ async def _heartbeat(
             heartbeat_at=time.time(),
             capabilities=capabilities_of(runner.model),
         )
-        try:
-            news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
-            await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
-        except Exception as exc:
-            if not failing:
-                log.warning("heartbeat failed: %s; retrying", exc)
-            failing = True
-        else:
-            if failing:
-                log.info("heartbeat works again")
-            failing = False
-            for rid, renewal in news.items():
-                if renewal == "lost":
-                    runner.fence(rid)
-                elif renewal == "cancelled":
-                    runner.cancel(rid)
-        await asyncio.sleep(settings.heartbeat_seconds)
+        news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
+        await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
+        for rid, renewal in news.items():
+            if renewal == "lost":
+                runner.fence(rid)
+            elif renewal == "cancelled":
+                runner.cancel(rid)
+
+    await run_periodically(beat, settings.heartbeat_seconds, what="heartbeat", logger=log)
 
 
 async def serve(
