@@ -2,7 +2,7 @@
 
 Everything that can refuse a request is checked before anything is written; the
 write itself is the request's record and then one Lua script in its model's slot
-(queue bound, job, wake-up or hand-off, see :meth:`llmq.queue.Queue.enqueue`), and
+(queue bound, job, wake-up or hand-off, see :meth:`llmq.protocol.queue.Queue.enqueue`), and
 a request the queue refuses has its record deleted again, so it leaves no job, key
 or queue entry behind. A request with several
 choices (``n``, a prompt list) becomes one queued request per choice, written by
@@ -23,7 +23,7 @@ from api.schemas import GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
-from llmq.queue import Enqueue, effective_score, serialize_job
+from llmq.protocol.queue import Enqueue, effective_score, serialize_job
 from llmq.schema import JobPayload, Lifecycle, RequestRecord, SamplingParams
 from worker.model import count_tokens
 
@@ -287,7 +287,7 @@ async def submit(
     """Validate and enqueue one request; raise an :class:`~api.errors.ApiError` to refuse.
 
     ``attach``: the request lives only as long as this API process (its client
-    cannot reconnect elsewhere); the caller must :meth:`~llmq.queue.Queue.detach`
+    cannot reconnect elsewhere); the caller must :meth:`~llmq.protocol.queue.Queue.detach`
     it once the client is done.
     """
     if params.choices != 1:

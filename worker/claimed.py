@@ -13,7 +13,7 @@ The stand-in accepts exactly the commands arq 0.28's ``run_job`` queues (GET of 
 job, INCR and EXPIRE of its try counter, under arq's own key names) and fails
 loudly on anything else, so an arq upgrade that changes them cannot silently skip
 a read. Those names are arq's (``arq:job:<id>``), not where llmq keeps the job
-(:func:`llmq.keys.job`, in the model's slot): with every run claimed by the script
+(:func:`llmq.protocol.keys.job`, in the model's slot): with every run claimed by the script
 and :class:`worker.queue_worker.QueueWorker` finishing jobs itself, arq never sends
 them to Redis.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from llmq import keys
+from llmq.protocol import keys
 
 
 @dataclass(frozen=True)

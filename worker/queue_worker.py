@@ -26,7 +26,7 @@ cancellation on shutdown) and replaces how work is found:
 arq's own ``finish_job`` and ``finish_failed_job`` are replaced, not extended: they
 name arq's keys (``arq:job:<id>``, the global ``arq:abort`` set) in one MULTI, which
 a Redis Cluster refuses across slots. llmq keeps a request's job, try counter and
-in-progress marker in its model's slot (:mod:`llmq.keys`), deleted here in one
+in-progress marker in its model's slot (:mod:`llmq.protocol.keys`), deleted here in one
 transaction of that slot; nothing of llmq is ever in ``arq:abort``, and results
 are not kept (``keep_result=0``).
 """
@@ -40,9 +40,9 @@ from typing import Any
 
 from arq.worker import Worker, func
 
-from llmq import keys
 from llmq.connection import OUTAGE, Outage
-from llmq.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
+from llmq.protocol import keys
+from llmq.protocol.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
 from llmq.schema import JobPayload
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
 from worker.runner import RequestRunner

@@ -7,12 +7,12 @@ priorities are first-in first-out and a lower priority waits at most
 ``priority * step`` behind later arrivals. A claimed request leaves the queue for
 the model's running set (scored by lease expiry), so running requests never sit
 at the head of the queue the way they do in stock arq. The scripts themselves are
-in ``llmq/lua/`` (loaded by :mod:`llmq.scripts`); the values they exchange with
-Python are encoded in :mod:`llmq.codec`.
+in ``llmq/protocol/lua/`` (loaded by :mod:`llmq.protocol.scripts`); the values they exchange with
+Python are encoded in :mod:`llmq.protocol.codec`.
 
 Leases (running requests, API processes) are set and judged in *lease time*, a
 clock kept in Redis that follows Redis's own clock but advances at most 300 ms per
-call (``llmq/lua/clock.lua``): a stall or restart of Redis costs nobody their lease,
+call (``llmq/protocol/lua/clock.lua``): a stall or restart of Redis costs nobody their lease,
 while a worker that stopped renewing loses it. The attempt number (arq's try
 counter, bumped by each claim) is the fencing token of a run: a reap or hand-back
 raises the request's fence past it, and every write of a run is checked against
@@ -31,11 +31,12 @@ from typing import Any, cast
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 
-from llmq import codec, keys, metrics
-from llmq.codec import Claim, Renewal, as_str, parse_handoff
+from llmq import metrics
+from llmq.protocol import codec, keys
+from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
+from llmq.protocol.scripts import run_pipelined, scripts_for
+from llmq.protocol.streams import add_event, add_lifecycle, add_record, unstarted_end
 from llmq.schema import Lifecycle
-from llmq.scripts import run_pipelined, scripts_for
-from llmq.streams import add_event, add_lifecycle, add_record, unstarted_end
 
 #: The arq function name of every llmq job.
 JOB_FUNCTION = "generate"
@@ -145,14 +146,14 @@ class Queue:
         """Add a request unless the model's queue holds ``max_depth`` already.
 
         If the queue is empty and a worker is parked, the request is handed to that
-        worker instead of queued (see ``llmq/lua/enqueue.lua``).
+        worker instead of queued (see ``llmq/protocol/lua/enqueue.lua``).
         ``attach_to`` (an API process id) ties the request to that process's
         liveness: if the process dies before it calls :meth:`detach`, the sweep
         cancels the request (see :meth:`cancel_orphans`).
 
-        Three slots are written, in this order (see :mod:`llmq.keys`): the global
+        Three slots are written, in this order (see :mod:`llmq.protocol.keys`): the global
         slot (attached set) with the request's slot (record and ``queued`` note,
-        ``llmq/lua/record.lua``) in one round trip, then the model's slot (queue,
+        ``llmq/protocol/lua/record.lua``) in one round trip, then the model's slot (queue,
         job, hand-off); on a single Redis all three go in one pipeline on one
         connection, which runs them in that order in one round trip, while a
         cluster client waits for the first before it sends the last (its pipelines
@@ -184,7 +185,7 @@ class Queue:
         """Enqueue every request of ``calls`` (one model's) or none, in one atomic step.
 
         Refused (False) unless the queue has room for all of them; each is then
-        enqueued exactly as :meth:`enqueue` would (see ``llmq/lua/enqueue_batch.lua``),
+        enqueued exactly as :meth:`enqueue` would (see ``llmq/protocol/lua/enqueue_batch.lua``),
         its record and note written first as there.
         """
         notes, _ = await self._record(calls)
@@ -245,7 +246,7 @@ class Queue:
         return [as_str(r) for r in replies[: len(calls)]], replies[-1]
 
     async def _unrecord(self, calls: list[Enqueue], notes: list[str]) -> None:
-        """Undo :meth:`_record` for refused requests (``llmq/lua/unrecord.lua``)."""
+        """Undo :meth:`_record` for refused requests (``llmq/protocol/lua/unrecord.lua``)."""
         calls_ = [
             ([keys.request(c.request_id), keys.lifecycle(c.request_id)], [note])
             for c, note in zip(calls, notes, strict=True)
@@ -360,7 +361,7 @@ class Queue:
 
     async def raise_fences(self, lost: list[tuple[str, int]]) -> None:
         """Fence off each (id, attempt): its writes are refused from now on
-        (``llmq/lua/fence.lua``, one call per request slot, in one round trip)."""
+        (``llmq/protocol/lua/fence.lua``, one call per request slot, in one round trip)."""
         if lost:
             calls = [([keys.fence(rid)], [attempt + 1, self.ttl]) for rid, attempt in lost]
             await run_pipelined(self.redis, self.scripts.fence, calls)
@@ -399,7 +400,7 @@ class Queue:
         """Requeue requests whose lease ran out in lease time, fencing off the
         attempts that held them first; returns (id, attempt) pairs.
 
-        Three calls (``llmq/lua/reap.lua``): which leases are due (model slot), their
+        Three calls (``llmq/protocol/lua/reap.lua``): which leases are due (model slot), their
         fences raised (each request's slot), then the requeue of those whose lease
         is still that attempt's (model slot). So once a request is back in the
         queue, nothing of the attempt that lost it lands, as when it was one step.
