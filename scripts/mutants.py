@@ -110,8 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "overload-bound",
         "a model's queue holds at most LLMQ_MAX_QUEUE_DEPTH requests",
         "api/submit.py",
-        "max_depth=settings.max_queue_depth,",
-        "max_depth=settings.max_queue_depth + 2,",
+        "max_depth=settings.max_queue_depth)",
+        "max_depth=settings.max_queue_depth + 2)",
         ("tests/test_overload.py",),
     ),
     Mutant(

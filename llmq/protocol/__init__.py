@@ -9,22 +9,23 @@ prepended). Every script's keys share one hash slot (:mod:`llmq.protocol.keys`),
 every value a script and Python exchange is encoded and decoded in
 :mod:`llmq.protocol.codec` and nowhere else. Read it in this order:
 
-1. **Enqueue** (:meth:`Queue.enqueue`; the choices of one request all or none:
-   :meth:`Queue.enqueue_all`). The request's record and its ``queued`` lifecycle note
-   go first, in the request's slot (``record.lua``). Then the model's slot admits or
-   refuses it (``enqueue.lua``, ``enqueue_batch.lua``): admission is the queue bound;
-   the job record, the cost (prompt + max_tokens) and the queue deadline are written
-   with the queue entry, scored by effective time (:func:`queue.effective_score`:
-   arrival shifted by priority). If the queue was empty and a worker is *parked*,
-   the script claims the request for that worker at once and publishes the claim on
-   its hand-off channel (read by :func:`codec.parse_handoff`); otherwise it
-   publishes a wake-up. A refused request's record and note go again
-   (``unrecord.lua``).
-2. **Claim** (:meth:`Queue.claim`, ``claim.lua``): a worker with a free slot takes
-   the lowest score. On the way, requests past their queue deadline or with their
-   cancel flag set are dropped and reported (ended by :meth:`Queue.end_unstarted`);
-   one that costs more than the worker's token budget left is skipped unless the
-   worker is idle. The claimed request moves to the running set with a *lease*
+1. **Enqueue** (:meth:`Enqueue.of` builds what a validated job writes;
+   :meth:`Queue.admit` writes it: :meth:`Queue.enqueue`, or for the choices of one
+   request, all or none, :meth:`Queue.enqueue_all`). The request's record and its
+   ``queued`` lifecycle note go first, in the request's slot (``record.lua``). Then
+   the model's slot admits or refuses it (``enqueue.lua``, ``enqueue_batch.lua``):
+   admission is the queue bound; the job record, the cost (prompt + max_tokens) and
+   the queue deadline are written with the queue entry, scored by effective time
+   (:func:`queue.effective_score`: arrival shifted by priority). If the queue was
+   empty and a worker is *parked*, the script claims the request for that worker at
+   once and publishes the claim on its hand-off channel (read by
+   :func:`codec.parse_handoff`); otherwise it publishes a wake-up. A refused
+   request's record and note go again (``unrecord.lua``).
+2. **Claim** (:meth:`Queue.claim`, ``claim.lua``): a worker with a free slot
+   takes the lowest score. On the way, requests past their queue deadline or with
+   their cancel flag set are dropped, and ended (:meth:`Queue.end_unstarted`); one
+   that costs more than the worker's token budget left is skipped unless the worker
+   is idle. The claimed request moves to the running set with a *lease*
    (:class:`codec.Lease`, in lease time) and its try counter is bumped: that
    attempt is the run's fencing token. The reply carries the job record
    (:func:`codec.parse_claim`), which the worker gives arq without reading it again
@@ -43,8 +44,9 @@ every value a script and Python exchange is encoded and decoded in
    nothing. A re-run resumes after :func:`streams.published_tokens`.
 5. **Finish or give back**:
 
-   - *release* (:meth:`Queue.release`, ``release.lua``): the run ended; its lease
-     goes, if its attempt still holds it.
+   - *finish* (:meth:`Queue.finish`: :meth:`Queue.release`, ``release.lua``): the
+     run ended; its job, try counter and in-progress marker go, and its lease, if
+     its attempt still holds it.
    - *requeue* (:meth:`Queue.requeue`, ``requeue.lua`` then ``fence.lua``): a
      stopping worker, or one handed a request it has no slot for, puts it back at
      its original score, and the fence rises past the attempt.

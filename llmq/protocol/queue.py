@@ -36,7 +36,7 @@ from llmq.protocol import codec, keys
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.protocol.scripts import run_pipelined, scripts_for
 from llmq.protocol.streams import add_event, add_lifecycle, add_record, unstarted_end
-from llmq.schema import Lifecycle
+from llmq.schema import JobPayload, Lifecycle, RequestRecord
 
 #: The arq function name of every llmq job.
 JOB_FUNCTION = "generate"
@@ -102,6 +102,56 @@ class Enqueue:
     record: dict[str, str]
     lifecycle: Lifecycle
     attach_to: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        payload: JobPayload,
+        *,
+        priority_step_ms: int,
+        owner: str | None = None,
+        attach_to: str | None = None,
+    ) -> Enqueue:
+        """Everything enqueued for a validated job: its arq job record, its score
+        (:func:`effective_score`), its cost (prompt + max_tokens, what token-aware
+        admission charges), its queue deadline, its ``queued`` record and its
+        ``queued`` lifecycle note, all from the payload."""
+        enqueued_ms = int(payload.enqueued_at * 1000)
+        record = RequestRecord(
+            id=payload.request_id,
+            model=payload.model,
+            status="queued",
+            priority=payload.priority,
+            created_at=payload.enqueued_at,
+            prompt_tokens=payload.prompt_tokens,
+            owner=owner,
+        )
+        return cls(
+            request_id=payload.request_id,
+            model=payload.model,
+            job=serialize_job(job_fields(payload), enqueued_ms),
+            score=effective_score(enqueued_ms, payload.priority, priority_step_ms),
+            cost=payload.prompt_tokens + payload.params.max_tokens,
+            deadline_ms=int(payload.queue_deadline * 1000),
+            record=record.to_redis(),
+            lifecycle=Lifecycle(
+                event="queued",
+                request_id=payload.request_id,
+                model=payload.model,
+                ts=payload.enqueued_at,
+                priority=payload.priority,
+                prompt_tokens=payload.prompt_tokens,
+            ),
+            attach_to=attach_to,
+        )
+
+
+def job_fields(payload: JobPayload) -> dict[str, Any]:
+    """The payload as JSON, sampling parameters left at their defaults omitted: a
+    plain request stays readable by workers that predate the newer parameters."""
+    job = payload.model_dump(mode="json")
+    job["params"] = payload.params.model_dump(mode="json", exclude_defaults=True)
+    return job
 
 
 __all__ = ["Admission", "Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
@@ -170,6 +220,17 @@ class Queue:
         call = Enqueue(
             request_id, model, job, score, cost, deadline_ms, record, lifecycle, attach_to
         )
+        return await self._enqueue_one(call, max_depth)
+
+    async def admit(self, calls: list[Enqueue], max_depth: int) -> bool:
+        """Enqueue the requests of one client request (one model's): one by
+        :meth:`enqueue`, several by :meth:`enqueue_all`, all or none. False: refused,
+        the queue is full (a hand-off counts as admitted)."""
+        if len(calls) == 1:
+            return bool(await self._enqueue_one(calls[0], max_depth))
+        return await self.enqueue_all(calls, max_depth)
+
+    async def _enqueue_one(self, call: Enqueue, max_depth: int) -> Admission:
         keys_, args = self._enqueue_call(call, max_depth)
         if isinstance(self.redis, RedisCluster):  # other nodes: the record lands first
             notes, _ = await self._record([call])
@@ -299,11 +360,16 @@ class Queue:
         idle: bool,
         worker_id: str = "",
         free_slots: int = 0,
+        end_dropped: bool = False,
     ) -> Claim:
         """Claim the next request for ``worker_id``, which has ``free_slots`` free.
 
         A worker that leaves the queue empty with a slot still free is parked, so
         that the next request is handed to it (a ``worker_id`` of "" never parks).
+        The script drops the requests it finds past their queue deadline or with
+        their cancel flag set; ``end_dropped`` (a worker's claims) also ends them
+        (:meth:`end_unstarted`: ``timeout``, ``cancelled``), so that their clients
+        get a terminal event although no worker ran them.
         """
         reply = await self.scripts.claim(
             keys=[
@@ -332,7 +398,12 @@ class Queue:
                 PARK_TTL_MS,
             ],
         )
-        return codec.parse_claim(reply)
+        claim = codec.parse_claim(reply)
+        if end_dropped and claim.expired:
+            await self.end_unstarted(claim.expired, "timeout")
+        if end_dropped and claim.cancelled:
+            await self.end_unstarted(claim.cancelled, "cancelled")
+        return claim
 
     async def unpark(self, model: str, worker_id: str) -> None:
         """Stop handing requests to ``worker_id`` (it is stopping)."""
@@ -372,6 +443,16 @@ class Queue:
             keys=[keys.running(model), keys.leases(model)], args=[request_id, attempt]
         )
         return bool(done)
+
+    async def finish(self, model: str, request_id: str, attempt: int | None) -> None:
+        """A run ended for good: delete what arq's own finish would, under llmq's
+        names (the job record, its try counter and in-progress marker, all in the
+        model's slot; a hand-back drops only the marker, in ``requeue.lua``), then
+        :meth:`release` the lease of ``attempt`` (None: the worker held no lease)."""
+        names = [keys.job(request_id, model), keys.retry(request_id, model)]
+        await self.redis.delete(*names, keys.in_progress(request_id, model))
+        if attempt is not None:
+            await self.release(model, request_id, attempt)
 
     async def renew(
         self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""
