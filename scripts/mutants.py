@@ -161,8 +161,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "lease-reap",
         "a dead worker's requests are requeued once their lease expires",
         "llmq/protocol/lua/reap.lua",
-        "  if score then\n    redis.call('ZADD', queue_key, score, id)",
-        "  if false then\n    redis.call('ZADD', queue_key, score, id)",
+        "  if expiry and expiry <= now and attempt == fenced then\n",
+        "  if false then\n",
         ("tests/test_faults.py::test_reaper_requeues_a_dead_workers_requests",),
     ),
     Mutant(
