@@ -23,11 +23,12 @@ from api.relays import GroupedRelay
 from api.routes import health, native, openai
 from api.routes import metrics as metrics_routes
 from api.state import AppState
-from llmq import __version__, keys, metrics
+from llmq import __version__, metrics
 from llmq.connection import connect, is_cluster
-from llmq.queue import Queue
+from llmq.protocol import keys
+from llmq.protocol.queue import Queue
+from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
-from llmq.sweep import sweep_forever
 from llmq.tasks import cancel_and_wait, run_periodically
 
 log = logging.getLogger(__name__)

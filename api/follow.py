@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from api.state import AppState
-from llmq import keys
+from llmq.protocol import keys
 from llmq.schema import ErrorEvent, Event, TokensEvent, is_terminal
 
 log = logging.getLogger(__name__)

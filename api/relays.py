@@ -2,7 +2,7 @@
 
 A Redis Cluster refuses an ``XREAD`` whose streams are in different slots, even on
 one node, so the single reader of a plain Redis becomes one reader per request
-group (:data:`llmq.keys.REQUEST_GROUPS`): each reads the streams of its group, with
+group (:data:`llmq.protocol.keys.REQUEST_GROUPS`): each reads the streams of its group, with
 a control stream of its own in the same slot, on a plain connection to the node
 that owns that slot (:class:`llmq.connection.SlotPool`, which follows the slot to
 a new owner after a failover). A group's reader starts with its first subscriber.
@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from redis.asyncio import Redis, RedisCluster
 
 from api.relay import StreamRelay, Subscription
-from llmq import keys
 from llmq.connection import slot_pool
+from llmq.protocol import keys
 from llmq.settings import ApiSettings
 
 

@@ -15,7 +15,7 @@ from api.catalog import Catalog
 from api.relay import StreamRelay, Subscription
 from api.relays import GroupedRelay
 from llmq.metrics import Recorder
-from llmq.queue import Queue
+from llmq.protocol.queue import Queue
 from llmq.settings import ApiSettings
 
 log = logging.getLogger(__name__)

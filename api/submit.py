@@ -1,12 +1,12 @@
 """Admission: validate a generation request against the limits and enqueue it.
 
 Everything that can refuse a request is checked before anything is written; the
-write itself is the request's record and then one Lua script in its model's slot
-(queue bound, job, wake-up or hand-off, see :meth:`llmq.queue.Queue.enqueue`), and
-a request the queue refuses has its record deleted again, so it leaves no job, key
-or queue entry behind. A request with several
-choices (``n``, a prompt list) becomes one queued request per choice, written by
-one script call that admits all of them or none.
+write is one call of the protocol (:class:`llmq.protocol.queue.Enqueue` builds what
+is written, :meth:`llmq.protocol.queue.Queue.admit` writes it: the request's record,
+then one Lua script in its model's slot for the queue bound, job, wake-up or
+hand-off), and a request the queue refuses has its record deleted again, so it
+leaves no job, key or queue entry behind. A request with several choices (``n``, a
+prompt list) becomes one queued request per choice, admitted all or none.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
@@ -23,8 +22,8 @@ from api.schemas import GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
-from llmq.queue import Enqueue, effective_score, serialize_job
-from llmq.schema import JobPayload, Lifecycle, RequestRecord, SamplingParams
+from llmq.protocol.queue import Enqueue
+from llmq.schema import JobPayload, SamplingParams
 from worker.model import count_tokens
 
 log = logging.getLogger(__name__)
@@ -124,32 +123,10 @@ def _plan(
         queue_deadline=now + common.queue_timeout,
         generation_timeout=common.generation_timeout,
     )
-    record = RequestRecord(
-        id=rid,
-        model=params.model,
-        status="queued",
-        priority=common.priority,
-        created_at=now,
-        prompt_tokens=choice.prompt_tokens,
+    call = Enqueue.of(
+        payload,
+        priority_step_ms=settings.priority_step_ms,
         owner=owner,
-    )
-    now_ms = int(now * 1000)
-    call = Enqueue(
-        request_id=rid,
-        model=params.model,
-        job=serialize_job(_job(payload), now_ms),
-        score=effective_score(now_ms, common.priority, settings.priority_step_ms),
-        cost=choice.prompt_tokens + common.tokens,
-        deadline_ms=int(payload.queue_deadline * 1000),
-        record=record.to_redis(),
-        lifecycle=Lifecycle(
-            event="queued",
-            request_id=rid,
-            model=params.model,
-            ts=now,
-            priority=common.priority,
-            prompt_tokens=choice.prompt_tokens,
-        ),
         attach_to=state.process_id if attach else None,
     )
     sub = Submitted(
@@ -163,14 +140,6 @@ def _plan(
         prompt_index=choice.prompt_index,
     )
     return call, sub
-
-
-def _job(payload: JobPayload) -> dict[str, Any]:
-    """The payload as JSON, sampling parameters left at their defaults omitted: a
-    plain request stays readable by workers that predate the newer parameters."""
-    job = payload.model_dump(mode="json")
-    job["params"] = payload.params.model_dump(mode="json", exclude_defaults=True)
-    return job
 
 
 async def _check_capabilities(state: AppState, model: str, sampling: SamplingParams) -> None:
@@ -287,7 +256,7 @@ async def submit(
     """Validate and enqueue one request; raise an :class:`~api.errors.ApiError` to refuse.
 
     ``attach``: the request lives only as long as this API process (its client
-    cannot reconnect elsewhere); the caller must :meth:`~llmq.queue.Queue.detach`
+    cannot reconnect elsewhere); the caller must :meth:`~llmq.protocol.queue.Queue.detach`
     it once the client is done.
     """
     if params.choices != 1:
@@ -347,24 +316,7 @@ async def submit_choices(
             call, sub = _plan(state, params, choice, common, now, owner, attach)
             calls.append(call)
             subs.append(sub)
-    if len(calls) == 1:
-        c = calls[0]
-        accepted = bool(
-            await state.queue.enqueue(
-                c.request_id,
-                c.model,
-                job=c.job,
-                score=c.score,
-                max_depth=settings.max_queue_depth,
-                cost=c.cost,
-                deadline_ms=c.deadline_ms,
-                record=c.record,
-                lifecycle=c.lifecycle,
-                attach_to=c.attach_to,
-            )
-        )
-    else:
-        accepted = await state.queue.enqueue_all(calls, settings.max_queue_depth)
+    accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
     if not accepted:
         state.metrics.inc(metrics.REQUESTS, params.model, "rejected")
         limit = settings.max_queue_depth

@@ -18,8 +18,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from api.totals import HistogramTotals, Totals
-from llmq import keys, metrics
-from llmq.queue import as_str
+from llmq import metrics
+from llmq.protocol import keys
+from llmq.protocol.queue import as_str
 
 WINDOW_SECONDS = 60
 QUANTILES = (0.5, 0.95, 0.99)

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from llmq import keys, metrics
-from llmq.queue import as_str
+from llmq import metrics
+from llmq.protocol import keys
+from llmq.protocol.queue import as_str
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Where a request's time goes inside llmq, read back from Redis after a run.
 
 The client sees one TTFT; the pipeline leaves timestamps behind that split it:
-the request record (``llmq.keys.request(id)``: ``created_at`` when the API accepted it,
+the request record (``llmq.protocol.keys.request(id)``: ``created_at`` when the API accepted it,
 ``started_at`` when a worker started it) and the request's stream, whose entry
 ids carry the millisecond at which the worker wrote each event. So, per request:
 
@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from bench.stats import median
-from llmq import keys
+from llmq.protocol import keys
 
 
 def _first_tokens_ms(client: redis.Redis, rid: str) -> float | None:

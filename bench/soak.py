@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from bench.procs import Stack
-from llmq import keys
+from llmq.protocol import keys
 from loadgen import LoadConfig, run_load
 
 

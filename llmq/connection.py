@@ -20,7 +20,7 @@ other nodes from the one named, routes each command and script by its keys' slot
 and follows MOVED redirections and failovers), and :class:`SlotPool` gives the
 plain connections that the cluster client lacks (pub/sub, the relay's blocking
 reads) to whichever node owns one slot now. Every script's keys share a slot
-(:mod:`llmq.keys`), so the cluster client runs them as they are. Its pipelines
+(:mod:`llmq.protocol.keys`), so the cluster client runs them as they are. Its pipelines
 cannot be transactions: a ``transaction=True`` pipeline runs as a plain one there
 (:class:`ClusterClient`), which only the few multi-key bookkeeping writes use
 (unparking, unregistering, a metrics flush).

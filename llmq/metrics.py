@@ -15,7 +15,7 @@ or ``"+Inf"``, ``"sum"``, ``"count"``, or ``""`` for a counter). Bucket counts a
 stored per bucket (not cumulative); readers accumulate them.
 
 Counter deltas are also added, summed over labels, to a per-second hash
-(:func:`llmq.keys.metrics_second`, expiring after ``WINDOW_KEEP_SECONDS``) so that
+(:func:`llmq.protocol.keys.metrics_second`, expiring after ``WINDOW_KEEP_SECONDS``) so that
 rates over the last minute can be computed without keeping history elsewhere.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from llmq.tasks import run_periodically
 
 log = logging.getLogger(__name__)

@@ -3,10 +3,10 @@
 Workers: who is alive, what model it serves, how busy it is.
 
 Each worker writes its :class:`~llmq.schema.WorkerInfo` under its own key with a
-short TTL and bumps its score in the ``llmq.keys.WORKERS`` sorted set at every
+short TTL and bumps its score in the ``llmq.protocol.keys.WORKERS`` sorted set at every
 heartbeat. A worker that stops heartbeating drops out within ``worker_ttl``
 seconds, whether it exited cleanly or was killed. Both the heartbeat and the
-liveness check use lease time (``llmq/lua/clock.lua``), so a stall or restart of
+liveness check use lease time (``llmq/protocol/lua/clock.lua``), so a stall or restart of
 Redis does not make every worker look dead (and the API answer 503) afterwards.
 """
 
@@ -20,9 +20,9 @@ from typing import Any, cast
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
+from llmq.protocol.scripts import scripts_for
 from llmq.schema import WorkerInfo
-from llmq.scripts import scripts_for
 
 log = logging.getLogger(__name__)
 

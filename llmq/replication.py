@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 
 
 async def acknowledged(

@@ -1,6 +1,6 @@
 """Pydantic models of what is stored in Redis: job payloads, stream events, records.
 
-This is the documented contract. A token stream (``llmq.keys.stream(id)``) holds entries
+This is the documented contract. A token stream (``llmq.protocol.keys.stream(id)``) holds entries
 with two fields: ``type`` (the event's type, for cheap filtering) and ``data`` (the
 event as JSON, ``type`` included). Consumers outside llmq can read it with plain
 ``XREAD``/``XRANGE``; the README lists every event.
@@ -182,7 +182,7 @@ def decode_event(fields: Mapping[bytes, bytes] | Mapping[str, str]) -> Event | N
 
 
 class RequestRecord(BaseModel):
-    """A request's status and timings (hash ``llmq.keys.request(id)``)."""
+    """A request's status and timings (hash ``llmq.protocol.keys.request(id)``)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -228,7 +228,7 @@ LifecycleKind = Literal[
 
 
 class Lifecycle(BaseModel):
-    """One entry of a lifecycle stream (``llmq.keys.lifecycle(request_id)``).
+    """One entry of a lifecycle stream (``llmq.protocol.keys.lifecycle(request_id)``).
 
     Stream fields: ``event``, ``request_id``, ``model`` (for cheap filtering) and
     ``data`` (this model as JSON). Times are Unix seconds; durations milliseconds.

@@ -1,7 +1,7 @@
 """``llmq tail``: follow the lifecycle stream live in the terminal.
 
 It reads the lifecycle streams (``llmq:lifecycle:{r:<k>}``, one per request group,
-see :mod:`llmq.keys`) with a plain ``XREAD`` from the newest entry (or from the
+see :mod:`llmq.protocol.keys`) with a plain ``XREAD`` from the newest entry (or from the
 oldest kept one with ``--from-start``), one line per state change (on a Redis
 Cluster by polling, see :func:`_read`). Consumers that
 must not miss entries across restarts should use a consumer group on each stream
@@ -19,8 +19,8 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.connection import connect, is_cluster
+from llmq.protocol import keys
 from llmq.schema import Lifecycle
 from llmq.settings import CommonSettings
 

@@ -60,7 +60,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "admission-budget-script",
         "the claim script skips a request over the budget left",
-        "llmq/lua/claim.lua",
+        "llmq/protocol/lua/claim.lua",
         "if budget >= 0 and idle ~= '1' and tonumber(cost) > budget then",
         "if false then",
         ("tests/test_claim.py",),
@@ -101,7 +101,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "hand-back-score",
         "a stopping worker hands requests back at their original score",
-        "llmq/lua/requeue.lua",
+        "llmq/protocol/lua/requeue.lua",
         "redis.call('ZADD', queue_key, score, id)",
         "redis.call('ZADD', queue_key, score + 60000, id)",
         ("tests/test_handback.py",),
@@ -110,8 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "overload-bound",
         "a model's queue holds at most LLMQ_MAX_QUEUE_DEPTH requests",
         "api/submit.py",
-        "max_depth=settings.max_queue_depth,",
-        "max_depth=settings.max_queue_depth + 2,",
+        "max_depth=settings.max_queue_depth)",
+        "max_depth=settings.max_queue_depth + 2)",
         ("tests/test_overload.py",),
     ),
     Mutant(
@@ -136,7 +136,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "priority-order",
         "a lower priority number runs earlier (effective-time score)",
-        "llmq/queue.py",
+        "llmq/protocol/queue.py",
         "return max(1, arrival_ms + priority * step_ms)",
         "return max(1, arrival_ms)",
         ("tests/test_scheduling.py::test_higher_priority_overtakes_a_backlog",),
@@ -144,7 +144,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "queue-deadline",
         "a request still queued at its deadline never starts",
-        "llmq/lua/claim.lua",
+        "llmq/protocol/lua/claim.lua",
         "elseif deadline and tonumber(deadline) <= deadline_now then",
         "elseif false then",
         ("tests/test_claim.py::test_the_claim_drops_a_request_past_its_queue_deadline",),
@@ -152,7 +152,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "cancel-queued",
         "a cancelled queued request is removed at once and never runs",
-        "llmq/lua/cancel.lua",
+        "llmq/protocol/lua/cancel.lua",
         "if redis.call('ZREM', queue_key, id) == 1 then",
         "if false then",
         ("tests/test_cancellation.py::test_delete_running_and_queued",),
@@ -160,9 +160,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lease-reap",
         "a dead worker's requests are requeued once their lease expires",
-        "llmq/lua/reap.lua",
-        "  if score then\n    redis.call('ZADD', queue_key, score, id)",
-        "  if false then\n    redis.call('ZADD', queue_key, score, id)",
+        "llmq/protocol/lua/reap.lua",
+        "  if expiry and expiry <= now and attempt == fenced then\n",
+        "  if false then\n",
         ("tests/test_faults.py::test_reaper_requeues_a_dead_workers_requests",),
     ),
     Mutant(
@@ -326,7 +326,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lease-clock-cap",
         "a Redis stall longer than a lease reaps nobody (the lease clock is capped)",
-        "llmq/lua/clock.lua",
+        "llmq/protocol/lua/clock.lua",
         "lease = lease + math.min(math.max(real - last, 0), CLOCK_CAP_MS)",
         "lease = lease + math.max(real - last, 0)",
         ("tests/test_redis_faults.py::test_a_redis_stall_longer_than_a_lease_reaps_nobody",),
@@ -334,7 +334,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "publish-fence",
         "a worker that lost its lease writes nothing more (the publish script's fence)",
-        "llmq/lua/publish.lua",
+        "llmq/protocol/lua/publish.lua",
         "if attempt > 0 and attempt < fence then",
         "if false then",
         (
@@ -357,7 +357,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "renew-cancel-flag",
         "a worker that missed a cancel message finds the flag at its next lease renewal",
-        "llmq/lua/renew.lua",
+        "llmq/protocol/lua/renew.lua",
         "if redis.call('EXISTS', cancel_prefix .. id) == 1 then",
         "if false then",
         (
@@ -368,7 +368,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-all-or-none",
         "a request's choices are admitted all or none",
-        "llmq/lua/enqueue_batch.lua",
+        "llmq/protocol/lua/enqueue_batch.lua",
         "if redis.call('ZCARD', queue_key) + n > max_depth then",
         "if redis.call('ZCARD', queue_key) + 1 > max_depth then",
         ("tests/test_choices.py::test_choices_are_admitted_all_or_none",),
@@ -462,7 +462,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "handoff-stale-heartbeat",
         "the hand-off skips a parked worker whose heartbeat is older than its lease",
-        "llmq/lua/enqueue.lua",
+        "llmq/protocol/lua/enqueue.lua",
         "if not free or now - beat > tonumber(lease) then",
         "if not free then",
         (

@@ -19,8 +19,8 @@ import uvicorn
 from redis.asyncio import Redis
 
 from api.app import create_app
-from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
+from llmq.protocol import keys
 from llmq.settings import ApiSettings, WorkerSettings
 from tests.support.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
 from tests.support.native import wait_ready

@@ -8,7 +8,7 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.native import post_request, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import openai_chunks

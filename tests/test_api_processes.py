@@ -13,8 +13,8 @@ import pytest
 from redis.asyncio import Redis
 
 from api.main import YOUNG_COLLECTION_THRESHOLD, _server
-from llmq import keys
 from llmq.embedded import free_port
+from llmq.protocol import keys
 from llmq.settings import ApiSettings
 from tests.support.native import wait_ready
 from tests.support.processes import Proc, alive, children_of, clean_env, reap

@@ -8,7 +8,7 @@ from typing import cast
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.native import post_request, wait_status
 from tests.support.servers import RunningApi, StartApi
 from tests.support.sse import frames

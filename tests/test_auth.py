@@ -6,7 +6,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 

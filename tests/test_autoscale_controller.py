@@ -11,15 +11,16 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys, metrics
+from llmq import metrics
 from llmq.autoscale.controller import Controller
 from llmq.autoscale.drivers import PublishDriver
 from llmq.autoscale.lease import LeaderLease
 from llmq.autoscale.signals import ClusterProbe, Snapshot
 from llmq.autoscale.state import autoscaled
+from llmq.protocol import keys
+from llmq.protocol.streams import lifecycle_entries
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
-from llmq.streams import lifecycle_entries
 from tests.support.native import post_request, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
+from llmq.protocol.streams import published_tokens
 from llmq.schema import DoneEvent, decode_event
-from llmq.streams import published_tokens
 from tests.support.native import post_request, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until

@@ -12,7 +12,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.native import record, wait_status
 from tests.support.servers import RunningApi, SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
-from llmq.queue import Queue, now_ms
-from llmq.streams import published_tokens
+from llmq.protocol import keys
+from llmq.protocol.queue import Queue, now_ms
+from llmq.protocol.streams import published_tokens
 from tests.support.jobs import claim_with, enqueue_costing
 from tests.support.native import post_request, record, wait_status
 from tests.support.servers import StartApi, StartWorker

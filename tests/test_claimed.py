@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.connection import make_pool
-from llmq.queue import Claim, Queue
+from llmq.protocol import keys
+from llmq.protocol.queue import Claim, Queue
 from llmq.settings import WorkerSettings
 from tests.support.jobs import enqueue_raw
 from tests.support.native import post_request, record, wait_status

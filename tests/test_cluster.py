@@ -18,9 +18,9 @@ import pytest
 from redis.asyncio import Redis, RedisCluster
 from redis.crc import key_slot
 
-from llmq import keys
 from llmq.embedded import EmbeddedRedis
 from llmq.embedded_cluster import EmbeddedCluster
+from llmq.protocol import keys
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.runs import undisturbed

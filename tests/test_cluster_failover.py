@@ -15,8 +15,8 @@ from typing import cast
 import pytest
 from redis.asyncio import Redis, RedisCluster
 
-from llmq import keys
 from llmq.embedded_cluster import EmbeddedCluster
+from llmq.protocol import keys
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.runs import undisturbed
 from tests.support.servers import StartApi, StartWorker

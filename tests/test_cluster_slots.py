@@ -22,7 +22,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from llmq import keys, scripts
+from llmq.protocol import keys, scripts
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until

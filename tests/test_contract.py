@@ -10,7 +10,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq.streams import lifecycle_entries
+from llmq.protocol.streams import lifecycle_entries
 from tests.support.exposition import value
 from tests.support.native import post_request, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker

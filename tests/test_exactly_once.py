@@ -17,9 +17,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
+from llmq.protocol.streams import add_event
 from llmq.schema import DoneEvent, Event, StartedEvent, Timings, TokensEvent, Usage
-from llmq.streams import add_event
 from tests.support.servers import StartApi
 from tests.support.sse import frames
 from tests.support.waiting import wait_until

@@ -7,8 +7,8 @@ import json
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
-from llmq.queue import Queue, serialize_job
+from llmq.protocol import keys
+from llmq.protocol.queue import Queue, serialize_job
 from tests.support.jobs import enqueue_raw
 from tests.support.native import post_request, record, wait_status
 from tests.support.processes import alive

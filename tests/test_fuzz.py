@@ -18,8 +18,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
+from llmq.protocol import keys
 from tests.support.processes import Proc, clean_env, live_workers, wait_for
 
 DB = 7  # a database of its own: other tests flush database 0

@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from llmq import keys
-from llmq.queue import Admission, Claim, Queue, parse_handoff
+from llmq.protocol import keys
+from llmq.protocol.queue import Admission, Claim, Queue, parse_handoff
 from tests.support.jobs import enqueue_costing
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.hosts import Stack
+from llmq.protocol import keys
 from tests.support.hosts import (
     client,
     cluster_stack,

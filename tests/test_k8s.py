@@ -13,7 +13,7 @@ import yaml
 
 from api.exposition import DESIRED_WORKERS
 from cli.main import SETTINGS, build_parser
-from llmq import keys
+from llmq.protocol import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"

@@ -10,13 +10,25 @@ ROOT = Path(__file__).resolve().parent.parent
 ABOVE = ("api", "worker", "loadgen", "cli", "bench", "tests")
 
 
+#: The protocol's modules that hold its encodings and its scripts: a caller that
+#: imports them builds values or runs scripts of the protocol itself.
+PIECES = ("llmq.protocol.codec", "llmq.protocol.scripts")
+
+#: The only modules outside the protocol package that do: the worker's batching
+#: publisher (``publish.lua``, once per flush for every stream) and the worker
+#: registry (``worker_beat.lua``), neither of them a step of the claim path.
+ASSEMBLERS = {"worker/publisher.py", "llmq/registry.py"}
+
+
 def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports; for ``from a import b``, both ``a`` and ``a.b``."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -35,3 +47,15 @@ def test_the_shell_and_the_supervisor_sit_above_what_they_start() -> None:
     assert {"api.main", "worker.main"} <= shell
     assert (ROOT / "cli" / "supervisor.py").exists()
     assert not (ROOT / "llmq" / "cli.py").exists()
+
+
+def test_the_api_and_the_worker_call_the_protocol_rather_than_assemble_it() -> None:
+    """The claim path stays in ``llmq/protocol/``: outside it, nothing but the
+    publisher and the registry encodes the values Lua reads or runs a script."""
+    assembling = {
+        str(path.relative_to(ROOT))
+        for top in ("api", "worker", "cli", "loadgen", "bench", "llmq")
+        for path in (ROOT / top).rglob("*.py")
+        if "protocol" not in path.relative_to(ROOT).parts and imported(path) & set(PIECES)
+    }
+    assert assembling == ASSEMBLERS

@@ -7,7 +7,7 @@ import json
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from llmq.tail import CLIENT_NAME
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env

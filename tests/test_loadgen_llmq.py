@@ -8,9 +8,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.embedded import free_port
-from llmq.streams import published_tokens
+from llmq.protocol import keys
+from llmq.protocol.streams import published_tokens
 from loadgen import LoadConfig, run_load
 from tests.support.native import wait_ready
 from tests.support.processes import Proc, clean_env

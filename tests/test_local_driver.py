@@ -14,7 +14,8 @@ from redis.asyncio import Redis
 
 from cli.local_driver import LocalDriver
 from cli.supervisor import Child, RestartPolicy, Supervisor
-from llmq import keys, registry
+from llmq import registry
+from llmq.protocol import keys
 from tests.support.processes import clean_env
 from tests.support.servers import FAST_MODEL, StartApi
 from tests.support.sse import stream_completion

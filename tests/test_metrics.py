@@ -14,7 +14,8 @@ from redis.asyncio import Redis
 from api.exposition import GAUGES, Scrape, render
 from api.summary import cluster_summary, estimate_quantile, estimated_percentiles, window_rates
 from api.totals import read_totals
-from llmq import keys, metrics
+from llmq import metrics
+from llmq.protocol import keys
 from tests.support.exposition import samples, value
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.models import Flaky
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker

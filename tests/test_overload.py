@@ -10,7 +10,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
 

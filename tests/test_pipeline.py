@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from api import fanin
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.servers import RunningApi, StartApi
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until

@@ -8,8 +8,8 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.connection import DEFAULT_POOL_SIZE, WORKER_POOL_HEADROOM, pool_size
+from llmq.protocol import keys
 from llmq.settings import ApiSettings, WorkerSettings
 from tests.support.native import wait_ready
 from tests.support.servers import StartApi, StartWorker

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.embedded import EmbeddedRedis
+from llmq.protocol import keys
 from llmq.schema import DoneEvent, StartedEvent, Timings, TokensEvent, Usage, decode_event
 from worker.publisher import StreamPublisher
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.exposition import value
 from tests.support.models import Flaky
 from tests.support.native import post_request, record, wait_ready, wait_status

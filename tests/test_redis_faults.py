@@ -13,8 +13,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.embedded import EmbeddedRedis, free_port
+from llmq.protocol import keys
 from llmq.schema import DoneEvent, StartedEvent, TokensEvent
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
 from llmq.embedded import EmbeddedRedis
+from llmq.protocol import keys
 from tests.support.native import wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until

@@ -17,8 +17,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from llmq import keys
 from llmq.embedded import free_port
+from llmq.protocol import keys
+from llmq.protocol.streams import contiguous_tokens, published_tokens
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,
@@ -26,7 +27,6 @@ from llmq.schema import (
     StartedEvent,
     TokensEvent,
 )
-from llmq.streams import contiguous_tokens, published_tokens
 from tests.support.native import record, wait_ready
 from tests.support.runs import payload, stream_events, undisturbed
 from tests.support.servers import FAST_MODEL, SpawnWorkers, StartApi, StartWorker

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from llmq.queue import deserialize, effective_score, serialize_job
+from llmq.protocol.queue import deserialize, effective_score, serialize_job
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,

@@ -9,8 +9,9 @@ from typing import Any, cast
 import pytest
 from redis.asyncio import Redis
 
-from llmq import codec, keys
-from llmq.queue import Queue
+from llmq.protocol import codec, keys
+from llmq.protocol.queue import Queue
+from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
     DoneEvent,
     StartedEvent,
@@ -19,12 +20,11 @@ from llmq.schema import (
     Usage,
     decode_event,
 )
-from llmq.scripts import scripts_for
 from tests.support.jobs import enqueue_raw
 
 pytestmark = pytest.mark.timeout(30)
 
-#: The lease clock's cap per call (llmq/lua/clock.lua).
+#: The lease clock's cap per call (llmq/protocol/lua/clock.lua).
 CAP_MS = 300
 
 

@@ -18,7 +18,7 @@ from api import fanin
 from api.follow import Batch
 from api.follow import follow as real_follow
 from api.state import AppState
-from llmq import keys
+from llmq.protocol import keys
 from llmq.schema import TokensEvent
 from tests.support.servers import RunningApi
 from tests.support.sse import frames

@@ -15,9 +15,9 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
+from llmq.protocol.streams import lifecycle_entries
 from llmq.schema import TokenLogprob, TokensEvent, decode_event, encode_event
-from llmq.streams import lifecycle_entries
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.servers import RunningApi, StartApi, StartWorker
 
 BAD_COMPLETIONS: list[tuple[Any, int, str | None]] = [

@@ -13,7 +13,7 @@ The stand-in accepts exactly the commands arq 0.28's ``run_job`` queues (GET of 
 job, INCR and EXPIRE of its try counter, under arq's own key names) and fails
 loudly on anything else, so an arq upgrade that changes them cannot silently skip
 a read. Those names are arq's (``arq:job:<id>``), not where llmq keeps the job
-(:func:`llmq.keys.job`, in the model's slot): with every run claimed by the script
+(:func:`llmq.protocol.keys.job`, in the model's slot): with every run claimed by the script
 and :class:`worker.queue_worker.QueueWorker` finishing jobs itself, arq never sends
 them to Redis.
 """
@@ -26,8 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from arq.connections import ArqRedis
-
-from llmq import keys
+from arq.constants import job_key_prefix, retry_key_prefix
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,13 @@ class _ClaimedRead:
         return self
 
     def get(self, key: Any) -> _ClaimedRead:
-        return self._expect("GET", key, keys.JOB_PREFIX + self._claimed.request_id)
+        return self._expect("GET", key, job_key_prefix + self._claimed.request_id)
 
     def incr(self, key: Any) -> _ClaimedRead:
-        return self._expect("INCR", key, keys.RETRY_PREFIX + self._claimed.request_id)
+        return self._expect("INCR", key, retry_key_prefix + self._claimed.request_id)
 
     def expire(self, key: Any, seconds: Any) -> _ClaimedRead:
-        return self._expect("EXPIRE", key, keys.RETRY_PREFIX + self._claimed.request_id)
+        return self._expect("EXPIRE", key, retry_key_prefix + self._claimed.request_id)
 
     def __getattr__(self, name: str) -> Any:
         raise RuntimeError(f"arq's run_job queued {name!r}, which the claim did not read")

@@ -21,12 +21,13 @@ from typing import NoReturn, cast
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
-from llmq import keys, metrics, registry
+from llmq import metrics, registry
 from llmq.connection import Outage, connect_cluster, is_cluster, make_pool, slot_pool
-from llmq.queue import Queue, as_str, parse_handoff
+from llmq.protocol import keys
+from llmq.protocol.queue import Queue, as_str, parse_handoff
+from llmq.protocol.sweep import sweep_forever
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
-from llmq.sweep import sweep_forever
 from llmq.tasks import cancel_and_wait, run_periodically
 from worker.claimed import ClaimingRedis
 from worker.model import MockModel, Model, capabilities_of

@@ -36,9 +36,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llmq import codec, keys
+from llmq.protocol import codec, keys
+from llmq.protocol.scripts import scripts_for
 from llmq.schema import Event, Lifecycle, TokenLogprob, TokensEvent
-from llmq.scripts import scripts_for
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

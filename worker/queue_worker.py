@@ -7,28 +7,30 @@ cancellation on shutdown) and replaces how work is found:
 
 - ``main`` waits on a wake-up event (Redis pub/sub from the API, or a slot that
   just freed) and keeps the poll only as a fallback;
-- ``_poll_iteration`` claims one request per free slot with an atomic script that
-  takes the lowest score, honours the worker's token budget, drops requests that
-  are past their deadline or cancelled, moves the claimed one to the running set,
-  and reads its job record for ``run_job`` (see :mod:`worker.claimed`); it stops
-  as soon as the queue is empty, and then the script *parks* the worker;
+- ``_poll_iteration`` claims one request per free slot (:meth:`Queue.claim`)
+  with an atomic script that takes the lowest score, honours the worker's token
+  budget, drops requests that are past their deadline or cancelled, moves the
+  claimed one to the running set, and reads its job record for ``run_job`` (see
+  :mod:`worker.claimed`); it stops as soon as the queue is empty, and then the
+  script *parks* the worker;
 - ``take_handoff`` starts a request that the API's enqueue script claimed for
   this parked worker and published on its own channel: at light load a request
   reaches the model in one message from Redis, with no claim round trip;
 - ``finish_job`` puts a request that did not finish (worker shutting down) back
-  in the queue at its original score, and releases the lease of one that did;
-  both only while this run's attempt still holds the lease. A run that was fenced
-  (it lost its lease) leaves everything to the attempt that owns the request now.
-  A run arq finished without a terminal event (its job timeout fired: the runner
-  stops the generation before it, this is the backstop) is ended by the runner
-  first, so that its client is answered and the request counted once.
+  in the queue at its original score (:meth:`Queue.requeue`), and finishes one
+  that did (:meth:`Queue.finish`); both only while this run's attempt still holds
+  the lease. A run that was fenced (it lost its lease) leaves everything to the
+  attempt that owns the request now. A run arq finished without a terminal event
+  (its job timeout fired: the runner stops the generation before it, this is the
+  backstop) is ended by the runner first, so that its client is answered and the
+  request counted once.
 
 arq's own ``finish_job`` and ``finish_failed_job`` are replaced, not extended: they
 name arq's keys (``arq:job:<id>``, the global ``arq:abort`` set) in one MULTI, which
 a Redis Cluster refuses across slots. llmq keeps a request's job, try counter and
-in-progress marker in its model's slot (:mod:`llmq.keys`), deleted here in one
-transaction of that slot; nothing of llmq is ever in ``arq:abort``, and results
-are not kept (``keep_result=0``).
+in-progress marker in its model's slot (:mod:`llmq.protocol.keys`), deleted by
+:meth:`Queue.finish` in one command of that slot; nothing of llmq is ever in
+``arq:abort``, and results are not kept (``keep_result=0``).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ from typing import Any
 
 from arq.worker import Worker, func
 
-from llmq import keys
 from llmq.connection import OUTAGE, Outage
-from llmq.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
+from llmq.protocol import keys
+from llmq.protocol.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
 from llmq.schema import JobPayload
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
 from worker.runner import RequestRunner
@@ -150,11 +152,8 @@ class QueueWorker(Worker):
                 idle=not self._claims,
                 worker_id=self.worker_id,
                 free_slots=self.max_jobs - self.job_counter,
+                end_dropped=True,
             )
-            if claim.expired:
-                await self.queue.end_unstarted(claim.expired, "timeout")
-            if claim.cancelled:
-                await self.queue.end_unstarted(claim.cancelled, "cancelled")
             if claim.request_id is None:
                 break
             await self._take(claim)
@@ -226,33 +225,20 @@ class QueueWorker(Worker):
             return
         if finish:
             await self.runner.end_unfinished(job_id)
+            await self._finish(job_id)
         else:
             self.runner.unfinished.pop(job_id, None)  # handed back: a later run ends it
-        if finish:
-            await self._forget(job_id)
-        await self._release(job_id, requeue=not finish)
+            await self._hand_back(job_id)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
-        await self._forget(job_id)
-        await self._release(job_id, requeue=False)
+        await self._finish(job_id)
         await self.runner.fail(job_id, "job_failed", "the request could not be run")
 
-    async def _forget(self, job_id: str) -> None:
-        """What arq's finish deletes, under llmq's names: the job record, its try
-        counter and in-progress marker (a hand-back drops only the marker, in
-        ``requeue.lua``)."""
-        names = [keys.job(job_id, self.model), keys.retry(job_id, self.model)]
-        await self.pool.delete(*names, keys.in_progress(job_id, self.model))
-
-    async def _release(self, job_id: str, *, requeue: bool) -> None:
+    async def _finish(self, job_id: str) -> None:
         claim = self._claims.pop(job_id, None)
-        if claim is None:
-            return
-        _, attempt = claim
-        if requeue:
-            if await self.queue.requeue(self.model, job_id, attempt):
-                log.info(
-                    "request %s handed back to the queue", job_id, extra={"request_id": job_id}
-                )
-        else:
-            await self.queue.release(self.model, job_id, attempt)
+        await self.queue.finish(self.model, job_id, None if claim is None else claim[1])
+
+    async def _hand_back(self, job_id: str) -> None:
+        claim = self._claims.pop(job_id, None)
+        if claim is not None and await self.queue.requeue(self.model, job_id, claim[1]):
+            log.info("request %s handed back to the queue", job_id, extra={"request_id": job_id})

@@ -47,6 +47,7 @@ from redis.asyncio import Redis
 
 from llmq import metrics
 from llmq.metrics import Recorder
+from llmq.protocol.streams import published_tokens
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,
@@ -59,7 +60,6 @@ from llmq.schema import (
     ToolCallEvent,
     Usage,
 )
-from llmq.streams import published_tokens
 from worker.model import (
     GenerationRequest,
     Model,

@@ -23,7 +23,7 @@ from api.schemas import NativeRequest
 from api.state import AppState, State
 from api.submit import submit
 from api.timing import RelayTimer
-from llmq import keys
+from llmq.protocol import keys
 from llmq.schema import TERMINAL_STATUSES, RequestRecord, TokensEvent, is_terminal
 
 router = APIRouter(tags=["native"])

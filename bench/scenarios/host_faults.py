@@ -21,10 +21,10 @@ from redis.asyncio import Redis
 
 from bench.scenarios.recovery import Sizes as StreamSizes
 from bench.scenarios.recovery import Stream, _consume, _expected_text
-from llmq import keys
 from llmq.connection import connect
 from llmq.hosts import Stack
 from llmq.netns import REDIS_PORT, SENTINEL_MASTER, SENTINEL_PORT
+from llmq.protocol import keys
 from llmq.settings import CommonSettings
 
 

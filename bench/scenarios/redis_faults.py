@@ -42,8 +42,8 @@ from bench.procs import BenchError, Stack
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median
-from llmq import keys
 from llmq.embedded import EmbeddedRedis
+from llmq.protocol import keys
 from llmq.settings import WorkerSettings
 from loadgen.sse import DONE, frames
 from worker.model import GenerationRequest, MockModel

@@ -26,9 +26,9 @@ from llmq.autoscale.lease import LeaderLease
 from llmq.autoscale.signals import ClusterProbe
 from llmq.autoscale.state import publish
 from llmq.connection import connect
+from llmq.protocol.streams import add_lifecycle
 from llmq.schema import Lifecycle, ScaleState
 from llmq.settings import AutoscaleSettings, ControllerSettings
-from llmq.streams import add_lifecycle
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import time
 
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 
 #: KEYS: lease. ARGV: owner id, ttl ms. 1 when the caller holds the lease afterwards.
 HOLD = """

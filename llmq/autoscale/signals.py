@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from llmq import keys, metrics, registry
-from llmq.queue import as_str
+from llmq import metrics, registry
+from llmq.protocol import keys
+from llmq.protocol.queue import as_str
 from llmq.schema import WorkerInfo
 
 #: Most stream entries one read takes (the rest come with the next read).

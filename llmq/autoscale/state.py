@@ -9,8 +9,8 @@ from typing import cast
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from llmq import keys
-from llmq.queue import as_str
+from llmq.protocol import keys
+from llmq.protocol.queue import as_str
 from llmq.schema import ScaleState
 
 log = logging.getLogger(__name__)

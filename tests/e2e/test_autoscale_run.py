@@ -12,7 +12,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from tests.support.processes import children_of, live_workers, reap, start_run, wait_for
 from tests.support.sse import stream_completion
 from tests.support.waiting import wait_until

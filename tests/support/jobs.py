@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmq.queue import Admission, Claim, Queue
+from llmq.protocol.queue import Admission, Claim, Queue
 from llmq.schema import Lifecycle
 
 

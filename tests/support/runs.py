@@ -7,7 +7,7 @@ import time
 
 from redis.asyncio import Redis
 
-from llmq import keys
+from llmq.protocol import keys
 from llmq.schema import Event, JobPayload, SamplingParams, decode_event
 from worker.model import GenerationRequest, MockModel
 

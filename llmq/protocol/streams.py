@@ -1,7 +1,7 @@
 """Writing events to request streams and records, from any process.
 
 Workers write through their batching publisher and its fenced script
-(``llmq/lua/publish.lua``); the API and the deadline sweep write the terminal event
+(``llmq/protocol/lua/publish.lua``); the API and the deadline sweep write the terminal event
 of a request that never reached a worker (cancelled or timed out while queued) with
 these helpers, so that every written stream gets its TTL and stays capped.
 :func:`published_tokens` reads back what a stream already holds, so that a re-run
@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from llmq import codec, keys
+from llmq.protocol import codec, keys
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,

@@ -1,7 +1,7 @@
 -- Extend the leases a worker holds, and tell it what changed: per (id, attempt)
 -- pair, 'ok', 'lost' (the lease is gone or another attempt's: the worker is fenced
 -- for it and must stop without writing) or 'cancelled' (the cancel flag is set:
--- the worker cancels it, even if it missed the message). See llmq.codec.RenewReply.
+-- the worker cancels it, even if it missed the message). See llmq.protocol.codec.RenewReply.
 -- The renewal is also the worker's beat in the model's slot (enqueue.lua hands a
 -- request only to a parked worker that beats); beats older than `forget_ms` go.
 local running_key = KEYS[1]

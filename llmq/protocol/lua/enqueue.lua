@@ -1,11 +1,11 @@
 -- Add a request unless the queue is full; hand it to a parked worker if one waits.
 -- Returns 0 when the queue is full, 1 when queued, 2 when handed to a parked worker.
 -- Every key is in the model's slot; the request's record and lifecycle note are
--- written before this by record.lua (see llmq.queue.Queue.enqueue for the order).
+-- written before this by record.lua (see llmq.protocol.queue.Queue.enqueue for the order).
 --
 -- The hand-off: when the queue is empty and a worker is parked (see claim.lua), the
 -- request is claimed for that worker here (attempt 1) and published on its own
--- channel with everything a claim would have returned (llmq.codec.Handoff), so it
+-- channel with everything a claim would have returned (llmq.protocol.codec.Handoff), so it
 -- starts without a claim round trip. PUBLISH counts the receivers: a worker that is
 -- not listening (dead, reconnecting) is unparked and the next one tried; with none,
 -- the request is queued as usual. PUBLISH also counts a half-open connection of a

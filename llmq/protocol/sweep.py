@@ -11,7 +11,7 @@ double-handle a request:
   OpenAI clients' connections died with it) are cancelled.
 
 The last two judge leases in lease time, a clock kept in Redis that a stall,
-restart or outage of Redis advances by at most 300 ms (``llmq/lua/clock.lua``). So
+restart or outage of Redis advances by at most 300 ms (``llmq/protocol/lua/clock.lua``). So
 an outage is never mistaken for the death of everyone, and the sweep needs no
 wait of its own after one: when Redis is back, every live process has its lease
 (minus those 300 ms) to renew. The sweep's own calls keep that clock moving.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
-from llmq.queue import Queue
+from llmq.protocol.queue import Queue
 from llmq.tasks import run_periodically
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import zlib
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
-from llmq import codec
+from llmq.protocol import codec
 
 PREFIX = "llmq"
 
@@ -51,7 +51,7 @@ APIS = f"{PREFIX}:{GLOBAL}:apis"
 
 #: The lease clock of the global slot (API and worker registry leases); each model
 #: slot has its own (:func:`clock`). A hash: ``real`` ms last seen, ``lease`` ms
-#: (see ``llmq/lua/clock.lua``).
+#: (see ``llmq/protocol/lua/clock.lua``).
 CLOCK = f"{PREFIX}:{GLOBAL}:clock"
 
 #: Set of every model a request was queued for: whose deadlines the sweep checks.
@@ -93,8 +93,9 @@ def queue(model: str) -> str:
 
 
 def leases(model: str) -> str:
-    """Hash of running request id -> lease "score:cost:attempt" (:class:`llmq.codec.Lease`):
-    where to requeue it if its worker dies, and which attempt holds it."""
+    """Hash of running request id -> lease "score:cost:attempt"
+    (:class:`llmq.protocol.codec.Lease`): where to requeue it if its worker dies, and
+    which attempt holds it."""
     return _in_model("leases", model)
 
 
@@ -110,7 +111,7 @@ def deadlines(model: str) -> str:
 
 def clock(model: str) -> str:
     """The model slot's lease clock: every lease of the model's requests is set and
-    judged by it (``llmq/lua/clock.lua``)."""
+    judged by it (``llmq/protocol/lua/clock.lua``)."""
     return _in_model("clock", model)
 
 
@@ -201,7 +202,7 @@ def _in_request(name: str, request_id: str) -> str:
 
 
 def fence(request_id: str) -> str:
-    """Hash guarding the request's writes (``llmq/lua/publish.lua``): ``attempt``, the
+    """Hash guarding the request's writes (``llmq/protocol/lua/publish.lua``): ``attempt``, the
     lowest attempt allowed to write; ``next``, the stream's next token index;
     ``ended``, '1' once a terminal event is written."""
     return _in_request("fence", request_id)

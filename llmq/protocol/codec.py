@@ -1,4 +1,4 @@
-"""Every value that the Lua scripts (``llmq/lua/``) and Python share, encoded and
+"""Every value that the Lua scripts (``llmq/protocol/lua/``) and Python share, encoded and
 decoded here and nowhere else in Python. Each format is documented next to its code;
 the Lua side reads or writes the same text.
 

@@ -1,17 +1,17 @@
 """The Lua scripts that make every queue transition atomic: the loader.
 
-Each script is a file in ``llmq/lua/``, beginning with a named local for every key
+Each script is a file in ``llmq/protocol/lua/``, beginning with a named local for every key
 and argument. The shared helpers (the lease clock, lease parsing, the fence) live in
-``llmq/lua/clock.lua`` and are prepended to every script when it is read. Files are
+``llmq/protocol/lua/clock.lua`` and are prepended to every script when it is read. Files are
 read once per process; :func:`scripts_for` registers them once per client. The
-values the scripts and Python exchange are encoded and decoded in :mod:`llmq.codec`.
+values the scripts and Python exchange are encoded and decoded in :mod:`llmq.protocol.codec`.
 
-Every script's keys share one hash slot (:mod:`llmq.keys`), so that each runs on a
+Every script's keys share one hash slot (:mod:`llmq.protocol.keys`), so that each runs on a
 Redis Cluster as on a single Redis: the declared KEYS, and the keys a script builds
 from a prefix in ARGV (a job, try or cancel flag of a request claimed from the
 queue), all carry the same hash tag. A step that must write two slots is two
 calls, ordered so that a crash between them leaves a state someone repairs
-(their docstrings in :mod:`llmq.queue` say which).
+(their docstrings in :mod:`llmq.protocol.queue` say which).
 
 A queued request lives in three places, always changed together: the model's
 queue (sorted set, score = effective start time), the model's cost hash (prompt +
@@ -63,7 +63,7 @@ EMBEDS = {"enqueue_batch": ("enqueue_one", "enqueue")}
 @cache
 def source(name: str) -> str:
     """A script's text, helpers included."""
-    folder = resources.files("llmq") / "lua"
+    folder = resources.files("llmq.protocol") / "lua"
     helpers = (folder / f"{HELPERS}.lua").read_text()
     embedded = ""
     if name in EMBEDS:

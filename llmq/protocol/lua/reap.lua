@@ -1,7 +1,7 @@
 -- Requests whose lease ran out in lease time (their worker died, stopped, or is cut
 -- off) go back to the queue at their original score, in two calls with the fence
--- raised between them (llmq.queue.Queue.reap). Called with no pairs, it changes
--- nothing and returns the due requests as llmq.codec.Reaped pairs (id, attempt);
+-- raised between them (llmq.protocol.queue.Queue.reap). Called with no pairs, it changes
+-- nothing and returns the due requests as llmq.protocol.codec.Reaped pairs (id, attempt);
 -- the caller raises their fences (fence.lua, in each request's slot), then calls
 -- again with those pairs, and each request whose lease is still that attempt's
 -- and still due is requeued. Returns the pairs requeued.

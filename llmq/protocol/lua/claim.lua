@@ -6,7 +6,7 @@
 -- then hands it the next request directly. Parked terms: "free|budget|idle|lease
 -- ms|in-progress ms"; the parked set is ordered by when the worker parked (each
 -- newcomer, or a worker handed a request, goes to the back: workers take turns).
--- Reply: llmq.codec.ClaimReply.
+-- Reply: llmq.protocol.codec.ClaimReply.
 local queue_key = KEYS[1]
 local running_key = KEYS[2]
 local costs_key = KEYS[3]

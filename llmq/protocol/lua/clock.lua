@@ -1,7 +1,7 @@
 -- The lease clock, prepended to every script that sets or judges a lease.
 --
--- Leases are judged by time kept in Redis (one clock per slot, llmq.keys.clock of a
--- model and llmq.keys.CLOCK: hash real -> Redis's own TIME in ms when last seen,
+-- Leases are judged by time kept in Redis (one clock per slot, llmq.protocol.keys.clock of a
+-- model and llmq.protocol.keys.CLOCK: hash real -> Redis's own TIME in ms when last seen,
 -- lease -> the lease clock in ms). Each call advances the
 -- lease clock by the real time since the previous call, but by at most CLOCK_CAP_MS:
 -- in a live system some process calls every sweep interval (0.25 s), so lease time
@@ -30,7 +30,7 @@ local function lease_now(clock_key)
   return lease
 end
 
--- A lease value "score:cost:attempt" (see llmq.codec.Lease).
+-- A lease value "score:cost:attempt" (see llmq.protocol.codec.Lease).
 local function parse_lease(value)
   if not value then
     return nil

@@ -1,6 +1,6 @@
 -- Takes (SPOP) up to `limit` attached requests of API processes whose lease ran out
 -- in lease time, and forgets a dead process once it has none left; returns the
--- members (llmq.codec deadline members "<id>:<model>") for the caller to cancel.
+-- members (llmq.protocol.codec deadline members "<id>:<model>") for the caller to cancel.
 local apis_key = KEYS[1]
 local clock_key = KEYS[2]
 

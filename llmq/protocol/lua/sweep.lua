@@ -1,6 +1,6 @@
 -- Remove the model's queued requests whose deadline passed (deadlines are the
 -- clients' real time, not lease time); returns their ids. One call per model: each
--- model's keys share its slot (llmq.keys).
+-- model's keys share its slot (llmq.protocol.keys).
 local deadlines_key = KEYS[1]
 local queue_key = KEYS[2]
 local costs_key = KEYS[3]

@@ -7,12 +7,12 @@ priorities are first-in first-out and a lower priority waits at most
 ``priority * step`` behind later arrivals. A claimed request leaves the queue for
 the model's running set (scored by lease expiry), so running requests never sit
 at the head of the queue the way they do in stock arq. The scripts themselves are
-in ``llmq/lua/`` (loaded by :mod:`llmq.scripts`); the values they exchange with
-Python are encoded in :mod:`llmq.codec`.
+in ``llmq/protocol/lua/`` (loaded by :mod:`llmq.protocol.scripts`); the values they exchange with
+Python are encoded in :mod:`llmq.protocol.codec`.
 
 Leases (running requests, API processes) are set and judged in *lease time*, a
 clock kept in Redis that follows Redis's own clock but advances at most 300 ms per
-call (``llmq/lua/clock.lua``): a stall or restart of Redis costs nobody their lease,
+call (``llmq/protocol/lua/clock.lua``): a stall or restart of Redis costs nobody their lease,
 while a worker that stopped renewing loses it. The attempt number (arq's try
 counter, bumped by each claim) is the fencing token of a run: a reap or hand-back
 raises the request's fence past it, and every write of a run is checked against
@@ -31,11 +31,12 @@ from typing import Any, cast
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 
-from llmq import codec, keys, metrics
-from llmq.codec import Claim, Renewal, as_str, parse_handoff
-from llmq.schema import Lifecycle
-from llmq.scripts import run_pipelined, scripts_for
-from llmq.streams import add_event, add_lifecycle, add_record, unstarted_end
+from llmq import metrics
+from llmq.protocol import codec, keys
+from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
+from llmq.protocol.scripts import run_pipelined, scripts_for
+from llmq.protocol.streams import add_event, add_lifecycle, add_record, unstarted_end
+from llmq.schema import JobPayload, Lifecycle, RequestRecord
 
 #: The arq function name of every llmq job.
 JOB_FUNCTION = "generate"
@@ -102,6 +103,56 @@ class Enqueue:
     lifecycle: Lifecycle
     attach_to: str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        payload: JobPayload,
+        *,
+        priority_step_ms: int,
+        owner: str | None = None,
+        attach_to: str | None = None,
+    ) -> Enqueue:
+        """Everything enqueued for a validated job: its arq job record, its score
+        (:func:`effective_score`), its cost (prompt + max_tokens, what token-aware
+        admission charges), its queue deadline, its ``queued`` record and its
+        ``queued`` lifecycle note, all from the payload."""
+        enqueued_ms = int(payload.enqueued_at * 1000)
+        record = RequestRecord(
+            id=payload.request_id,
+            model=payload.model,
+            status="queued",
+            priority=payload.priority,
+            created_at=payload.enqueued_at,
+            prompt_tokens=payload.prompt_tokens,
+            owner=owner,
+        )
+        return cls(
+            request_id=payload.request_id,
+            model=payload.model,
+            job=serialize_job(job_fields(payload), enqueued_ms),
+            score=effective_score(enqueued_ms, payload.priority, priority_step_ms),
+            cost=payload.prompt_tokens + payload.params.max_tokens,
+            deadline_ms=int(payload.queue_deadline * 1000),
+            record=record.to_redis(),
+            lifecycle=Lifecycle(
+                event="queued",
+                request_id=payload.request_id,
+                model=payload.model,
+                ts=payload.enqueued_at,
+                priority=payload.priority,
+                prompt_tokens=payload.prompt_tokens,
+            ),
+            attach_to=attach_to,
+        )
+
+
+def job_fields(payload: JobPayload) -> dict[str, Any]:
+    """The payload as JSON, sampling parameters left at their defaults omitted: a
+    plain request stays readable by workers that predate the newer parameters."""
+    job = payload.model_dump(mode="json")
+    job["params"] = payload.params.model_dump(mode="json", exclude_defaults=True)
+    return job
+
 
 __all__ = ["Admission", "Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
 
@@ -145,14 +196,14 @@ class Queue:
         """Add a request unless the model's queue holds ``max_depth`` already.
 
         If the queue is empty and a worker is parked, the request is handed to that
-        worker instead of queued (see ``llmq/lua/enqueue.lua``).
+        worker instead of queued (see ``llmq/protocol/lua/enqueue.lua``).
         ``attach_to`` (an API process id) ties the request to that process's
         liveness: if the process dies before it calls :meth:`detach`, the sweep
         cancels the request (see :meth:`cancel_orphans`).
 
-        Three slots are written, in this order (see :mod:`llmq.keys`): the global
+        Three slots are written, in this order (see :mod:`llmq.protocol.keys`): the global
         slot (attached set) with the request's slot (record and ``queued`` note,
-        ``llmq/lua/record.lua``) in one round trip, then the model's slot (queue,
+        ``llmq/protocol/lua/record.lua``) in one round trip, then the model's slot (queue,
         job, hand-off); on a single Redis all three go in one pipeline on one
         connection, which runs them in that order in one round trip, while a
         cluster client waits for the first before it sends the last (its pipelines
@@ -169,6 +220,17 @@ class Queue:
         call = Enqueue(
             request_id, model, job, score, cost, deadline_ms, record, lifecycle, attach_to
         )
+        return await self._enqueue_one(call, max_depth)
+
+    async def admit(self, calls: list[Enqueue], max_depth: int) -> bool:
+        """Enqueue the requests of one client request (one model's): one by
+        :meth:`enqueue`, several by :meth:`enqueue_all`, all or none. False: refused,
+        the queue is full (a hand-off counts as admitted)."""
+        if len(calls) == 1:
+            return bool(await self._enqueue_one(calls[0], max_depth))
+        return await self.enqueue_all(calls, max_depth)
+
+    async def _enqueue_one(self, call: Enqueue, max_depth: int) -> Admission:
         keys_, args = self._enqueue_call(call, max_depth)
         if isinstance(self.redis, RedisCluster):  # other nodes: the record lands first
             notes, _ = await self._record([call])
@@ -184,7 +246,7 @@ class Queue:
         """Enqueue every request of ``calls`` (one model's) or none, in one atomic step.
 
         Refused (False) unless the queue has room for all of them; each is then
-        enqueued exactly as :meth:`enqueue` would (see ``llmq/lua/enqueue_batch.lua``),
+        enqueued exactly as :meth:`enqueue` would (see ``llmq/protocol/lua/enqueue_batch.lua``),
         its record and note written first as there.
         """
         notes, _ = await self._record(calls)
@@ -245,7 +307,7 @@ class Queue:
         return [as_str(r) for r in replies[: len(calls)]], replies[-1]
 
     async def _unrecord(self, calls: list[Enqueue], notes: list[str]) -> None:
-        """Undo :meth:`_record` for refused requests (``llmq/lua/unrecord.lua``)."""
+        """Undo :meth:`_record` for refused requests (``llmq/protocol/lua/unrecord.lua``)."""
         calls_ = [
             ([keys.request(c.request_id), keys.lifecycle(c.request_id)], [note])
             for c, note in zip(calls, notes, strict=True)
@@ -298,11 +360,16 @@ class Queue:
         idle: bool,
         worker_id: str = "",
         free_slots: int = 0,
+        end_dropped: bool = False,
     ) -> Claim:
         """Claim the next request for ``worker_id``, which has ``free_slots`` free.
 
         A worker that leaves the queue empty with a slot still free is parked, so
         that the next request is handed to it (a ``worker_id`` of "" never parks).
+        The script drops the requests it finds past their queue deadline or with
+        their cancel flag set; ``end_dropped`` (a worker's claims) also ends them
+        (:meth:`end_unstarted`: ``timeout``, ``cancelled``), so that their clients
+        get a terminal event although no worker ran them.
         """
         reply = await self.scripts.claim(
             keys=[
@@ -331,7 +398,12 @@ class Queue:
                 PARK_TTL_MS,
             ],
         )
-        return codec.parse_claim(reply)
+        claim = codec.parse_claim(reply)
+        if end_dropped and claim.expired:
+            await self.end_unstarted(claim.expired, "timeout")
+        if end_dropped and claim.cancelled:
+            await self.end_unstarted(claim.cancelled, "cancelled")
+        return claim
 
     async def unpark(self, model: str, worker_id: str) -> None:
         """Stop handing requests to ``worker_id`` (it is stopping)."""
@@ -360,7 +432,7 @@ class Queue:
 
     async def raise_fences(self, lost: list[tuple[str, int]]) -> None:
         """Fence off each (id, attempt): its writes are refused from now on
-        (``llmq/lua/fence.lua``, one call per request slot, in one round trip)."""
+        (``llmq/protocol/lua/fence.lua``, one call per request slot, in one round trip)."""
         if lost:
             calls = [([keys.fence(rid)], [attempt + 1, self.ttl]) for rid, attempt in lost]
             await run_pipelined(self.redis, self.scripts.fence, calls)
@@ -371,6 +443,16 @@ class Queue:
             keys=[keys.running(model), keys.leases(model)], args=[request_id, attempt]
         )
         return bool(done)
+
+    async def finish(self, model: str, request_id: str, attempt: int | None) -> None:
+        """A run ended for good: delete what arq's own finish would, under llmq's
+        names (the job record, its try counter and in-progress marker, all in the
+        model's slot; a hand-back drops only the marker, in ``requeue.lua``), then
+        :meth:`release` the lease of ``attempt`` (None: the worker held no lease)."""
+        names = [keys.job(request_id, model), keys.retry(request_id, model)]
+        await self.redis.delete(*names, keys.in_progress(request_id, model))
+        if attempt is not None:
+            await self.release(model, request_id, attempt)
 
     async def renew(
         self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""
@@ -399,7 +481,7 @@ class Queue:
         """Requeue requests whose lease ran out in lease time, fencing off the
         attempts that held them first; returns (id, attempt) pairs.
 
-        Three calls (``llmq/lua/reap.lua``): which leases are due (model slot), their
+        Three calls (``llmq/protocol/lua/reap.lua``): which leases are due (model slot), their
         fences raised (each request's slot), then the requeue of those whose lease
         is still that attempt's (model slot). So once a request is back in the
         queue, nothing of the attempt that lost it lands, as when it was one step.

@@ -3,14 +3,14 @@
 -- already written), 0 when the writer's attempt is fenced off: a later attempt owns
 -- the request (reap.lua, requeue.lua), and nothing of this call lands.
 --
--- The fence key (llmq.keys.fence) holds `attempt`, the lowest attempt allowed to
+-- The fence key (llmq.protocol.keys.fence) holds `attempt`, the lowest attempt allowed to
 -- write (a write from a higher one raises it), `next`, the stream's next token index
 -- (tokens are contiguous from 0 below it) and `ended` ('1' once a terminal event is
 -- in, absent before). A tokens event below `next` is skipped and a partial overlap
 -- trimmed, so a flush retried after a lost reply never duplicates an index. A
 -- terminal event's usage, and the record's completion_tokens, are what the stream
 -- holds (`next`), not what the producer meant. Attempt 0 writes unfenced (a job too
--- malformed to run). Arguments: llmq.codec.PublishArgs.
+-- malformed to run). Arguments: llmq.protocol.codec.PublishArgs.
 local stream_key = KEYS[1]
 local record_key = KEYS[2]
 local fence_key = KEYS[3]
