@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -206,6 +207,9 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(PoolExhausted, _pool_exhausted)
+    # The cluster client's own pool does not wait: a node whose connections are all
+    # busy fails at once. Overload too, not an outage.
+    app.add_exception_handler(MaxConnectionsError, _pool_exhausted)
     app.add_exception_handler(RedisConnectionError, _redis_error)
     app.add_exception_handler(RedisTimeoutError, _redis_error)
     app.add_exception_handler(Exception, _unexpected)

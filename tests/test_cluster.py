@@ -167,3 +167,33 @@ async def test_llmq_tail_reads_every_lifecycle_stream(
     for rid in rids:
         events = [words[1] for words in lines() if len(words) > 2 and words[2] == rid]
         assert events == ["queued", "started", "first_token", "finished"]
+
+
+@pytest.mark.parametrize("backend", ["cluster"])
+async def test_an_exhausted_cluster_pool_answers_429_not_503(
+    backend: str, start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """The cluster client does not wait for a connection: a node whose connections are
+    all busy fails at once (``MaxConnectionsError``). That is overload, answered as
+    the plain pool's exhaustion is (429 ``server_busy``), never as an outage."""
+    await start_worker()
+    api = await start_api(redis_max_connections=1)
+    body = {"model": "mock", "prompt": "x", "max_tokens": 2}
+    async with api.client() as client:
+        await wait_ready(client)
+        cluster = cast(RedisCluster, api.app_state().redis)
+        held = []
+        for node in cluster.get_nodes():  # take every connection every node may open
+            while len(node._connections) < node.max_connections or node._free:
+                held.append((node, node.acquire_connection()))
+        try:
+            busy = await client.post("/v1/completions", json=body)
+        finally:
+            for node, connection in held:
+                node._free.append(connection)
+        served = await client.post("/v1/completions", json=body)
+    assert busy.status_code == 429, busy.text
+    assert busy.headers["retry-after"] == "1"
+    assert busy.json()["error"]["code"] == "server_busy"
+    assert await redis.zcard(keys.queue("mock")) == 0
+    assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 2
