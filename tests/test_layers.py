@@ -14,10 +14,10 @@ ABOVE = ("api", "worker", "loadgen", "cli", "bench", "tests")
 #: imports them builds values or runs scripts of the protocol itself.
 PIECES = ("llmq.protocol.codec", "llmq.protocol.scripts")
 
-#: The only modules outside the protocol package that do: the worker's batching
-#: publisher (``publish.lua``, once per flush for every stream) and the worker
-#: registry (``worker_beat.lua``), neither of them a step of the claim path.
-ASSEMBLERS = {"worker/publisher.py", "llmq/registry.py"}
+#: The only module outside the protocol package that does: the worker registry
+#: (``worker_beat.lua``), not a step of the claim path. The publisher sends the
+#: calls that :func:`llmq.protocol.streams.publish_call` builds.
+ASSEMBLERS = {"llmq/registry.py"}
 
 
 def imported(path: Path) -> set[str]:
@@ -51,7 +51,7 @@ def test_the_shell_and_the_supervisor_sit_above_what_they_start() -> None:
 
 def test_the_api_and_the_worker_call_the_protocol_rather_than_assemble_it() -> None:
     """The claim path stays in ``llmq/protocol/``: outside it, nothing but the
-    publisher and the registry encodes the values Lua reads or runs a script."""
+    registry encodes the values Lua reads or runs a script."""
     assembling = {
         str(path.relative_to(ROOT))
         for top in ("api", "worker", "cli", "loadgen", "bench", "llmq")

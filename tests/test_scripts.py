@@ -10,10 +10,11 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import codec, keys
-from llmq.protocol.queue import Queue
+from llmq.protocol.queue import Enqueue, Queue
 from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
     DoneEvent,
+    Lifecycle,
     StartedEvent,
     Timings,
     TokensEvent,
@@ -195,3 +196,58 @@ async def test_an_api_process_lease_survives_a_gap_but_not_real_silence(
     assert await queue.cancel_orphans() == ["r1"]
     assert await redis.exists(keys.cancel_flag("r1", "mock")) == 1
     assert await redis.zscore(keys.APIS, "api-1") is None  # forgotten once empty
+
+
+def _enqueue(rid: str, attach_to: str | None = None) -> Enqueue:
+    return Enqueue(
+        request_id=rid,
+        model="mock",
+        job=b"{}",
+        score=1,
+        cost=1,
+        deadline_ms=2**50,
+        record={"id": rid, "model": "mock", "status": "queued"},
+        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+        attach_to=attach_to,
+    )
+
+
+async def test_record_writes_the_record_and_note_and_unrecord_takes_both_back(
+    queue: Queue, redis: Redis
+) -> None:
+    """``record.lua`` writes a request's record and ``queued`` note in its slot;
+    ``unrecord.lua`` (a refusal) deletes both, and the group's lifecycle stream if the
+    note was all it held, so that a refused request leaves no key."""
+    call = _enqueue("r1", attach_to="api-1")
+    notes, _ = await queue._record([call])
+    assert (await redis.hgetall(keys.request("r1")))["status"] == "queued"  # type: ignore[misc]
+    assert 0 < await redis.pttl(keys.request("r1")) <= queue.ttl * 1000
+    [(note_id, fields)] = await redis.xrange(keys.lifecycle("r1"))
+    assert note_id == notes[0] and fields["event"] == "queued" and fields["model"] == "mock"
+    assert await redis.sismember(keys.attached("api-1"), keys.attached_member("r1", "mock"))  # type: ignore[misc]
+
+    await queue._unrecord([call], notes)
+    assert not await redis.exists(keys.request("r1"), keys.lifecycle("r1"))
+    assert not await redis.sismember(keys.attached("api-1"), keys.attached_member("r1", "mock"))  # type: ignore[misc]
+
+    # Another request's note in the same group stays, and so does the stream.
+    other = next(f"o{i}" for i in range(1000) if keys.lifecycle(f"o{i}") == keys.lifecycle("r1"))
+    await queue._record([_enqueue(other)])
+    notes, _ = await queue._record([call])
+    await queue._unrecord([call], notes)
+    assert [f["request_id"] for _, f in await redis.xrange(keys.lifecycle("r1"))] == [other]
+
+
+async def test_a_batch_the_queue_has_no_room_for_is_refused_whole(
+    queue: Queue, redis: Redis
+) -> None:
+    """``enqueue_batch.lua`` admits all of a request's choices or none: refused, none
+    is queued, and each one's record and note are taken back."""
+    assert await queue.admit([_enqueue("a")], max_depth=3)
+    batch = [_enqueue(rid) for rid in ("b", "c", "d")]
+    assert not await queue.admit(batch, max_depth=3)  # 1 + 3 > 3
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["a"]
+    for rid in ("b", "c", "d"):
+        assert not await redis.exists(keys.request(rid), keys.job(rid, "mock"))
+    assert await queue.admit(batch[:2], max_depth=3)  # room for two: both go in
+    assert sorted(await redis.zrange(keys.queue("mock"), 0, -1)) == ["a", "b", "c"]

@@ -36,8 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llmq.protocol import codec, keys
-from llmq.protocol.scripts import scripts_for
+from llmq.protocol.streams import publish_call, publish_script
 from llmq.schema import Event, Lifecycle, TokenLogprob, TokensEvent
 from llmq.tasks import cancel_and_wait
 
@@ -98,7 +97,7 @@ class StreamPublisher:
         lifecycle_maxlen: int = 100_000,
     ):
         self._redis = redis
-        self._script = scripts_for(redis).publish
+        self._script = publish_script(redis)
         self._lifecycle_maxlen = lifecycle_maxlen
         self._maxlen = maxlen
         self._ttl = ttl_seconds
@@ -286,9 +285,10 @@ class StreamPublisher:
     def _calls(self, batch: dict[str, _Pending]) -> list[tuple[Any, ...]]:
         """The batch's ``EVALSHA`` calls: one per request, its keys in its one slot."""
         sha = self._script.sha
-        calls = []
-        for request_id, p in batch.items():
-            args = codec.publish_args(
+        return [
+            publish_call(
+                sha,
+                request_id,
                 p.attempt,
                 ttl=self._ttl,
                 maxlen=self._maxlen,
@@ -297,14 +297,8 @@ class StreamPublisher:
                 record=p.record,
                 notes=p.notes,
             )
-            request_keys = (
-                keys.stream(request_id),
-                keys.request(request_id),
-                keys.fence(request_id),
-                keys.lifecycle(request_id),
-            )
-            calls.append(("EVALSHA", sha, len(request_keys), *request_keys, *args))
-        return calls
+            for request_id, p in batch.items()
+        ]
 
     async def _round_trip(self, batch: dict[str, _Pending]) -> list[Any]:
         """Run the batch's calls in one round trip and read a reply to each, as a

@@ -11,13 +11,15 @@ can resume after it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
 
 from llmq.protocol import codec, keys
+from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,
@@ -125,3 +127,44 @@ def unstarted_end(
     if isinstance(event, ErrorEvent):
         record["error"] = event.message
     return event, record
+
+
+def publish_script(redis: Redis) -> AsyncScript:
+    """The fenced write of a run (``llmq/protocol/lua/publish.lua``), registered with
+    ``redis``: its ``sha`` goes in :func:`publish_call`, its text is loaded again after
+    a Redis restart emptied the script cache."""
+    return scripts_for(redis).publish
+
+
+def publish_call(
+    sha: str,
+    request_id: str,
+    attempt: int,
+    *,
+    ttl: int,
+    maxlen: int,
+    lifecycle_maxlen: int,
+    events: Sequence[Event],
+    record: Mapping[str, str],
+    notes: Iterable[Lifecycle],
+) -> tuple[Any, ...]:
+    """One run's writes to one request, as the ``EVALSHA`` command of ``publish.lua``:
+    its keys (stream, record, fence, lifecycle: one slot, the request's group) and its
+    arguments (:func:`llmq.protocol.codec.publish_args`). The worker's publisher sends
+    these, many per round trip."""
+    request_keys = (
+        keys.stream(request_id),
+        keys.request(request_id),
+        keys.fence(request_id),
+        keys.lifecycle(request_id),
+    )
+    args = codec.publish_args(
+        attempt,
+        ttl=ttl,
+        maxlen=maxlen,
+        lifecycle_maxlen=lifecycle_maxlen,
+        events=events,
+        record=record,
+        notes=notes,
+    )
+    return ("EVALSHA", sha, len(request_keys), *request_keys, *args)
