@@ -234,7 +234,26 @@ class Subscription:
             self._timer = None
 
 
-class StreamRelay:
+class Subscribing:
+    """What a relay offers its readers: :meth:`subscription` in terms of the relay's
+    own ``subscribe`` and ``unsubscribe`` (one reader, or one per request group)."""
+
+    async def subscribe(self, key: str, last_id: str = "0-0") -> Subscription:
+        raise NotImplementedError
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        raise NotImplementedError
+
+    @contextlib.asynccontextmanager
+    async def subscription(self, key: str, last_id: str = "0-0") -> AsyncIterator[Subscription]:
+        sub = await self.subscribe(key, last_id)
+        try:
+            yield sub
+        finally:
+            self.unsubscribe(sub)
+
+
+class StreamRelay(Subscribing):
     """Owns the reader task; ``start``/``stop`` bracket its life."""
 
     def __init__(self, redis: Redis, control_key: str, *, block_ms: int, count: int = 512):
@@ -324,14 +343,6 @@ class StreamRelay:
             if not subs:
                 del self._subs[sub.key]
             self._update_position(sub.key)
-
-    @contextlib.asynccontextmanager
-    async def subscription(self, key: str, last_id: str = "0-0") -> AsyncIterator[Subscription]:
-        sub = await self.subscribe(key, last_id)
-        try:
-            yield sub
-        finally:
-            self.unsubscribe(sub)
 
     async def _nudge(self) -> None:
         pipe = self._redis.pipeline(transaction=False)

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis, RedisCluster
 
-from api.relay import StreamRelay, Subscription
+from api.relay import StreamRelay, Subscribing, Subscription
 from llmq.connection import slot_pool
 from llmq.protocol import keys
 from llmq.settings import ApiSettings
 
 
-class GroupedRelay:
+class GroupedRelay(Subscribing):
     """Relays streams through one :class:`StreamRelay` per request group."""
 
     def __init__(self, settings: ApiSettings, cluster: RedisCluster, process_id: str) -> None:
@@ -82,11 +81,3 @@ class GroupedRelay:
         relay = self._relays.get(keys.group_of(sub.key))
         if relay is not None:
             relay.unsubscribe(sub)
-
-    @contextlib.asynccontextmanager
-    async def subscription(self, key: str, last_id: str = "0-0") -> AsyncIterator[Subscription]:
-        sub = await self.subscribe(key, last_id)
-        try:
-            yield sub
-        finally:
-            self.unsubscribe(sub)
