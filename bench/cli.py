@@ -43,12 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per system (default 3)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (for the smoke test)")
+    parser.add_argument(
+        "--traces", default="", help="comma-separated traces to run (autoscale; default: all)"
+    )
+    parser.add_argument(
+        "--policies", default="", help="comma-separated policies to run (autoscale; default: all)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     return parser
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _scenarios(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = list(_names(text))
     unknown = [n for n in names if n not in SCENARIOS and n not in ON_REQUEST]
     if unknown or not names:
         known = ", ".join([*SCENARIOS, *ON_REQUEST])
@@ -125,7 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     stamp = report.timestamp()
     log_dir = Path(tempfile.mkdtemp(prefix="llmq-bench-"))
-    ctx = Context(repeats=args.repeats, quick=args.quick, log_dir=log_dir)
+    ctx = Context(
+        repeats=args.repeats,
+        quick=args.quick,
+        log_dir=log_dir,
+        traces=_names(args.traces),
+        policies=_names(args.policies),
+    )
     info = machine_info()
     info["redis_version"] = _redis_version()
     info["command"] = " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])])
@@ -154,7 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     payload = {
         "timestamp": stamp,
         "command": info["command"],
-        "options": {"scenarios": names, "repeats": args.repeats, "quick": args.quick},
+        "options": {
+            "scenarios": names,
+            "repeats": args.repeats,
+            "quick": args.quick,
+            "traces": list(ctx.traces),
+            "policies": list(ctx.policies),
+        },
         "machine": info,
         "interrupted": interrupted,
         "scenarios": {r.name: r.to_dict() for r in results},

@@ -18,11 +18,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Context:
-    """Run-wide options: ``repeats`` per comparison, ``quick`` tiny sizes, a log folder."""
+    """Run-wide options: ``repeats`` per comparison, ``quick`` tiny sizes, a log folder;
+    ``traces``/``policies``: a subset of a scenario's traces or policies to run (empty:
+    all), for iterating on one part without the whole run (the autoscale scenario reads
+    them)."""
 
     repeats: int
     quick: bool
     log_dir: Path
+    traces: tuple[str, ...] = ()
+    policies: tuple[str, ...] = ()
     started: float = field(default_factory=time.monotonic)
 
     def say(self, message: str) -> None:

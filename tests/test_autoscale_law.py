@@ -16,8 +16,8 @@ SERVICE = 1.0  # seconds a request holds a slot
 SLOTS = 4  # per worker
 
 
-def settings(**overrides: float) -> LawSettings:
-    chosen: dict[str, float] = {
+def settings(**overrides: float | bool) -> LawSettings:
+    chosen: dict[str, float | bool] = {
         "min_workers": 1,
         "max_workers": 20,
         "slo_ttft_seconds": 2.0,
@@ -232,7 +232,8 @@ def test_the_dead_band_holds_a_steady_load_at_70_percent(dead_band: float) -> No
 
 
 def test_scale_down_waits_for_the_window_and_goes_one_step_at_a_time() -> None:
-    law = ControlLaw(settings(down_window_seconds=20.0))
+    """The window alone (its cut switched off; see the cut's own test below)."""
+    law = ControlLaw(settings(down_window_seconds=20.0, window_cut=False))
     cluster = Cluster(startup=2.0)
     cluster.run(law, lambda t: 20.0 if t < 40 else 2.0, 120)
     downs = cluster.downs()

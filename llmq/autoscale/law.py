@@ -86,6 +86,18 @@ class LawSettings:
     #: Project the backlog over the start-up at the recent arrival rate and drain it
     #: within the objective (False: drain it within ``max(slo, L + S)``, no projection).
     project_backlog: bool = True
+    #: A backlog orders workers only if the live ones would keep a request past the
+    #: wait budget (False: any queue as long as the live slots with the recent rate
+    #: above them orders, so every burst does).
+    burst_filter: bool = True
+    #: Once the queue is empty, the scale-down window keeps no more than the recent
+    #: arrivals can need (False: the window always keeps its highest load count).
+    window_cut: bool = True
+    #: Standard deviations of the recent count's upper bound (the window cut).
+    cut_z: float = 3.0
+    #: The window cut needs the recent bound low for this long: a quiet spell shorter
+    #: than a worker's start-up plus the recent window is not a drop.
+    cut_hold_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,8 @@ class Signals:
     tpot_p90_seconds: float | None = None
     #: Requests per second over the last few seconds (None: as ``arrival_rate``).
     arrival_rate_recent: float | None = None
+    #: The window of ``arrival_rate_recent``, seconds.
+    recent_window_seconds: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -142,26 +156,53 @@ def load_workers(settings: LawSettings, s: Signals) -> int:
     return _workers(kept, s.concurrency)
 
 
+def wait_budget(settings: LawSettings, S: float) -> float:
+    """The longest a queued request may wait for a slot: the TTFT objective less one
+    service time (its prefill, and a control period's lateness)."""
+    return max(settings.slo_ttft_seconds - S, S)
+
+
 def backlog_slots(settings: LawSettings, s: Signals, S: float) -> float:
     """Slots that serve the queue within the objective, 0 if the live workers do."""
     if s.queued <= 0:
         return 0.0
     live = float(s.ready * s.concurrency)
     recent = s.arrival_rate if s.arrival_rate_recent is None else s.arrival_rate_recent
-    spare = live - s.arrival_rate * S
-    # a step: the recent rate is beyond what is live and a queue as long as the live
-    # slots stands (the recent rate alone is too noisy to act on)
-    saturated = settings.project_backlog and recent * S > live and s.queued >= max(live, 1)
-    if not saturated and spare > 0 and s.queued * S / spare <= settings.slo_ttft_seconds:
-        return 0.0
     L = settings.startup_seconds
+    rate = max(s.arrival_rate, recent)
+    at_arrival = s.queued + max(rate * S - live, 0.0) / S * L
+    if settings.project_backlog and settings.burst_filter:
+        # FIFO: the request that arrives when new workers could, L from now, starts
+        # after the whole queue ahead of it, at live/S per second; if that is within
+        # the budget, the live workers absorb the burst and nothing is ordered
+        if live > 0 and at_arrival * S / live <= wait_budget(settings, S):
+            return 0.0
+    else:
+        spare = live - s.arrival_rate * S
+        # a step: the recent rate is beyond what is live and a queue as long as the
+        # live slots stands (the recent rate alone is too noisy to act on)
+        saturated = settings.project_backlog and recent * S > live and s.queued >= max(live, 1)
+        if not saturated and spare > 0 and s.queued * S / spare <= settings.slo_ttft_seconds:
+            return 0.0
     if not settings.project_backlog:
         drain = max(settings.slo_ttft_seconds, L + S)
         return s.arrival_rate * S + min(s.queued * S / drain, float(s.queued))
-    rate = max(s.arrival_rate, recent)
-    at_arrival = s.queued + max(rate * S - live, 0.0) / S * L
     drain = max(settings.slo_ttft_seconds - L, S)
     return rate * S + min(at_arrival * S / drain, at_arrival)
+
+
+def recent_workers(settings: LawSettings, s: Signals) -> int | None:
+    """The most workers the recent arrivals can need (None: unknown): the load count at
+    an upper bound of the recent rate, ``cut_z`` standard deviations above its count
+    (Poisson), so a quiet moment of a steady or bursty load does not read as a drop."""
+    if s.arrival_rate_recent is None or s.service_seconds is None or s.service_seconds <= 0:
+        return None
+    w = s.recent_window_seconds
+    n = s.arrival_rate_recent * w
+    z = settings.cut_z
+    upper = (n + z * z / 2 + z * math.sqrt(n + z * z / 4)) / w
+    kept = upper * s.service_seconds * (1 + settings.headroom + settings.dead_band)
+    return _workers(kept, s.concurrency)
 
 
 def wanted(
@@ -209,6 +250,8 @@ class ControlLaw:
     def __init__(self, settings: LawSettings) -> None:
         self.settings = settings
         self._history: deque[tuple[float, int]] = deque()
+        #: The recent arrivals' bound (workers) over the last ``cut_hold_seconds``.
+        self._recent: deque[tuple[float, int]] = deque()
         self._since: float | None = None
         self._idle_since: float | None = None
         self._last_up = -math.inf
@@ -232,6 +275,10 @@ class ControlLaw:
             return desired, "activation"
         return desired, reason
 
+    def _cut_held(self, now: float) -> bool:
+        """Whether the recent bounds span the whole hold (none unknown in it)."""
+        return bool(self._recent) and now - self._recent[0][0] >= self.settings.cut_hold_seconds
+
     def _bounded(self, desired: int) -> int:
         return min(max(desired, self.settings.min_workers), self.settings.max_workers)
 
@@ -252,6 +299,14 @@ class ControlLaw:
             desired, reason = bounded, "bounds"
         while self._history and now - self._history[0][0] > cfg.down_window_seconds:
             self._history.popleft()
+        recent = recent_workers(cfg, s)
+        if recent is None:
+            self._recent.clear()
+        else:
+            self._recent.append((now, recent))
+        # keep the newest entry at least the hold old, so the kept ones span it
+        while len(self._recent) > 1 and now - self._recent[1][0] >= cfg.cut_hold_seconds:
+            self._recent.popleft()
 
         if desired > ordered:
             self._last_up = now
@@ -261,6 +316,11 @@ class ControlLaw:
         if desired < ordered:
             window_full = now - self._since >= cfg.down_window_seconds
             stable = max(d for _, d in self._history)
+            if cfg.window_cut and s.queued == 0 and self._cut_held(now):
+                # the backlog is served and the recent arrivals, even at their upper
+                # bound, needed fewer all along the hold: the window's older, higher
+                # counts are refuted
+                stable = min(stable, max(max(d for _, d in self._recent), cfg.min_workers))
             if window_full and stable < ordered and s.starting == 0:
                 return Decision(ordered - 1, desired, "down", reason)
         return Decision(ordered, desired, "none", reason)
