@@ -71,7 +71,13 @@ class Cluster:
             self.started.append((t + 0.1, self.started[-1][1] + begin))
 
     def step(
-        self, now: float, rate: float, law: ControlLaw, measured: float, recent: float
+        self,
+        now: float,
+        rate: float,
+        law: ControlLaw,
+        measured: float,
+        recent: float,
+        counted: tuple[int, float] | None = None,
     ) -> Decision:
         self._advance(now, rate)
         signals = Signals(
@@ -83,6 +89,7 @@ class Cluster:
             ready=self.ready,
             starting=len(self.starting),
             arrival_rate_recent=recent,
+            arrivals_counted=counted,
         )
         decision = law.decide(signals, now + 1)
         ordered = self.ready + len(self.starting)
@@ -104,8 +111,9 @@ class Cluster:
         recent_window: int = 2,
     ) -> None:
         """``noise``: the spread of a ``window``-second count (the recent one's is
-        ``noise * sqrt(window / recent_window)``); the measured rates are means
-        over their windows, so they lag a change as the probe's do."""
+        ``noise * sqrt(window / recent_window)``; the window cut's count has a Poisson
+        count's own spread when ``noise`` is set); the measured rates are means over
+        their windows, so they lag a change as the probe's do."""
         rng = random.Random(7)
         rates: list[float] = []
         for t in range(seconds):
@@ -116,7 +124,11 @@ class Cluster:
             wide = noise * math.sqrt(window / recent_window)
             measured = max(long * (1 + rng.gauss(0, noise)), 0.0)
             recent = max(short * (1 + rng.gauss(0, wide)), 0.0)
-            self.step(float(t), r, law, measured, recent)
+            cut = law.settings.cut_window_seconds
+            last = rates[-int(cut) :]
+            poisson = math.sqrt(sum(last)) if noise else 0.0
+            count = max(round(sum(last) + rng.gauss(0, poisson)), 0)
+            self.step(float(t), r, law, measured, recent, (count, float(len(last))))
 
     def worst_wait(self) -> float:
         """The longest time a request waited for a slot (its TTFT, less prefill)."""
@@ -284,3 +296,38 @@ def test_ttft_above_its_objective_orders_one_more(
     order one more worker, unless capacity is already on its way."""
     s = Signals(1, 4, 0.5, SERVICE, SLOTS, ready=2, starting=starting, ttft_p90_seconds=ttft)
     assert wanted(settings(), s) == expected
+
+
+@pytest.mark.parametrize("burst_filter", [True, False])
+def test_a_burst_the_queue_absorbs_orders_nothing(burst_filter: bool) -> None:
+    """Every 15 s the rate triples for 2 s (8 -> 24 req/s on 16 slots): the queue it
+    leaves is served by the live slots within the wait budget (worst wait 1 s against
+    a 4 s objective), so with the filter nothing is ordered; without it, each burst's
+    queue and recent rate read as a step and order workers the next gap stops again."""
+    law = ControlLaw(settings(slo_ttft_seconds=4.0, burst_filter=burst_filter))
+    cluster = Cluster(startup=2.0, ready=4)
+    cluster.run(law, lambda t: 24.0 if t >= 20 and t % 15 < 2 else 8.0, 120)
+    assert cluster.worst_wait() <= 4.0
+    if burst_filter:
+        assert cluster.decisions == []
+    else:
+        assert max(d.target for _, d in cluster.ups()) > 4
+
+
+@pytest.mark.parametrize("window_cut", [True, False])
+def test_a_drop_ends_the_scale_down_window(window_cut: bool) -> None:
+    """A 10x drop (20 -> 2 req/s): once the queue is empty and the recent arrivals,
+    even at their upper bound, need fewer workers for the whole hold, the window's
+    older counts are refuted, and the count falls long before the 30 s window ends;
+    without the cut it waits for the window (and the 10 s rate's lag)."""
+    law = ControlLaw(settings(down_window_seconds=30.0, window_cut=window_cut))
+    cluster = Cluster(startup=2.0, ready=needed(20.0))
+    cluster.run(law, lambda t: 20.0 if t < 40 else 2.0, 120)
+    low = needed(2.0 * 3, headroom=0.35)  # within the recent count's upper bound
+    reached = [t for t, d in cluster.downs() if d.target <= low]
+    assert cluster.ready == needed(2.0, headroom=0.35)
+    assert reversals(cluster.decisions) == 0
+    if window_cut:
+        assert reached and reached[0] <= 40 + 15, "well within the 30 s window"
+    else:
+        assert reached and reached[0] >= 40 + 30

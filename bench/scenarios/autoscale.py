@@ -499,7 +499,7 @@ def _report(s: Sizes, results: dict[str, dict[str, dict[str, Any]]]) -> Scenario
             ])  # fmt: skip
     shared = [t for t in shared if {"llmq", "static-peak"} <= results[t].keys()]
     full = len(shared) == sum(1 for t in every if not t.dynamic_only)
-    ran = [p for p in policies if all(p in results[t] for t in shared)]
+    ran = [p for p in policies if shared and all(p in results[t] for t in shared)]
     totals = {p: sum(results[t][p]["worker_seconds"] for t in shared) for p in ran}
     llmq = {t: results[t]["llmq"] for t in results if "llmq" in results[t]}
     savings = {

@@ -130,7 +130,7 @@ class Controller:
             ttft_p90_seconds=probe.p90("ttft"),
             tpot_p90_seconds=probe.p90("tpot"),
             arrival_rate_recent=probe.arrival_rate(probe.recent_window),
-            recent_window_seconds=probe.recent_window,
+            arrivals_counted=probe.counted(law.settings.cut_window_seconds),
         )
         decision = law.decide(signals, time.monotonic())
         if decision.direction != "none":

@@ -11,20 +11,26 @@ fewer workers: between the two is a dead band, so the noise of a measured rate a
 a steady load (a 10 s count at 5.6 req/s is ±13 %) neither orders a worker that the
 next window takes back nor stops one the next window orders again.
 
-**Backlog** (the fast path of a step): ``Q`` requests are queued. If the live
-workers keep up with ``λ`` and their spare slots drain ``Q`` within the TTFT
-objective, nothing is needed, unless a step shows: the recent rate exceeds the
-live slots and at least as many requests as live slots are queued (``λ`` lags a step
-by half its window; the recent rate alone is too noisy to act on, the queue
-confirms it). Otherwise new workers are needed, and they arrive
-only after the start-up time ``L``; meanwhile the queue grows by what arrives
-beyond the live capacity. The arrival rate for that projection is the recent one
-(``λ_recent``, a 2 s window, when it is above ``λ``): a rising rate shows there
-first, so the trend is projected over the start-up instead of the long mean:
+**Backlog** (the fast path of a step): ``Q`` requests are queued. New workers
+arrive only after the start-up time ``L``; meanwhile the queue grows by what
+arrives beyond the live capacity. The arrival rate for that projection is the
+recent one (``λ_recent``, a 2 s window, when it is above ``λ``): a rising rate
+shows there first, so the trend is projected over the start-up instead of the
+long mean:
 
     Q_L   = Q + max(λ_recent·S - live_slots, 0) / S · L     backlog when they arrive
+    W     = Q_L·S / live_slots                              its last request's wait
     D     = max(slo_ttft - L, S)                            time left to drain it
-    slots = λ_recent·S + min(Q_L·S / D, Q_L)
+    slots = 0 if W <= B, else λ_recent·S + min(Q_L·S / D, Q_L)
+
+**Burst filter** (``W <= B``): the queue is FIFO, so the request that arrives when
+new workers could (``L`` from now) starts after the ``Q_L`` ahead of it, which the
+live slots serve at ``live_slots/S`` per second. If that wait is within the budget
+``B = slo_ttft - S`` (one service time kept for the prefill and a period's
+lateness), the live workers absorb the queue within the objective and a worker
+ordered now would only arrive to an empty queue: a burst orders nothing. A step
+orders at once, as its projected wait is many times the budget (a 10x step on one
+worker: ``W`` ≈ 20 s against 5 s).
 
 When ``L`` is most of the objective, ``D`` is short and the order overshoots the
 load (every backlogged request gets a slot at once); the overshoot is not kept:
@@ -52,6 +58,17 @@ Dynamics:
   the last ``down_window`` seconds (HPA's stabilization window), one worker per
   period, never while a worker is starting, so a noisy or bursty load does not
   make it flap.
+- **Window cut**: the window guards against noise, not against a drop that is
+  beyond doubt. When the queue is empty (the backlog is served), the window keeps
+  no more than the load count at an upper bound of the rate over the last
+  ``cut_window`` (5 s: a quiet spell shorter than a start-up plus a period or two
+  is not acted on): its count ``n`` plus ``z = 3`` Poisson standard deviations,
+  ``(n + z²/2 + z·sqrt(n + z²/4)) / w``, if that count is at most half the workers
+  ordered (a drop, not noise: the 10 s rate that ordered them is itself noisy, and
+  a window kept at its noisy highs is what holds a steady load). After a 10x drop
+  the count falls within seconds instead of the window plus the 10 s rate's lag;
+  at a steady load the bound stays far above that (cutting 4 workers of 2 slots
+  to 2 at 5.6 req/s needs at most 3 arrivals in 5 s where 28 are expected).
 - **Bounds**: ``min_workers <= target <= max_workers``.
 - **Scale to zero** (``min_workers == 0``): the last worker goes only after the
   model was idle (nothing queued or running, no arrivals) for ``idle_to_zero``
@@ -95,9 +112,9 @@ class LawSettings:
     window_cut: bool = True
     #: Standard deviations of the recent count's upper bound (the window cut).
     cut_z: float = 3.0
-    #: The window cut needs the recent bound low for this long: a quiet spell shorter
-    #: than a worker's start-up plus the recent window is not a drop.
-    cut_hold_seconds: float = 5.0
+    #: The window of that count: a quiet spell shorter than it (a worker's start-up
+    #: plus a period or so) is not a drop.
+    cut_window_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -120,8 +137,9 @@ class Signals:
     tpot_p90_seconds: float | None = None
     #: Requests per second over the last few seconds (None: as ``arrival_rate``).
     arrival_rate_recent: float | None = None
-    #: The window of ``arrival_rate_recent``, seconds.
-    recent_window_seconds: float = 2.0
+    #: Arrivals counted over the last ``cut_window_seconds`` (or less, early on) and
+    #: the seconds they were counted over; None: not counted.
+    arrivals_counted: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,12 +211,14 @@ def backlog_slots(settings: LawSettings, s: Signals, S: float) -> float:
 
 def recent_workers(settings: LawSettings, s: Signals) -> int | None:
     """The most workers the recent arrivals can need (None: unknown): the load count at
-    an upper bound of the recent rate, ``cut_z`` standard deviations above its count
-    (Poisson), so a quiet moment of a steady or bursty load does not read as a drop."""
-    if s.arrival_rate_recent is None or s.service_seconds is None or s.service_seconds <= 0:
+    an upper bound of the rate over the cut's window, ``cut_z`` standard deviations
+    above its count (Poisson), so a quiet moment of a steady or bursty load does not
+    read as a drop (a short count gives a wide bound)."""
+    if s.arrivals_counted is None or s.service_seconds is None or s.service_seconds <= 0:
         return None
-    w = s.recent_window_seconds
-    n = s.arrival_rate_recent * w
+    n, w = s.arrivals_counted
+    if w <= 0:
+        return None
     z = settings.cut_z
     upper = (n + z * z / 2 + z * math.sqrt(n + z * z / 4)) / w
     kept = upper * s.service_seconds * (1 + settings.headroom + settings.dead_band)
@@ -250,8 +270,6 @@ class ControlLaw:
     def __init__(self, settings: LawSettings) -> None:
         self.settings = settings
         self._history: deque[tuple[float, int]] = deque()
-        #: The recent arrivals' bound (workers) over the last ``cut_hold_seconds``.
-        self._recent: deque[tuple[float, int]] = deque()
         self._since: float | None = None
         self._idle_since: float | None = None
         self._last_up = -math.inf
@@ -275,10 +293,6 @@ class ControlLaw:
             return desired, "activation"
         return desired, reason
 
-    def _cut_held(self, now: float) -> bool:
-        """Whether the recent bounds span the whole hold (none unknown in it)."""
-        return bool(self._recent) and now - self._recent[0][0] >= self.settings.cut_hold_seconds
-
     def _bounded(self, desired: int) -> int:
         return min(max(desired, self.settings.min_workers), self.settings.max_workers)
 
@@ -299,14 +313,6 @@ class ControlLaw:
             desired, reason = bounded, "bounds"
         while self._history and now - self._history[0][0] > cfg.down_window_seconds:
             self._history.popleft()
-        recent = recent_workers(cfg, s)
-        if recent is None:
-            self._recent.clear()
-        else:
-            self._recent.append((now, recent))
-        # keep the newest entry at least the hold old, so the kept ones span it
-        while len(self._recent) > 1 and now - self._recent[1][0] >= cfg.cut_hold_seconds:
-            self._recent.popleft()
 
         if desired > ordered:
             self._last_up = now
@@ -316,11 +322,12 @@ class ControlLaw:
         if desired < ordered:
             window_full = now - self._since >= cfg.down_window_seconds
             stable = max(d for _, d in self._history)
-            if cfg.window_cut and s.queued == 0 and self._cut_held(now):
+            recent = recent_workers(cfg, s)
+            if cfg.window_cut and s.queued == 0 and recent is not None and 2 * recent <= ordered:
                 # the backlog is served and the recent arrivals, even at their upper
-                # bound, needed fewer all along the hold: the window's older, higher
-                # counts are refuted
-                stable = min(stable, max(max(d for _, d in self._recent), cfg.min_workers))
+                # bound, need half the workers or fewer: a drop, not noise; the
+                # window's older, higher counts are refuted
+                stable = min(stable, max(recent, cfg.min_workers))
             if window_full and stable < ordered and s.starting == 0:
                 return Decision(ordered - 1, desired, "down", reason)
         return Decision(ordered, desired, "none", reason)

@@ -190,12 +190,17 @@ class ClusterProbe:
             count += 1
         return count
 
+    def counted(self, window: float) -> tuple[int, float]:
+        """Arrivals over the last ``window`` seconds and the seconds actually counted
+        (less than ``window`` until the probe has read that long)."""
+        span_ms = min(window * 1000, self._now_ms - (self._first_ms or self._now_ms))
+        return self.arrived(window), span_ms / 1000
+
     def arrival_rate(self, window: float | None = None) -> float:
         """Requests per second that entered over ``window`` (default: the rate window;
         the law also reads the recent window, where a rise shows first)."""
-        window = window or self.rate_window
-        span_ms = min(window * 1000, self._now_ms - (self._first_ms or self._now_ms))
-        return self.arrived(window) * 1000 / span_ms if span_ms > 0 else 0.0
+        count, span = self.counted(window or self.rate_window)
+        return count / span if span > 0 else 0.0
 
     def service_seconds(self) -> float | None:
         new, old = self._history[-1], self._since(self.latency_window)
