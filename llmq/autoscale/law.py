@@ -20,8 +20,8 @@ long mean:
 
     Q_L   = Q + max(λ_recent·S - live_slots, 0) / S · L     backlog when they arrive
     W     = Q_L·S / live_slots                              its last request's wait
-    D     = max(slo_ttft - L, S)                            time left to drain it
-    slots = 0 if W <= B, else λ_recent·S + min(Q_L·S / D, Q_L)
+    B     = slo_ttft - S                                    the wait budget
+    slots = 0 if W <= B, else max(λ_recent·S, Q_L·S / B)
 
 **Burst filter** (``W <= B``): the queue is FIFO, so the request that arrives when
 new workers could (``L`` from now) starts after the ``Q_L`` ahead of it, which the
@@ -32,10 +32,17 @@ ordered now would only arrive to an empty queue: a burst orders nothing. A step
 orders at once, as its projected wait is many times the budget (a 10x step on one
 worker: ``W`` ≈ 20 s against 5 s).
 
-When ``L`` is most of the objective, ``D`` is short and the order overshoots the
-load (every backlogged request gets a slot at once); the overshoot is not kept:
-the scale-down window remembers only the load term, so once the backlog is served
-the target falls back to the load in one worker per period. The slots running now
+**FIFO sizing** (``Q_L·S / B``): the same argument sizes the order. With ``C`` slots
+once the workers arrive, the request at position ``k`` starts ``k·S / C`` later;
+the oldest were queued longest but start first, so the last of ``Q_L``, queued
+just then, is the one to bound: ``Q_L·S / C <= B``. Requests arriving afterwards
+queue behind a backlog that shrinks while ``C > λ·S``, so they wait less. Serving
+the whole backlog at once on top of the rate (``λ·S + Q_L·S / (slo - L)``) orders
+about twice the load's count on a step, and those extra workers cost their
+start-up and drain for a queue that order alone already serves in time. Where
+``Q_L·S / B`` is above the load, the overshoot is not kept: the scale-down window
+remembers only the load term, so once the backlog is served the target falls back
+to the load in one worker per period. The slots running now
 are a floor (a busy worker is not stopped), not a term.
 
 Before any service time has been measured (a cold cluster, or scale from zero),
@@ -110,6 +117,9 @@ class LawSettings:
     #: Once the queue is empty, the scale-down window keeps no more than the recent
     #: arrivals can need (False: the window always keeps its highest load count).
     window_cut: bool = True
+    #: Size a backlog's order so its last request starts within the wait budget, the
+    #: queue served in order (False: serve it within ``slo - L`` on top of the rate).
+    fifo_drain: bool = True
     #: Standard deviations of the recent count's upper bound (the window cut).
     cut_z: float = 3.0
     #: The window of that count: a quiet spell shorter than it (a worker's start-up
@@ -205,6 +215,8 @@ def backlog_slots(settings: LawSettings, s: Signals, S: float) -> float:
     if not settings.project_backlog:
         drain = max(settings.slo_ttft_seconds, L + S)
         return s.arrival_rate * S + min(s.queued * S / drain, float(s.queued))
+    if settings.fifo_drain:
+        return max(rate * S, at_arrival * S / wait_budget(settings, S))
     drain = max(settings.slo_ttft_seconds - L, S)
     return rate * S + min(at_arrival * S / drain, at_arrival)
 
