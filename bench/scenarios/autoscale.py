@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import re
 import sys
 import time
 from collections import deque
@@ -424,6 +425,12 @@ def run(ctx: Context) -> ScenarioResult:
     return asyncio.run(_run(ctx))
 
 
+def _fixed(names: tuple[str, ...]) -> list[tuple[str, Callable[[LawSettings], Policy] | int]]:
+    """``static-N`` policies named on the command line: a fixed count of ``N`` workers
+    (to measure what a count holds, e.g. the steady trace on 3)."""
+    return [(n, int(n.removeprefix("static-"))) for n in names if re.fullmatch(r"static-\d+", n)]
+
+
 def _check_subset(ctx: Context) -> None:
     """A misspelt trace or policy fails at once, not after the other runs."""
     every = traces(Sizes())
@@ -432,7 +439,8 @@ def _check_subset(ctx: Context) -> None:
         "policies": [p for p, _ in _policies(Sizes(), every[0])],
     }
     for kind, chosen in (("traces", ctx.traces), ("policies", ctx.policies)):
-        unknown = [n for n in chosen if n not in known[kind]]
+        fixed = [n for n, _ in _fixed(chosen)] if kind == "policies" else []
+        unknown = [n for n in chosen if n not in known[kind] and n not in fixed]
         if unknown:
             raise ValueError(f"unknown {kind} {unknown}; choose from {known[kind]}")
 
@@ -459,7 +467,7 @@ async def _run(ctx: Context) -> ScenarioResult:
                 continue
             results[trace.name] = {}
             static_runs: dict[int, str] = {}
-            for policy, rule in _policies(s, trace):
+            for policy, rule in [*_policies(s, trace), *_fixed(ctx.policies)]:
                 if ctx.policies and policy not in ctx.policies:
                     continue
                 if isinstance(rule, int) and rule in static_runs:  # the same fixed count
@@ -487,10 +495,7 @@ def _report(s: Sizes, results: dict[str, dict[str, dict[str, Any]]]) -> Scenario
     shared = [t.name for t in every if not t.dynamic_only and t.name in results]
     rows = []
     for trace, by_policy in results.items():
-        for policy in policies:
-            if policy not in by_policy:
-                continue
-            r = by_policy[policy]
+        for policy, r in by_policy.items():
             rows.append([
                 trace, policy, pct(r["ttft_attainment"], 1), pct(r["tpot_attainment"], 1),
                 fmt(r["worker_seconds"], 0), str(r["max_workers"]),
