@@ -75,9 +75,14 @@ def request_group(request_id: str) -> int:
     return zlib.crc32(request_id.encode()) % REQUEST_GROUPS
 
 
+def group_tag(group: int) -> str:
+    """The hash tag of a request group's slot."""
+    return f"{{r:{group}}}"
+
+
 def request_tag(request_id: str) -> str:
     """The hash tag of a request's slot (that of its group)."""
-    return f"{{r:{request_group(request_id)}}}"
+    return group_tag(request_group(request_id))
 
 
 # --- the model slot ---------------------------------------------------------------
@@ -197,8 +202,8 @@ def retry(request_id: str, model: str) -> str:
 # --- the request slot -------------------------------------------------------------
 
 
-def _in_request(name: str, request_id: str) -> str:
-    return f"{PREFIX}:{name}:{request_tag(request_id)}:{request_id}"
+def _in_request(name: str, request_id: str, tag: str | None = None) -> str:
+    return f"{PREFIX}:{name}:{tag or request_tag(request_id)}:{request_id}"
 
 
 def fence(request_id: str) -> str:
@@ -222,8 +227,21 @@ def stream(request_id: str) -> str:
 REQUESTS_GLOB = f"{PREFIX}:req:*"
 
 
+def run_keys(request_id: str) -> tuple[str, str, str, str]:
+    """What a run writes, in ``publish.lua``'s order: the request's stream, record and
+    fence, and its group's lifecycle stream (the group reckoned once, not per key)."""
+    group = request_group(request_id)
+    tag = group_tag(group)
+    return (
+        _in_request("stream", request_id, tag),
+        _in_request("req", request_id, tag),
+        _in_request("fence", request_id, tag),
+        lifecycle_group(group),
+    )
+
+
 def lifecycle_group(group: int) -> str:
-    return f"{PREFIX}:lifecycle:{{r:{group}}}"
+    return f"{PREFIX}:lifecycle:{group_tag(group)}"
 
 
 def lifecycle(request_id: str) -> str:
