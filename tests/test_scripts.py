@@ -158,7 +158,8 @@ async def publish_batch(redis: Redis, writes: dict[str, Writes], by_slot: bool =
     for command, request_ids in streams.publish_calls(
         sha, writes, ttl=60, maxlen=1000, lifecycle_maxlen=1000, by_slot=by_slot
     ):
-        out.update(zip(request_ids, await redis.execute_command(*command), strict=True))
+        replies = await redis.execute_command(*command)  # type: ignore[no-untyped-call]
+        out.update(zip(request_ids, replies, strict=True))
     return out
 
 

@@ -39,7 +39,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq.protocol.streams import publish_calls, publish_script
-from llmq.schema import Event, Lifecycle, TokenLogprob, TokensEvent
+from llmq.schema import Event, Lifecycle, TokenLogprob, tokens_event
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,7 @@ class _Pending:
     def close_tokens(self) -> None:
         if self.tokens:
             logprobs = self.logprobs if len(self.logprobs) == len(self.tokens) else None
-            self.events.append(
-                TokensEvent(index=self.tokens_start, tokens=self.tokens, logprobs=logprobs)
-            )
+            self.events.append(tokens_event(self.tokens_start, self.tokens, logprobs))
             self.tokens, self.logprobs = [], []
 
     def then(self, later: _Pending) -> None:

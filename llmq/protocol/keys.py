@@ -28,6 +28,7 @@ contain braces: the tag is added by these functions, never by the client.
 from __future__ import annotations
 
 import zlib
+from functools import lru_cache
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
@@ -227,9 +228,12 @@ def stream(request_id: str) -> str:
 REQUESTS_GLOB = f"{PREFIX}:req:*"
 
 
+@lru_cache(maxsize=4096)
 def run_keys(request_id: str) -> tuple[str, str, str, str]:
     """What a run writes, in ``publish.lua``'s order: the request's stream, record and
-    fence, and its group's lifecycle stream (the group reckoned once, not per key)."""
+    fence, and its group's lifecycle stream. A worker's publisher names them on every
+    flush of every running request: they are built once (a few thousand requests'
+    worth are kept, more than a worker runs at once)."""
     group = request_group(request_id)
     tag = group_tag(group)
     return (
