@@ -122,11 +122,11 @@ async def test_every_script_call_keeps_to_one_slot(
 
     calls = monitor.scripts()
     seen = {name for name, _, _ in calls}
-    expected = {"record", "enqueue", "claim", "renew", "publish_batch", "release", "cancel"}
+    expected = {"record", "enqueue", "claim", "renew", "publish", "release", "cancel"}
     expected |= {"sweep", "reap", "fence", "requeue", "api_beat", "worker_beat"}
     assert expected <= seen, f"never ran: {expected - seen}"
     for name, script_keys, argv in calls:
-        if name == "publish_batch":
+        if name == "publish":
             # On a single Redis one call carries a flush; per request (four keys) one
             # slot, and on a cluster one call per group (tests/test_cluster.py runs it).
             groups = [script_keys[i : i + 4] for i in range(0, len(script_keys), 4)]

@@ -3,13 +3,12 @@
 A worker process runs many requests; writing each token with its own ``XADD``
 round trip would cap throughput at a few thousand tokens per second. Instead,
 events are queued per stream and one flusher task writes everything pending in one
-round trip: one script call (``publish_batch.lua``) that runs ``publish.lua`` per
-request, carrying its events, record fields and lifecycle notes (Redis's cost per
-script call, and the worker's per command, are paid once per flush, not once per
-stream). While a flush is in flight, new tokens pile up and the next flush
-coalesces consecutive tokens of a stream into one ``tokens`` event (up to
-``max_event_tokens``). An idle publisher flushes at once, so batching
-adds no latency at light load.
+round trip: one call of ``publish.lua`` that writes every request's events, record
+fields and lifecycle notes (Redis's cost per script call, and the worker's per
+command, are paid once per flush, not once per stream). While a flush is in
+flight, new tokens pile up and the next flush coalesces consecutive tokens of a
+stream into one ``tokens`` event (up to ``max_event_tokens``). An idle publisher
+flushes at once, so batching adds no latency at light load.
 
 Every write carries the attempt that makes it (:meth:`StreamPublisher.own`); the
 script refuses it if a later attempt owns the request, and the publisher then tells

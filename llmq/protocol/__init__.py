@@ -37,7 +37,7 @@ every value a script and Python exchange is encoded and decoded in
    the beat that keeps a parked worker eligible for hand-offs. Leases are judged in
    lease time (``lua/clock.lua``): Redis's clock, advanced by at most 300 ms a call,
    so a stall or outage of Redis costs nobody a lease.
-4. **Run** (``publish.lua``, run per request by ``publish_batch.lua``, whose calls
+4. **Run** (``publish.lua``, the writes of many requests per call, which
    :func:`streams.publish_calls` builds; the batching publisher is
    ``worker/publisher.py``): every write of a run (tokens, record fields, lifecycle
    notes) carries its attempt and is refused once the request's fence

@@ -49,20 +49,15 @@ NAMES = (
     "api_beat",
     "worker_beat",
     "publish",
-    "publish_batch",
     "enqueue_batch",
     "record",
     "unrecord",
     "fence",
 )
 
-#: Scripts that call another script's text as a local function of their own: each
-#: batch runs its script once per request, as ``enqueue_one(KEYS, ARGV)`` or
-#: ``publish_one(KEYS, ARGV)``.
-EMBEDS = {
-    "enqueue_batch": ("enqueue_one", "enqueue"),
-    "publish_batch": ("publish_one", "publish"),
-}
+#: Scripts that call another script's text as a local function of their own: the
+#: batch runs ``enqueue.lua`` once per request, as ``enqueue_one(KEYS, ARGV)``.
+EMBEDS = {"enqueue_batch": ("enqueue_one", "enqueue")}
 
 
 @cache
@@ -97,7 +92,6 @@ class Scripts:
     api_beat: AsyncScript
     worker_beat: AsyncScript
     publish: AsyncScript
-    publish_batch: AsyncScript
     enqueue_batch: AsyncScript
     record: AsyncScript
     unrecord: AsyncScript

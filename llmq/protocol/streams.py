@@ -130,11 +130,10 @@ def unstarted_end(
 
 
 def publish_script(redis: Redis) -> AsyncScript:
-    """The fenced writes of many runs (``llmq/protocol/lua/publish_batch.lua``, which
-    runs ``publish.lua`` per request), registered with ``redis``: its ``sha`` goes in
-    :func:`publish_calls`, its text is loaded again after a Redis restart emptied the
-    script cache."""
-    return scripts_for(redis).publish_batch
+    """The fenced writes of runs, many per call (``llmq/protocol/lua/publish.lua``),
+    registered with ``redis``: its ``sha`` goes in :func:`publish_calls`, its text is
+    loaded again after a Redis restart emptied the script cache."""
+    return scripts_for(redis).publish
 
 
 class RunWrites(Protocol):
@@ -154,12 +153,12 @@ class RunWrites(Protocol):
     def notes(self) -> Sequence[Lifecycle]: ...
 
 
-#: The most requests one ``publish_batch.lua`` call writes. A flush of more goes as
+#: The most requests one ``publish.lua`` call writes. A flush of more goes as
 #: several calls in the same round trip, so that no one script holds Redis for long
 #: (a flush after an outage carries every running request's backlog).
 MAX_WRITES_PER_CALL = 64
 
-#: One ``EVALSHA`` of ``publish_batch.lua`` and the requests it writes, in the order
+#: One ``EVALSHA`` of ``publish.lua`` and the requests it writes, in the order
 #: of its reply.
 PublishCall = tuple[tuple[Any, ...], list[str]]
 
@@ -174,7 +173,7 @@ def publish_calls(
     by_slot: bool,
 ) -> list[PublishCall]:
     """The writes of many runs (request id -> its writes) as ``EVALSHA`` commands of
-    ``publish_batch.lua``, each with the requests it carries. On a single Redis one
+    ``publish.lua``, each with the requests it carries. On a single Redis one
     call carries up to :data:`MAX_WRITES_PER_CALL` requests, whatever their slots;
     with ``by_slot`` (a Redis Cluster, where a call's keys must share a slot) a call
     carries the requests of one request group. Each request's keys (stream, record,
