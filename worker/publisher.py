@@ -271,7 +271,8 @@ class StreamPublisher:
                     w.set_result(None)
 
     async def _write(self, batch: dict[str, _Pending]) -> list[bool]:
-        """One round trip, ``publish.lua`` once per request; True where it landed."""
+        """One round trip of ``publish.lua`` calls (one per flush on a single Redis);
+        per request in ``batch``, True where its writes landed."""
         for p in batch.values():
             p.close_tokens()
         try:
