@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -36,6 +35,7 @@ from fastapi import FastAPI
 from api.app import create_app
 from api.follow import end_open_streams
 from api.state import AppState
+from llmq.collector import tune_garbage_collector
 from llmq.logs import setup_logging
 from llmq.settings import ApiSettings
 
@@ -67,32 +67,6 @@ class Server(uvicorn.Server):
             ender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ender
-
-
-#: Net new objects between two young collections (CPython's default is 700).
-YOUNG_COLLECTION_THRESHOLD = 50_000
-
-
-def tune_garbage_collector() -> None:
-    """Keep the cyclic garbage collector from costing the API a fifth of its CPU.
-
-    Streaming makes almost no cyclic garbage (under 20,000 objects in 15 s at 200
-    streams), only short-lived objects that reference counting frees, yet with
-    CPython's default thresholds the collector ran some 70 times a second walking
-    them: about 22% of the API's CPU at 200 streams, with pauses of up to 10 ms
-    (middle generation) and 45 ms (full collections, every two seconds) that stall
-    every stream at once, right in the ITL p99. So:
-
-    * what the process built to start (the app, its routes and schemas, every
-      imported module: some 80,000 objects that live as long as the process) is
-      frozen (``gc.freeze``), so that no collection walks it again;
-    * a young collection waits for 50,000 net new objects instead of 700: at a
-      steady load that is almost never (none in 20 s at 200 streams), and the
-      garbage it leaves for later is bounded by the same number.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD)
 
 
 def _server(settings: ApiSettings) -> Server:

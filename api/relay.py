@@ -32,7 +32,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from llmq.connection import Outage
-from llmq.schema import Event, TokensEvent, decode_event
+from llmq.schema import Event, TokensEvent, decode_event, tokens_event
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,6 @@ def parse_id(stream_id: str) -> StreamId:
 #: How a token event written by a worker begins; the index follows.
 _TOKENS_HEAD = '{"type":"tokens","index":'
 _TOKENS_LIST = ',"tokens":['
-#: The fields a token event built from ``index`` and ``tokens`` counts as set
-#: (what ``model_construct`` records for them).
-_TOKENS_SET = frozenset({"index", "tokens"})
-_object_setattr = object.__setattr__
 
 
 def decode_data(raw: str) -> Event | None:
@@ -99,13 +95,7 @@ def _token_event(raw: str) -> TokensEvent | None:
         return None
     if raw[pos:] != "]}":
         return None
-    event = TokensEvent.__new__(TokensEvent)
-    values = {"type": "tokens", "index": int(digits), "tokens": tokens, "logprobs": None}
-    _object_setattr(event, "__dict__", values)
-    _object_setattr(event, "__pydantic_fields_set__", set(_TOKENS_SET))
-    _object_setattr(event, "__pydantic_extra__", None)
-    _object_setattr(event, "__pydantic_private__", None)
-    return event
+    return tokens_event(int(digits), tokens)
 
 
 def _data_field(fields: list[str]) -> str | None:

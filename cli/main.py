@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from llmq.collector import tune_garbage_collector
 from llmq.logs import setup_logging
 from llmq.settings import (
     ApiSettings,
@@ -100,6 +101,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 
     settings = build_settings(WorkerSettings, args)
     setup_logging(settings, "worker")
+    tune_garbage_collector()
     _run_async(serve(settings))
     return 0
 

@@ -30,6 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 from weakref import WeakSet
 
@@ -263,6 +268,63 @@ def plain_url(url: str) -> str:
     return CLUSTER_SCHEMES.get(scheme, scheme) + sep + rest
 
 
+@contextmanager
+def torn_connections() -> Iterator[None]:
+    """Raise a cluster connection that a topology refresh closed under a command as
+    the outage it is, a :class:`redis.exceptions.ConnectionError`.
+
+    During a failover redis-py's asyncio cluster client can go on using a connection
+    that its own node-table refresh has just closed; the command then dies inside
+    redis-py or asyncio with ``AttributeError``/``TypeError`` on the closed socket
+    (redis/redis-py#3546, #3835). Nothing was written on that socket, so it is retried
+    like any lost connection. Only errors raised inside redis-py or asyncio are
+    converted: one raised in llmq's code is a bug and stays one.
+    """
+    try:
+        yield
+    except (AttributeError, TypeError) as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1].filename
+        if "/redis/" not in where and "/asyncio/" not in where:
+            raise
+        raise RedisConnectionError(f"cluster connection closed under a command: {exc}") from exc
+
+
+#: How long a replaced cluster node is kept before its sockets are closed: longer
+#: than any command that held one of its connections when it was replaced can take.
+RETIRED_NODE_SECONDS = 60.0
+
+
+class RetiredNodes:
+    """The cluster nodes a topology refresh replaced, closed once nothing can use them.
+
+    redis-py disconnects a node that a refresh replaces (and every refresh replaces
+    every node), but a command already holding one of its connections reconnects it
+    and hands it back to the dropped node, which nothing closes again: its socket
+    would outlive the client. So each replaced node is kept for
+    :data:`RETIRED_NODE_SECONDS`, then disconnected; the client disconnects the rest
+    when it closes.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: deque[tuple[float, ClusterNode]] = deque()
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def add(self, node: ClusterNode) -> None:
+        now = time.monotonic()
+        self._nodes.append((now, node))
+        while now - self._nodes[0][0] > RETIRED_NODE_SECONDS:
+            task = asyncio.get_running_loop().create_task(self._nodes.popleft()[1].disconnect())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        nodes = [node for _, node in self._nodes]
+        self._nodes.clear()
+        await asyncio.gather(
+            *self._closing, *(node.disconnect() for node in nodes), return_exceptions=True
+        )
+
+
 class ScriptPipeline(ClusterPipeline):
     """redis-py's cluster pipeline, with EVALSHA allowed back in.
 
@@ -276,6 +338,10 @@ class ScriptPipeline(ClusterPipeline):
         self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
         return self
 
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        with torn_connections():
+            return await super().execute(raise_on_error, allow_redirections)
+
 
 class ClusterClient(RedisCluster):
     """redis-py's asyncio cluster client, taking ``transaction=True`` pipelines as
@@ -285,7 +351,10 @@ class ClusterClient(RedisCluster):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.nodes_manager.startup_nodes = _StartupNodes(self.nodes_manager.startup_nodes)
+        manager = self.nodes_manager
+        self._retired = RetiredNodes()
+        manager.startup_nodes = _StartupNodes(self._retired, manager.startup_nodes)
+        manager.nodes_cache = _RetiringNodes(self._retired, manager.nodes_cache)
 
     async def initialize(self) -> ClusterClient:
         """Discover the cluster, then keep every node found as a node to start from:
@@ -296,6 +365,10 @@ class ClusterClient(RedisCluster):
             self.nodes_manager.startup_nodes.setdefault(node.name, node)
         return self
 
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        with torn_connections():
+            return await super().execute_command(*args, **kwargs)
+
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None
     ) -> ClusterPipeline:
@@ -303,11 +376,33 @@ class ClusterClient(RedisCluster):
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         """Close every node's connections (``close_connection_pool`` is the plain
-        client's argument, accepted so that callers need not tell them apart)."""
+        client's argument, accepted so that callers need not tell them apart),
+        those of the nodes a topology refresh replaced included."""
         await super().aclose()
+        await self._retired.close()
 
 
-class _StartupNodes(dict[str, ClusterNode]):
+class _RetiringNodes(dict[str, ClusterNode]):
+    """A node table that hands the nodes it drops or replaces to :class:`RetiredNodes`."""
+
+    def __init__(self, retired: RetiredNodes, nodes: dict[str, ClusterNode]) -> None:
+        super().__init__(nodes)
+        self.retired = retired
+
+    def __setitem__(self, key: str, node: ClusterNode) -> None:
+        old = self.get(key)
+        if old is not None and old is not node:
+            self.retired.add(old)
+        super().__setitem__(key, node)
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        node = super().pop(key, default)
+        if node is not None:
+            self.retired.add(node)
+        return node
+
+
+class _StartupNodes(_RetiringNodes):
     """The nodes a cluster client rediscovers the cluster from, which a timeout does
     not shrink. redis-py drops a node from them on any connection error or timeout
     of a command it served; on a busy host (or a one-shard cluster) a single slow

@@ -12,7 +12,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from api.main import YOUNG_COLLECTION_THRESHOLD, _server
+from api.main import _server
+from llmq.collector import YOUNG_COLLECTION_THRESHOLD
 from llmq.embedded import free_port
 from llmq.protocol import keys
 from llmq.settings import ApiSettings

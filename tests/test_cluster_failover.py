@@ -10,13 +10,17 @@ stream finishes whole: every token once, in order. The next request runs too.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from llmq.connection import connect_cluster, owner, torn_connections
 from llmq.embedded_cluster import EmbeddedCluster
 from llmq.protocol import keys
+from llmq.settings import CommonSettings
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.runs import undisturbed
 from tests.support.servers import StartApi, StartWorker
@@ -71,3 +75,34 @@ async def test_a_primary_failover_under_a_stream(
     assert killed
     assert text == "".join(await undisturbed(max_tokens, seed)), "tokens lost or repeated"
     assert done["completion_tokens"] == 5
+
+
+async def test_a_connection_closed_under_a_command_is_an_outage_not_a_bug() -> None:
+    """redis-py's cluster client can send on a connection its own topology refresh
+    just closed; the command then dies inside redis-py with ``AttributeError``
+    (redis/redis-py#3546, #3835). That must reach llmq's retry loops as a lost
+    connection, while the same error raised by llmq's own code stays a bug."""
+    closed = Connection()  # redis-py's own connection, its socket not open
+    with pytest.raises(RedisConnectionError, match="closed under a command"):
+        with torn_connections():
+            await closed._send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
+    with pytest.raises(AttributeError):
+        with torn_connections():
+            cast(Any, None).writelines([])
+
+
+async def test_a_client_closes_the_nodes_a_refresh_replaced(
+    redis_cluster: EmbeddedCluster,
+) -> None:
+    """A refresh of the node table replaces every node; a command that still held a
+    connection of a replaced node reopens it. Closing the client closes it too."""
+    client = connect_cluster(CommonSettings(redis_url=redis_cluster.url))
+    await client.initialize()
+    await client.ping()
+    replaced = owner(client, keys.queue("mock"))
+    held = replaced.acquire_connection()  # a command's connection, as a refresh runs
+    await client.nodes_manager.initialize()
+    assert owner(client, keys.queue("mock")) is not replaced
+    await held.connect()  # type: ignore[no-untyped-call]  # the command goes on there
+    await client.aclose()
+    assert not held.is_connected

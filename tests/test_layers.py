@@ -16,7 +16,7 @@ PIECES = ("llmq.protocol.codec", "llmq.protocol.scripts")
 
 #: The only module outside the protocol package that does: the worker registry
 #: (``worker_beat.lua``), not a step of the claim path. The publisher sends the
-#: calls that :func:`llmq.protocol.streams.publish_call` builds.
+#: calls that :func:`llmq.protocol.streams.publish_calls` builds.
 ASSEMBLERS = {"llmq/registry.py"}
 
 

@@ -142,7 +142,8 @@ async def test_a_flush_whose_replies_are_lost_is_retried_without_writing_anythin
         await client.aclose()
         await admin.aclose()
     assert any("stream writes failed" in r.message for r in caplog.records)
-    assert calls >= 4, "the lost flush ran, and so did its retry"
+    # one script call per flush, for both streams
+    assert calls >= 2, "the lost flush ran, and so did its retry"
     for rid, stream in events.items():
         tokens = [(e.index, e.tokens) for e in stream if isinstance(e, TokensEvent)]
         assert tokens == [(0, [f"{rid}{i}" for i in range(6)])]

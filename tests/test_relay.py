@@ -212,6 +212,7 @@ def test_fast_token_decoding_reads_every_token_the_workers_write() -> None:
     for tokens in [[t] for t in TRICKY_TOKENS] + [TRICKY_TOKENS]:
         event = TokensEvent(index=12345678901, tokens=tokens)
         raw = encode_event(event)["data"]
+        assert raw == event.model_dump_json()  # written by hand, as pydantic writes it
         fast = _token_event(raw)  # the fast way must take every one of them
         assert fast is not None, raw
         assert decode_data(raw) == fast == event, raw

@@ -16,11 +16,13 @@ from llmq.schema import (
     SamplingParams,
     StartedEvent,
     Timings,
+    TokenLogprob,
     TokensEvent,
     Usage,
     decode_event,
     encode_event,
     is_terminal,
+    tokens_event,
 )
 
 EVENTS = [
@@ -41,6 +43,25 @@ def test_event_round_trip(event: object) -> None:
     assert fields["type"] == json.loads(fields["data"])["type"]
     assert decode_event(fields) == event
     assert decode_event({k.encode(): v.encode() for k, v in fields.items()}) == event
+
+
+def test_a_token_event_built_without_validation_is_the_validated_one() -> None:
+    """The workers build their token events with :func:`tokens_event` (no validation):
+    the same event, fields set and encoding as pydantic's, with and without
+    log-probabilities."""
+    logprobs = [TokenLogprob(logprob=-0.5, top=[(" a", -0.5)]), TokenLogprob(logprob=-1.0)]
+    for built, validated in (
+        (tokens_event(3, [" a", " b"]), TokensEvent(index=3, tokens=[" a", " b"])),
+        (
+            tokens_event(3, [" a", " b"], logprobs),
+            TokensEvent(index=3, tokens=[" a", " b"], logprobs=logprobs),
+        ),
+    ):
+        assert built == validated
+        assert built.model_fields_set == validated.model_fields_set
+        assert encode_event(built) == encode_event(validated)
+        assert encode_event(built)["data"] == validated.model_dump_json()
+        assert decode_event(encode_event(built)) == validated
 
 
 def test_terminal_events() -> None:

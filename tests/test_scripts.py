@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
 
-from llmq.protocol import codec, keys
+from llmq.protocol import codec, keys, streams
 from llmq.protocol.queue import Enqueue, Queue
 from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
     DoneEvent,
+    Event,
     Lifecycle,
     StartedEvent,
     Timings,
@@ -119,21 +123,73 @@ async def test_release_and_requeue_need_the_attempt_that_holds_the_lease(
     assert await redis.zcard(keys.running("mock")) == 0
 
 
-async def publish(redis: Redis, rid: str, attempt: int, *events: Any, **record: str) -> int:
-    args = codec.publish_args(
-        attempt,
-        ttl=60,
-        maxlen=1000,
-        lifecycle_maxlen=1000,
-        events=list(events),
-        record=record,
-        notes=[],
+@dataclass
+class Writes:
+    """One request's writes in a batch (:class:`llmq.protocol.streams.RunWrites`)."""
+
+    attempt: int
+    events: list[Event]
+    record: dict[str, str] = field(default_factory=dict)
+    notes: list[Lifecycle] = field(default_factory=list)
+
+
+async def publish_many(redis: Redis, writes: dict[str, Writes], by_slot: bool = False) -> Any:
+    """The writes of several requests as :func:`streams.publish_calls` builds them, each
+    call sent by itself; the replies per request."""
+    sha = await redis.script_load(scripts_for(redis).publish.script)
+    out: dict[str, Any] = {}
+    for command, request_ids in streams.publish_calls(
+        sha, writes, ttl=60, maxlen=1000, lifecycle_maxlen=1000, by_slot=by_slot
+    ):
+        replies = await redis.execute_command(*command)  # type: ignore[no-untyped-call]
+        out.update(zip(request_ids, replies, strict=True))
+    return out
+
+
+async def test_a_batch_writes_each_request_as_its_own_call(redis: Redis) -> None:
+    """``publish.lua`` writes each request of a call as if it were alone: a fenced
+    request is refused and a failing one errs, and neither stops the others."""
+    await cast("Awaitable[int]", redis.hset(keys.fence("fenced"), "attempt", "2"))
+    await redis.set(keys.stream("broken"), "not a stream")
+    note = Lifecycle(event="started", request_id="ok", model="mock", ts=0.0)
+    writes = {
+        "fenced": Writes(1, [TokensEvent(index=0, tokens=["x"])], {"status": "done"}),
+        "broken": Writes(1, [TokensEvent(index=0, tokens=["y"])]),
+        "ok": Writes(1, [TokensEvent(index=0, tokens=["a", "b"])], {"status": "running"}, [note]),
+        "later": Writes(3, [StartedEvent(worker="w", attempt=3, queue_ms=0)]),
+    }
+    replies = await publish_many(redis, writes)
+    assert [replies[r] for r in ("fenced", "ok", "later")] == [0, 1, 1]
+    assert isinstance(replies["broken"], ResponseError)
+    assert await redis.exists(keys.stream("fenced"), keys.request("fenced")) == 0
+    assert [(e.index, e.tokens) for e in await stream(redis, "ok")] == [(0, ["a", "b"])]
+    assert await redis.hget(keys.request("ok"), "status") == "running"  # type: ignore[misc]
+    assert [f["request_id"] for _, f in await redis.xrange(keys.lifecycle("ok"))] == ["ok"]
+    assert await redis.hget(keys.fence("later"), "attempt") == "3"  # type: ignore[misc]
+    # the same writes again (a flush retried after a lost reply): nothing lands twice
+    del writes["broken"]
+    assert await publish_many(redis, writes) == {"fenced": 0, "ok": 1, "later": 1}
+    assert len(await stream(redis, "ok")) == 1
+
+
+def test_a_flush_goes_as_one_call_on_a_single_redis_and_one_per_group_on_a_cluster() -> None:
+    writes = {f"r{i}": Writes(1, [TokensEvent(index=0, tokens=["t"])]) for i in range(200)}
+    one = streams.publish_calls("sha", writes, ttl=1, maxlen=1, lifecycle_maxlen=1, by_slot=False)
+    assert [len(ids) for _, ids in one] == [64, 64, 64, 8]  # MAX_WRITES_PER_CALL
+    grouped = streams.publish_calls(
+        "sha", writes, ttl=1, maxlen=1, lifecycle_maxlen=1, by_slot=True
     )
-    written = await scripts_for(redis).publish(
-        keys=[keys.stream(rid), keys.request(rid), keys.fence(rid), keys.lifecycle(rid)],
-        args=args,
-    )
-    return int(written)
+    for command, ids in grouped:
+        assert len({keys.request_group(r) for r in ids}) == 1
+        n = command[2]
+        assert len({key_slot(k.encode()) for k in command[3 : 3 + n]}) == 1
+    assert sorted(r for _, ids in grouped for r in ids) == sorted(writes)
+
+
+async def publish(redis: Redis, rid: str, attempt: int, *events: Event, **record: str) -> int:
+    """One request's writes, alone in their call."""
+    replies = await publish_many(redis, {rid: Writes(attempt, list(events), record)})
+    return int(replies[rid])
 
 
 def done(completion_tokens: int) -> DoneEvent:

@@ -1,13 +1,14 @@
-"""Batched, fenced writes of stream events: one pipeline per flush for every stream.
+"""Batched, fenced writes of stream events: one round trip per flush for every stream.
 
 A worker process runs many requests; writing each token with its own ``XADD``
 round trip would cap throughput at a few thousand tokens per second. Instead,
-events are queued per stream and one flusher task writes everything pending in a
-single pipeline: one call of ``publish.lua`` per request, carrying its events,
-record fields and lifecycle notes. While a flush is in flight, new tokens pile up
-and the next flush coalesces consecutive tokens of a stream into one ``tokens``
-event (up to ``max_event_tokens``). An idle publisher flushes at once, so batching
-adds no latency at light load.
+events are queued per stream and one flusher task writes everything pending in one
+round trip: one call of ``publish.lua`` that writes every request's events, record
+fields and lifecycle notes (Redis's cost per script call, and the worker's per
+command, are paid once per flush, not once per stream). While a flush is in
+flight, new tokens pile up and the next flush coalesces consecutive tokens of a
+stream into one ``tokens`` event (up to ``max_event_tokens``). An idle publisher
+flushes at once, so batching adds no latency at light load.
 
 Every write carries the attempt that makes it (:meth:`StreamPublisher.own`); the
 script refuses it if a later attempt owns the request, and the publisher then tells
@@ -36,8 +37,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llmq.protocol.streams import publish_call, publish_script
-from llmq.schema import Event, Lifecycle, TokenLogprob, TokensEvent
+from llmq.protocol.streams import publish_calls, publish_script
+from llmq.schema import Event, Lifecycle, TokenLogprob, tokens_event
 from llmq.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,7 @@ class _Pending:
     def close_tokens(self) -> None:
         if self.tokens:
             logprobs = self.logprobs if len(self.logprobs) == len(self.tokens) else None
-            self.events.append(
-                TokensEvent(index=self.tokens_start, tokens=self.tokens, logprobs=logprobs)
-            )
+            self.events.append(tokens_event(self.tokens_start, self.tokens, logprobs))
             self.tokens, self.logprobs = [], []
 
     def then(self, later: _Pending) -> None:
@@ -272,67 +271,68 @@ class StreamPublisher:
                     w.set_result(None)
 
     async def _write(self, batch: dict[str, _Pending]) -> list[bool]:
-        """One round trip, one ``publish.lua`` call per request; True where it landed."""
+        """One round trip of ``publish.lua`` calls (one per flush on a single Redis);
+        per request in ``batch``, True where its writes landed."""
         for p in batch.values():
             p.close_tokens()
         try:
-            replies = await self._round_trip(batch)
+            written = await self._round_trip(batch)
         except NoScriptError:  # Redis restarted without its script cache: nothing ran
             self._script.sha = await self._redis.script_load(self._script.script)
-            replies = await self._round_trip(batch)
-        return [int(r) == 1 for r in replies]
+            written = await self._round_trip(batch)
+        return [written[request_id] for request_id in batch]
 
-    def _calls(self, batch: dict[str, _Pending]) -> list[tuple[Any, ...]]:
-        """The batch's ``EVALSHA`` calls: one per request, its keys in its one slot."""
-        sha = self._script.sha
-        return [
-            publish_call(
-                sha,
-                request_id,
-                p.attempt,
-                ttl=self._ttl,
-                maxlen=self._maxlen,
-                lifecycle_maxlen=self._lifecycle_maxlen,
-                events=p.events,
-                record=p.record,
-                notes=p.notes,
-            )
-            for request_id, p in batch.items()
-        ]
-
-    async def _round_trip(self, batch: dict[str, _Pending]) -> list[Any]:
-        """Run the batch's calls in one round trip and read a reply to each, as a
-        pipeline does; a failed reply is raised once every reply is read.
+    async def _round_trip(self, batch: dict[str, _Pending]) -> dict[str, bool]:
+        """Send the batch's calls (:func:`publish_calls`: on a single Redis one per
+        flush, on a Redis Cluster one per request group) in one round trip and read
+        a reply to each; a request's failed write is raised once every reply is read.
 
         On a single Redis the calls are packed by hiredis (in C: redis-py's packing in
         Python cost more than the rest of a token's way) and sent on one pooled
         connection. On a Redis Cluster they go through the cluster's pipeline, which
         sends each node the calls whose slots it owns.
         """
-        calls = self._calls(batch)
-        if isinstance(self._redis, RedisCluster):
+        cluster = isinstance(self._redis, RedisCluster)
+        calls = publish_calls(
+            self._script.sha,
+            batch,
+            ttl=self._ttl,
+            maxlen=self._maxlen,
+            lifecycle_maxlen=self._lifecycle_maxlen,
+            by_slot=cluster,
+        )
+        replies: list[Any] = []
+        if cluster:
             pipe = self._redis.pipeline(transaction=False)
-            for call in calls:
-                pipe.evalsha(*call[1:])
-            return list(await pipe.execute())
-        pool = self._redis.connection_pool
-        connection = await pool.get_connection()
-        try:
-            await connection.send_packed_command(
-                b"".join(hiredis.pack_command(call) for call in calls)
-            )
-            replies: list[Any] = []
-            for _ in calls:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-        finally:
-            await pool.release(connection)  # a broken connection was disconnected
-        for reply in replies:
+            for command, _ in calls:
+                pipe.evalsha(*command[1:])
+            replies = list(await pipe.execute())
+        else:
+            pool = self._redis.connection_pool
+            connection = await pool.get_connection()
+            try:
+                await connection.send_packed_command(
+                    b"".join(hiredis.pack_command(command) for command, _ in calls)
+                )
+                for _ in calls:
+                    try:
+                        replies.append(await connection.read_response())
+                    except ResponseError as exc:  # the call itself failed (NOSCRIPT)
+                        replies.append(exc)
+            finally:
+                await pool.release(connection)  # a broken connection was disconnected
+        written: dict[str, bool] = {}
+        failed: ResponseError | None = None
+        for (_, request_ids), reply in zip(calls, replies, strict=True):
             if isinstance(reply, ResponseError):
                 raise reply
-        return replies
+            for request_id, one in zip(request_ids, reply, strict=True):
+                if isinstance(one, ResponseError):
+                    failed = failed or one
+                written[request_id] = one == 1
+        if failed is not None:
+            raise failed
+        return written
 
     def _fenced(self, request_id: str, p: _Pending) -> None:
         owner = self._owners.get(request_id)

@@ -37,10 +37,11 @@ every value a script and Python exchange is encoded and decoded in
    the beat that keeps a parked worker eligible for hand-offs. Leases are judged in
    lease time (``lua/clock.lua``): Redis's clock, advanced by at most 300 ms a call,
    so a stall or outage of Redis costs nobody a lease.
-4. **Run** (``publish.lua``, one call built by :func:`streams.publish_call`; the batching
-   publisher is ``worker/publisher.py``): every write of a run (tokens, record
-   fields, lifecycle notes) carries its attempt and is refused once the request's
-   fence (:func:`keys.fence`) is past it, so an attempt that lost its lease writes
+4. **Run** (``publish.lua``, the writes of many requests per call, which
+   :func:`streams.publish_calls` builds; the batching publisher is
+   ``worker/publisher.py``): every write of a run (tokens, record fields, lifecycle
+   notes) carries its attempt and is refused once the request's fence
+   (:func:`keys.fence`) is past it, so an attempt that lost its lease writes
    nothing. A re-run resumes after :func:`streams.published_tokens`.
 5. **Finish or give back**:
 

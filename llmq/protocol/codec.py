@@ -136,7 +136,9 @@ def publish_args(
     record: Mapping[str, str],
     notes: Iterable[Lifecycle],
 ) -> list[str]:
-    """publish.lua's ARGV: attempt, ttl s, maxlen, lifecycle maxlen, then the counts of
+    """One request's arguments to publish.lua (in its ARGV after their count, which
+    :func:`llmq.protocol.streams.publish_calls` adds): attempt, ttl s, maxlen,
+    lifecycle maxlen, then the counts of
     events, record fields and notes; then per event ``type, data, index, count``
     (index and count of a ``tokens`` event, else 0 0); record field/value pairs; per
     note ``event, request_id, model, data``. The reply is 1 (written) or 0 (fenced)."""

@@ -28,6 +28,7 @@ contain braces: the tag is added by these functions, never by the client.
 from __future__ import annotations
 
 import zlib
+from functools import lru_cache
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
@@ -75,9 +76,14 @@ def request_group(request_id: str) -> int:
     return zlib.crc32(request_id.encode()) % REQUEST_GROUPS
 
 
+def group_tag(group: int) -> str:
+    """The hash tag of a request group's slot."""
+    return f"{{r:{group}}}"
+
+
 def request_tag(request_id: str) -> str:
     """The hash tag of a request's slot (that of its group)."""
-    return f"{{r:{request_group(request_id)}}}"
+    return group_tag(request_group(request_id))
 
 
 # --- the model slot ---------------------------------------------------------------
@@ -197,8 +203,8 @@ def retry(request_id: str, model: str) -> str:
 # --- the request slot -------------------------------------------------------------
 
 
-def _in_request(name: str, request_id: str) -> str:
-    return f"{PREFIX}:{name}:{request_tag(request_id)}:{request_id}"
+def _in_request(name: str, request_id: str, tag: str | None = None) -> str:
+    return f"{PREFIX}:{name}:{tag or request_tag(request_id)}:{request_id}"
 
 
 def fence(request_id: str) -> str:
@@ -222,8 +228,24 @@ def stream(request_id: str) -> str:
 REQUESTS_GLOB = f"{PREFIX}:req:*"
 
 
+@lru_cache(maxsize=4096)
+def run_keys(request_id: str) -> tuple[str, str, str, str]:
+    """What a run writes, in ``publish.lua``'s order: the request's stream, record and
+    fence, and its group's lifecycle stream. A worker's publisher names them on every
+    flush of every running request: they are built once (a few thousand requests'
+    worth are kept, more than a worker runs at once)."""
+    group = request_group(request_id)
+    tag = group_tag(group)
+    return (
+        _in_request("stream", request_id, tag),
+        _in_request("req", request_id, tag),
+        _in_request("fence", request_id, tag),
+        lifecycle_group(group),
+    )
+
+
 def lifecycle_group(group: int) -> str:
-    return f"{PREFIX}:lifecycle:{{r:{group}}}"
+    return f"{PREFIX}:lifecycle:{group_tag(group)}"
 
 
 def lifecycle(request_id: str) -> str:

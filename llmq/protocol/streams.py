@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -130,41 +130,80 @@ def unstarted_end(
 
 
 def publish_script(redis: Redis) -> AsyncScript:
-    """The fenced write of a run (``llmq/protocol/lua/publish.lua``), registered with
-    ``redis``: its ``sha`` goes in :func:`publish_call`, its text is loaded again after
-    a Redis restart emptied the script cache."""
+    """The fenced writes of runs, many per call (``llmq/protocol/lua/publish.lua``),
+    registered with ``redis``: its ``sha`` goes in :func:`publish_calls`, its text is
+    loaded again after a Redis restart emptied the script cache."""
     return scripts_for(redis).publish
 
 
-def publish_call(
+class RunWrites(Protocol):
+    """What one flush writes for one request: the attempt that writes, its events,
+    record fields and lifecycle notes."""
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def events(self) -> Sequence[Event]: ...
+
+    @property
+    def record(self) -> Mapping[str, str]: ...
+
+    @property
+    def notes(self) -> Sequence[Lifecycle]: ...
+
+
+#: The most requests one ``publish.lua`` call writes. A flush of more goes as
+#: several calls in the same round trip, so that no one script holds Redis for long
+#: (a flush after an outage carries every running request's backlog).
+MAX_WRITES_PER_CALL = 64
+
+#: One ``EVALSHA`` of ``publish.lua`` and the requests it writes, in the order
+#: of its reply.
+PublishCall = tuple[tuple[Any, ...], list[str]]
+
+
+def publish_calls(
     sha: str,
-    request_id: str,
-    attempt: int,
+    writes: Mapping[str, RunWrites],
     *,
     ttl: int,
     maxlen: int,
     lifecycle_maxlen: int,
-    events: Sequence[Event],
-    record: Mapping[str, str],
-    notes: Iterable[Lifecycle],
-) -> tuple[Any, ...]:
-    """One run's writes to one request, as the ``EVALSHA`` command of ``publish.lua``:
-    its keys (stream, record, fence, lifecycle: one slot, the request's group) and its
-    arguments (:func:`llmq.protocol.codec.publish_args`). The worker's publisher sends
-    these, many per round trip."""
-    request_keys = (
-        keys.stream(request_id),
-        keys.request(request_id),
-        keys.fence(request_id),
-        keys.lifecycle(request_id),
-    )
-    args = codec.publish_args(
-        attempt,
-        ttl=ttl,
-        maxlen=maxlen,
-        lifecycle_maxlen=lifecycle_maxlen,
-        events=events,
-        record=record,
-        notes=notes,
-    )
-    return ("EVALSHA", sha, len(request_keys), *request_keys, *args)
+    by_slot: bool,
+) -> list[PublishCall]:
+    """The writes of many runs (request id -> its writes) as ``EVALSHA`` commands of
+    ``publish.lua``, each with the requests it carries. On a single Redis one
+    call carries up to :data:`MAX_WRITES_PER_CALL` requests, whatever their slots;
+    with ``by_slot`` (a Redis Cluster, where a call's keys must share a slot) a call
+    carries the requests of one request group. Each request's keys (stream, record,
+    fence, lifecycle: one slot, its group) and arguments
+    (:func:`llmq.protocol.codec.publish_args`, after their count) are those
+    ``publish.lua`` takes. The worker's publisher sends a flush's calls in one round
+    trip."""
+    groups: dict[int, list[str]] = {}
+    for request_id in writes:
+        group = keys.request_group(request_id) if by_slot else 0
+        groups.setdefault(group, []).append(request_id)
+    calls: list[PublishCall] = []
+    for ids in groups.values():
+        for at in range(0, len(ids), MAX_WRITES_PER_CALL):
+            chunk = ids[at : at + MAX_WRITES_PER_CALL]
+            call_keys: list[str] = []
+            argv: list[str] = []
+            for request_id in chunk:
+                w = writes[request_id]
+                call_keys += keys.run_keys(request_id)
+                args = codec.publish_args(
+                    w.attempt,
+                    ttl=ttl,
+                    maxlen=maxlen,
+                    lifecycle_maxlen=lifecycle_maxlen,
+                    events=w.events,
+                    record=w.record,
+                    notes=w.notes,
+                )
+                argv.append(str(len(args)))
+                argv += args
+            calls.append((("EVALSHA", sha, len(call_keys), *call_keys, *argv), chunk))
+    return calls
