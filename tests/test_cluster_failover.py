@@ -103,6 +103,7 @@ async def test_a_client_closes_the_nodes_a_refresh_replaced(
     held = replaced.acquire_connection()  # a command's connection, as a refresh runs
     await client.nodes_manager.initialize()
     assert owner(client, keys.queue("mock")) is not replaced
+    await replaced.disconnect()  # what the refresh scheduled for the replaced node
     await held.connect()  # type: ignore[no-untyped-call]  # the command goes on there
     await client.aclose()
     assert not held.is_connected

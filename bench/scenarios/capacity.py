@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bench import traffic
 from bench.procs import FloorServer, Stack
@@ -96,7 +96,18 @@ def _floor_runner(floor: FloorServer, s: Sizes) -> Runner:
     return run
 
 
-def worker_env(s: Sizes, users: int) -> dict[str, str]:
+class WorkerPace(Protocol):
+    """What a scenario's sizes say of its workers (capacity's and the cluster's)."""
+
+    @property
+    def workers(self) -> int: ...
+    @property
+    def tokens_per_second(self) -> float: ...
+    @property
+    def prefill_seconds_per_token(self) -> float: ...
+
+
+def worker_env(s: WorkerPace, users: int) -> dict[str, str]:
     """The workers' settings for ``users`` streams: N/workers slots each, the model's pace."""
     return {
         "LLMQ_CONCURRENCY": str(-(-users // s.workers)),

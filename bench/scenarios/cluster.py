@@ -34,6 +34,7 @@ from bench import traffic
 from bench.procs import Stack
 from bench.report import fmt, table
 from bench.scenario import Context, ScenarioResult, Target
+from bench.scenarios.capacity import worker_env
 from bench.stats import median, median_of
 from bench.sysinfo import CpuMeter
 from llmq.embedded import EmbeddedRedis
@@ -88,14 +89,6 @@ def xadds(cluster: EmbeddedCluster) -> int:
             client.close()
         total += int(stats.get("cmdstat_xadd", {}).get("calls", 0))
     return total
-
-
-def worker_env(s: Sizes, users: int) -> dict[str, str]:
-    return {
-        "LLMQ_CONCURRENCY": str(-(-users // s.workers)),
-        "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
-        "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
-    }
 
 
 def _once(stack: ClusterStack, s: Sizes, users: int, seed: int) -> dict[str, Any]:
