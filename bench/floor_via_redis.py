@@ -17,14 +17,15 @@ passed through Redis the cheapest way a queue design could.
   writes it as the floor's SSE chunk. A stream that starts while the read blocks
   wakes it through a control stream, written once per new stream.
 
-No fencing, no Lua, no pydantic, no worker process, no retries: a failure is
-the request's failure. With ``--role api`` the model runs in a separate process
-(``--role model``), which takes requests from a Redis list (one ``LPUSH`` per
-request) as llmq's workers take them from its queue: the model process -> Redis
--> API process hop count of llmq.
+No fencing, no Lua, no pydantic, no worker process, no reconnects or retries (a
+lost Redis stops its streams): it is a bound, not a server to deploy. With
+``--role api`` the model runs in a separate process (``--role model``), which
+takes requests from a Redis list (one ``LPUSH`` per request) as llmq's workers
+take them from its queue: the model process -> Redis -> API process hop count of
+llmq.
 
-Run it with ``python -m bench.floor_via_redis --redis-url redis://127.0.0.1:6379/0``
-(add ``--role api`` and start ``--role model`` beside it for two processes).
+Run it with ``python -m bench.floor_via_redis --redis-url URL --port 8100`` (add
+``--role api`` and start ``--role model`` beside it for two processes).
 """
 
 from __future__ import annotations
