@@ -49,12 +49,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--policies", default="", help="comma-separated policies to run (autoscale; default: all)"
     )
+    parser.add_argument(
+        "--systems", default="", help="comma-separated systems to compare (capacity; default: all)"
+    )
+    parser.add_argument(
+        "--levels", default="", help="comma-separated stream counts (capacity; default: its own)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     return parser
 
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(n) for n in _names(text))
+    except ValueError:
+        raise SystemExit(f"--levels takes stream counts, not {text!r}") from None
+    if any(n < 1 for n in levels):
+        raise SystemExit("--levels must be >= 1")
+    return levels
 
 
 def _scenarios(text: str) -> list[str]:
@@ -141,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir=log_dir,
         traces=_names(args.traces),
         policies=_names(args.policies),
+        systems=_names(args.systems),
+        levels=_levels(args.levels),
     )
     info = machine_info()
     info["redis_version"] = _redis_version()
@@ -176,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "traces": list(ctx.traces),
             "policies": list(ctx.policies),
+            "systems": list(ctx.systems),
+            "levels": list(ctx.levels),
         },
         "machine": info,
         "interrupted": interrupted,

@@ -23,7 +23,7 @@ import argparse
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 import uvicorn
@@ -103,9 +103,23 @@ class FloorApp:
         self.model = model
         self.model_name = model_name
 
+    async def startup(self) -> None:
+        """Before the first request (a subclass connects what its tokens pass through)."""
+
+    async def shutdown(self) -> None:
+        """After the last request."""
+
+    def tokens(self, request: GenerationRequest, stream_id: str) -> AsyncIterator[str]:
+        """The request's tokens as the model yields them; ``stream_id`` is the response's id.
+
+        The one place a variant of the floor changes (``bench.floor_via_redis``
+        passes them through Redis), so that everything else it measures is the floor.
+        """
+        return self.model.generate(request)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await _lifespan(self, receive, send)
             return
         if scope["type"] != "http":
             return
@@ -139,11 +153,11 @@ class FloorApp:
         request = GenerationRequest(
             prompt=prompt,
             max_tokens=max_tokens,
-            seed=seed_for(shape.base["id"], None),
+            seed=seed_for(shape.base["id"], _seed(body)),
             prompt_tokens=count_tokens(prompt),
         )
         if not body.get("stream"):
-            tokens = [token async for token in self.model.generate(request)]
+            tokens = [token async for token in self.tokens(request, shape.base["id"])]
             finish = "length" if len(tokens) >= max_tokens else "stop"
             usage = _usage(request.prompt_tokens, len(tokens))
             await _json(send, 200, shape.full("".join(tokens), finish, usage))
@@ -153,7 +167,7 @@ class FloorApp:
         if opening is not None:
             await send({"type": "http.response.body", "body": opening, "more_body": True})
         count = 0
-        async for token in self.model.generate(request):
+        async for token in self.tokens(request, shape.base["id"]):
             count += 1
             await send(
                 {"type": "http.response.body", "body": shape.token(token), "more_body": True}
@@ -163,6 +177,12 @@ class FloorApp:
         if shape.include_usage:
             tail += shape.frame(None, _usage(request.prompt_tokens, count))
         await send({"type": "http.response.body", "body": tail + DONE, "more_body": False})
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    """The request's ``seed``, so that two servers asked the same produce the same text."""
+    seed = body.get("seed")
+    return None if seed is None else int(seed)
 
 
 def _prompt(body: dict[str, Any], chat: bool) -> str:
@@ -204,12 +224,14 @@ async def _json(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def _lifespan(app: FloorApp, receive: Receive, send: Send) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            await app.startup()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            await app.shutdown()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

@@ -154,32 +154,59 @@ class Stack:
 
 
 class FloorServer:
-    """The floor (:mod:`bench.floor`) as its own process, with the model's timing."""
+    """The floor (:mod:`bench.floor`) as its own process, with the model's timing.
 
-    def __init__(self, log_dir: Path, tokens_per_second: float, prefill_seconds: float) -> None:
+    ``via_redis``: the floor through one Redis hop instead (:mod:`bench.floor_via_redis`),
+    with a Redis of its own; ``model_apart``: its model in a second process
+    (``--role model``) fed through Redis, as llmq's workers are.
+    """
+
+    def __init__(
+        self,
+        log_dir: Path,
+        tokens_per_second: float,
+        prefill_seconds: float,
+        *,
+        via_redis: bool = False,
+        model_apart: bool = False,
+    ) -> None:
         self.log_dir = log_dir
         self.port = free_port()
-        self.args = [
-            "bench.floor",
-            "--port",
-            str(self.port),
+        self.redis = EmbeddedRedis() if via_redis or model_apart else None
+        self.model_apart = model_apart
+        self.pace = [
             "--tokens-per-second",
             str(tokens_per_second),
             "--prefill-seconds-per-token",
             str(prefill_seconds),
         ]
         self.child: BenchProcess | None = None
+        self.model: BenchProcess | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def redis_url(self) -> str | None:
+        return self.redis.url if self.redis is not None else None
+
     def __enter__(self) -> FloorServer:
-        self.child = BenchProcess("floor", self.args, clean_env(), self.log_dir)
         try:
+            if self.redis is None:
+                args = ["bench.floor", "--port", str(self.port), *self.pace]
+            else:
+                self.redis.start()
+                relay = ["bench.floor_via_redis", "--redis-url", self.redis.url]
+                if self.model_apart:
+                    model = [*relay, "--role", "model", *self.pace]
+                    self.model = BenchProcess("floor-model", model, clean_env(), self.log_dir)
+                role = "api" if self.model_apart else "both"
+                args = [*relay, "--role", role, "--port", str(self.port), *self.pace]
+            self.child = BenchProcess("floor", args, clean_env(), self.log_dir)
             _wait_healthy(self.url, "the floor", self.child)
         except BaseException:
-            self.child.stop()
+            self.close()
             raise
         return self
 
@@ -189,9 +216,20 @@ class FloorServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.child is not None:
-            self.child.stop()
-            self.child = None
+        self.close()
+
+    def close(self) -> None:
+        """The server, then its model, then Redis."""
+        try:
+            stop_all([p for p in (self.child, self.model) if p is not None])
+            self.child = self.model = None
+        finally:
+            if self.redis is not None:
+                self.redis.stop()
 
     def pids(self) -> dict[str, int]:
-        return {"floor": self.child.pid} if self.child is not None else {}
+        """Process ids by role (Redis's CPU is read from Redis itself)."""
+        out = {"floor": self.child.pid} if self.child is not None else {}
+        if self.model is not None:
+            out["model"] = self.model.pid
+        return out

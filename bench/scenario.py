@@ -21,13 +21,16 @@ class Context:
     """Run-wide options: ``repeats`` per comparison, ``quick`` tiny sizes, a log folder;
     ``traces``/``policies``: a subset of a scenario's traces or policies to run (empty:
     all), for iterating on one part without the whole run (the autoscale scenario reads
-    them)."""
+    them); ``systems``/``levels``: likewise the compared systems and the load levels
+    (the capacity scenario reads them)."""
 
     repeats: int
     quick: bool
     log_dir: Path
     traces: tuple[str, ...] = ()
     policies: tuple[str, ...] = ()
+    systems: tuple[str, ...] = ()
+    levels: tuple[int, ...] = ()
     started: float = field(default_factory=time.monotonic)
 
     def say(self, message: str) -> None:

@@ -58,7 +58,7 @@ def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_bench_quick_capacity_measures_the_floor_and_llmq(tmp_path: Path) -> None:
+def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -67,6 +67,10 @@ def test_bench_quick_capacity_measures_the_floor_and_llmq(tmp_path: Path) -> Non
             "--quick",
             "--scenarios",
             "capacity",
+            "--systems",
+            "floor,floor-redis,floor-redis-2p,llmq",
+            "--levels",
+            "10",
             "--repeats",
             "1",
             "--out",
@@ -80,14 +84,20 @@ def test_bench_quick_capacity_measures_the_floor_and_llmq(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [json_path] = tmp_path.glob("*.json")
     capacity = json.loads(json_path.read_text())["scenarios"]["capacity"]
-    assert set(capacity["held"]) == {"floor", "llmq"}
+    hop, apart = "floor via Redis", "floor via Redis (model apart)"
+    assert set(capacity["held"]) == {"floor", hop, apart, "llmq"}
+    assert all(len(levels) == 1 for levels in capacity["levels"].values())
     first = {name: levels[0] for name, levels in capacity["levels"].items()}
-    assert first["floor"]["users"] == first["llmq"]["users"] == 10
+    assert {level["users"] for level in first.values()} == {10}
     for name, level in first.items():
         assert level["failed"] == 0, (name, level["errors"])
         assert level["output_throughput"] > 0
     assert set(first["floor"]["cpu_ms_per_token"]) == {"floor", "loadgen"}
+    assert set(first[hop]["cpu_ms_per_token"]) == {"floor", "redis", "loadgen"}
+    assert set(first[apart]["cpu_ms_per_token"]) == {"floor", "model", "redis", "loadgen"}
     assert set(first["llmq"]["cpu_ms_per_token"]) == {"api", "workers", "redis", "loadgen"}
-    assert all(v > 0 for v in first["llmq"]["cpu_ms_per_token"].values())
+    for name in (hop, apart, "llmq"):
+        assert all(v > 0 for v in first[name]["cpu_ms_per_token"].values()), name
     markdown = json_path.with_suffix(".md").read_text()
-    assert "share of the floor" in markdown and "**floor**" in markdown
+    assert "share of the floor via Redis" in markdown and "**floor**" in markdown
+    assert f"**{hop}**" in markdown and f"**{apart}**" in markdown

@@ -3,16 +3,22 @@
 The floor (:mod:`bench.floor`) is a bare in-process server: uvicorn, a raw ASGI
 app, the mock model's timing in its own event loop, no Redis, no queue. What it
 holds is what the machine can do with this client and this token timing; what
-llmq holds below it is the price of the queue. Both are driven by the same
-closed loop (``llmq loadgen``'s client, N users, each request streaming long
-outputs at the model's pace), level by level, in turns (floor, llmq, floor,
-llmq...) so that a noisy neighbour hits both. llmq runs with two workers of N/2
-slots each, so the cap is never the limit; what gives out first is CPU.
+llmq holds below it is the price of the queue. Between the two, the floor
+through one Redis hop (:mod:`bench.floor_via_redis`: the same server, every
+token appended to a Redis stream and read back the cheapest way, the model in
+the server or in a process of its own) bounds what any design relaying tokens
+through Redis streams can hold here. All are driven by the same closed loop
+(``llmq loadgen``'s client, N users, each request streaming long outputs at the
+model's pace), level by level, in turns (floor, llmq, floor, llmq...) so that a
+noisy neighbour hits all. llmq runs with two workers of N/2 slots each, so the
+cap is never the limit; what gives out first is CPU. ``--systems`` and
+``--levels`` choose a subset.
 
 A level passes when every request succeeds and the ITL p99 (median over the
 repeats) stays within 1.5 x the model's token interval; a system stops at its
 first failing level. Each level also reports CPU seconds per delivered token
-for each process (floor or API, workers, Redis, and the load generator), which
+for each process (floor or API, the floor's model process or the workers, Redis,
+and the load generator), which
 says where the cost is, and output tokens per second, which shows whether
 throughput keeps rising with load.
 """
@@ -22,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from bench import traffic
@@ -34,17 +40,36 @@ from bench.sysinfo import CpuMeter
 from loadgen import LoadConfig
 
 ITL_FACTOR = 1.5
-#: Processes whose CPU is reported, per system.
-ROLES = {"floor": ("floor", "loadgen"), "llmq": ("api", "workers", "redis", "loadgen")}
 #: llmq must hold at least this share of the floor's streams.
 TARGET_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class System:
+    """One compared system: its name in the report and the processes whose CPU it shows."""
+
+    name: str
+    roles: tuple[str, ...]
+
+
+_LLMQ_ROLES = ("api", "workers", "redis", "loadgen")
+#: Every system a run can compare, by the id ``--systems`` selects it with.
+SYSTEMS = {
+    "floor": System("floor", ("floor", "loadgen")),
+    "floor-redis": System("floor via Redis", ("floor", "redis", "loadgen")),
+    "floor-redis-2p": System(
+        "floor via Redis (model apart)", ("floor", "model", "redis", "loadgen")
+    ),
+    "llmq": System("llmq", _LLMQ_ROLES),
+    "llmq-2api": System("llmq (2 API processes)", _LLMQ_ROLES),
+}
 
 
 @dataclass(frozen=True)
 class Sizes:
     levels: tuple[int, ...] = (10, 25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 600, 800)
     workers: int = 2
-    api_processes: tuple[int, ...] = (1, 2)
+    systems: tuple[str, ...] = tuple(SYSTEMS)
     duration_s: float = 6.0
     prompt_tokens: int = 100
     output_tokens: int = 150
@@ -52,7 +77,9 @@ class Sizes:
     prefill_seconds_per_token: float = 0.0001
 
 
-QUICK = Sizes(levels=(10, 20), api_processes=(1,), duration_s=1.0, output_tokens=20)
+QUICK = Sizes(
+    levels=(10, 20), systems=("floor", "floor-redis", "llmq"), duration_s=1.0, output_tokens=20
+)
 
 #: One run at a number of users: the figures of :func:`_once`.
 Runner = Callable[[int, int], dict[str, Any]]
@@ -82,7 +109,7 @@ def _once(
     out["cpus_others"] = cpu["cpus_others"]
     out["cpu_ms_per_token"] = {
         role: cpu[role] * 1000.0 / tokens if tokens else None
-        for role in ("floor", "api", "workers", "redis", "loadgen")
+        for role in ("floor", "api", "model", "workers", "redis", "loadgen")
         if role in cpu
     }
     out["errors"] = traffic.first_errors(result)
@@ -91,7 +118,7 @@ def _once(
 
 def _floor_runner(floor: FloorServer, s: Sizes) -> Runner:
     def run(users: int, seed: int) -> dict[str, Any]:
-        return _once(floor.url, floor.pids(), None, s, users, seed)
+        return _once(floor.url, floor.pids(), floor.redis_url, s, users, seed)
 
     return run
 
@@ -179,8 +206,8 @@ def held(levels: list[dict[str, Any]]) -> int:
     return max(passed) if passed else 0
 
 
-def _system_table(name: str, levels: list[dict[str, Any]]) -> str:
-    roles = ROLES["floor" if name == "floor" else "llmq"]
+def _system_table(system: System, levels: list[dict[str, Any]]) -> str:
+    roles = system.roles
     rows = []
     for lv in levels:
         per = lv["cpu_ms_per_token"]
@@ -200,7 +227,7 @@ def _system_table(name: str, levels: list[dict[str, Any]]) -> str:
                 fmt(sum(v for v in per.values() if v is not None), 3),
             ]
         )
-    return f"**{name}**\n\n" + table(
+    return f"**{system.name}**\n\n" + table(
         [
             "streams",
             "result",
@@ -219,29 +246,56 @@ def _system_table(name: str, levels: list[dict[str, Any]]) -> str:
     )
 
 
+def _chosen(ctx: Context, s: Sizes) -> dict[str, System]:
+    """The systems to compare: ``--systems`` if given, else the sizes' own."""
+    ids = ctx.systems or s.systems
+    unknown = [i for i in ids if i not in SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    return {SYSTEMS[i].name: SYSTEMS[i] for i in SYSTEMS if i in ids}
+
+
+def _runner(processes: ExitStack, ctx: Context, s: Sizes, system_id: str) -> Runner:
+    """Start one system's processes (stopped with ``processes``) and return its runner."""
+    if system_id.startswith("floor"):
+        floor = FloorServer(
+            ctx.log_dir,
+            s.tokens_per_second,
+            s.prefill_seconds_per_token,
+            via_redis=system_id != "floor",
+            model_apart=system_id == "floor-redis-2p",
+        )
+        return _floor_runner(processes.enter_context(floor), s)
+    apis = 2 if system_id == "llmq-2api" else 1
+    stack = Stack(ctx.log_dir, api_env={"LLMQ_API_PROCESSES": str(apis)})
+    return _llmq_runner(processes.enter_context(stack), s)
+
+
+def _share(reached: int, of: int | None) -> float | None:
+    return reached / of if of else None
+
+
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
+    if ctx.levels:
+        s = replace(s, levels=ctx.levels)
+    chosen = _chosen(ctx, s)
     with ExitStack() as processes:
-        floor = processes.enter_context(
-            FloorServer(ctx.log_dir, s.tokens_per_second, s.prefill_seconds_per_token)
-        )
-        systems: dict[str, Runner] = {"floor": _floor_runner(floor, s)}
-        for apis in s.api_processes:
-            name = "llmq" if apis == 1 else f"llmq ({apis} API processes)"
-            stack = processes.enter_context(
-                Stack(ctx.log_dir, api_env={"LLMQ_API_PROCESSES": str(apis)})
-            )
-            systems[name] = _llmq_runner(stack, s)
+        by_id = {system.name: i for i, system in SYSTEMS.items()}
+        systems = {name: _runner(processes, ctx, s, by_id[name]) for name in chosen}
         levels = _climb(ctx, s, systems)
-    floor_held = held(levels["floor"])
+    floor_held = held(levels["floor"]) if "floor" in levels else None
+    hop = SYSTEMS["floor-redis"].name
+    hop_held = held(levels[hop]) if hop in levels else None
     summary_rows = []
     targets = []
     for name, lvs in levels.items():
         reached = held(lvs)
-        share = reached / floor_held if floor_held else None
+        share = _share(reached, floor_held)
         best = max((lv["output_throughput"] or 0.0 for lv in lvs), default=0.0)
-        summary_rows.append([name, str(reached), pct(share), fmt(best, 0)])
-        if name != "floor":
+        hop_share = "" if name.startswith("floor") else pct(_share(reached, hop_held))
+        summary_rows.append([name, str(reached), pct(share), hop_share, fmt(best, 0)])
+        if name.startswith("llmq") and floor_held is not None:
             targets.append(
                 Target(
                     f"{name} holds >= {TARGET_SHARE:.0%} of the floor's streams",
@@ -261,16 +315,24 @@ def run(ctx: Context) -> ScenarioResult:
         [
             f"Closed loop of N users for {s.duration_s:g} s (each request {s.output_tokens} "
             f"tokens at {s.tokens_per_second:g} tok/s, prompt {s.prompt_tokens}); the floor "
-            f"(bare in-process ASGI server) and llmq ({s.workers} workers x N/{s.workers} "
-            f"slots) take turns at each level; pass = no failures and ITL p99 <= "
-            f"{ITL_FACTOR:g} x {1000 / s.tokens_per_second:g} ms (median over {ctx.repeats} "
-            f"runs per level); a system stops at its first failing level. CPU ms per "
-            f"delivered token by process; lag = the load generator's own send delay.",
+            f"(bare in-process ASGI server), the floor via Redis (the same, every token "
+            f"through a Redis stream; model apart: in a second process) and llmq "
+            f"({s.workers} workers x N/{s.workers} slots) take turns at each level; pass = "
+            f"no failures and ITL p99 <= {ITL_FACTOR:g} x {1000 / s.tokens_per_second:g} ms "
+            f"(median over {ctx.repeats} runs per level); a system stops at its first "
+            f"failing level. CPU ms per delivered token by process; lag = the load "
+            f"generator's own send delay.",
             table(
-                ["system", "streams held", "share of the floor", "best output tok/s"],
+                [
+                    "system",
+                    "streams held",
+                    "share of the floor",
+                    "share of the floor via Redis",
+                    "best output tok/s",
+                ],
                 summary_rows,
             ),
-            *(_system_table(name, lvs) for name, lvs in levels.items()),
+            *(_system_table(chosen[name], lvs) for name, lvs in levels.items()),
             *notes,
             *(target_line(t.description, t.met, t.detail) for t in targets),
         ]
@@ -279,7 +341,7 @@ def run(ctx: Context) -> ScenarioResult:
         "settings": asdict(s),
         "levels": levels,
         "held": {name: held(lvs) for name, lvs in levels.items()},
-        "reached": held(levels["llmq"]),
+        "reached": held(levels["llmq"]) if "llmq" in levels else None,
     }
     return ScenarioResult(
         "capacity", "Capacity: streams held, llmq vs the floor", data, md, targets
