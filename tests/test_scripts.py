@@ -461,7 +461,7 @@ async def test_reap_requeues_only_a_due_lease_of_the_fenced_attempt(
     _, lease = await lease_clock(redis)
     await set_clock(redis, lease=lease + 2_000)  # r1's lease is due, r2's is not
     reap = scripts_for(redis).reap
-    args = [10, keys.wake("mock"), keys.in_progress_prefix("mock")]
+    args: list[str | int] = [10, keys.wake("mock"), keys.in_progress_prefix("mock")]
     keys_ = [
         keys.running("mock"),
         keys.queue("mock"),
@@ -469,11 +469,12 @@ async def test_reap_requeues_only_a_due_lease_of_the_fenced_attempt(
         keys.costs("mock"),
         keys.clock("mock"),
     ]
-    wrong = [first.request_id, first.job_try + 1, second.request_id, second.job_try]
+    assert first.request_id == "r1" and second.request_id == "r2"
+    wrong: list[str | int] = ["r1", first.job_try + 1, "r2", second.job_try]
     assert await reap(keys=keys_, args=[*args, *wrong, "broken", 0]) == []
     assert await redis.zrange(keys.running("mock"), 0, -1) == ["r1", "r2"]
     assert await redis.hget(keys.leases("mock"), "broken") is None  # type: ignore[misc]
-    assert await reap(keys=keys_, args=[*args, first.request_id, first.job_try]) == [
+    assert await reap(keys=keys_, args=[*args, "r1", first.job_try]) == [
         "r1",
         first.job_try,
     ]
