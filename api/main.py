@@ -1,13 +1,11 @@
-"""The API process: uvicorn serving :func:`api.app.create_app`, once or N times on one port.
+"""The API process: uvicorn serving :func:`api.app.create_app`.
 
-With ``api_processes`` > 1 the command becomes a small supervisor of N API
-processes. Each binds the same port with ``SO_REUSEPORT`` (the kernel spreads
-connections over them) and is a complete API process: its own relay, its own
-liveness lease and attached requests, its own Redis pools. They share nothing
-but Redis, exactly like API replicas on different hosts. If one exits on its
-own, the others are stopped and the command exits non-zero, so whatever runs it
-(``llmq run``, compose, systemd) sees the failure; SIGTERM or SIGINT stops them
-all gracefully.
+With ``api_processes`` > 1, ``llmq api`` (:mod:`cli.api_processes`) runs N of
+these under :mod:`cli.supervisor`, each told to bind the port with
+``SO_REUSEPORT`` (the kernel spreads connections over them). Each is a complete
+API process: its own relay, its own liveness lease and attached requests, its own
+Redis pools. They share nothing but Redis, exactly like API replicas on different
+hosts.
 
 On SIGTERM/SIGINT uvicorn stops accepting and waits for open responses. Streams
 still open ``shutdown_grace_seconds`` later (their worker stopped, or their
@@ -20,14 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
-import multiprocessing
-import multiprocessing.connection
-import signal
 import socket
-import sys
-from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -36,13 +28,9 @@ from api.app import create_app
 from api.follow import end_open_streams
 from api.state import AppState
 from llmq.collector import tune_garbage_collector
-from llmq.logs import setup_logging
 from llmq.settings import ApiSettings
 
 log = logging.getLogger(__name__)
-
-STOP_SECONDS = 15.0
-_PR_SET_PDEATHSIG = 1
 
 
 class Server(uvicorn.Server):
@@ -92,65 +80,14 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 
-def _serve_child(settings: ApiSettings) -> None:
-    """One of N API processes (in a fresh interpreter): dies with its supervisor."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    setup_logging(settings, "api")
-    sock = reuse_port_socket(settings.host, settings.port)
-    _server(settings).run(sockets=[sock])
-
-
-def serve(settings: ApiSettings) -> None:
-    if settings.api_processes == 1:
-        _server(settings).run()
-        return
-    sys.exit(_supervise(settings))
-
-
-def _supervise(settings: ApiSettings) -> int:
-    context = multiprocessing.get_context("spawn")
-    children = [
-        context.Process(target=_serve_child, args=(settings,), name=f"api-{i + 1}")
-        for i in range(settings.api_processes)
-    ]
-    stopping = False
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        for child in children:
-            child.start()
-        log.info(
-            "serving on %s:%d with %d API processes", settings.host, settings.port, len(children)
-        )
-        while not stopping:
-            multiprocessing.connection.wait([c.sentinel for c in children], timeout=0.2)
-            if not stopping and any(not c.is_alive() for c in children):
-                dead = [c for c in children if not c.is_alive()]
-                log.error(
-                    "API process %s exited with code %s; stopping the others",
-                    dead[0].name,
-                    dead[0].exitcode,
-                )
-                break
-    finally:
-        for child in children:
-            if child.is_alive() and child.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.terminate()
-        for child in children:
-            child.join(STOP_SECONDS)
-            if child.is_alive():
-                child.kill()
-                child.join()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0 if stopping and all(c.exitcode in (0, -signal.SIGTERM) for c in children) else 1
+def serve(settings: ApiSettings, *, reuse_port: bool = False) -> None:
+    """Serve until SIGTERM/SIGINT; ``reuse_port``: one of several processes that
+    share the port (``llmq api --api-processes N``)."""
+    server = _server(settings)
+    if reuse_port:
+        server.run(sockets=[reuse_port_socket(settings.host, settings.port)])
+    else:
+        server.run()

@@ -27,6 +27,10 @@ from llmq.settings import (
 
 S = TypeVar("S", bound=CommonSettings)
 
+#: The hidden flag of ``llmq api`` that makes it one of several processes sharing
+#: the port (:mod:`cli.api_processes`).
+REUSE_PORT = "--reuse-port"
+
 #: The settings class of each process subcommand.
 SETTINGS: dict[str, type[CommonSettings]] = {
     "api": ApiSettings,
@@ -48,6 +52,19 @@ def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[CommonSetting
             )
         else:
             parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
+
+
+def settings_flags(cls: type[CommonSettings], args: argparse.Namespace) -> list[str]:
+    """The flags that set what ``args`` sets: a child given them builds the same settings."""
+    flags: list[str] = []
+    for name in cls.model_fields:
+        value = getattr(args, name, None)
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value is not None:
+            flags += [f"--{flag}", value]
+    return flags
 
 
 def build_settings(cls: type[S], args: argparse.Namespace) -> S:
@@ -73,6 +90,7 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     for name, cls in SETTINGS.items():
         parsers[name] = sub.add_parser(name, help=helps[name])
         _add_settings_flags(parsers[name], cls)
+    parsers["api"].add_argument(REUSE_PORT, action="store_true", help=argparse.SUPPRESS)
     parsers["tail"].add_argument(
         "--from-start", action="store_true", help="print the entries Redis still keeps first"
     )
@@ -88,11 +106,15 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
 
 
 def _run_api(args: argparse.Namespace) -> int:
-    from api.main import serve
-
     settings = build_settings(ApiSettings, args)
     setup_logging(settings, "api")
-    serve(settings)
+    if settings.api_processes > 1 and not args.reuse_port:
+        from cli.api_processes import serve_api_processes
+
+        return _run_async(serve_api_processes(settings, settings_flags(ApiSettings, args)))
+    from api.main import serve
+
+    serve(settings, reuse_port=args.reuse_port)
     return 0
 
 

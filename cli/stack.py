@@ -21,13 +21,12 @@ import contextlib
 import itertools
 import logging
 import os
-import signal
-import sys
 
 import httpx
 
+from cli.api_processes import api_commands
 from cli.local_driver import LocalDriver
-from cli.supervisor import Child, RestartPolicy, Supervisor
+from cli.supervisor import Child, RestartPolicy, Supervisor, llmq_command, stop_signals
 from llmq.autoscale.controller import Controller
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
@@ -45,10 +44,6 @@ async def _announce_when_ready(url: str) -> None:
                     return
             await asyncio.sleep(0.1)
         log.warning("llmq is not ready after 60s; see the logs above")
-
-
-def _llmq(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli", *args]
 
 
 class Stack:
@@ -69,17 +64,14 @@ class Stack:
 
     async def add_worker(self) -> Child:
         child = await self.supervisor.start(
-            f"worker-{next(self._numbers)}", _llmq("worker"), self.env
+            f"worker-{next(self._numbers)}", llmq_command("worker"), self.env
         )
         self.workers.append(child)
         return child
 
     async def run(self) -> int:
         settings = self.settings
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_signals()
 
         embedded = settings.embedded_redis
         if embedded is None:
@@ -98,6 +90,7 @@ class Stack:
             "LLMQ_PORT": str(settings.port),
             "LLMQ_CONCURRENCY": str(settings.concurrency),
             "LLMQ_MODEL": settings.model,
+            "LLMQ_API_PROCESSES": str(settings.api_processes),
             "PYTHONUNBUFFERED": "1",
         }
         bounds = settings.bounds
@@ -107,7 +100,8 @@ class Stack:
         driver: LocalDriver | None = None
         code = 0
         try:
-            api.append(await self.supervisor.start("api", _llmq("api"), self.env))
+            for name, argv in api_commands(settings.api_processes):
+                api.append(await self.supervisor.start(name, argv, self.env))
             for _ in range(bounds[0] if bounds else settings.workers):
                 await self.add_worker()
             if bounds is not None:
@@ -120,14 +114,10 @@ class Stack:
             announce = asyncio.create_task(
                 _announce_when_ready(f"http://{settings.host}:{settings.port}")
             )
-            stopper = asyncio.create_task(stop.wait())
-            failed = asyncio.create_task(self.supervisor.failed.wait())
-            await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+            failure = await self.supervisor.until_stopped(stop)
             announce.cancel()
-            stopper.cancel()
-            failed.cancel()
-            if self.supervisor.failure is not None:
-                log.error("llmq run stops: %s", self.supervisor.failure)
+            if failure is not None:
+                log.error("llmq run stops: %s", failure)
                 code = 1
         finally:
             if controller_task is not None:

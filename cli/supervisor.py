@@ -214,6 +214,18 @@ class Supervisor:
         log.error("%s", message)
         self.failed.set()
 
+    async def until_stopped(self, stop: asyncio.Event) -> str | None:
+        """Wait until ``stop`` is set or a child is in a crash loop; the crash loop's
+        message, or None when asked to stop."""
+        stopper = asyncio.create_task(stop.wait())
+        failed = asyncio.create_task(self.failed.wait())
+        try:
+            await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            failed.cancel()
+        return self.failure
+
     async def stop(self, children: list[Child], timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM to each (at once), then wait; a child still running after ``timeout``
         is killed. A stopped child is not restarted."""
@@ -243,6 +255,22 @@ class Supervisor:
         """Stop every remaining child at once (owners stop them in order first)."""
         self._closing = True
         await self.stop(list(self.children.values()), timeout)
+
+
+def llmq_command(*args: str) -> list[str]:
+    """The command line of an ``llmq`` child (``llmq_command("worker")``), run by
+    this interpreter."""
+    return [sys.executable, "-m", "cli", *args]
+
+
+def stop_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (in the running loop): how a supervising
+    command learns that it should stop its children."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -124,25 +124,39 @@ def backoff() -> ExponentialBackoff:
 
 class Outage:
     """A loop that talks to Redis, through an outage: one warning when it starts, one
-    line when it ends, and the shared :func:`backoff` between attempts.
+    line when it ends, and a backoff between attempts: the shared :func:`backoff`,
+    unless ``schedule`` gives the loop its own.
 
     ``lost`` is a log format taking the error, ``back`` one taking the number of
-    failed attempts.
+    failed attempts. A loop that keeps its own pace (:func:`llmq.tasks.run_periodically`)
+    uses only the log lines: :meth:`note` and :meth:`recovered`.
     """
 
-    def __init__(self, log: logging.Logger, *, lost: str, back: str) -> None:
+    def __init__(
+        self,
+        log: logging.Logger,
+        *,
+        lost: str,
+        back: str,
+        schedule: ExponentialBackoff | None = None,
+    ) -> None:
         self.log = log
         self.lost = lost
         self.back = back
         self.failures = 0  # consecutive failed attempts: >0 while Redis is unreachable
-        self._backoff = backoff()
+        self._backoff = schedule or backoff()
 
-    async def failed(self, exc: BaseException) -> None:
-        """Count a failed attempt (warn if it is the first) and wait before the next."""
+    def note(self, exc: BaseException) -> float:
+        """Count a failed attempt (warn if it is the first); the seconds to wait
+        before the next one."""
         if not self.failures:
             self.log.warning(self.lost, exc)
         self.failures += 1
-        await asyncio.sleep(self._backoff.compute(self.failures))
+        return float(self._backoff.compute(self.failures))
+
+    async def failed(self, exc: BaseException) -> None:
+        """Count a failed attempt (warn if it is the first) and wait before the next."""
+        await asyncio.sleep(self.note(exc))
 
     def recovered(self) -> None:
         """An attempt worked: say so once if an outage just ended."""

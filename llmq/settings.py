@@ -7,12 +7,23 @@ by every process live in :class:`CommonSettings`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _api_processes() -> Any:
+    """The ``api_processes`` setting, of ``llmq api`` and of ``llmq run`` alike."""
+    return Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes serving one port (SO_REUSEPORT), each with its own relay "
+        "and liveness lease, supervised (restarted with backoff); for hosts with more cores.",
+    )
 
 
 class CommonSettings(BaseSettings):
@@ -159,13 +170,7 @@ class ApiSettings(CommonSettings):
     enqueue_replica_timeout_ms: int = Field(
         500, ge=1, le=60_000, description="How long an enqueue waits for replicas (WAIT)."
     )
-    api_processes: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="API processes serving one port (SO_REUSEPORT), each with its own relay "
-        "and liveness lease; for hosts with more cores.",
-    )
+    api_processes: int = _api_processes()
 
     shutdown_grace_seconds: float = Field(
         2.0,
@@ -334,6 +339,7 @@ class RunSettings(ControllerSettings):
         description="Start a private Redis; default: only when LLMQ_REDIS_URL is unset.",
     )
     model: str = Field("mock", min_length=1, max_length=128, description="Model the workers serve.")
+    api_processes: int = _api_processes()
     restart_limit: int = Field(
         5,
         ge=1,

@@ -20,6 +20,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn
 
+from llmq.connection import Outage
+
 log = logging.getLogger(__name__)
 
 RECANCEL_SECONDS = 0.1
@@ -34,23 +36,29 @@ async def run_periodically(
 ) -> NoReturn:
     """Run ``action`` now and then every ``interval`` seconds, until cancelled.
 
-    An exception from ``action`` is logged (a warning for the first failure of a
-    run of them, an info line when ``action`` works again) and the next run comes
-    at the usual interval; only cancellation ends the loop.
+    An exception from ``action`` is logged as an :class:`llmq.connection.Outage` is
+    (a warning for the first failure of a run of them, an info line when ``action``
+    works again) and the next run comes at the usual interval; only cancellation
+    ends the loop.
     """
-    failing = False
+    outage = Outage(
+        logger,
+        lost=f"{_literal(what)} failed: %s; retrying every {interval:g}s",
+        back=f"{_literal(what)} works again after %d failed runs",
+    )
     while True:
         try:
             await action()
         except Exception as exc:
-            if not failing:
-                logger.warning("%s failed: %s; retrying every %gs", what, exc, interval)
-            failing = True
+            outage.note(exc)  # the pace stays ``interval``: no backoff
         else:
-            if failing:
-                logger.info("%s works again", what)
-            failing = False
+            outage.recovered()
         await asyncio.sleep(interval)
+
+
+def _literal(text: str) -> str:
+    """``text`` as a part of a %-format that prints it as it is."""
+    return text.replace("%", "%%")
 
 
 async def cancel_and_wait(

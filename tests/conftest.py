@@ -12,14 +12,15 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvicorn
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from api.app import create_app
 from llmq.embedded import EmbeddedRedis, free_port
+from llmq.embedded_cluster import EmbeddedCluster
 from llmq.protocol import keys
 from llmq.settings import ApiSettings, WorkerSettings
 from tests.support.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
@@ -62,16 +63,40 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
 
 
 @pytest.fixture
-async def redis(redis_server: EmbeddedRedis) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    await client.flushall()
+def backend(request: pytest.FixtureRequest) -> str:
+    """The Redis a test runs on: ``single`` unless the test is parametrized with
+    :data:`tests.support.cluster.BOTH_BACKENDS` (then once on each)."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+async def redis(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
+    """The test's client, on a flushed Redis: a plain one, or on the session's Redis
+    Cluster a cluster client (routing by slot)."""
+    client: Redis
+    if backend == "cluster":
+        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        client = cast(
+            Redis,
+            RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, decode_responses=True),
+        )
+    else:
+        server: EmbeddedRedis = request.getfixturevalue("redis_server")
+        client = Redis.from_url(server.url, decode_responses=True)
+        await client.flushall()
     yield client
     await client.aclose()
 
 
 @pytest.fixture
-def redis_url(redis_server: EmbeddedRedis, redis: Redis) -> str:
-    return redis_server.url
+def redis_url(backend: str, request: pytest.FixtureRequest, redis: Redis) -> str:
+    """The URL the llmq parts of the test connect with (``redis+cluster://`` on the cluster)."""
+    if backend == "cluster":
+        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
+    server: EmbeddedRedis = request.getfixturevalue("redis_server")
+    return server.url
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import SETTINGS, build_parser, build_settings, main
+from cli.main import REUSE_PORT, SETTINGS, build_parser, build_settings, main, settings_flags
 from llmq.settings import ApiSettings, RunSettings, WorkerSettings
 
 
@@ -61,3 +61,12 @@ def test_help_runs() -> None:
     assert out.returncode == 0
     for command in ("api", "worker", "run", "loadgen"):
         assert command in out.stdout
+
+
+def test_an_api_process_of_several_builds_its_parents_settings() -> None:
+    """``llmq api --api-processes N`` hands its own flags to each child it starts."""
+    parser = build_parser()
+    args = parser.parse_args(["api", "--port", "9003", "--no-log-json", "--api-processes", "3"])
+    child = parser.parse_args(["api", REUSE_PORT, *settings_flags(ApiSettings, args)])
+    assert child.reuse_port and not args.reuse_port
+    assert build_settings(ApiSettings, child) == build_settings(ApiSettings, args)

@@ -1,8 +1,8 @@
 """The API and workers, unchanged, on a single Redis and on a real Redis Cluster.
 
-Every test here runs twice: against one ``redis-server``, and against a local
-cluster of three primaries with a replica each (:mod:`tests.support.cluster`), chosen by
-the ``redis+cluster://`` URL alone. A request's stream and record live on the
+Every test here runs twice (:data:`tests.support.cluster.BOTH_BACKENDS`): against
+one ``redis-server``, and against a local cluster of three primaries with a replica
+each, chosen by the ``redis+cluster://`` URL alone. A request's stream and record live on the
 shard of its group, its model's queue on another, the registry on a third: the
 pipeline, priority order, a worker SIGKILLed mid-stream and the resume of its
 request all have to work across them.
@@ -11,16 +11,14 @@ request all have to work across them.
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
 from typing import cast
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
 from redis.crc import key_slot
 
-from llmq.embedded import EmbeddedRedis
-from llmq.embedded_cluster import EmbeddedCluster
 from llmq.protocol import keys
+from tests.support.cluster import BOTH_BACKENDS
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.runs import undisturbed
@@ -31,39 +29,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(params=["single", "cluster"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def redis(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
-    """The test's client: a plain one, or a cluster client (routing by slot)."""
-    client: Redis
-    if backend == "cluster":
-        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
-        cluster.flush()
-        client = cast(
-            Redis,
-            RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, decode_responses=True),
-        )
-    else:
-        server: EmbeddedRedis = request.getfixturevalue("redis_server")
-        client = Redis.from_url(server.url, decode_responses=True)
-        await client.flushall()
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-def redis_url(backend: str, request: pytest.FixtureRequest, redis: Redis) -> str:
-    if backend == "cluster":
-        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
-        return cluster.url
-    server: EmbeddedRedis = request.getfixturevalue("redis_server")
-    return server.url
-
-
+@BOTH_BACKENDS
 async def test_the_pipeline(
     backend: str, start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
@@ -99,6 +65,7 @@ async def test_the_pipeline(
         assert key_slot(keys.stream(rid).encode()) != key_slot(keys.queue("mock").encode())
 
 
+@BOTH_BACKENDS
 async def test_a_higher_priority_overtakes_the_backlog(
     start_api: StartApi, spawn_workers: SpawnWorkers
 ) -> None:
@@ -116,6 +83,7 @@ async def test_a_higher_priority_overtakes_the_backlog(
     assert order == [urgent, *backlog]
 
 
+@BOTH_BACKENDS
 async def test_a_killed_workers_request_is_reaped_and_resumed(
     start_api: StartApi, spawn_workers: SpawnWorkers
 ) -> None:
@@ -143,6 +111,7 @@ async def test_a_killed_workers_request_is_reaped_and_resumed(
     assert final["completion_tokens"] == max_tokens
 
 
+@BOTH_BACKENDS
 async def test_llmq_tail_reads_every_lifecycle_stream(
     start_api: StartApi, start_worker: StartWorker, redis_url: str
 ) -> None:
@@ -169,7 +138,7 @@ async def test_llmq_tail_reads_every_lifecycle_stream(
         assert events == ["queued", "started", "first_token", "finished"]
 
 
-@pytest.mark.parametrize("backend", ["cluster"])
+@pytest.mark.parametrize("backend", ["cluster"], indirect=True)
 async def test_an_exhausted_cluster_pool_answers_429_not_503(
     backend: str, start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
@@ -197,3 +166,14 @@ async def test_an_exhausted_cluster_pool_answers_429_not_503(
     assert busy.json()["error"]["code"] == "server_busy"
     assert await redis.zcard(keys.queue("mock")) == 0
     assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 2
+
+
+@BOTH_BACKENDS
+async def test_each_backend_is_the_one_every_part_uses(
+    backend: str, start_api: StartApi, redis: Redis
+) -> None:
+    """A test parametrized with BOTH_BACKENDS runs its llmq parts on that Redis: the
+    cluster variant of a test is not the single one run twice."""
+    api = await start_api()
+    assert isinstance(api.app_state().redis, RedisCluster) == (backend == "cluster")
+    assert isinstance(redis, RedisCluster) == (backend == "cluster")

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from llmq.embedded import free_port
 from llmq.protocol import keys
+from tests.support.cluster import BOTH_BACKENDS
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import SpawnWorkers, StartApi
@@ -62,6 +63,7 @@ async def test_worker_killed_mid_stream_the_client_sees_every_token_once(
     assert final["worker"] != worker
 
 
+@BOTH_BACKENDS
 async def test_sigterm_hands_back_what_the_drain_window_could_not_finish(
     start_api: StartApi, spawn_workers: SpawnWorkers
 ) -> None:
@@ -107,6 +109,7 @@ async def test_reaper_requeues_a_dead_workers_requests(
     await nothing_running(redis)
 
 
+@BOTH_BACKENDS
 async def test_native_client_resumes_on_another_api_after_one_dies(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis_url: str
 ) -> None:
@@ -139,6 +142,7 @@ async def test_native_client_resumes_on_another_api_after_one_dies(
     assert len(tokens) == 40 and events[-1]["type"] == "done"
 
 
+@BOTH_BACKENDS
 async def test_openai_stream_is_cancelled_after_its_api_process_dies(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis_url: str, redis: Redis
 ) -> None:
@@ -181,6 +185,7 @@ async def test_openai_stream_is_cancelled_after_its_api_process_dies(
     await wait_until(forgotten, timeout=10, what="the dead API process to be forgotten")
 
 
+@BOTH_BACKENDS
 async def test_a_killed_parked_worker_is_skipped_and_nothing_waits_for_it(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:

@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 
 from llmq.protocol import keys
 from llmq.tail import CLIENT_NAME
+from tests.support.cluster import BOTH_BACKENDS
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import StartApi, StartWorker
@@ -57,6 +58,7 @@ async def test_a_request_leaves_its_trail(
     }
 
 
+@BOTH_BACKENDS
 async def test_cancelled_and_expired_while_queued(start_api: StartApi, redis: Redis) -> None:
     api = await start_api(accept_models="mock", sweep_seconds=0.05)
     async with api.client() as client:

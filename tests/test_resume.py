@@ -27,6 +27,7 @@ from llmq.schema import (
     StartedEvent,
     TokensEvent,
 )
+from tests.support.cluster import BOTH_BACKENDS
 from tests.support.native import record, wait_ready
 from tests.support.runs import payload, stream_events, undisturbed
 from tests.support.servers import FAST_MODEL, SpawnWorkers, StartApi, StartWorker
@@ -153,6 +154,7 @@ class FailsOnce:
             yield token
 
 
+@BOTH_BACKENDS
 async def test_rerun_after_a_model_error_resumes_after_the_published_tokens(
     start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
+from tests.support.cluster import BOTH_BACKENDS
 from tests.support.native import post_request, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
@@ -33,6 +34,7 @@ async def started_order(client: httpx.AsyncClient, ids: list[str]) -> list[str]:
     return sorted(ids, key=lambda rid: records[rid]["started_at"])
 
 
+@BOTH_BACKENDS
 async def test_fifo_within_a_priority(start_api: StartApi, spawn_workers: SpawnWorkers) -> None:
     await spawn_workers(1, concurrency=1, **SLOW)
     api = await start_api()
@@ -125,6 +127,7 @@ async def test_more_running_than_arqs_read_limit(
     assert done["queue_ms"] < 1000
 
 
+@BOTH_BACKENDS
 async def test_wakeup_not_poll(start_api: StartApi, spawn_workers: SpawnWorkers) -> None:
     """With the fallback poll at 60 s, work still starts at once: enqueue and freed slot."""
     await spawn_workers(1, concurrency=1, poll_seconds=60, **SLOW)

@@ -1,4 +1,5 @@
-"""Each queue script against a real Redis: the lease clock, leases, fences, writes."""
+"""Each queue script against a real Redis: the lease clock, leases, fences, writes, and
+each script's refusals (a full queue, a stale attempt, a lease not due, a dead process)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from llmq.protocol import codec, keys, streams
-from llmq.protocol.queue import Enqueue, Queue
+from llmq.protocol.queue import Enqueue, Queue, now_ms
 from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
     DoneEvent,
@@ -25,7 +26,7 @@ from llmq.schema import (
     Usage,
     decode_event,
 )
-from tests.support.jobs import enqueue_raw
+from tests.support.jobs import enqueue_costing, enqueue_raw
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -307,3 +308,174 @@ async def test_a_batch_the_queue_has_no_room_for_is_refused_whole(
         assert not await redis.exists(keys.request(rid), keys.job(rid, "mock"))
     assert await queue.admit(batch[:2], max_depth=3)  # room for two: both go in
     assert sorted(await redis.zrange(keys.queue("mock"), 0, -1)) == ["a", "b", "c"]
+
+
+async def test_orphans_takes_at_most_the_limit_and_forgets_a_dead_process_once_empty(
+    redis: Redis,
+) -> None:
+    """``orphans.lua``: the attached requests of API processes dead in lease time,
+    at most ``limit`` per call; a dead process is forgotten only once it has none
+    left, and a live one is not touched."""
+    orphans = scripts_for(redis).orphans
+    await redis.zadd(keys.APIS, {"dead-1": 1, "dead-2": 2, "live": 2**50})
+    attached = {"dead-1": ["a:mock"], "dead-2": ["b:mock", "c:mock", "d:mock"], "live": ["e:mock"]}
+    for process, members in attached.items():
+        await cast("Awaitable[int]", redis.sadd(keys.attached(process), *members))
+
+    async def take(limit: int) -> list[str]:
+        reply = await orphans(keys=[keys.APIS, keys.CLOCK], args=[keys.ATTACHED_PREFIX, limit])
+        return list(reply)
+
+    # dead-1's one, then as many of dead-2's as the limit leaves room for
+    first = await take(2)
+    assert first[0] == "a:mock" and len(first) == 2 and first[1] in attached["dead-2"]
+    # dead-1 is empty: forgotten; dead-2 still holds two: kept for the next call
+    assert await redis.zrange(keys.APIS, 0, -1) == ["dead-2", "live"]
+    rest = await take(10)
+    assert sorted(first + rest) == ["a:mock", "b:mock", "c:mock", "d:mock"]
+    assert await redis.zrange(keys.APIS, 0, -1) == ["live"]
+    assert await redis.smembers(keys.attached("live")) == {"e:mock"}  # type: ignore[misc]
+    assert await take(10) == []
+
+
+async def test_worker_beat_scores_by_lease_time_and_drops_the_dead_with_their_info(
+    redis: Redis,
+) -> None:
+    """``worker_beat.lua``: a stall of Redis does not age the other workers' entries;
+    lease time beyond the TTL drops an entry and its info key."""
+    beat = scripts_for(redis).worker_beat
+    ttl_ms = 1000
+
+    async def beat_as(worker: str) -> None:
+        await beat(
+            keys=[keys.WORKERS, keys.worker(worker), keys.CLOCK],
+            args=[worker, f'{{"id": "{worker}"}}', ttl_ms, keys.worker("")],
+        )
+
+    await beat_as("w1")
+    _, lease = await lease_clock(redis, keys.CLOCK)
+    assert await redis.zscore(keys.WORKERS, "w1") == lease
+    assert 0 < await redis.pttl(keys.worker("w1")) <= 4 * ttl_ms
+    real, lease = await lease_clock(redis, keys.CLOCK)
+    await set_clock(redis, keys.CLOCK, real=real - 10_000, lease=lease)  # a 10 s stall
+    await beat_as("w2")
+    assert await redis.zrange(keys.WORKERS, 0, -1) == ["w1", "w2"]
+    _, lease = await lease_clock(redis, keys.CLOCK)
+    await set_clock(redis, keys.CLOCK, lease=lease + ttl_ms + 1)  # w1 silent for a TTL
+    await beat_as("w2")
+    assert await redis.zrange(keys.WORKERS, 0, -1) == ["w2"]
+    assert not await redis.exists(keys.worker("w1"))
+    assert await redis.exists(keys.worker("w2"))
+
+
+async def test_enqueue_refuses_a_full_queue_and_leaves_no_trace(queue: Queue, redis: Redis) -> None:
+    """``enqueue.lua`` returns 0 when the queue holds ``max_depth``: no job, no cost,
+    no deadline; the caller then takes back the record and note."""
+    assert await queue.admit([_enqueue("a")], max_depth=1)
+    assert not await queue.admit([_enqueue("b", attach_to="api-1")], max_depth=1)
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["a"]
+    assert await redis.hkeys(keys.costs("mock")) == ["a"]  # type: ignore[misc]
+    assert await redis.zrange(keys.deadlines("mock"), 0, -1) == ["a"]
+    assert not await redis.exists(keys.job("b", "mock"), keys.request("b"))
+    assert not await redis.exists(keys.attached("api-1"))
+
+
+async def test_a_claim_drops_and_reports_a_cancelled_request_on_its_way(
+    queue: Queue, redis: Redis
+) -> None:
+    """``claim.lua``: a queued request whose cancel flag is set (its cancel raced
+    with the claim) is removed with its job and reported, and the next one taken."""
+    await enqueue_raw(queue, "gone", b"{}")
+    await enqueue_raw(queue, "next", b"{}")
+    await redis.set(keys.cancel_flag("gone", "mock"), "1")
+    got = await claim(queue)
+    assert got.cancelled == ["gone"] and got.expired == []
+    assert got.request_id == "next"
+    assert not await redis.exists(keys.job("gone", "mock"))
+    assert await redis.zscore(keys.deadlines("mock"), "gone") is None
+
+
+async def test_cancel_removes_a_queued_request_and_flags_any_other(
+    queue: Queue, redis: Redis
+) -> None:
+    """``cancel.lua``: 1 and every trace gone for a queued request; 0 for one that is
+    running or unknown, whose flag (with its TTL) and message tell its worker."""
+    await enqueue_raw(queue, "queued", b"{}")
+    assert await queue.cancel("mock", "queued")
+    assert await redis.zcard(keys.queue("mock")) == 0
+    assert not await redis.exists(keys.job("queued", "mock"), keys.cancel_flag("queued", "mock"))
+    assert await redis.hlen(keys.costs("mock")) == 0  # type: ignore[misc]
+    assert await redis.zcard(keys.deadlines("mock")) == 0
+    async with redis.pubsub() as pubsub:
+        await pubsub.subscribe(keys.cancel_channel("mock"))
+        assert not await queue.cancel("mock", "unknown")
+        message = None
+        while message is None or message["type"] != "message":
+            message = await pubsub.get_message(timeout=5)
+            assert message is not None, "no cancel message"
+        assert message["data"] == "unknown"
+    assert 0 < await redis.pttl(keys.cancel_flag("unknown", "mock")) <= queue.ttl * 1000
+
+
+async def test_sweep_expires_only_queued_requests_past_their_deadline_up_to_the_limit(
+    queue: Queue, redis: Redis
+) -> None:
+    """``sweep.lua``: a request past its deadline is removed and reported; one
+    claimed meanwhile (deadline left behind) is forgotten, not reported; the rest wait
+    for the next call when the limit is reached."""
+    past = now_ms() - 1
+    for rid in ("late-1", "late-2", "claimed"):
+        await enqueue_costing(queue, rid, deadline_ms=past)
+    await enqueue_costing(queue, "timely")
+    await redis.zrem(keys.queue("mock"), "claimed")
+    scripts = scripts_for(redis)
+
+    async def sweep(limit: int) -> list[str]:
+        return list(
+            await scripts.sweep(
+                keys=[keys.deadlines("mock"), keys.queue("mock"), keys.costs("mock")],
+                args=[now_ms(), limit, keys.job_prefix("mock")],
+            )
+        )
+
+    swept = await sweep(2)
+    swept += await sweep(2)
+    assert sorted(swept) == ["late-1", "late-2"]
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["timely"]
+    assert await redis.zrange(keys.deadlines("mock"), 0, -1) == ["timely"]
+    assert not await redis.exists(keys.job("late-1", "mock"), keys.job("late-2", "mock"))
+    assert await redis.hkeys(keys.costs("mock")) == ["claimed", "timely"]  # type: ignore[misc]
+
+
+async def test_reap_requeues_only_a_due_lease_of_the_fenced_attempt(
+    queue: Queue, redis: Redis
+) -> None:
+    """``reap.lua``'s second call: a pair whose attempt is not the lease's (a newer
+    claim took it) or whose lease is not due is refused; a lease without a valid
+    value is dropped."""
+    await enqueue_raw(queue, "r1", b"{}")
+    await enqueue_raw(queue, "r2", b"{}")
+    first, second = await claim(queue, lease_ms=1000), await claim(queue, lease_ms=60_000)
+    await redis.zadd(keys.running("mock"), {"broken": 0})
+    await cast("Awaitable[int]", redis.hset(keys.leases("mock"), "broken", "junk"))
+    _, lease = await lease_clock(redis)
+    await set_clock(redis, lease=lease + 2_000)  # r1's lease is due, r2's is not
+    reap = scripts_for(redis).reap
+    args: list[str | int] = [10, keys.wake("mock"), keys.in_progress_prefix("mock")]
+    keys_ = [
+        keys.running("mock"),
+        keys.queue("mock"),
+        keys.leases("mock"),
+        keys.costs("mock"),
+        keys.clock("mock"),
+    ]
+    assert first.request_id == "r1" and second.request_id == "r2"
+    wrong: list[str | int] = ["r1", first.job_try + 1, "r2", second.job_try]
+    assert await reap(keys=keys_, args=[*args, *wrong, "broken", 0]) == []
+    assert await redis.zrange(keys.running("mock"), 0, -1) == ["r1", "r2"]
+    assert await redis.hget(keys.leases("mock"), "broken") is None  # type: ignore[misc]
+    assert await reap(keys=keys_, args=[*args, "r1", first.job_try]) == [
+        "r1",
+        first.job_try,
+    ]
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]

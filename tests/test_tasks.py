@@ -32,5 +32,5 @@ async def test_a_failing_run_is_logged_once_and_the_loop_goes_on(
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "llmq.tasks"]
     assert lines == [
         (logging.WARNING, "the chore failed: redis is away; retrying every 0.01s"),
-        (logging.INFO, "the chore works again"),
+        (logging.INFO, "the chore works again after 3 failed runs"),
     ]

@@ -37,6 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmq.connection import Outage
 from llmq.protocol.streams import publish_calls, publish_script
 from llmq.schema import Event, Lifecycle, TokenLogprob, tokens_event
 from llmq.tasks import cancel_and_wait
@@ -107,7 +108,15 @@ class StreamPublisher:
         self._owners: dict[str, tuple[int, OnFenced | None]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._backoff = ExponentialBackoff(cap=0.1, base=0.01)
+        #: One outage for the flusher and the last writes of :meth:`stop`. Its
+        #: backoff is faster than the shared one (at most 0.1 s): it bounds how long
+        #: tokens stall after Redis comes back.
+        self._outage = Outage(
+            log,
+            lost="stream writes failed (%s); keeping them and retrying",
+            back="stream writes landed after %d failed attempts",
+            schedule=ExponentialBackoff(cap=0.1, base=0.01),
+        )
 
     @property
     def redis(self) -> Redis:
@@ -124,13 +133,10 @@ class StreamPublisher:
             await cancel_and_wait([self._task], timeout=5)
             self._task = None
         deadline = time.monotonic() + timeout
-        failures = 0
         while True:
             try:
                 await self._flush()
-                return
             except RETRYABLE as exc:
-                failures += 1
                 if time.monotonic() >= deadline:
                     log.error(
                         "stopping with the writes of %d requests unwritten (%s); their "
@@ -139,7 +145,10 @@ class StreamPublisher:
                         exc,
                     )
                     return
-                await asyncio.sleep(self._backoff.compute(failures))
+                await self._outage.failed(exc)
+                continue
+            self._outage.recovered()
+            return
 
     def own(self, request_id: str, attempt: int, on_fenced: OnFenced | None = None) -> None:
         """Writes queued for ``request_id`` from now on are made as ``attempt``;
@@ -203,29 +212,18 @@ class StreamPublisher:
         return done
 
     async def _run(self) -> None:
-        failures = 0
-        down_since = 0.0
         while True:
-            if not failures:
+            if not self._outage.failures:
                 await self._wake.wait()
             self._wake.clear()
             try:
                 await self._flush()
             except RETRYABLE as exc:
-                if not failures:
-                    down_since = time.monotonic()
-                    log.warning("stream writes failed (%s); keeping them and retrying", exc)
-                failures += 1
-                await asyncio.sleep(self._backoff.compute(failures))
+                await self._outage.failed(exc)
                 continue
             except Exception:  # a bug, not an outage: its waiters were told
                 log.exception("stream flush failed")
-            if failures:
-                log.info(
-                    "stream writes landed after %.1fs of retries",
-                    time.monotonic() - down_since,
-                )
-            failures = 0
+            self._outage.recovered()
 
     def written(self, request_id: str) -> asyncio.Future[None]:
         """Done once everything queued for ``request_id`` so far is written (at once if

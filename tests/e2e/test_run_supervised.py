@@ -13,6 +13,7 @@ import pytest
 from tests.support.processes import (
     alive,
     children_of,
+    http_status,
     live_workers,
     reap,
     start_run,
@@ -112,6 +113,24 @@ async def test_ctrl_c_stops_in_order_and_ends_every_stream_cleanly() -> None:
         worker_done = out.index("stopped", out.index("[worker-1]", out.index("stopping")))
         redis_done = out.index("embedded redis-server stopped")
         assert worker_done < api_done < redis_done < out.index("llmq stopped")
+    finally:
+        proc.stop()
+        reap(kids)
+
+
+def test_api_processes_run_as_children_of_the_stack() -> None:
+    """``llmq run --api-processes 2``: two API processes on the port, each a child
+    of the stack's own supervisor (not a supervisor of its own), stopped with it."""
+    url, proc = start_run("--workers", "0", "--api-processes", "2")
+    kids: list[int] = []
+    try:
+        wait_for(lambda: http_status(url + "/healthz") == 200, 60, "the API", proc)
+        wait_for(lambda: "[api-2]" in proc.output(), 30, "the second API process", proc)
+        kids = children_of(proc.pid)
+        assert len(kids) == 3, kids  # redis-server, api-1, api-2
+        assert not any(children_of(k) for k in kids)
+        assert proc.stop(timeout=30) == 0
+        wait_for(lambda: not any(alive(k) for k in kids), 10, "children to exit")
     finally:
         proc.stop()
         reap(kids)
