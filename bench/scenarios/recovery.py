@@ -68,7 +68,8 @@ class Sizes:
     prefill_seconds_per_token: float = 0.0001
 
 
-QUICK = Sizes(streams=2, max_tokens=60, kill_after_tokens=30)
+#: Streams long enough (6 s) for a survivor to start on a busy machine before they end.
+QUICK = Sizes(streams=2, max_tokens=300, kill_after_tokens=30)
 
 
 @dataclass(frozen=True)
