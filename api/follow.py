@@ -35,7 +35,7 @@ class TokenCursor:
         if skip < 0:
             log.warning("token gap: expected %d, got %d", self.next_index, event.index)
             skip = 0
-        fresh = event.tokens[skip:]
+        fresh = event.tokens[skip:] if skip else event.tokens
         self.next_index = max(self.next_index, event.index + len(event.tokens))
         return fresh
 
