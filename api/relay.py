@@ -188,8 +188,8 @@ class Subscription:
         items, self.items = self.items, []
         return items
 
-    async def _arrival(self, timeout: float) -> None:
-        """Wait until an entry arrives or ``timeout`` seconds pass.
+    def _arrival(self, timeout: float) -> asyncio.Future[None]:
+        """What to await until an entry arrives or ``timeout`` seconds pass.
 
         This runs for nearly every token of every stream, and the wait nearly always
         ends with an entry, long before its timeout (the keep-alive interval). A timer
@@ -197,17 +197,16 @@ class Subscription:
         ``call_later`` and ``cancel``: several microseconds), so one timer per
         subscription stays armed across waits: a wait only notes its deadline, and
         the timer, when it fires, ends the wait if the deadline passed and otherwise
-        re-arms for it. A bare future rather than a queue: nothing else per wait.
+        re-arms for it. A bare future rather than a queue, returned rather than awaited
+        in a coroutine of its own: nothing else per wait. A wait that ended leaves its
+        future done, which the deliveries and the timer step over.
         """
         loop = asyncio.get_running_loop()
         deadline = self._deadline = loop.time() + timeout
         if self._timer is None or deadline < self._timer_at:
             self._arm(loop, deadline)
         waiter = self._waiter = loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
+        return waiter
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
