@@ -145,7 +145,7 @@ async def test_the_read_command_is_the_one_redis_py_packs(relay: StreamRelay, re
         keys = [relay._control, *subs]
         ids = [relay._control_id]
         ids += [min(positions, key=parse_id) for positions in subs.values()]
-        args = ("XREAD", "COUNT", 512, "BLOCK", 2000, "STREAMS", *keys, *ids)
+        args: list[str | int] = ["XREAD", "COUNT", 512, "BLOCK", 2000, "STREAMS", *keys, *ids]
         return b"".join(Connection().pack_command(*args))
 
     a = await relay.subscribe("s:a")
