@@ -31,6 +31,8 @@ class TokenCursor:
         self.next_index = next_index
 
     def take(self, event: TokensEvent) -> list[str]:
+        """The tokens of ``event`` not relayed yet: the event's own list when none was
+        (nearly always; not copied, so not to be changed)."""
         skip = self.next_index - event.index
         if skip < 0:
             log.warning("token gap: expected %d, got %d", self.next_index, event.index)
