@@ -31,11 +31,13 @@ class TokenCursor:
         self.next_index = next_index
 
     def take(self, event: TokensEvent) -> list[str]:
+        """The tokens of ``event`` not relayed yet: the event's own list when none was
+        (nearly always; not copied, so not to be changed)."""
         skip = self.next_index - event.index
         if skip < 0:
             log.warning("token gap: expected %d, got %d", self.next_index, event.index)
             skip = 0
-        fresh = event.tokens[skip:]
+        fresh = event.tokens[skip:] if skip else event.tokens
         self.next_index = max(self.next_index, event.index + len(event.tokens))
         return fresh
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
@@ -128,7 +127,8 @@ class Subscription:
 
     key: str
     last_id: str = "0-0"
-    items: deque[tuple[str, Event]] = field(default_factory=deque)
+    #: Arrived and not yet taken; a list, so that :meth:`batch` hands it over whole.
+    items: list[tuple[str, Event]] = field(default_factory=list)
     failed: BaseException | None = None
     #: ``last_id`` parsed, kept alongside so that the relay's loop never re-parses it.
     last: StreamId = field(init=False)
@@ -149,23 +149,32 @@ class Subscription:
             self.last_id, self.last = stream_id, parsed
             if event is not None:
                 self.items.append((stream_id, event))
-                waiter = self._waiter
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
+                self._wake()
+
+    def _take(self, items: list[tuple[str, Event]], last_id: str) -> None:
+        """Deliver entries read from ``last_id`` on, all new to it, the last one ``last_id``
+        (malformed ones left out of ``items``): the entries are not compared one by one."""
+        self.last_id, self.last = last_id, parse_id(last_id)
+        if items:
+            self.items += items
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def end(self, event: Event) -> None:
         """Deliver an event of the API's own after what arrived so far, under the last
         id seen (a client that resumes from it misses nothing): it ends the stream."""
         self.items.append((self.last_id, event))
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     async def next(self, timeout: float) -> tuple[str, Event] | None:
         """The next entry, or None if none arrived within ``timeout`` seconds."""
         if not self.items:
             await self._arrival(timeout)
-        return self.items.popleft() if self.items else None
+        return self.items.pop(0) if self.items else None
 
     async def batch(self, timeout: float) -> list[tuple[str, Event]]:
         """Every entry that arrived, in order: at least one, or none if none arrived
@@ -176,12 +185,11 @@ class Subscription:
         """
         if not self.items:
             await self._arrival(timeout)
-        items = list(self.items)
-        self.items.clear()
+        items, self.items = self.items, []
         return items
 
-    async def _arrival(self, timeout: float) -> None:
-        """Wait until an entry arrives or ``timeout`` seconds pass.
+    def _arrival(self, timeout: float) -> asyncio.Future[None]:
+        """What to await until an entry arrives or ``timeout`` seconds pass.
 
         This runs for nearly every token of every stream, and the wait nearly always
         ends with an entry, long before its timeout (the keep-alive interval). A timer
@@ -189,17 +197,16 @@ class Subscription:
         ``call_later`` and ``cancel``: several microseconds), so one timer per
         subscription stays armed across waits: a wait only notes its deadline, and
         the timer, when it fires, ends the wait if the deadline passed and otherwise
-        re-arms for it. A bare future rather than a queue: nothing else per wait.
+        re-arms for it. A bare future rather than a queue, returned rather than awaited
+        in a coroutine of its own: nothing else per wait. A wait that ended leaves its
+        future done, which the deliveries and the timer step over.
         """
         loop = asyncio.get_running_loop()
         deadline = self._deadline = loop.time() + timeout
         if self._timer is None or deadline < self._timer_at:
             self._arm(loop, deadline)
         waiter = self._waiter = loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
+        return waiter
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
@@ -255,9 +262,12 @@ class StreamRelay(Subscribing):
         self._subs: dict[str, set[Subscription]] = {}
         #: Where the next read starts in each subscribed stream: the lowest position
         #: of its subscribers, updated whenever one of them moves.
-        self._pos: dict[str, str] = {}
-        #: Stream keys as RESP bulk strings, encoded once per subscribed stream.
+        self._pos: dict[str, StreamId] = {}
+        #: The same keys and positions as the RESP bulk strings of ``XREAD``, in the
+        #: same order as ``_pos`` (the three change together, in
+        #: :meth:`_update_position`): each is encoded when it changes, not per read.
         self._key_bulk: dict[str, bytes] = {}
+        self._id_bulk: dict[str, bytes] = {}
         self._control_id = "0-0"
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -343,35 +353,36 @@ class StreamRelay(Subscribing):
     def _update_position(self, key: str) -> None:
         subs = self._subs.get(key)
         if not subs:
-            self._pos.pop(key, None)
-            self._key_bulk.pop(key, None)
-        elif len(subs) == 1:
-            self._pos[key] = next(iter(subs)).last_id
-        else:
-            self._pos[key] = min(subs, key=lambda s: s.last).last_id
+            if self._pos.pop(key, None) is not None:
+                del self._key_bulk[key], self._id_bulk[key]
+            return
+        lowest = next(iter(subs)) if len(subs) == 1 else min(subs, key=lambda s: s.last)
+        if self._pos.get(key) != lowest.last:
+            self._read_from(key, lowest)
 
-    def _positions(self) -> dict[str, str]:
-        return {self._control: self._control_id, **self._pos}
+    def _read_from(self, key: str, sub: Subscription) -> None:
+        """The next read of ``key`` starts at ``sub``'s position."""
+        if key not in self._pos:
+            self._key_bulk[key] = _bulk(key)
+        self._pos[key] = sub.last
+        self._id_bulk[key] = _bulk(sub.last_id)
 
-    def _command(self, streams: dict[str, str]) -> bytes:
+    def _command(self) -> bytes:
         """``XREAD COUNT c BLOCK ms STREAMS keys... ids...`` as RESP, ready to send.
 
         Packed here rather than by redis-py: with hundreds of streams the command
-        is mostly keys, and those are encoded once, not on every read.
+        is mostly keys and positions, and each is encoded once, when it changes,
+        not on every read (most streams did not move since the last one).
         """
-        bulk = self._key_bulk
-        keys = []
-        for key in streams:
-            encoded = bulk.get(key)
-            if encoded is None:
-                encoded = bulk[key] = _bulk(key)
-            keys.append(encoded)
-        head = b"*%d\r\n$5\r\nXREAD\r\n$5\r\nCOUNT\r\n%s$5\r\nBLOCK\r\n%s$7\r\nSTREAMS\r\n" % (
-            6 + 2 * len(streams),
+        head = b"*%d\r\n$5\r\nXREAD\r\n$5\r\nCOUNT\r\n%s$5\r\nBLOCK\r\n%s$7\r\nSTREAMS\r\n%s" % (
+            8 + 2 * len(self._pos),
             _bulk(str(self._count)),
             _bulk(str(self._block_ms)),
+            _bulk(self._control),
         )
-        return b"".join([head, *keys, *(_bulk(i) for i in streams.values())])
+        return b"".join(
+            [head, *self._key_bulk.values(), _bulk(self._control_id), *self._id_bulk.values()]
+        )
 
     async def _run(self) -> None:
         """Read every subscribed stream in one XREAD, again and again, on one connection.
@@ -383,9 +394,15 @@ class StreamRelay(Subscribing):
         (through the Sentinels, when they are configured), after the backoff every
         retry in llmq uses (:func:`llmq.connection.backoff`). An outage is logged
         once when it starts and once when it ends, not on every retry.
+
+        A read is one deadline, the connection's socket timeout, over sending the
+        command and reading its reply, held by this loop: redis-py's own, while the
+        connection is held here, would put a task and a timer around the send and
+        another timer around the read, at every read.
         """
         pool = self._redis.connection_pool
         conn: Any = None
+        deadline: float | None = None  # the socket timeout ``conn`` came with
         idle = True  # no command in flight on ``conn``
         outage = Outage(
             log,
@@ -397,15 +414,20 @@ class StreamRelay(Subscribing):
                 try:
                     if conn is None:
                         conn = await pool.get_connection()
-                    streams = self._positions()
+                        deadline, conn.socket_timeout = conn.socket_timeout, None
+                    # Where this read starts: a subscriber may move the live positions
+                    # while it is in flight.
+                    read_from = self._pos.copy()
                     idle = False
-                    await conn.send_packed_command(self._command(streams), check_health=False)
-                    reply = await conn.read_response()
+                    async with asyncio.timeout(deadline):
+                        await conn.send_packed_command(self._command(), check_health=False)
+                        reply = await conn.read_response()
                     idle = True
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     if conn is not None:
+                        conn.socket_timeout = deadline
                         await _drop(pool, conn)
                         conn = None
                     await outage.failed(exc)
@@ -414,38 +436,62 @@ class StreamRelay(Subscribing):
                 if not reply:
                     continue
                 for key, entries in reply:
-                    self._dispatch(key, entries, parse_id(streams[key]))
+                    if key == self._control:
+                        self._control_id = entries[-1][0]
+                    elif key in read_from:
+                        self._dispatch(key, entries, read_from[key])
                 # Let the subscribers relay what they just got before the next XREAD is
                 # sent: their clients are waiting, the read is not.
                 await asyncio.sleep(0)
         finally:
             if conn is not None:
+                conn.socket_timeout = deadline
                 if idle:
                     await pool.release(conn)
                 else:  # cancelled mid-reply: the connection is not reusable
                     await _drop(pool, conn)
 
     def _dispatch(self, key: str, entries: list[list[Any]], read_from: StreamId) -> None:
-        if key == self._control:
-            self._control_id = entries[-1][0]
+        subs = self._subs.get(key)
+        if not subs:
             return
+        if len(subs) == 1:
+            (sub,) = subs
+            if sub.last == read_from:  # the usual case: every entry is new to it
+                sub._take(
+                    [(i, e) for i, fields in entries if (e := _entry_event(fields)) is not None],
+                    entries[-1][0],
+                )
+                self._read_from(key, sub)
+                return
         # A subscriber that joined while this read was in flight may want entries
         # from before ``read_from``: it is left for the next read, which starts at
         # its position, so it never skips anything.
-        subs = [s for s in self._subs.get(key, ()) if s.last >= read_from]
-        if not subs:
+        ready = [s for s in subs if s.last >= read_from]
+        if not ready:
             return
         for stream_id, fields in entries:
-            raw = _data_field(fields) if fields else None
-            if raw is None:
-                log.warning("skipping stream entry without data: %r", fields)
-                event = None
-            else:
-                event = decode_data(raw)
+            event = _entry_event(fields)
             parsed = parse_id(stream_id)
-            for sub in subs:
+            for sub in ready:
                 sub._offer(stream_id, parsed, event)
         self._update_position(key)
+
+
+def _entry_event(fields: list[str]) -> Event | None:
+    """The event a stream entry carries; None (logged) for one without ``data``.
+
+    An entry as the workers write a token event (``type``, then ``data``) is read
+    here directly: this runs for every token relayed."""
+    if len(fields) == 4 and fields[2] == "data" and fields[3].startswith(_TOKENS_HEAD):
+        event = _token_event(fields[3])
+        if event is not None:
+            return event
+    raw = _data_field(fields) if fields else None
+    if raw is None:
+        log.warning("skipping stream entry without data: %r", fields)
+        return None
+    return decode_data(raw)
 
 
 async def _drop(pool: Any, conn: Any) -> None:

@@ -8,9 +8,16 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Connection, Redis
 
-from api.relay import StreamRelay, _token_event, decode_data, parse_id, valid_id
+from api.relay import (
+    StreamRelay,
+    _entry_event,
+    _token_event,
+    decode_data,
+    parse_id,
+    valid_id,
+)
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
 from llmq.schema import TokensEvent, decode_event, encode_event
@@ -128,6 +135,34 @@ async def test_malformed_entries_are_stepped_over(relay: StreamRelay, redis: Red
     await wait_until(lambda: sub.last_id == good, timeout=1, what="last id to advance")
 
 
+async def test_the_read_command_is_the_one_redis_py_packs(relay: StreamRelay, redis: Redis) -> None:
+    """The relay keeps each stream's key and position encoded between reads; the
+    command it sends must be, byte for byte, redis-py's packing of the positions its
+    subscribers read from (the lowest of a stream's), after subscribing, moving and
+    unsubscribing."""
+
+    def reference(subs: dict[str, list[str]]) -> bytes:
+        keys = [relay._control, *subs]
+        ids = [relay._control_id]
+        ids += [min(positions, key=parse_id) for positions in subs.values()]
+        args: list[str | int] = ["XREAD", "COUNT", 512, "BLOCK", 2000, "STREAMS", *keys, *ids]
+        return b"".join(Connection().pack_command(*args))
+
+    a = await relay.subscribe("s:a")
+    b1 = await relay.subscribe("s:b", "1-5")
+    b0 = await relay.subscribe("s:b", "1-2")  # the lower position is where s:b is read
+    c = await relay.subscribe("s:c", "0-7")
+    assert relay._command() == reference({"s:a": ["0-0"], "s:b": ["1-5", "1-2"], "s:c": ["0-7"]})
+    first = await add(redis, "s:a", 0)
+    assert await a.next(2.0) is not None  # s:a moved
+    relay.unsubscribe(b0)  # s:b is now read from its other subscriber's position
+    relay.unsubscribe(c)
+    assert relay._command() == reference({"s:a": [first], "s:b": ["1-5"]})
+    relay.unsubscribe(a)
+    relay.unsubscribe(b1)
+    assert relay._command() == reference({})
+
+
 def test_stream_ids() -> None:
     assert parse_id("5-2") == (5, 2) < parse_id("5-10") < parse_id("6-0")
     assert valid_id("0-0") and valid_id("1700000000000-3") and valid_id("12")
@@ -186,6 +221,12 @@ def test_fast_token_decoding_agrees_with_validation() -> None:
         '{"type":"tokens","index":1,"tokens":["a" "b"]}',
     ):
         assert decode_data(raw) == decode_event({"data": raw}), raw
+        # an entry as the workers write it, read by the relay's shortcut, and others
+        for fields in (["type", "tokens", "data", raw], ["data", raw, "type", "tokens"]):
+            assert _entry_event(fields) == decode_event({"data": raw}), fields
+    event_raw = encode_event(event)["data"]
+    assert _entry_event(["type", "tokens", "data", event_raw]) == event
+    assert _entry_event(["type", "tokens", "note", event_raw]) is None  # no data field
 
 
 #: Tokens whose JSON needs care: quotes, backslashes, control characters, escapes
@@ -220,6 +261,38 @@ def test_fast_token_decoding_reads_every_token_the_workers_write() -> None:
         assert fast.model_dump_json() == raw
         constructed = TokensEvent.model_construct(index=1, tokens=["a"])
         assert fast.model_fields_set == constructed.model_fields_set
+
+
+@pytest.mark.timeout(30)
+async def test_a_stalled_read_ends_at_the_socket_timeout(
+    own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The relay holds its read's deadline itself: a Redis that stops answering is
+    an outage once the connection's socket timeout passes, and the relay reads
+    again after it."""
+    client = Redis.from_url(own_redis.url, decode_responses=True, socket_timeout=0.5)
+    relay = StreamRelay(client, "llmq:ctl:test", block_ms=100)
+    writer = Redis.from_url(own_redis.url, decode_responses=True)
+    await relay.start()
+    try:
+        sub = await relay.subscribe("s:1")
+        with caplog.at_level(logging.INFO, logger="api.relay"):
+            stalled = await writer.connection_pool.get_connection()
+            await stalled.send_command("DEBUG", "SLEEP", "1.5")  # Redis stalls from now
+            await wait_until(
+                lambda: any("lost Redis" in r.getMessage() for r in caplog.records),
+                timeout=1.4,
+                what="the stalled read to time out",
+            )
+            await stalled.read_response()
+            await writer.connection_pool.release(stalled)
+            await add(writer, "s:1", 0)
+            assert await sub.next(5.0) is not None
+        assert client.connection_pool.connection_kwargs["socket_timeout"] == 0.5
+    finally:
+        await relay.stop()
+        await client.aclose()
+        await writer.aclose()
 
 
 #: How long Redis stays away in the restart test: long enough for the retries to

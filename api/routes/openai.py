@@ -134,9 +134,18 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
 def _batch_frames(
     fmt: CompletionFormat, choice: _Choice, batch: Batch, usage: UsageSum, timer: RelayTimer
 ) -> tuple[list[bytes], bool]:
-    """The SSE frames of one choice's batch of events, and whether the response ends."""
+    """The SSE frames of one choice's batch of events, and whether the response ends.
+
+    Plain text, nearly every event of every stream, is framed here directly; the
+    rest goes through :func:`_frames`."""
     out: list[bytes] = []
     for _, event in batch:
+        if type(event) is TokensEvent and event.logprobs is None and choice.tool_from is None:
+            fresh = choice.cursor.take(event)
+            if fresh:
+                out.append(fmt.delta_frame("".join(fresh), choice.sub.index))
+                timer.tokens()
+            continue
         frames, ended = _frames(fmt, choice, event, usage)
         if frames:
             out += frames
@@ -175,9 +184,6 @@ def _frames(
 
 
 def _token_frames(fmt: CompletionFormat, choice: _Choice, event: TokensEvent) -> list[bytes]:
-    if choice.tool_from is None and event.logprobs is None:  # plain text: the hot path
-        fresh = choice.cursor.take(event)
-        return [fmt.delta_frame("".join(fresh), choice.sub.index)] if fresh else []
     text, arguments, logprobs = choice.take(event)
     index = choice.sub.index
     frames = []
