@@ -162,3 +162,37 @@ async def test_written_is_done_once_what_was_queued_for_the_request_has_landed(
     await asyncio.wait_for(landed, timeout=5)
     tokens = [t for e in await read(redis, "w") if isinstance(e, TokensEvent) for t in e.tokens]
     assert tokens == ["w0", "w1", "w2"]
+
+
+async def test_flushes_keep_one_connection_and_replace_it_when_redis_drops_it(
+    own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The publisher keeps its connection between flushes (another user of the pool
+    gets a different one), and when Redis closes it, the next flush is retried on a
+    fresh connection: nothing is lost or written twice."""
+    client = Redis.from_url(own_redis.url, decode_responses=True)
+    admin = Redis.from_url(own_redis.url, decode_responses=True)
+    p = StreamPublisher(client, maxlen=1000, ttl_seconds=60, max_event_tokens=50)
+    p.start()
+    try:
+        p.token("k", 0, "k0")
+        await asyncio.wait_for(p.written("k"), timeout=5)
+        flushing = [c["id"] for c in await admin.client_list() if c["cmd"] == "evalsha"]
+        assert len(flushing) == 1
+        other = await client.connection_pool.get_connection()
+        try:
+            await other.send_command("CLIENT", "ID")
+            assert str(await other.read_response()) != flushing[0]
+        finally:
+            await client.connection_pool.release(other)
+        await admin.client_kill_filter(_id=flushing[0])
+        with caplog.at_level(logging.WARNING, logger="worker.publisher"):
+            p.token("k", 1, "k1")
+            await asyncio.wait_for(p.written("k"), timeout=5)
+        tokens = [t for e in await read(admin, "k") if isinstance(e, TokensEvent) for t in e.tokens]
+    finally:
+        await p.stop()
+        await client.aclose()
+        await admin.aclose()
+    assert any("stream writes failed" in r.message for r in caplog.records)
+    assert tokens == ["k0", "k1"]

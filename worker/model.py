@@ -46,6 +46,9 @@ WORDS = (
     "A model streams one token at a time , and the queue keeps the order ."
 ).split()
 
+#: The texts the mock draws from: a word after a space.
+TEXTS = tuple(" " + word for word in WORDS)
+
 
 def count_tokens(text: str) -> int:
     """Whitespace tokens: the mock's tokenizer, also used by the API to size prompts."""
@@ -265,7 +268,11 @@ class _Sequence:
         if self.finished.done() or self.next is None:
             return False
         out, self.next = self.next, None
-        return self._emit(out) and self.advance()
+        try:  # _emit, inline: this runs once per token of every sequence
+            self.emit(out)
+        except Exception as exc:
+            return self._end(exc)
+        return not self.finished.done() and self.advance()
 
     def _emit(self, out: str) -> bool:
         try:
@@ -378,14 +385,12 @@ class MockModel:
             texts = self._pieces(pieces, request)
         else:
             texts = self._sampled(request)
+        if request.logprobs is None:
+            yield from texts  # no generator of its own per token: nearly every request
+            return
         position = min(len(request.generated), request.max_tokens)
         for text in texts:
-            if request.logprobs is None:
-                yield text
-            else:
-                yield Token(
-                    text, structured.logprob_of(request.seed, position, text, request.logprobs)
-                )
+            yield Token(text, structured.logprob_of(request.seed, position, text, request.logprobs))
             position += 1
 
     def _plan(self, request: GenerationRequest) -> tuple[ToolCallStart | None, list[str]] | None:
@@ -416,6 +421,12 @@ class MockModel:
             # The draws of the run that produced these tokens.
             if self._draw(rng, request) is None or self._stops_after(rng, request, position):
                 return  # that run had stopped here already: nothing follows
+        if not request.stop and not self.stop_probability:
+            # Nearly every request: the same draws, without two checks' calls per token.
+            choice = rng.choice
+            for _ in range(resume, request.max_tokens):
+                yield choice(TEXTS)
+            return
         for position in range(resume, request.max_tokens):
             token = self._draw(rng, request)
             if token is None:
@@ -427,7 +438,7 @@ class MockModel:
     @staticmethod
     def _draw(rng: random.Random, request: GenerationRequest) -> str | None:
         """The next token, or None if it contains a stop sequence (the model stops)."""
-        token = " " + rng.choice(WORDS)
+        token = rng.choice(TEXTS)
         return None if any(s in token for s in request.stop) else token
 
     def _stops_after(self, rng: random.Random, request: GenerationRequest, position: int) -> bool:

@@ -32,6 +32,7 @@ from typing import Any
 
 import hiredis
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -54,7 +55,7 @@ class Fenced(Exception):
     """The write was refused: a later attempt owns the request."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     #: The attempt that queued these writes (0: unfenced).
     attempt: int
@@ -117,6 +118,8 @@ class StreamPublisher:
             back="stream writes landed after %d failed attempts",
             schedule=ExponentialBackoff(cap=0.1, base=0.01),
         )
+        #: The connection flushes are written on (single Redis), between flushes too.
+        self._connection: AbstractConnection | None = None
 
     @property
     def redis(self) -> Redis:
@@ -132,7 +135,13 @@ class StreamPublisher:
         if self._task:
             await cancel_and_wait([self._task], timeout=5)
             self._task = None
-        deadline = time.monotonic() + timeout
+        try:
+            await self._flush_until(time.monotonic() + timeout)
+        finally:
+            await self._release()
+
+    async def _flush_until(self, deadline: float) -> None:
+        """Write what is pending, retrying until ``deadline``."""
         while True:
             try:
                 await self._flush()
@@ -170,14 +179,14 @@ class StreamPublisher:
         self, request_id: str, index: int, token: str, logprob: TokenLogprob | None = None
     ) -> None:
         """Queue one token (and its log-probability); no round trip, no await."""
-        p = self._queue(request_id)
-        if p.tokens and (
-            p.tokens_start + len(p.tokens) != index or len(p.tokens) >= self._max_event_tokens
-        ):
-            p.close_tokens()
-        if not p.tokens:
+        p = self._pending.get(request_id) or self._queue(request_id)
+        tokens = p.tokens
+        if not tokens:
             p.tokens_start = index
-        p.tokens.append(token)
+        elif p.tokens_start + len(tokens) != index or len(tokens) >= self._max_event_tokens:
+            p.close_tokens()
+            p.tokens_start, tokens = index, p.tokens
+        tokens.append(token)
         if logprob is not None:
             p.logprobs.append(logprob)
         self._wake.set()
@@ -286,9 +295,11 @@ class StreamPublisher:
         a reply to each; a request's failed write is raised once every reply is read.
 
         On a single Redis the calls are packed by hiredis (in C: redis-py's packing in
-        Python cost more than the rest of a token's way) and sent on one pooled
-        connection. On a Redis Cluster they go through the cluster's pipeline, which
-        sends each node the calls whose slots it owns.
+        Python cost more than the rest of a token's way) and sent on the publisher's
+        connection: taken from the pool once and kept while flushes succeed (checking
+        one out and in per flush cost a lock, a timer and a socket read each time),
+        given back when a flush fails or the publisher stops. On a Redis Cluster they go
+        through the cluster's pipeline, which sends each node the calls whose slots it owns.
         """
         cluster = isinstance(self._redis, RedisCluster)
         calls = publish_calls(
@@ -306,8 +317,9 @@ class StreamPublisher:
                 pipe.evalsha(*command[1:])
             replies = list(await pipe.execute())
         else:
-            pool = self._redis.connection_pool
-            connection = await pool.get_connection()
+            connection = self._connection
+            if connection is None:
+                connection = self._connection = await self._redis.connection_pool.get_connection()
             try:
                 await connection.send_packed_command(
                     b"".join(hiredis.pack_command(command) for command, _ in calls)
@@ -317,8 +329,9 @@ class StreamPublisher:
                         replies.append(await connection.read_response())
                     except ResponseError as exc:  # the call itself failed (NOSCRIPT)
                         replies.append(exc)
-            finally:
-                await pool.release(connection)  # a broken connection was disconnected
+            except BaseException:
+                await self._release()  # a broken connection was disconnected
+                raise
         written: dict[str, bool] = {}
         failed: ResponseError | None = None
         for (_, request_ids), reply in zip(calls, replies, strict=True):
@@ -331,6 +344,12 @@ class StreamPublisher:
         if failed is not None:
             raise failed
         return written
+
+    async def _release(self) -> None:
+        """Give the publisher's connection back to the pool (the next flush takes one)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await self._redis.connection_pool.release(connection)
 
     def _fenced(self, request_id: str, p: _Pending) -> None:
         owner = self._owners.get(request_id)

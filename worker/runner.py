@@ -396,22 +396,25 @@ class RequestRunner:
             tool_choice=params.tool_choice,
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
+        token = self.publisher.token
         loop = asyncio.get_running_loop()
 
         def take(out: str) -> None:
             """One output of the model: queued for the flush, no await."""
-            if isinstance(out, ToolCallStart):
+            if type(out) is str:  # a plain token: nearly every output
+                token(rid, progress.produced, out)
+            elif isinstance(out, ToolCallStart):
                 # Before its argument tokens, in stream order; not a token itself.
                 event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
                 # Not awaited: a failed write surfaces with the tokens' flush.
                 written = self.publisher.post(rid, event)
                 written.add_done_callback(lambda f: f.cancelled() or f.exception())
                 return
-            now = time.time()
-            if isinstance(out, Token):
-                self.publisher.token(rid, progress.produced, str(out), out.logprob)
+            elif isinstance(out, Token):
+                token(rid, progress.produced, str(out), out.logprob)
             else:
-                self.publisher.token(rid, progress.produced, out)
+                token(rid, progress.produced, out)
+            now = time.time()
             progress.produced += 1
             if progress.first_at is None:
                 # No ITL across the gap between runs; and a resumed request's

@@ -142,15 +142,23 @@ def publish_args(
     events, record fields and notes; then per event ``type, data, index, count``
     (index and count of a ``tokens`` event, else 0 0); record field/value pairs; per
     note ``event, request_id, model, data``. The reply is 1 (written) or 0 (fenced)."""
-    notes = list(notes)
-    counts = (attempt, ttl, maxlen, lifecycle_maxlen, len(events), len(record), len(notes))
-    args = [str(n) for n in counts]
+    if not isinstance(notes, list):
+        notes = list(notes)
+    args = [
+        str(attempt),
+        str(ttl),
+        str(maxlen),
+        str(lifecycle_maxlen),
+        str(len(events)),
+        str(len(record)),
+        str(len(notes)),
+    ]
     for event in events:
         encoded = encode_event(event)
         if isinstance(event, TokensEvent):
-            args += [encoded["type"], encoded["data"], str(event.index), str(len(event.tokens))]
+            args += ("tokens", encoded["data"], str(event.index), str(len(event.tokens)))
         else:
-            args += [encoded["type"], encoded["data"], "0", "0"]
+            args += (encoded["type"], encoded["data"], "0", "0")
     for name, value in record.items():
         args += [name, value]
     for note in notes:
