@@ -68,6 +68,6 @@ async def test_a_stream_that_fails_mid_way_ends_with_an_error_chunk_and_done(
     await wait_until(cancelled, timeout=10, what="the broken stream's request to be cancelled")
 
     async def released() -> bool:  # the worker stops the run after the cancel lands
-        return await redis.zcard(keys.running("mock")) == 0
+        return int(await redis.zcard(keys.running("mock"))) == 0
 
     await wait_until(released, timeout=5, what="the worker to release the cancelled run")
