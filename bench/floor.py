@@ -253,10 +253,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         tokens_per_second=args.tokens_per_second,
         prefill_seconds_per_token=args.prefill_seconds_per_token,
     )
+    serve(FloorApp(model), args.host, args.port)
+
+
+def serve(app: Any, host: str, port: int) -> None:
+    """Serve ``app`` as every floor server does: no access log, lifespan on, a short
+    graceful shutdown (the benchmark stops servers between levels)."""
     uvicorn.run(
-        FloorApp(model),
-        host=args.host,
-        port=args.port,
+        app,
+        host=host,
+        port=port,
         log_config=None,
         access_log=False,
         lifespan="on",

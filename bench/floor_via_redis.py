@@ -40,11 +40,10 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import hiredis
-import uvicorn
 import uvloop
 from redis.asyncio import Redis
 
-from bench.floor import FloorApp
+from bench.floor import FloorApp, serve
 from worker.model import GenerationRequest, MockModel
 
 Role = Literal["both", "api", "model"]
@@ -379,15 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         maxlen=args.maxlen,
         ttl=args.ttl,
     )
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
+    serve(app, args.host, args.port)
 
 
 if __name__ == "__main__":

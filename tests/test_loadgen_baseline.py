@@ -87,7 +87,11 @@ async def test_in_process_run_reports_model_timings() -> None:
     assert s["completed"] == 6 and s["failed"] == 0
     # TTFT = prefill (20 x 1 ms) + one decode step (10 ms); TPOT = 10 ms; E2E = 20 + 5 x 10.
     assert 0.027 <= s["ttft_ms_median"] / 1000 <= 0.06
-    assert s["tpot_ms_median"] == pytest.approx(10.0, rel=0.25)
+    # The mock keeps its step schedule: a step delayed by a busy machine is followed by
+    # quicker ones, which shortens every request's TPOT at once (they share the steps);
+    # most gaps between tokens stay one step.
+    assert s["itl_ms_median"] == pytest.approx(10.0, rel=0.25)
+    assert s["tpot_ms_median"] == pytest.approx(10.0, rel=0.4)
     assert s["e2el_ms_median"] == pytest.approx(70.0, rel=0.4)
     assert all(r.output_tokens == 5 and len(r.itl_s) == 4 for r in result.records)
     assert [r.index for r in result.records] == list(range(6))
