@@ -479,14 +479,7 @@ class StreamRelay(Subscribing):
 
 
 def _entry_event(fields: list[str]) -> Event | None:
-    """The event a stream entry carries; None (logged) for one without ``data``.
-
-    An entry as the workers write a token event (``type``, then ``data``) is read
-    here directly: this runs for every token relayed."""
-    if len(fields) == 4 and fields[2] == "data" and fields[3].startswith(_TOKENS_HEAD):
-        event = _token_event(fields[3])
-        if event is not None:
-            return event
+    """The event a stream entry carries; None (logged) for one without ``data``."""
     raw = _data_field(fields) if fields else None
     if raw is None:
         log.warning("skipping stream entry without data: %r", fields)

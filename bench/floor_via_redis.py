@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import json
 import signal
 from collections.abc import AsyncIterator, Sequence
@@ -44,6 +43,7 @@ import uvloop
 from redis.asyncio import Redis
 
 from bench.floor import FloorApp, serve
+from llmq.tasks import cancel_and_wait
 from worker.model import GenerationRequest, MockModel
 
 Role = Literal["both", "api", "model"]
@@ -75,7 +75,24 @@ class Keys:
         return f"{self.prefix}:s:{stream_id}".encode()
 
 
-class Producer:
+class Background:
+    """A loop (``_forever``) run as one task from ``start`` until ``stop``."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def _forever(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task], timeout=5)
+            self._task = None
+
+
+class Producer(Background):
     """The model's side: each step's tokens, for every stream, in one round trip.
 
     The mock's step loop emits every due token synchronously; the emits only queue
@@ -93,16 +110,6 @@ class Producer:
         self._queued: list[bytes] = []
         self._count = 0
         self._wake = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._flusher = asyncio.create_task(self._flush_forever())
-
-    async def stop(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
 
     def _queue(self, *commands: tuple[bytes, ...]) -> None:
         self._queued.extend(_pack(c) for c in commands)
@@ -132,7 +139,8 @@ class Producer:
         finally:
             self._queue((*head, END, b"1"), expire)
 
-    async def _flush_forever(self) -> None:
+    async def _forever(self) -> None:
+        """Send what is queued, one round trip per wake-up."""
         pool = self._redis.connection_pool
         connection = await pool.get_connection()
         try:
@@ -175,7 +183,7 @@ class Inbox:
             await self.waiter
 
 
-class Reader:
+class Reader(Background):
     """One task reading every active stream in one blocking XREAD, again and again."""
 
     def __init__(self, redis: Redis, keys: Keys) -> None:
@@ -183,16 +191,6 @@ class Reader:
         self._keys = keys
         self._inboxes: dict[bytes, Inbox] = {}
         self._active = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._read_forever())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def open(self, key: bytes) -> Inbox:
         inbox = self._inboxes[key] = Inbox()
@@ -209,7 +207,7 @@ class Reader:
         ids = [b"$", *(inbox.last for inbox in self._inboxes.values())]
         return _pack((b"XREAD", b"BLOCK", str(BLOCK_MS).encode(), b"STREAMS", *keys, *ids))
 
-    async def _read_forever(self) -> None:
+    async def _forever(self) -> None:
         pool = self._redis.connection_pool
         connection = await pool.get_connection()
         try:

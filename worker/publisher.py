@@ -179,7 +179,7 @@ class StreamPublisher:
         self, request_id: str, index: int, token: str, logprob: TokenLogprob | None = None
     ) -> None:
         """Queue one token (and its log-probability); no round trip, no await."""
-        p = self._pending.get(request_id) or self._queue(request_id)
+        p = self._queue(request_id)
         tokens = p.tokens
         if not tokens:
             p.tokens_start = index

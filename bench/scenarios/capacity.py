@@ -246,13 +246,14 @@ def _system_table(system: System, levels: list[dict[str, Any]]) -> str:
     )
 
 
-def _chosen(ctx: Context, s: Sizes) -> dict[str, System]:
-    """The systems to compare: ``--systems`` if given, else the sizes' own."""
+def _chosen(ctx: Context, s: Sizes) -> list[str]:
+    """The ids of the systems to compare, in :data:`SYSTEMS`'s order: ``--systems``
+    if given, else the sizes' own."""
     ids = ctx.systems or s.systems
     unknown = [i for i in ids if i not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
-    return {SYSTEMS[i].name: SYSTEMS[i] for i in SYSTEMS if i in ids}
+    return [i for i in SYSTEMS if i in ids]
 
 
 def _runner(processes: ExitStack, ctx: Context, s: Sizes, system_id: str) -> Runner:
@@ -281,8 +282,7 @@ def run(ctx: Context) -> ScenarioResult:
         s = replace(s, levels=ctx.levels)
     chosen = _chosen(ctx, s)
     with ExitStack() as processes:
-        by_id = {system.name: i for i, system in SYSTEMS.items()}
-        systems = {name: _runner(processes, ctx, s, by_id[name]) for name in chosen}
+        systems = {SYSTEMS[i].name: _runner(processes, ctx, s, i) for i in chosen}
         levels = _climb(ctx, s, systems)
     floor_held = held(levels["floor"]) if "floor" in levels else None
     hop = SYSTEMS["floor-redis"].name
@@ -332,7 +332,7 @@ def run(ctx: Context) -> ScenarioResult:
                 ],
                 summary_rows,
             ),
-            *(_system_table(chosen[name], lvs) for name, lvs in levels.items()),
+            *(_system_table(SYSTEMS[i], levels[SYSTEMS[i].name]) for i in chosen),
             *notes,
             *(target_line(t.description, t.met, t.detail) for t in targets),
         ]

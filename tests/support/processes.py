@@ -7,6 +7,7 @@ naming them (``Proc(["worker"], env)`` runs ``python -m cli worker``).
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -35,3 +36,12 @@ def start_run(*args: str, **env: str) -> tuple[str, Proc]:
     port = free_port()
     proc = Proc(["run", "--port", str(port), *args], clean_env(**env))
     return f"http://127.0.0.1:{port}", proc
+
+
+def logged_restart(output: str, name: str, pid: int) -> bool:
+    """Whether the supervisor's ``output`` says it restarts ``name`` (pid ``pid``)
+    after a SIGKILL."""
+    line = (
+        rf"{name} \(pid {pid}\) exited unexpectedly with signal SIGKILL; restarting it in [\d.]+s"
+    )
+    return re.search(line, output) is not None
