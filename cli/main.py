@@ -46,6 +46,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[CommonSetting
         flag = "--" + name.replace("_", "-")
         env = "LLMQ_" + name.upper()
         help_text = f"{info.description or ''} [env {env}; default {info.default!r}]".strip()
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %
         if info.annotation in (bool, bool | None):
             parser.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,16 @@ def test_help_runs() -> None:
     assert out.returncode == 0
     for command in ("api", "worker", "run", "loadgen"):
         assert command in out.stdout
+
+
+@pytest.mark.parametrize("command", sorted(SETTINGS))
+def test_each_commands_help_shows_its_settings(command: str) -> None:
+    """``llmq <command> --help`` lists every flag, descriptions with a % sign included."""
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = subparsers.choices[command].format_help()
+    for name in SETTINGS[command].model_fields:
+        assert f"--{name.replace('_', '-')}" in text
 
 
 def test_an_api_process_of_several_builds_its_parents_settings() -> None:
