@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from api.errors import InvalidRequest, Unsupported
 from api.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from worker.structured import unsupported
+from llmq.model.json_subset import unsupported
 
 ToolChoice = Literal["auto", "required", "none"]
 

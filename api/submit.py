@@ -22,9 +22,9 @@ from api.schemas import GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
+from llmq.model.tokenizer import count_tokens
 from llmq.protocol.queue import Enqueue
 from llmq.schema import JobPayload, SamplingParams
-from worker.model import count_tokens
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from llmq.model.tokenizer import count_tokens
 from loadgen.config import LoadConfig
-from worker.model import WORDS, count_tokens
+from worker.mock import WORDS
 
 _MEASURED, _WARMUP = 1, 2  # generator streams: warmup requests never reuse measured ones
 

@@ -184,7 +184,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stop-sequence",
         "`stop` ends the text before the stop sequence, finish_reason stop",
-        "worker/model.py",
+        "worker/mock.py",
         "return None if any(s in token for s in request.stop) else token",
         "return token",
         (f"{CONTRACT}::test_a_stop_sequence_ends_the_text_before_it_with_finish_reason_stop",),
@@ -192,7 +192,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stop-probability",
         "LLMQ_MODEL_STOP_PROBABILITY ends generations early with stop",
-        "worker/model.py",
+        "worker/mock.py",
         "if not self.stop_probability or rng.random() >= self.stop_probability:",
         "if True:",
         (f"{CONTRACT}::test_the_stop_probability_ends_generations_early_with_stop",),

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from llmq.hosts import Stack
 from llmq.protocol import keys
+from rigs.hosts import Stack
 from tests.support.hosts import (
     client,
     cluster_stack,

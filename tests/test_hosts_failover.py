@@ -21,8 +21,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq.hosts import Stack, start_stack
-from llmq.netns import SENTINEL_MASTER, SENTINEL_PORT, Cluster
+from rigs.hosts import Stack, start_stack
+from rigs.netns import SENTINEL_MASTER, SENTINEL_PORT, Cluster
 from tests.support.hosts import client, expected_text, record, require_netns
 from tests.support.waiting import wait_until
 

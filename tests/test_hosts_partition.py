@@ -18,8 +18,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq.hosts import Stack
 from llmq.protocol import keys
+from rigs.hosts import Stack
 from tests.support.hosts import client, cluster_stack, expected_text, openai_text, record
 from tests.support.sse import frames
 from tests.support.waiting import wait_until

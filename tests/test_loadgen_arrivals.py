@@ -14,10 +14,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from llmq.model.tokenizer import count_tokens
 from loadgen.arrivals import RampClock, ramp_horizon, schedule
 from loadgen.config import LoadConfig
 from loadgen.workload import Workload, load_dataset
-from worker.model import count_tokens
 
 
 def _gaps(rate: float, burstiness: float, n: int, seed: int = 7) -> npt.NDArray[np.float64]:

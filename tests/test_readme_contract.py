@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from llmq.model.interface import GenerationRequest
+from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from tests.support.exposition import value
 from tests.support.models import Flaky
@@ -28,7 +30,6 @@ from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
-from worker.model import GenerationRequest, count_tokens
 
 pytestmark = pytest.mark.timeout(30)
 

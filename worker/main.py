@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 
 from llmq import metrics, registry
 from llmq.connection import Outage, connect_cluster, is_cluster, make_pool, slot_pool
+from llmq.model.interface import Model, capabilities_of
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
 from llmq.protocol.sweep import sweep_forever
@@ -30,7 +31,7 @@ from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.tasks import cancel_and_wait, run_periodically
 from worker.claimed import ClaimingRedis
-from worker.model import MockModel, Model, capabilities_of
+from worker.mock import MockModel
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
 from worker.runner import RequestRunner

@@ -47,6 +47,15 @@ from redis.asyncio import Redis
 
 from llmq import metrics
 from llmq.metrics import Recorder
+from llmq.model.interface import (
+    GenerationRequest,
+    Model,
+    SteppedModel,
+    Token,
+    ToolCallStart,
+    capabilities_of,
+    seed_for,
+)
 from llmq.protocol.streams import published_tokens
 from llmq.schema import (
     DoneEvent,
@@ -59,15 +68,6 @@ from llmq.schema import (
     Timings,
     ToolCallEvent,
     Usage,
-)
-from worker.model import (
-    GenerationRequest,
-    Model,
-    SteppedModel,
-    Token,
-    ToolCallStart,
-    capabilities_of,
-    seed_for,
 )
 from worker.publisher import Fenced, StreamPublisher
 

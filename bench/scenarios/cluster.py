@@ -1,7 +1,7 @@
 """Token events per second and concurrent streams held on a Redis Cluster of 1 and 3 shards.
 
 The API and the workers are the same processes as on a single Redis, pointed at a
-local Redis Cluster (``redis+cluster://``, :mod:`llmq.embedded_cluster`) of one
+local Redis Cluster (``redis+cluster://``, :mod:`rigs.embedded_cluster`) of one
 primary holding all 16384 slots, or three primaries holding a third each (no
 replicas: what is measured is where the writes go). A closed loop of N streaming
 users at the model's pace runs level by level, the shard counts taking turns at
@@ -38,8 +38,8 @@ from bench.scenarios.capacity import worker_env
 from bench.stats import median, median_of
 from bench.sysinfo import CpuMeter
 from llmq.embedded import EmbeddedRedis
-from llmq.embedded_cluster import EmbeddedCluster
 from loadgen import LoadConfig
+from rigs.embedded_cluster import EmbeddedCluster
 
 #: Loose: the machine these figures come from is shared, so its ITL is noisy.
 ITL_FACTOR = 3.0

@@ -1,6 +1,6 @@
 """Many hosts: latency across network namespaces, and repeated partitions and failovers.
 
-The cluster (``llmq.netns``): Redis primary + replica + three Sentinels on three
+The cluster (``rigs.netns``): Redis primary + replica + three Sentinels on three
 hosts, two API hosts, three worker hosts; the load comes from the root namespace's
 address on the bridge, so every hop of the pipeline crosses a veth pair and the
 bridge. Three parts:
@@ -39,9 +39,9 @@ from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.scenarios import host_faults
 from bench.stats import median, median_of, paired_ratios
-from llmq.hosts import Stack, start_stack
-from llmq.netns import Cluster
 from loadgen import LoadConfig
+from rigs.hosts import Stack, start_stack
+from rigs.netns import Cluster
 
 
 @dataclass(frozen=True)
