@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring as _json_string
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +89,26 @@ class JobPayload(_Frozen):
     generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
 
 
+class PromptTokensDetails(_Frozen):
+    """OpenAI's breakdown of the prompt (vLLM returns it too)."""
+
+    cached_tokens: int = Field(ge=0, description="Prompt tokens served from the KV cache.")
+
+
 class Usage(_Frozen):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    #: Present when the backend reported how much of the prompt it found cached.
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_details(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without a report, the usage reads as it always has (no null details)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("prompt_tokens_details", 0) is None:
+            del data["prompt_tokens_details"]
+        return data
 
 
 class Timings(_Frozen):

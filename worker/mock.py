@@ -20,6 +20,7 @@ from llmq.model.interface import (
     CAPABILITIES,
     Emit,
     GenerationRequest,
+    Report,
     Token,
     ToolCallStart,
 )
@@ -118,7 +119,7 @@ class _Sequence:
         take no time (a tool call's start) are emitted at once."""
         try:
             for out in self.outputs:
-                if isinstance(out, ToolCallStart):
+                if isinstance(out, ToolCallStart | Report):
                     if not self._emit(out):
                         return False
                     continue

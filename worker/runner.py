@@ -50,6 +50,7 @@ from llmq.metrics import Recorder
 from llmq.model.interface import (
     GenerationRequest,
     Model,
+    Report,
     SteppedModel,
     Token,
     ToolCallStart,
@@ -64,6 +65,7 @@ from llmq.schema import (
     JobPayload,
     Lifecycle,
     LifecycleKind,
+    PromptTokensDetails,
     StartedEvent,
     Timings,
     ToolCallEvent,
@@ -110,6 +112,11 @@ class _Progress:
     by_job_timeout: bool = False
     #: The terminal event is posted: the run is over, whatever happens to it now.
     ended: bool = False
+    #: What the backend reported (:class:`~llmq.model.interface.Report`): the prompt's
+    #: token count by its own tokenizer, the cached part of it, why it stopped.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: FinishReason | None = None
 
 
 @dataclass(frozen=True)
@@ -403,12 +410,8 @@ class RequestRunner:
             """One output of the model: queued for the flush, no await."""
             if type(out) is str:  # a plain token: nearly every output
                 token(rid, progress.produced, out)
-            elif isinstance(out, ToolCallStart):
-                # Before its argument tokens, in stream order; not a token itself.
-                event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
-                # Not awaited: a failed write surfaces with the tokens' flush.
-                written = self.publisher.post(rid, event)
-                written.add_done_callback(lambda f: f.cancelled() or f.exception())
+            elif isinstance(out, ToolCallStart | Report):
+                self._aside(rid, progress, out)
                 return
             elif isinstance(out, Token):
                 token(rid, progress.produced, str(out), out.logprob)
@@ -442,7 +445,25 @@ class RequestRunner:
                         take(out)
         except TimeoutError:
             return "timeout"
+        if progress.finish_reason is not None:
+            return progress.finish_reason
         return "length" if progress.produced >= params.max_tokens else "stop"
+
+    def _aside(self, rid: str, progress: _Progress, out: ToolCallStart | Report) -> None:
+        """An output that is not a token: a tool call's start, or the backend's report."""
+        if isinstance(out, ToolCallStart):
+            # Before its argument tokens, in stream order; not a token itself.
+            event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
+            # Not awaited: a failed write surfaces with the tokens' flush.
+            written = self.publisher.post(rid, event)
+            written.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return
+        if out.prompt_tokens is not None:
+            progress.prompt_tokens = out.prompt_tokens
+        if out.cached_tokens is not None:
+            progress.cached_tokens = out.cached_tokens
+        if out.finish_reason is not None:
+            progress.finish_reason = out.finish_reason
 
     async def _finish_done(
         self,
@@ -456,7 +477,7 @@ class RequestRunner:
         first = progress.first_at if progress.first_at is not None else now
         event = DoneEvent(
             finish_reason=finish,
-            usage=_usage(payload, progress.produced),
+            usage=_usage(payload, progress),
             timings=Timings(
                 queue_ms=queue_ms, prefill_ms=_ms(first - started), decode_ms=_ms(now - first)
             ),
@@ -508,7 +529,7 @@ class RequestRunner:
         await self.publisher.emit(
             payload.request_id,
             ErrorEvent(
-                code=code, message=message, finish_reason=finish, usage=_usage(payload, produced)
+                code=code, message=message, finish_reason=finish, usage=_usage(payload, progress)
             ),
             record={
                 "status": "failed",
@@ -569,9 +590,15 @@ class RequestRunner:
         m.observe(metrics.GENERATION_TOKENS_HIST, produced, model)
 
 
-def _usage(payload: JobPayload, produced: int) -> Usage:
+def _usage(payload: JobPayload, progress: _Progress) -> Usage:
+    """Counted from what the run produced; the prompt as the backend counted it, if it said."""
+    prompt = payload.prompt_tokens if progress.prompt_tokens is None else progress.prompt_tokens
+    details = None
+    if progress.cached_tokens is not None:
+        details = PromptTokensDetails(cached_tokens=min(progress.cached_tokens, prompt))
     return Usage(
-        prompt_tokens=payload.prompt_tokens,
-        completion_tokens=produced,
-        total_tokens=payload.prompt_tokens + produced,
+        prompt_tokens=prompt,
+        completion_tokens=progress.produced,
+        total_tokens=prompt + progress.produced,
+        prompt_tokens_details=details,
     )

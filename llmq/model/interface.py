@@ -87,6 +87,34 @@ class ToolCallStart(str):
         return start
 
 
+class Report(str):
+    """What the backend learned about the request, for its usage and finish reason.
+
+    An empty ``str`` (it adds no text), yielded (or emitted) at any point, any number
+    of times; later fields override earlier ones, ``None`` leaves a field as it was.
+    A backend that counts tokens itself (an inference server) reports the prompt's
+    true token count, how many of them came from its prefix cache, and why it stopped;
+    without a report the worker counts the prompt as admitted and derives the finish
+    reason from ``max_tokens``.
+    """
+
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: Literal["stop", "length"] | None
+
+    def __new__(
+        cls,
+        *,
+        prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
+        finish_reason: Literal["stop", "length"] | None = None,
+    ) -> Report:
+        report = super().__new__(cls, "")
+        report.prompt_tokens, report.cached_tokens = prompt_tokens, cached_tokens
+        report.finish_reason = finish_reason
+        return report
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What a model needs to generate: the prompt and the sampling parameters.
