@@ -31,7 +31,7 @@ the adapters to inference servers) are the worker's.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -178,3 +178,20 @@ class SteppedModel(Model, Protocol):
     """
 
     async def generate_into(self, request: GenerationRequest, emit: Emit) -> None: ...
+
+
+#: Called with the block names (:func:`llmq.model.blocks.block_hashes`) that became
+#: cached and those that were evicted, in that order, whenever the cache changes.
+CacheListener = Callable[[Sequence[str], Sequence[str]], None]
+
+
+@runtime_checkable
+class CacheReporting(Protocol):
+    """A backend that knows (or estimates) which prompt blocks its KV cache holds.
+
+    The worker publishes what the listener hears, so that the queue can send a
+    request to the worker that already holds its prefix. The mock's engine reports
+    exactly; an adapter to an inference server may estimate from what it sent.
+    """
+
+    def watch_cache(self, listener: CacheListener) -> None: ...
