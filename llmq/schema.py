@@ -3,7 +3,7 @@
 This is the documented contract. A token stream (``llmq.protocol.keys.stream(id)``) holds entries
 with two fields: ``type`` (the event's type, for cheap filtering) and ``data`` (the
 event as JSON, ``type`` included). Consumers outside llmq can read it with plain
-``XREAD``/``XRANGE``; the README lists every event.
+``XREAD``/``XRANGE``; docs/architecture.md lists every event.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ class WorkerInfo(BaseModel):
 
     Unknown fields are ignored, so that entries of newer workers stay readable.
     ``capabilities``: what its model honours beyond plain text (see
-    the README's model interface); None for a worker that does not say.
+    the model interface in docs/architecture.md); None for a worker that does not say.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")

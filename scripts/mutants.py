@@ -1,6 +1,6 @@
 """Switch off each guarded feature in a copy of the repository and check the tests notice.
 
-Every entry of :data:`MUTANTS` names one guarantee the README states, the exact
+Every entry of :data:`MUTANTS` names one guarantee the documentation states, the exact
 text in the code that provides it, a replacement that switches it off, and the
 tests that must then fail. The runner copies the working tree (uncommitted
 changes included) to a temporary directory, first runs every selected test there
