@@ -194,7 +194,7 @@ class Subscription:
         This runs for nearly every token of every stream, and the wait nearly always
         ends with an entry, long before its timeout (the keep-alive interval). A timer
         armed and cancelled per wait cost more than the rest of the wait (uvloop's
-        ``call_later`` and ``cancel``: several microseconds), so one timer per
+        ``call_later`` and ``cancel``), so one timer per
         subscription stays armed across waits: a wait only notes its deadline, and
         the timer, when it fires, ends the wait if the deadline passed and otherwise
         re-arms for it. A bare future rather than a queue, returned rather than awaited

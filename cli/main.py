@@ -77,7 +77,7 @@ def build_settings(cls: type[S], args: argparse.Namespace) -> S:
 
 def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     """``loadgen=False`` leaves out the load generator's flags, whose imports (numpy)
-    would add about 0.3 s of CPU to every worker's start-up."""
+    would add their import time to every worker's start-up."""
     parser = argparse.ArgumentParser(prog="llmq", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
