@@ -38,7 +38,6 @@ from bench.scenarios.capacity import worker_env
 from bench.stats import median, median_of
 from bench.sysinfo import CpuMeter
 from llmq.embedded import EmbeddedRedis
-from loadgen import LoadConfig
 from rigs.embedded_cluster import EmbeddedCluster
 
 #: Loose: the machine these figures come from is shared, so its ITL is noisy.
@@ -46,15 +45,12 @@ ITL_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     shards: tuple[int, ...] = (1, 3)
     levels: tuple[int, ...] = (25, 50, 100, 150, 200, 300, 400)
     workers: int = 2
     duration_s: float = 6.0
-    prompt_tokens: int = 100
     output_tokens: int = 150
-    tokens_per_second: float = 50.0
-    prefill_seconds_per_token: float = 0.0001
 
 
 QUICK = Sizes(levels=(10, 20), duration_s=1.5, output_tokens=20)
@@ -93,14 +89,8 @@ def xadds(cluster: EmbeddedCluster) -> int:
 
 def _once(stack: ClusterStack, s: Sizes, users: int, seed: int) -> dict[str, Any]:
     stack.scale(s.workers, worker_env(s, users))
-    config = LoadConfig(
-        base_url=stack.url,
-        concurrency=users,
-        duration=s.duration_s,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        seed=seed,
-        timeout=120.0,
+    config = s.load(
+        seed, timeout=120.0, base_url=stack.url, concurrency=users, duration=s.duration_s
     )
     meter = CpuMeter({**stack.pids(), "loadgen": os.getpid()}, None).start()
     written, started = xadds(stack.cluster), time.monotonic()
