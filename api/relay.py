@@ -30,7 +30,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from llmq.connection import Outage
+from llmq.outage import Outage
 from llmq.schema import Event, TokensEvent, decode_event, tokens_event
 from llmq.tasks import cancel_and_wait
 
@@ -392,7 +392,7 @@ class StreamRelay(Subscribing):
         reply comes as Redis sends it, nested lists, without redis-py's per-entry
         dicts). On an error the connection is dropped and the next read opens one
         (through the Sentinels, when they are configured), after the backoff every
-        retry in llmq uses (:func:`llmq.connection.backoff`). An outage is logged
+        retry in llmq uses (:func:`llmq.outage.backoff`). An outage is logged
         once when it starts and once when it ends, not on every retry.
 
         A read is one deadline, the connection's socket timeout, over sending the

@@ -22,8 +22,9 @@ from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from llmq import metrics, registry
-from llmq.connection import Outage, connect_cluster, is_cluster, make_pool, slot_pool
+from llmq.connection import connect_cluster, is_cluster, make_pool, slot_pool
 from llmq.model.interface import Model, capabilities_of
+from llmq.outage import Outage
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
 from llmq.protocol.sweep import sweep_forever
