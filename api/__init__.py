@@ -28,9 +28,11 @@ client. Read it in the order a request meets it:
 4. **Enqueue**, the end of admission: the request becomes one queued request per
    choice, written all or none by one call of :meth:`llmq.protocol.queue.Queue.admit`.
 5. **Relay**: ``relay.py`` is the process's one ``XREAD`` loop, fanning the entries
-   of every followed stream out to per-client subscriptions (token events decoded
-   on a fast path); ``relays.py`` runs one such reader per request group on a
-   Redis Cluster. ``follow.py`` follows one request's subscription: events in
+   of every followed stream out to per-client subscriptions (``subscription.py``:
+   one stream's entries after an id, in order, bounded); it packs its command from
+   RESP kept per stream (``resp.py``) and decodes token events on a fast path
+   (``entries.py``). ``grouped_relay.py`` runs one such reader per request group
+   on a Redis Cluster. ``follow.py`` follows one request's subscription: events in
    order, each token once, ending after the terminal event; ``fanin.py`` merges
    the choices of one response.
 6. **Framing**: ``sse.py`` frames Server-Sent Events and writes the stream to the

@@ -17,9 +17,9 @@ from starlette.types import Receive, Scope, Send
 
 from api import errors, openapi, sse
 from api.catalog import Catalog
+from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
 from api.relay import StreamRelay
-from api.relays import GroupedRelay
 from api.routes import health, native, openai
 from api.routes import metrics as metrics_routes
 from api.state import AppState
@@ -66,7 +66,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         # longer than the block time.
         blocking: Redis | None = None
         relay: StreamRelay | GroupedRelay
-        if is_cluster(settings):  # a reader per slot (api/relays.py)
+        if is_cluster(settings):  # a reader per slot (api/grouped_relay.py)
             relay = GroupedRelay(settings, cast(RedisCluster, redis), process_id)
         else:
             blocking = connect(

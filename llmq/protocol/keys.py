@@ -281,7 +281,7 @@ def worker(worker_id: str) -> str:
 
 def control(process_id: str, group: int | None = None) -> str:
     """A tiny stream that wakes one API process's relay when it gains a subscriber;
-    on a Redis Cluster one per request group, in the group's slot (:mod:`api.relays`)."""
+    on a Redis Cluster one per request group, in the group's slot (:mod:`api.grouped_relay`)."""
     if group is None:
         return f"{PREFIX}:ctl:{process_id}"
     return f"{PREFIX}:ctl:{{r:{group}}}:{process_id}"
