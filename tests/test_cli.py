@@ -24,7 +24,9 @@ def test_every_setting_is_a_flag(command: str) -> None:
 
 @pytest.mark.parametrize("command", sorted(SETTINGS))
 def test_every_setting_is_documented_in_the_readme(command: str) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    root = Path(__file__).resolve().parent.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    readme = "\n".join(page.read_text() for page in pages)
     missing = [
         f"LLMQ_{name.upper()}"
         for name in SETTINGS[command].model_fields

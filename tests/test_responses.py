@@ -21,7 +21,8 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
-from tests.support.servers import RunningApi
+from tests.support.native import wait_ready
+from tests.support.servers import RunningApi, StartApi, StartWorker
 
 WEATHER_TOOL: Any = {
     "type": "function",
@@ -290,3 +291,50 @@ async def test_bad_input_gets_openai_errors(
     assert error["param"] == param
     if code is not None:
         assert error["code"] == code
+
+
+async def test_generation_timeout_fails_the_response(fast: RunningApi) -> None:
+    """A stream ends with ``response.failed`` (its error says why); a plain call gets 504."""
+    body = {"generation_timeout": 0.2, **UNTIL_LIMIT}
+    async with openai.AsyncOpenAI(
+        base_url=fast.url + "/v1", api_key="unused", max_retries=0
+    ) as sdk:
+        events: list[Any] = []
+        async with sdk.responses.stream(
+            model="mock", input="long", max_output_tokens=4000, extra_body=body
+        ) as stream:
+            async for event in stream:
+                events.append(event)
+        failed = events[-1]
+        assert failed.type == "response.failed"
+        assert failed.response.status == "failed"
+        assert failed.response.error.code == "generation_timeout"
+        assert failed.response.output_text  # what came before the timeout
+        with pytest.raises(openai.APIStatusError) as timed_out:
+            await sdk.responses.create(
+                model="mock", input="long", max_output_tokens=4000, extra_body=body
+            )
+    assert timed_out.value.status_code == 504
+    assert timed_out.value.code == "generation_timeout"
+
+
+async def test_a_response_is_visible_only_to_its_key(
+    start_api: StartApi, start_worker: StartWorker
+) -> None:
+    await start_worker(model_tokens_per_second=2000.0)
+    api = await start_api(api_keys="key-one, key-two")
+    async with api.client() as http:
+        await wait_ready(http)
+    one = openai.AsyncOpenAI(base_url=api.url + "/v1", api_key="key-one", max_retries=0)
+    two = openai.AsyncOpenAI(base_url=api.url + "/v1", api_key="key-two", max_retries=0)
+    async with one, two:
+        made = await one.responses.create(model="mock", input="mine", max_output_tokens=2)
+        assert (await one.responses.retrieve(made.id)).id == made.id
+        with pytest.raises(openai.NotFoundError):
+            await two.responses.retrieve(made.id)
+        with pytest.raises(openai.BadRequestError):
+            await two.responses.create(
+                model="mock", input="next", previous_response_id=made.id, max_output_tokens=2
+            )
+        with pytest.raises(openai.NotFoundError):
+            await two.responses.delete(made.id)
