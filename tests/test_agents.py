@@ -37,9 +37,7 @@ async def stopping(start_api: StartApi, start_worker: StartWorker) -> RunningApi
 
 @pytest.fixture
 async def config(stopping: RunningApi) -> AsyncIterator[RunConfig]:
-    async with openai.AsyncOpenAI(
-        base_url=stopping.url + "/v1", api_key="unused", max_retries=0
-    ) as client:
+    async with stopping.sdk() as client:
         provider = OpenAIProvider(openai_client=client)
         yield RunConfig(model_provider=provider, tracing_disabled=True)
 

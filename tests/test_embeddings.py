@@ -29,9 +29,7 @@ from worker.mock import MockModel
 
 @pytest.fixture
 async def client(fast: RunningApi) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(
-        base_url=fast.url + "/v1", api_key="unused", max_retries=0
-    ) as sdk:
+    async with fast.sdk() as sdk:
         yield sdk
 
 

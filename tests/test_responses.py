@@ -51,9 +51,7 @@ class Person(BaseModel):
 @pytest.fixture
 async def client(fast: RunningApi) -> AsyncIterator[openai.AsyncOpenAI]:
     """The SDK against a stack whose mock is fast; closed at the end of the test."""
-    async with openai.AsyncOpenAI(
-        base_url=fast.url + "/v1", api_key="unused", max_retries=0
-    ) as sdk:
+    async with fast.sdk() as sdk:
         yield sdk
 
 
@@ -99,13 +97,16 @@ async def test_create_with_message_items(client: openai.AsyncOpenAI) -> None:
     assert response.usage.input_tokens == len((expected + "user: and four?\nassistant:").split())
 
 
+async def streamed(client: openai.AsyncOpenAI, **fields: Any) -> list[Any]:
+    """Every event of ``responses.stream(**fields)``, in order."""
+    async with client.responses.stream(**fields) as stream:
+        return [event async for event in stream]
+
+
 async def test_stream_typed_events(client: openai.AsyncOpenAI) -> None:
-    events: list[Any] = []
-    async with client.responses.stream(
-        model="mock", input="stream please", max_output_tokens=5, extra_body=UNTIL_LIMIT
-    ) as stream:
-        async for event in stream:
-            events.append(event)
+    events = await streamed(
+        client, model="mock", input="stream please", max_output_tokens=5, extra_body=UNTIL_LIMIT
+    )
     kinds = [e.type for e in events]
     assert kinds[:4] == [
         "response.created",
@@ -296,15 +297,10 @@ async def test_bad_input_gets_openai_errors(
 async def test_generation_timeout_fails_the_response(fast: RunningApi) -> None:
     """A stream ends with ``response.failed`` (its error says why); a plain call gets 504."""
     body = {"generation_timeout": 0.2, **UNTIL_LIMIT}
-    async with openai.AsyncOpenAI(
-        base_url=fast.url + "/v1", api_key="unused", max_retries=0
-    ) as sdk:
-        events: list[Any] = []
-        async with sdk.responses.stream(
-            model="mock", input="long", max_output_tokens=4000, extra_body=body
-        ) as stream:
-            async for event in stream:
-                events.append(event)
+    async with fast.sdk() as sdk:
+        events = await streamed(
+            sdk, model="mock", input="long", max_output_tokens=4000, extra_body=body
+        )
         failed = events[-1]
         assert failed.type == "response.failed"
         assert failed.response.status == "failed"
@@ -325,9 +321,7 @@ async def test_a_response_is_visible_only_to_its_key(
     api = await start_api(api_keys="key-one, key-two")
     async with api.client() as http:
         await wait_ready(http)
-    one = openai.AsyncOpenAI(base_url=api.url + "/v1", api_key="key-one", max_retries=0)
-    two = openai.AsyncOpenAI(base_url=api.url + "/v1", api_key="key-two", max_retries=0)
-    async with one, two:
+    async with api.sdk("key-one") as one, api.sdk("key-two") as two:
         made = await one.responses.create(model="mock", input="mine", max_output_tokens=2)
         assert (await one.responses.retrieve(made.id)).id == made.id
         with pytest.raises(openai.NotFoundError):
