@@ -72,6 +72,14 @@ class FunctionCallOutputItem(_Body):
         return "".join(p.text or "" for p in self.output)
 
 
+#: The item types served, and what each needs (for the message of a malformed one).
+KNOWN_ITEMS = {
+    "message": "it needs a role (user, assistant, system, developer) and a content",
+    "function_call": "it needs a call_id, a name and arguments (a string)",
+    "function_call_output": "it needs a call_id and an output",
+}
+
+
 class OtherItem(_Body):
     """An item type the chat path has no equivalent for (refused by name)."""
 
@@ -168,6 +176,12 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
         elif item.type == "reasoning":
             continue  # another model's reasoning summary: no text this model reads
+        elif item.type in KNOWN_ITEMS:
+            raise InvalidRequest(
+                f"{where} is not a valid {item.type} item: {KNOWN_ITEMS[item.type]}",
+                param=where,
+                code="invalid_value",
+            )
         else:
             raise Unsupported(f"input items of type '{item.type}' are not supported", param=where)
     return messages

@@ -269,6 +269,7 @@ async def test_store_false_keeps_nothing(client: openai.AsyncOpenAI) -> None:
             "unsupported_parameter",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]", "unsupported_parameter"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0]", None),
         ({"max_output_tokens": 0}, "max_output_tokens", None),
         ({"background": True}, "background", "unsupported_parameter"),
         ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
