@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import openai
@@ -164,3 +164,25 @@ async def test_vectors_travel_on_the_request_stream(
     (rid,) = await queued_ids(redis)
     entries = await redis.xrange(keys.stream(rid))
     assert [fields["type"] for _, fields in entries] == ["started", "embedding", "done"]
+
+
+class FailingEmbedder(MockModel):
+    """The mock, with an embedder that raises."""
+
+    async def embed(
+        self, texts: Sequence[str], dimensions: int | None, seed: int
+    ) -> list[list[float]]:
+        raise RuntimeError("no vectors today")
+
+
+async def test_an_embedder_that_fails_is_a_server_error(
+    start_api: StartApi, start_worker: StartWorker
+) -> None:
+    await start_worker(model=FailingEmbedder())
+    api = await start_api()
+    async with api.client() as http:
+        await wait_ready(http)
+        reply = await http.post("/v1/embeddings", json={"model": "mock", "input": "hi"})
+    assert reply.status_code == 500
+    error = reply.json()["error"]
+    assert error["code"] == "model_error" and "no vectors today" in error["message"]

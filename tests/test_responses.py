@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from llmq.protocol import keys
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
+from tests.support.waiting import wait_until
 
 WEATHER_TOOL: Any = {
     "type": "function",
@@ -333,3 +334,20 @@ async def test_a_response_is_visible_only_to_its_key(
             )
         with pytest.raises(openai.NotFoundError):
             await two.responses.delete(made.id)
+
+
+async def test_a_client_that_leaves_cancels_its_response(stack: RunningApi, redis: Redis) -> None:
+    """As on the chat path: a stream closed early stops the generation."""
+    body = {"model": "mock", "input": "long", "max_output_tokens": 500, "stream": True}
+    async with stack.client() as http, http.stream("POST", "/v1/responses", json=body) as reply:
+        async for line in reply.aiter_lines():
+            if "response.output_text.delta" in line:
+                break
+    (key,) = await redis.keys(keys.REQUESTS_GLOB)
+
+    async def cancelled() -> bool:
+        status: str | None = await redis.hget(key, "status")  # type: ignore[misc]
+        return status == "cancelled"
+
+    await wait_until(cancelled, timeout=10, what="the response's request to be cancelled")
+    assert int(await redis.hget(key, "completion_tokens")) < 500  # type: ignore[misc]
