@@ -60,7 +60,8 @@ class ResponseFormat:
         self.created = created
         self.model = model
         self.sequence = 0
-        self._delta_prefix = b""
+        #: The delta event's bytes around its sequence number, once built.
+        self._delta_prefix = self._delta_middle = b""
 
     # --- the Response object -------------------------------------------------------
 
