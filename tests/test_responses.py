@@ -20,6 +20,8 @@ import pytest
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
+from api.responses_format import ResponseFormat
+from api.responses_input import ResponsesRequest
 from llmq.protocol import keys
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
@@ -351,3 +353,14 @@ async def test_a_client_that_leaves_cancels_its_response(stack: RunningApi, redi
 
     await wait_until(cancelled, timeout=10, what="the response's request to be cancelled")
     assert int(await redis.hget(key, "completion_tokens")) < 500  # type: ignore[misc]
+
+
+def test_text_delta_frame_is_the_event_byte_for_byte() -> None:
+    body = ResponsesRequest.model_validate({"model": "mock", "input": "x"})
+    fast_path, plain = ResponseFormat(body, "r1", 0, "mock"), ResponseFormat(body, "r1", 0, "mock")
+    where = {"item_id": "msg_r1", "output_index": 0, "content_index": 0}
+    for text in [" word", 'quote " and \\ back', "ünïcode ☃", "\n"]:
+        expected = plain.event(
+            "response.output_text.delta", where | {"delta": text, "logprobs": []}
+        )
+        assert fast_path.text_delta(text) == expected
