@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 
 from api.errors import InvalidRequest, Unsupported
-from api.schemas import ChatCompletionRequest, GenerationParams, StreamOptions, _Body
+from api.schemas import ChatCompletionRequest, GenerationParams, _Body
 
 #: Content part types of a message item that carry text.
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
@@ -132,7 +132,6 @@ class ResponsesRequest(GenerationParams):
     text: TextConfig | None = None
     store: bool | None = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None

@@ -157,13 +157,16 @@ async def test_refused_without_the_capability(
     assert reply.json()["error"]["param"] == "input"
 
 
-async def test_vectors_travel_on_the_request_stream(
+async def test_vectors_travel_on_the_request_stream_and_leave_it_once_read(
     client: openai.AsyncOpenAI, redis: Redis
 ) -> None:
-    await client.embeddings.create(model="mock", input=["x y"], dimensions=4)
+    texts = [f"text {i}" for i in range(100)]  # two embedding events
+    await client.embeddings.create(model="mock", input=texts, dimensions=4)
     (rid,) = await queued_ids(redis)
+    info = await redis.xinfo_stream(keys.stream(rid))
+    assert info["entries-added"] == 4  # started, two embedding events, done
     entries = await redis.xrange(keys.stream(rid))
-    assert [fields["type"] for _, fields in entries] == ["started", "embedding", "done"]
+    assert [fields["type"] for _, fields in entries] == ["started", "done"]
 
 
 class FailingEmbedder(MockModel):

@@ -27,6 +27,7 @@ from api.routes.openai import CLIENT_CLOSED, error_of, error_status
 from api.schemas import EmbeddingRequest
 from api.state import AppState, state_of
 from api.submit import Submitted, submit_embedding
+from llmq.protocol import keys
 from llmq.schema import DoneEvent, EmbeddingEvent, ErrorEvent
 
 router = APIRouter(tags=["openai"])
@@ -39,17 +40,24 @@ def floats(encoded: str) -> list[float]:
 
 
 async def _vectors(state: AppState, sub: Submitted, count: int) -> list[str] | JSONResponse:
-    """The request's vectors in input order, or the error response of its failure."""
+    """The request's vectors in input order, or the error response of its failure.
+
+    Once read, the vectors leave the stream (``XDEL``): nobody resumes an embeddings
+    request, and a large batch would hold megabytes for the request's TTL. Its
+    ``started`` and ``done`` stay, as every request's do."""
     vectors: dict[int, str] = {}
+    entries: list[str] = []
     async with contextlib.aclosing(merged(state, [sub])) as events:
         async for _, batch in events:
-            for _, event in batch or ():
+            for entry_id, event in batch or ():
                 if isinstance(event, EmbeddingEvent):
+                    entries.append(entry_id)
                     for offset, vector in enumerate(event.vectors):
                         vectors.setdefault(event.index + offset, vector)
                 elif isinstance(event, ErrorEvent):
                     return json_error(error_of(event), error_status(event))
                 elif isinstance(event, DoneEvent) and len(vectors) == count:
+                    await state.redis.xdel(keys.stream(sub.id), *entries)
                     return [vectors[i] for i in range(count)]
     raise ApiError("the stream ended without every vector", status=500, code="internal_error")
 
