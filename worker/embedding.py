@@ -25,16 +25,31 @@ from llmq.model.tokenizer import TOKENIZERS
 INLINE_INPUTS = 8
 
 
-def _token_vector(token: str, seed: int, dimensions: int) -> tuple[int, ...]:
+#: Tokens summed in one big integer: 32-bit lanes of 16-bit values cannot carry over.
+LANE_TOKENS = 65_536
+
+
+def _lanes(token: str, seed: int, dimensions: int) -> int:
+    """The token's pseudo-random components (16-bit, unsigned) in 32-bit lanes of one
+    integer: adding the integers of many tokens adds their vectors component-wise, in
+    C, instead of one Python addition per component per token."""
     raw = hashlib.shake_256(f"{seed}:{token}".encode()).digest(2 * dimensions)
-    return struct.unpack(f"<{dimensions}h", raw)
+    wide = bytearray(4 * dimensions)
+    wide[0::4] = raw[0::2]
+    wide[1::4] = raw[1::2]
+    return int.from_bytes(wide, "little")
 
 
 def embed_text(text: str, dimensions: int, seed: int = 0) -> list[float]:
     """The unit vector of ``text`` (``dimensions`` components)."""
+    tokens = TOKENIZERS["whitespace"].tokens(text) or [text]
     total = [0] * dimensions
-    for token in TOKENIZERS["whitespace"].tokens(text) or [text]:
-        total = [a + b for a, b in zip(total, _token_vector(token, seed, dimensions), strict=True)]
+    for start in range(0, len(tokens), LANE_TOKENS):
+        chunk = tokens[start : start + LANE_TOKENS]
+        summed = sum(_lanes(t, seed, dimensions) for t in chunk)
+        lanes = struct.unpack(f"<{dimensions}I", summed.to_bytes(4 * dimensions, "little"))
+        offset = 32768 * len(chunk)  # each component is centred: 0..65535 less 32768
+        total = [a + lane - offset for a, lane in zip(total, lanes, strict=True)]
     norm = math.sqrt(sum(v * v for v in total))
     if norm == 0:
         return [1.0] + [0.0] * (dimensions - 1)
