@@ -189,3 +189,9 @@ async def test_an_embedder_that_fails_is_a_server_error(
     assert reply.status_code == 500
     error = reply.json()["error"]
     assert error["code"] == "model_error" and "no vectors today" in error["message"]
+
+
+def test_a_shorter_vector_is_the_start_of_the_longer_one() -> None:
+    full, short = embed_text("a b c a", 128), embed_text("a b c a", 16)
+    head = full[:16]
+    assert short == pytest.approx([v / norm(head) for v in head], abs=1e-12)
