@@ -14,6 +14,8 @@ client. Read it in the order a request meets it:
    the limit before anything parses it; ``auth.py``: the bearer key, and the digest
    of it that a request records as its owner).
 2. **Route** (``routes/openai.py``: completions, chat completions, models;
+   ``routes/responses.py``: OpenAI's Responses API, served on the chat path;
+   ``routes/embeddings.py``: embeddings, one queued request for all inputs;
    ``routes/native.py``: submit now, status, follow and resume the event stream,
    cancel; ``routes/health.py`` and ``routes/metrics.py`` for probes and scrapers);
    ``openapi.py`` makes the OpenAPI document list the statuses each route answers.
@@ -34,7 +36,10 @@ client. Read it in the order a request meets it:
    (``entries.py``). ``grouped_relay.py`` runs one such reader per request group
    on a Redis Cluster. ``follow.py`` follows one request's subscription: events in
    order, each token once, ending after the terminal event; ``fanin.py`` merges
-   the choices of one response.
+   the choices of one response. A Responses request is translated into the chat
+   request it runs (``responses_input.py``), followed by ``responses_relay.py``,
+   shaped into Response objects and typed events (``responses_format.py``) and
+   kept for ``previous_response_id`` (``responses_store.py``).
 6. **Framing**: ``sse.py`` frames Server-Sent Events and writes the stream to the
    client; ``openai_format.py`` shapes events into OpenAI's chunks and bodies
    (the native route writes the events as they are, with their stream ids);

@@ -20,7 +20,7 @@ from api.catalog import Catalog
 from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
 from api.relay import StreamRelay
-from api.routes import health, native, openai
+from api.routes import embeddings, health, native, openai, responses
 from api.routes import metrics as metrics_routes
 from api.state import AppState
 from llmq import __version__, metrics
@@ -131,6 +131,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     errors.install(app)
     openapi.install(app)
     app.include_router(openai.router)
+    app.include_router(responses.router)
+    app.include_router(embeddings.router)
     app.include_router(native.router)
     app.include_router(health.router)
     app.include_router(metrics_routes.router)

@@ -75,6 +75,16 @@ class SamplingParams(_Frozen):
         return needed
 
 
+class EmbedTask(_Frozen):
+    """An embedding job: the worker embeds ``inputs`` instead of generating."""
+
+    inputs: tuple[str, ...] = Field(min_length=1)
+    #: Components per vector (None: the model's own number).
+    dimensions: int | None = Field(None, ge=1)
+    #: The same seed and input give the same vector, whichever request asks.
+    seed: int = 0
+
+
 class JobPayload(_Frozen):
     """The job the API enqueues and a worker runs (arq kwarg ``payload``)."""
 
@@ -87,6 +97,14 @@ class JobPayload(_Frozen):
     enqueued_at: float = Field(description="Unix time (s) the API accepted the request.")
     queue_deadline: float = Field(description="Unix time (s) after which it must not start.")
     generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
+    #: An embedding request (its ``prompt`` is empty); left out of a generation's job.
+    embed: EmbedTask | None = Field(None, exclude_if=lambda v: v is None)
+
+    def required_capabilities(self) -> list[tuple[str, str]]:
+        """What the serving model must honour, each with the parameter that asks for it."""
+        if self.embed is not None:
+            return [("embeddings", "input")]
+        return self.params.required_capabilities()
 
 
 class PromptTokensDetails(_Frozen):
@@ -158,6 +176,16 @@ class ToolCallEvent(_Frozen):
     name: str
 
 
+class EmbeddingEvent(_Frozen):
+    """Vectors of an embedding request's inputs, from input ``index`` on: each the
+    base64 of its little-endian float32 components (OpenAI's ``encoding_format:
+    base64``), exact and a third the size of JSON numbers."""
+
+    type: Literal["embedding"] = "embedding"
+    index: int = Field(ge=0)
+    vectors: list[str] = Field(min_length=1)
+
+
 class DoneEvent(_Frozen):
     """The last event of a request that ended normally or was cancelled."""
 
@@ -178,7 +206,7 @@ class ErrorEvent(_Frozen):
 
 
 Event = Annotated[
-    StartedEvent | TokensEvent | ToolCallEvent | DoneEvent | ErrorEvent,
+    StartedEvent | TokensEvent | ToolCallEvent | EmbeddingEvent | DoneEvent | ErrorEvent,
     Field(discriminator="type"),
 ]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)

@@ -159,6 +159,12 @@ class ApiSettings(CommonSettings):
         description="Most choices one OpenAI request may ask for: n times the number of "
         "prompts; each choice is its own request in the queue.",
     )
+    max_embedding_inputs: int = Field(
+        2048, ge=1, le=100_000, description="Most inputs one embeddings request may hold."
+    )
+    max_embedding_dimensions: int = Field(
+        4096, ge=1, le=65_536, description="Largest dimensions an embeddings request may ask for."
+    )
 
     enqueue_min_replicas: int = Field(
         0,
@@ -198,6 +204,9 @@ class WorkerSettings(CommonSettings):
     )
     model_stop_probability: float = Field(
         0.0, ge=0, lt=1, description="Chance per token that the mock ends with 'stop'."
+    )
+    model_embedding_dimensions: int = Field(
+        1536, ge=1, le=65_536, description="Mock embedding size when a request sets none."
     )
     worker_token_budget: int = Field(
         0,

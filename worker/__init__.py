@@ -9,9 +9,10 @@ in the order a worker's life and a request's run go:
    every resource and task it starts: the Redis pool (on a Redis Cluster, to the
    node of the model's slot), the model (``mock.py``: the mock, timing without a
    GPU; ``structured.py``: its schema-valid JSON, tool arguments and
-   log-probabilities), the publisher, the runner and the queue worker. After the
-   model's load time its heartbeat registers the worker, with the capabilities its
-   model declares, in :mod:`llmq.registry`, where the API's catalog finds it.
+   log-probabilities; ``embedding.py``: its deterministic embedding vectors), the
+   publisher, the runner and the queue worker. After the model's load time its
+   heartbeat registers the worker, with the capabilities its model declares, in
+   :mod:`llmq.registry`, where the API's catalog finds it.
 2. **Wake-up, park, hand-off**: one pub/sub connection per worker, the listener
    that ``serve`` starts, hears wake-ups, cancels and hand-offs. The claim loop of
    ``queue_worker.py`` waits for a wake-up (or a slot that freed; polling is the

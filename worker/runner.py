@@ -36,8 +36,10 @@ same indices, which readers drop. A first run pays no extra round trip.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,7 @@ from redis.asyncio import Redis
 from llmq import metrics
 from llmq.metrics import Recorder
 from llmq.model.interface import (
+    Embedder,
     GenerationRequest,
     Model,
     Report,
@@ -60,6 +63,7 @@ from llmq.model.interface import (
 from llmq.protocol.streams import published_tokens
 from llmq.schema import (
     DoneEvent,
+    EmbeddingEvent,
     ErrorEvent,
     FinishReason,
     JobPayload,
@@ -74,6 +78,9 @@ from llmq.schema import (
 from worker.publisher import Fenced, StreamPublisher
 
 log = logging.getLogger(__name__)
+
+#: Vectors per stream event of an embedding request: bounds an entry's size.
+EMBEDDINGS_PER_EVENT = 64
 
 #: How long a cancel received for an unknown request is remembered (it may be
 #: about to start on this worker).
@@ -149,6 +156,8 @@ class RequestRunner:
     redis: Redis | None = None
     job_timeout: float | None = None
     running: dict[str, float] = field(default_factory=dict)
+    #: What embeds an embedding request's inputs (None: the worker serves none).
+    embedder: Embedder | None = None
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
     #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
@@ -229,14 +238,17 @@ class RequestRunner:
     async def _run(
         self, payload: JobPayload, attempt: int, started: float, progress: _Progress
     ) -> None:
-        declared = capabilities_of(self.model)
-        missing = [p for c, p in payload.params.required_capabilities() if c not in declared]
+        declared = self.capabilities()
+        missing = [p for c, p in payload.required_capabilities() if c not in declared]
         if missing:
             # Accepted while no worker could say (LLMQ_ACCEPT_MODELS): refuse, never ignore.
             message = f"the model does not support {', '.join(missing)}"
             await self.fail(payload.request_id, "unsupported_parameter", message)
             return
         queue_ms = _ms(max(0.0, started - payload.enqueued_at))
+        if payload.embed is not None:
+            await self._embed(payload, attempt, queue_ms, started, progress)
+            return
         if attempt == 1:
             await self._generate_and_finish(payload, attempt, queue_ms, started, [], None, progress)
             return
@@ -250,6 +262,45 @@ class RequestRunner:
         await self._generate_and_finish(
             payload, attempt, queue_ms, started, generated, announced, progress
         )
+
+    def capabilities(self) -> tuple[str, ...]:
+        """What this worker honours: its model's declaration, with ``embeddings`` only
+        where it has an embedder."""
+        declared = set(capabilities_of(self.model)) - {"embeddings"}
+        if self.embedder is not None:
+            declared.add("embeddings")
+        return tuple(sorted(declared))
+
+    async def _embed(
+        self, payload: JobPayload, attempt: int, queue_ms: float, started: float, p: _Progress
+    ) -> None:
+        """An embedding request: its vectors, then ``done`` (a re-run writes them again:
+        readers keep the first copy of each index)."""
+        task, embedder, rid = payload.embed, self.embedder, payload.request_id
+        if task is None or embedder is None:
+            return
+        written = [self._announce(payload, attempt, queue_ms, started)]
+        self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
+        self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
+        try:
+            async with asyncio.timeout(payload.generation_timeout):
+                vectors = await embedder.embed(task.inputs, task.dimensions, task.seed)
+        except TimeoutError:
+            await asyncio.gather(*written)
+            message = f"embedding stopped after its timeout of {payload.generation_timeout:g} s"
+            await self._finish_error(payload, p, "generation_timeout", message, "timeout")
+            return
+        except Exception as exc:
+            log.exception("embedding failed on request %s", rid, extra={"request_id": rid})
+            await asyncio.gather(*written)
+            await self._finish_error(payload, p, "model_error", f"model failed: {exc}", "error")
+            return
+        for start in range(0, len(vectors), EMBEDDINGS_PER_EVENT):
+            chunk = vectors[start : start + EMBEDDINGS_PER_EVENT]
+            event = EmbeddingEvent(index=start, vectors=[vector_base64(v) for v in chunk])
+            written.append(self.publisher.post(rid, event))
+        await asyncio.gather(*written)  # a fenced run raises here, before its terminal event
+        await self._finish_done(payload, p, "stop", queue_ms, started)
 
     def _announce(
         self, payload: JobPayload, attempt: int, queue_ms: float, started: float
@@ -588,6 +639,11 @@ class RequestRunner:
         m.inc(metrics.GENERATION_TOKENS, model, amount=produced)
         m.observe(metrics.PROMPT_TOKENS_HIST, payload.prompt_tokens, model)
         m.observe(metrics.GENERATION_TOKENS_HIST, produced, model)
+
+
+def vector_base64(vector: list[float]) -> str:
+    """A vector as the base64 of its little-endian float32 components."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
 def _usage(payload: JobPayload, progress: _Progress) -> Usage:

@@ -46,9 +46,10 @@ def seed_for(request_id: str, seed: int | None) -> int:
 
 
 #: What a backend may declare it honours: log-probabilities, JSON mode, JSON
-#: schemas, tool calls, and the ``ignore_eos``/``min_tokens`` length controls.
+#: schemas, tool calls, the ``ignore_eos``/``min_tokens`` length controls, and
+#: embeddings (the worker then has an :class:`Embedder`).
 CAPABILITIES = frozenset(
-    {"logprobs", "json_object", "json_schema", "tools", "ignore_eos", "min_tokens"}
+    {"logprobs", "json_object", "json_schema", "tools", "ignore_eos", "min_tokens", "embeddings"}
 )
 
 
@@ -195,3 +196,17 @@ class CacheReporting(Protocol):
     """
 
     def watch_cache(self, listener: CacheListener) -> None: ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """A backend that turns texts into vectors (``POST /v1/embeddings``).
+
+    ``embed`` returns one vector per text, in order, each of ``dimensions``
+    components (None: the backend's own number); the same texts, dimensions and
+    ``seed`` give the same vectors. A backend that has no notion of a seed ignores it.
+    """
+
+    async def embed(
+        self, texts: Sequence[str], dimensions: int | None, seed: int
+    ) -> list[list[float]]: ...

@@ -224,6 +224,12 @@ def stream(request_id: str) -> str:
     return _in_request("stream", request_id)
 
 
+def stored_response(request_id: str) -> str:
+    """A Responses API response and its conversation (``GET /v1/responses/{id}``,
+    ``previous_response_id``), JSON with the request's TTL; in the request's slot."""
+    return _in_request("response", request_id)
+
+
 #: Matches every request record's key (a SCAN or KEYS pattern).
 REQUESTS_GLOB = f"{PREFIX}:req:*"
 

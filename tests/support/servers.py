@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import uvicorn
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
@@ -76,6 +77,10 @@ class RunningApi:
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, **{"timeout": 30, **kwargs})
+
+    def sdk(self, api_key: str = "unused") -> openai.AsyncOpenAI:
+        """The openai SDK against this API, without retries (close it: ``async with``)."""
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0)
 
     def app_state(self) -> AppState:
         """The running app's state (its process id, Redis client...)."""
