@@ -6,7 +6,8 @@ its re-run, or tokens a dead worker generated but never wrote); :class:`TokenCur
 drops what was already relayed, so a client sees each token exactly once.
 :func:`follow` yields the events that arrived together as one batch (a response
 writes them in one send), ends after the terminal event, and ends with an ``expired`` error if
-the request's record vanished while the stream was idle.
+the request's record vanished while the stream was idle. A client resuming at or past
+the terminal event (it already has the end) gets nothing, and the stream ends at once.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+from api.relay import parse_id
 from api.state import AppState
 from llmq.protocol import keys
-from llmq.schema import ErrorEvent, Event, TokensEvent, is_terminal
+from llmq.protocol.codec import as_str
+from llmq.schema import ErrorEvent, Event, TokensEvent, decode_event, is_terminal
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ async def follow(
 ) -> AsyncIterator[Batch | None]:
     """Events of the request after ``last_id``, in batches of those that arrived
     together (never empty); ``None`` marks an idle keep-alive tick."""
+    if last_id != "0-0" and await _ended_by(state, request_id, last_id):
+        return
     keepalive = state.settings.sse_keepalive_seconds
     async with state.relay.subscription(keys.stream(request_id), last_id) as sub:
         state.following.add(sub)  # so that a shutdown can end it cleanly
@@ -78,6 +83,21 @@ async def follow(
                 yield batch
         finally:
             state.following.discard(sub)
+
+
+async def _ended_by(state: AppState, request_id: str, last_id: str) -> bool:
+    """Whether the stream's last entry is its terminal event and ``last_id`` is at or
+    past it: nothing will follow, so a subscription would only send keep-alives."""
+    entries = await state.redis.xrevrange(keys.stream(request_id), count=1)
+    if not entries:
+        return False
+    entry_id, fields = entries[0]
+    event = decode_event(fields)
+    return (
+        event is not None
+        and is_terminal(event)
+        and parse_id(as_str(entry_id)) <= parse_id(last_id)
+    )
 
 
 #: The code of the error event that ends a stream the API process stops relaying.

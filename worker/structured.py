@@ -163,6 +163,40 @@ def object_text(schema: dict[str, Any] | None, rng: random.Random) -> str:
     return json.dumps(value_for(schema, rng))
 
 
+#: Most places in a prompt where :func:`schema_in_prompt` tries to read JSON.
+PROMPT_SCAN = 256
+_SCHEMA_MARKS = ("properties", "$ref", "$defs", "anyOf", "oneOf", "allOf")
+
+
+def schema_in_prompt(prompt: str) -> dict[str, Any] | None:
+    """The last JSON Schema written in ``prompt`` that the mock can honour, or None.
+
+    JSON mode promises only an object; a model follows the format the prompt asks
+    for, and clients in JSON mode (instructor, LangChain's format instructions) put
+    the model's JSON Schema in the prompt. The last one wins: LangChain's
+    instructions show an example schema before the real one.
+    """
+    decoder = json.JSONDecoder()
+    found = None
+    position = prompt.find("{")
+    for _ in range(PROMPT_SCAN):
+        if position < 0:
+            break
+        try:
+            value, end = decoder.raw_decode(prompt, position)
+        except ValueError:
+            position = prompt.find("{", position + 1)
+            continue
+        if (
+            isinstance(value, dict)
+            and any(mark in value for mark in _SCHEMA_MARKS)
+            and unsupported(value) is None
+        ):
+            found = value
+        position = prompt.find("{", end)
+    return found
+
+
 _PIECES = re.compile(r"[A-Za-z0-9_]+|\s+|[^A-Za-z0-9_\s]")
 
 
