@@ -94,9 +94,7 @@ async def _ended_by(state: AppState, request_id: str, last_id: str) -> bool:
     entry_id, fields = entries[0]
     event = decode_event(fields)
     return (
-        event is not None
-        and is_terminal(event)
-        and parse_id(as_str(entry_id)) <= parse_id(last_id)
+        event is not None and is_terminal(event) and parse_id(as_str(entry_id)) <= parse_id(last_id)
     )
 
 
