@@ -273,12 +273,13 @@ class MockModel:
             tool = tools[rng.randrange(len(tools))]
             schema = tool.get("parameters") or {"type": "object", "properties": {}}
             call = ToolCallStart(f"call_{rng.getrandbits(64):016x}", str(tool["name"]))
-            return call, structured.pieces(structured.object_text(schema, rng))
+            text = structured.object_text(schema, rng, request.max_tokens)
+            return call, structured.pieces(text)
         if request.response_format is not None:
             schema = request.response_format.get("schema")
             if request.response_format.get("type") == "json_object":
                 schema = structured.schema_in_prompt(request.prompt)
-            text = structured.object_text(schema, rng)
+            text = structured.object_text(schema, rng, request.max_tokens)
             return None, structured.pieces(text)
         return None
 

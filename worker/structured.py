@@ -155,12 +155,23 @@ def _found(value: V | None, schema: dict[str, Any]) -> V:
 V = TypeVar("V", str, int, float)
 
 
-def object_text(schema: dict[str, Any] | None, rng: random.Random) -> str:
-    """A JSON document for ``schema``; without one, a small object (JSON mode)."""
+def object_text(schema: dict[str, Any] | None, rng: random.Random, limit: int = 0) -> str:
+    """A JSON document for ``schema``; without one, a small object (JSON mode).
+
+    With ``limit`` (the request's tokens): a document longer than that many
+    :func:`pieces` is drawn again with only what the schema requires, as a model
+    asked for a short answer would write it, so that a client's default
+    ``max_tokens`` mostly holds a whole document.
+    """
     if schema is None:
         schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
         schema["required"] = ["answer"]
-    return json.dumps(value_for(schema, rng))
+    text = json.dumps(value_for(schema, rng))
+    if limit and len(pieces(text)) > limit:
+        generator = _Generator(schema, rng)
+        generator.spent = BUDGET  # from the start, only what the schema requires
+        text = json.dumps(generator.value(schema))
+    return text
 
 
 #: Most places in a prompt where :func:`schema_in_prompt` tries to read JSON.
