@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from api.relay import parse_id
 from api.state import AppState
+from api.subscription import parse_id
 from llmq.protocol import keys
 from llmq.protocol.codec import as_str
 from llmq.schema import ErrorEvent, Event, TokensEvent, decode_event, is_terminal
