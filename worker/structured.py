@@ -180,7 +180,8 @@ _SCHEMA_MARKS = ("properties", "$ref", "$defs", "anyOf", "oneOf", "allOf")
 
 
 def schema_in_prompt(prompt: str) -> dict[str, Any] | None:
-    """The last JSON Schema written in ``prompt`` that the mock can honour, or None.
+    """The last JSON Schema of an object written in ``prompt`` that the mock can
+    honour, or None.
 
     JSON mode promises only an object; a model follows the format the prompt asks
     for, and clients in JSON mode (instructor, LangChain's format instructions) put
@@ -202,6 +203,7 @@ def schema_in_prompt(prompt: str) -> dict[str, Any] | None:
             isinstance(value, dict)
             and any(mark in value for mark in _SCHEMA_MARKS)
             and unsupported(value) is None
+            and "object" in kinds_of(Refs(value).effective(value))
         ):
             found = value
         position = prompt.find("{", end)
