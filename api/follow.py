@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from api.state import AppState
 from api.subscription import parse_id
 from llmq.protocol import keys
-from llmq.protocol.codec import as_str
-from llmq.schema import ErrorEvent, Event, TokensEvent, decode_event, is_terminal
+from llmq.protocol.streams import final_event_id
+from llmq.schema import ErrorEvent, Event, TokensEvent, is_terminal
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +86,10 @@ async def follow(
 
 
 async def _ended_by(state: AppState, request_id: str, last_id: str) -> bool:
-    """Whether the stream's last entry is its terminal event and ``last_id`` is at or
-    past it: nothing will follow, so a subscription would only send keep-alives."""
-    entries = await state.redis.xrevrange(keys.stream(request_id), count=1)
-    if not entries:
-        return False
-    entry_id, fields = entries[0]
-    event = decode_event(fields)
-    return (
-        event is not None and is_terminal(event) and parse_id(as_str(entry_id)) <= parse_id(last_id)
-    )
+    """Whether ``last_id`` is at or past the request's final event: nothing will
+    follow, so a subscription would only send keep-alives."""
+    final = await final_event_id(state.redis, request_id)
+    return final is not None and parse_id(final) <= parse_id(last_id)
 
 
 #: The code of the error event that ends a stream the API process stops relaying.
