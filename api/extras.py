@@ -28,6 +28,7 @@ class Extras:
     response_format: dict[str, Any] | None = None
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: ToolChoice = "auto"
+    after_tool_result: bool = False
 
 
 def completion_extras(body: CompletionRequest) -> Extras:
@@ -53,6 +54,7 @@ def chat_extras(body: ChatCompletionRequest) -> Extras:
         response_format=_response_format(body.response_format),
         tools=tools,
         tool_choice=choice,
+        after_tool_result=body.messages[-1].role == "tool",
     )
 
 

@@ -201,6 +201,7 @@ async def _validate(
         response_format=extras.response_format,
         tools=extras.tools,
         tool_choice=extras.tool_choice,
+        after_tool_result=extras.after_tool_result,
     )
     common = _Common(
         tokens=tokens,

@@ -57,6 +57,8 @@ class SamplingParams(_Frozen):
     #: ``auto``, ``required`` or ``none`` (a named choice arrives as ``required``
     #: with only that tool in ``tools``).
     tool_choice: Literal["auto", "required", "none"] = "auto"
+    #: The chat's last message is a tool's result (a model mostly answers it in text).
+    after_tool_result: bool = False
 
     def required_capabilities(self) -> list[tuple[str, str]]:
         """What a model must honour to serve these parameters, each with the request

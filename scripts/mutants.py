@@ -607,6 +607,46 @@ MUTANTS: tuple[Mutant, ...] = (
             "::test_ctrl_c_stops_in_order_and_ends_every_stream_cleanly",
         ),
     ),
+    Mutant(
+        "mean-tokens",
+        "the mock's answers stop by themselves at LLMQ_MODEL_MEAN_TOKENS on average",
+        "llmq/settings.py",
+        "return 1.0 / self.model_mean_tokens",
+        "return 0.0",
+        ("tests/test_mock_defaults.py::test_answers_stop_at_the_mean_length_and_repeat_per_seed",),
+    ),
+    Mutant(
+        "tool-result-answered",
+        "tool_choice auto answers a tool's result in text, so agent loops end",
+        "worker/mock.py",
+        "or (not request.after_tool_result and rng.random() < 0.5)",
+        "or rng.random() < 0.5",
+        ("tests/test_structured_clients.py::test_an_agent_loop_ends_after_the_tool_result",),
+    ),
+    Mutant(
+        "json-mode-prompt-schema",
+        "JSON mode follows a JSON Schema written in the prompt",
+        "worker/structured.py",
+        "            found = value\n",
+        "            pass\n",
+        ("tests/test_structured_clients.py::test_json_mode_follows_a_schema_in_the_prompt",),
+    ),
+    Mutant(
+        "schema-refs",
+        "structured output follows $ref (Pydantic's nested models) instead of refusing it",
+        "llmq/model/json_refs.py",
+        '            target = self.effective(self.target(schema["$ref"]), hops + 1)\n',
+        '            raise SchemaError("$ref is not supported")\n',
+        ("tests/test_structured_clients.py::test_openai_parse_fills_pydantic_models",),
+    ),
+    Mutant(
+        "resume-after-end",
+        "a native resume at or past the final event ends at once",
+        "api/follow.py",
+        'if last_id != "0-0" and await _ended_by(state, request_id, last_id):',
+        "if False:",
+        ("tests/test_resume_after_end.py",),
+    ),
 )
 
 

@@ -34,6 +34,7 @@ WORKER = {
     "lease_seconds": 3.0,
     "concurrency": 4,
     "drain_seconds": 1,
+    "model_mean_tokens": 0,
 }
 API = {"heartbeat_seconds": 0.5, "orphan_grace_seconds": 2.0}
 

@@ -28,7 +28,12 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
-WORKER = {"model_tokens_per_second": 50, "heartbeat_seconds": 0.5, "concurrency": 8}
+WORKER = {
+    "model_tokens_per_second": 50,
+    "heartbeat_seconds": 0.5,
+    "concurrency": 8,
+    "model_mean_tokens": 0,
+}
 STREAMS = 8
 BODY = {"model": "mock", "prompt": "failover", "max_tokens": 250}
 

@@ -32,6 +32,7 @@ WORKER = {
     "lease_seconds": 2.0,
     "concurrency": 4,
     "drain_seconds": 1,
+    "model_mean_tokens": 0,
 }
 TOKENS = 300
 

@@ -49,7 +49,7 @@ def mock_model(settings: WorkerSettings) -> MockModel:
     return MockModel(
         tokens_per_second=settings.model_tokens_per_second,
         prefill_seconds_per_token=settings.model_prefill_seconds_per_token,
-        stop_probability=settings.model_stop_probability,
+        stop_probability=settings.mock_stop_probability(),
     )
 
 

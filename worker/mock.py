@@ -264,13 +264,22 @@ class MockModel:
         """The whole output of a tool call or JSON answer (None: sampled text)."""
         rng = random.Random(f"plan:{request.seed}")
         tools = request.tools if request.tool_choice != "none" else ()
-        if tools and (request.tool_choice == "required" or rng.random() < 0.5):
+        # "auto": the seed decides, except that a tool's result is answered in text
+        # (so that an agent's loop ends).
+        if tools and (
+            request.tool_choice == "required"
+            or (not request.after_tool_result and rng.random() < 0.5)
+        ):
             tool = tools[rng.randrange(len(tools))]
             schema = tool.get("parameters") or {"type": "object", "properties": {}}
             call = ToolCallStart(f"call_{rng.getrandbits(64):016x}", str(tool["name"]))
-            return call, structured.pieces(structured.object_text(schema, rng))
+            text = structured.object_text(schema, rng, request.max_tokens)
+            return call, structured.pieces(text)
         if request.response_format is not None:
-            text = structured.object_text(request.response_format.get("schema"), rng)
+            schema = request.response_format.get("schema")
+            if request.response_format.get("type") == "json_object":
+                schema = structured.schema_in_prompt(request.prompt)
+            text = structured.object_text(schema, rng, request.max_tokens)
             return None, structured.pieces(text)
         return None
 

@@ -452,6 +452,7 @@ class RequestRunner:
             response_format=params.response_format,
             tools=params.tools,
             tool_choice=params.tool_choice,
+            after_tool_result=params.after_tool_result,
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         token = self.publisher.token

@@ -144,6 +144,9 @@ class GenerationRequest:
     #: Function tools (``{"name", "parameters"}``) and whether to call one.
     tools: tuple[dict[str, Any], ...] = field(default=())
     tool_choice: Literal["auto", "required", "none"] = "auto"
+    #: The chat's last message is a tool's result: with ``tool_choice`` "auto" a model
+    #: mostly answers it in text, which is what ends an agent's loop.
+    after_tool_result: bool = False
 
 
 class Model(Protocol):

@@ -22,8 +22,13 @@ from api.state import AppState
 from llmq.settings import ApiSettings, WorkerSettings
 from tests.support.processes import Proc
 
-#: Fast model timings so that tests are quick but tokens still arrive one by one.
-FAST_MODEL = {"model_tokens_per_second": 200.0, "model_prefill_seconds_per_token": 0.0001}
+#: Fast model timings so that tests are quick but tokens still arrive one by one; the
+#: mock never stops by itself, so that answers have the length a test asks for.
+FAST_MODEL = {
+    "model_tokens_per_second": 200.0,
+    "model_prefill_seconds_per_token": 0.0001,
+    "model_mean_tokens": 0,
+}
 
 
 @dataclass
