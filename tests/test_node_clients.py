@@ -4,13 +4,15 @@ default OpenAI provider (``openai(model)`` speaks the Responses API) for
 ``generateText``, ``streamText`` and a tool call.
 
 The packages are those pinned in ``tests/node/package-lock.json`` (``npm ci`` in
-``tests/node``, which CI runs); without node or them, the test skips and says why.
+``tests/node``, which CI runs); without node or them, the test skips and says why,
+except in CI (``CI`` set), where a missing client is a failure, never a silent skip.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,8 @@ async def run_clients(api: RunningApi) -> dict[str, Any]:
 @pytest.mark.timeout(120)
 async def test_node_openai_and_ai_sdk(fast: RunningApi) -> None:
     if (why := _missing()) is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Node clients: {why}")
         pytest.skip(why)
     out = await run_clients(fast)
 

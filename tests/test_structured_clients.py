@@ -143,6 +143,33 @@ async def test_openai_parse_fills_pydantic_models(
             validate(json.loads(reply.choices[0].message.content or ""), model.model_json_schema())
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_responses_parse_fills_pydantic_models(
+    fast: RunningApi, http: openai.DefaultAsyncHttpxClient, stream: bool
+) -> None:
+    """The Responses API's ``.parse()`` and ``.stream()`` on the same models."""
+    client = sdk(fast, http)
+    for model in (Person, Node, Formats):
+        for seed in SEEDS:
+            if stream:
+                async with client.responses.stream(
+                    model="mock",
+                    input="describe someone",
+                    text_format=model,
+                    extra_body={"seed": seed},
+                ) as events:
+                    reply = await events.get_final_response()
+            else:
+                reply = await client.responses.parse(
+                    model="mock",
+                    input="describe someone",
+                    text_format=model,
+                    extra_body={"seed": seed},
+                )
+            assert isinstance(reply.output_parsed, model)
+            validate(json.loads(reply.output_text), model.model_json_schema())
+
+
 async def test_the_stream_helper_with_a_default_request_ends_by_itself(
     modelled: RunningApi, http: openai.DefaultAsyncHttpxClient
 ) -> None:
