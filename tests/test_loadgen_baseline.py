@@ -82,7 +82,9 @@ def _config(**overrides: object) -> LoadConfig:
 
 
 async def test_in_process_run_reports_model_timings() -> None:
-    result = await run_load(_config())
+    # One request at a time: the mock's engine shares its steps, so concurrent prompts
+    # would prefill together and each TTFT would include the others' prefill.
+    result = await run_load(_config(concurrency=1))
     s = result.summary()
     assert result.target == "in_process"
     assert s["completed"] == 6 and s["failed"] == 0

@@ -121,6 +121,8 @@ class EngineLoop:
         #: The step under way (None: idle) and when it is due to end (loop time).
         self._step: Step | None = None
         self._step_end = 0.0
+        self._waking = False
+        self._from_idle = False
 
     @property
     def cache(self) -> KVCache:
@@ -135,7 +137,17 @@ class EngineLoop:
         self._owners[state] = running
         running.finished.add_done_callback(lambda _: self._drop(state))
         self.scheduler.add(state)
+        if self._step is None and not self._waking:
+            # From idle, the first step starts once the loop has run what is ready now
+            # (the caller's own work): a start-up that keeps the loop busy delays the
+            # first token, instead of making the tokens after it catch up in a burst.
+            self._waking = True
+            self._loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._waking = False
         if self._step is None:
+            self._from_idle = True
             self._start(self._loop.time())
 
     def _drop(self, state: EngineSequence) -> None:
@@ -174,8 +186,12 @@ class EngineLoop:
             owner = owners.get(state)
             if owner is not None and not owner.step():
                 self._drop(state)  # ended: its blocks go back before the next step
-        # Late (a busy loop): the next step starts at once, as if this one were on time.
-        self._start(max(self._step_end, self._loop.time() - _MAX_BACKLOG))
+        # Late (a busy loop): the next step starts at once, as if this one were on time;
+        # but a first step from idle that was late (a start-up keeping the loop busy)
+        # delays its sequences' first token only, not their rhythm after it.
+        backlog = 0.0 if self._from_idle else _MAX_BACKLOG
+        self._from_idle = False
+        self._start(max(self._step_end, self._loop.time() - backlog))
 
     def _publish(self) -> None:
         stored, evicted = self.cache.take_events()
