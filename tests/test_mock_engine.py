@@ -68,6 +68,17 @@ async def test_a_cached_prefix_is_reported_before_the_first_token_under_the_apis
     assert len(heard) == 1  # nothing new was cached
 
 
+async def test_a_listener_that_raises_does_not_stop_the_engine() -> None:
+    model = MockModel(tokens_per_second=1000, prefill_seconds_per_token=0.0)
+
+    def broken(stored: object, evicted: object) -> None:
+        raise RuntimeError("listener bug")
+
+    model.watch_cache(broken)
+    out = await outputs(model, request(words(40), 5))
+    assert len(out) == 5
+
+
 async def test_evicted_blocks_are_heard_and_kv_usage_follows_the_running_sequences() -> None:
     model = MockModel(tokens_per_second=50, prefill_seconds_per_token=0.0, kv_blocks=4)
     heard: list[tuple[list[str], list[str]]] = []

@@ -16,12 +16,15 @@ one, instead of one timer and one task wake-up per token per sequence.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from llmq.model.interface import CacheListener, Emit, Report, ToolCallStart
 from worker.engine.kv_cache import KVCache
 from worker.engine.scheduler import EngineSequence, Scheduler, Step
+
+log = logging.getLogger(__name__)
 
 #: Event loop timers fire up to about a millisecond early or late (uvloop counts in
 #: milliseconds): a timer this close to its deadline counts as on time.
@@ -197,7 +200,10 @@ class EngineLoop:
         stored, evicted = self.cache.take_events()
         if stored or evicted:
             for listener in self.listeners:
-                listener(stored, evicted)
+                try:
+                    listener(stored, evicted)
+                except Exception:  # a listener's bug must not stop the engine's steps
+                    log.exception("a KV cache listener failed")
 
 
 #: How far behind the clock the steps may fall and still catch up (a loop blocked for
