@@ -193,9 +193,13 @@ CacheListener = Callable[[Sequence[str], Sequence[str]], None]
 class CacheReporting(Protocol):
     """A backend that knows (or estimates) which prompt blocks its KV cache holds.
 
-    The worker publishes what the listener hears, so that the queue can send a
-    request to the worker that already holds its prefix. The mock's engine reports
-    exactly; an adapter to an inference server may estimate from what it sent.
+        The worker publishes what the listener hears, so that the queue can send a
+        request to the worker that already holds its prefix. The mock's engine reports
+        exactly; an adapter to an inference server may estimate from what it sent. Such a
+        backend reports a prefix hit with a :class:`Report` (``cached_tokens``) before the
+        first token (the usage then carries ``prompt_tokens_details``); a miss may go
+    unreported (the worker counts it as a lookup that found nothing), so that consumers
+    that take every output for a token see none for the prompts the cache lacks.
     """
 
     def watch_cache(self, listener: CacheListener) -> None: ...
@@ -213,3 +217,13 @@ class Embedder(Protocol):
     async def embed(
         self, texts: Sequence[str], dimensions: int | None, seed: int
     ) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class KVCacheUsage(Protocol):
+    """A backend that knows how full its KV cache is (vLLM's ``kv_cache_usage_perc``):
+    the worker's heartbeat carries it to ``/metrics``."""
+
+    def kv_usage(self) -> float:
+        """The fraction of the KV cache that running sequences hold, 0 to 1."""
+        ...
