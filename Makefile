@@ -48,4 +48,4 @@ clean:
 
 # Hosts as network namespaces (root): Redis + Sentinels, 2 APIs, 3 workers, a client host.
 cluster: install
-	$(BIN)/python -m llmq.hosts
+	$(BIN)/python -m rigs.hosts

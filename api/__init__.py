@@ -1,1 +1,55 @@
-"""The llmq HTTP API: OpenAI-compatible and native endpoints over the Redis queue."""
+"""The llmq HTTP API: OpenAI-compatible and native endpoints over the Redis queue.
+
+An API process admits a request into the queue (:mod:`llmq.protocol`, whose own
+map walks the queue's side) and relays what a worker writes to the request's
+stream; it keeps nothing another replica lacks, so any replica can serve any
+client. Read it in the order a request meets it:
+
+0. **The process** (``main.py``: uvicorn serving the app, one process or several on
+   one port; ``app.py``: the FastAPI app, whose lifespan opens and closes every
+   resource of ``state.py`` (Redis clients, relay, catalog, metrics recorder,
+   background tasks) and keeps this process's liveness lease, on which its attached
+   requests depend).
+1. **Body and auth** (``limits.py``: a middleware that answers 413 to a body over
+   the limit before anything parses it; ``auth.py``: the bearer key, and the digest
+   of it that a request records as its owner).
+2. **Route** (``routes/openai.py``: completions, chat completions, models;
+   ``routes/responses.py``: OpenAI's Responses API, served on the chat path;
+   ``routes/embeddings.py``: embeddings, one queued request for all inputs;
+   ``routes/native.py``: submit now, status, follow and resume the event stream,
+   cancel; ``routes/health.py`` and ``routes/metrics.py`` for probes and scrapers);
+   ``openapi.py`` makes the OpenAPI document list the statuses each route answers.
+3. **Validation and admission**: the body is checked strictly against
+   ``schemas.py``; ``extras.py`` reads what it asks beyond plain text (structured
+   output, tools, log-probabilities) and the capability each needs; ``submit.py``
+   checks everything that can refuse it before anything is written: the limits
+   that are settings, and the model, against ``catalog.py`` (the models live
+   workers serve and their capabilities, refreshed off the request path). Every
+   refusal is an error of ``errors.py``: OpenAI's error shape, registered in one
+   place, where Redis errors become 503 and an exhausted pool 429.
+4. **Enqueue**, the end of admission: the request becomes one queued request per
+   choice, written all or none by one call of :meth:`llmq.protocol.queue.Queue.admit`.
+5. **Relay**: ``relay.py`` is the process's one ``XREAD`` loop, fanning the entries
+   of every followed stream out to per-client subscriptions (``subscription.py``:
+   one stream's entries after an id, in order, bounded); it packs its command from
+   RESP kept per stream (``resp.py``) and decodes token events on a fast path
+   (``entries.py``). ``grouped_relay.py`` runs one such reader per request group
+   on a Redis Cluster. ``follow.py`` follows one request's subscription: events in
+   order, each token once, ending after the terminal event; ``fanin.py`` merges
+   the choices of one response. A Responses request is translated into the chat
+   request it runs (``responses_input.py``), followed by ``responses_relay.py``,
+   shaped into Response objects and typed events (``responses_format.py``) and
+   kept for ``previous_response_id`` (``responses_store.py``).
+6. **Framing**: ``sse.py`` frames Server-Sent Events and writes the stream to the
+   client; ``openai_format.py`` shapes events into OpenAI's chunks and bodies
+   (the native route writes the events as they are, with their stream ids);
+   ``timing.py`` records TTFT and latency as the client sees them.
+7. **Cancel on disconnect** (``cancel.py``): a client that leaves an OpenAI route
+   cancels its request, in a background task the app state owns; ``DELETE
+   /v1/requests/{id}`` cancels a native one. Requests attached to an API process
+   that died are cancelled by the sweep once its liveness lease runs out.
+
+Beside the request path, the metrics endpoints read the totals every process
+flushed to Redis (``totals.py``): ``exposition.py`` renders them for Prometheus,
+``summary.py`` as JSON with estimated percentiles and rates.
+"""

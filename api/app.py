@@ -17,10 +17,10 @@ from starlette.types import Receive, Scope, Send
 
 from api import errors, openapi, sse
 from api.catalog import Catalog
+from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
 from api.relay import StreamRelay
-from api.relays import GroupedRelay
-from api.routes import health, native, openai
+from api.routes import embeddings, health, native, openai, responses
 from api.routes import metrics as metrics_routes
 from api.state import AppState
 from llmq import __version__, metrics
@@ -66,7 +66,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         # longer than the block time.
         blocking: Redis | None = None
         relay: StreamRelay | GroupedRelay
-        if is_cluster(settings):  # a reader per slot (api/relays.py)
+        if is_cluster(settings):  # a reader per slot (api/grouped_relay.py)
             relay = GroupedRelay(settings, cast(RedisCluster, redis), process_id)
         else:
             blocking = connect(
@@ -131,6 +131,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     errors.install(app)
     openapi.install(app)
     app.include_router(openai.router)
+    app.include_router(responses.router)
+    app.include_router(embeddings.router)
     app.include_router(native.router)
     app.include_router(health.router)
     app.include_router(metrics_routes.router)

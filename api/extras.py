@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from api.errors import InvalidRequest, Unsupported
 from api.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from worker.structured import unsupported
+from llmq.model.json_subset import unsupported
 
 ToolChoice = Literal["auto", "required", "none"]
 
@@ -28,6 +28,7 @@ class Extras:
     response_format: dict[str, Any] | None = None
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: ToolChoice = "auto"
+    after_tool_result: bool = False
 
 
 def completion_extras(body: CompletionRequest) -> Extras:
@@ -53,6 +54,7 @@ def chat_extras(body: ChatCompletionRequest) -> Extras:
         response_format=_response_format(body.response_format),
         tools=tools,
         tool_choice=choice,
+        after_tool_result=body.messages[-1].role == "tool",
     )
 
 

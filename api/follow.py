@@ -6,7 +6,8 @@ its re-run, or tokens a dead worker generated but never wrote); :class:`TokenCur
 drops what was already relayed, so a client sees each token exactly once.
 :func:`follow` yields the events that arrived together as one batch (a response
 writes them in one send), ends after the terminal event, and ends with an ``expired`` error if
-the request's record vanished while the stream was idle.
+the request's record vanished while the stream was idle. A client resuming at or past
+the terminal event (it already has the end) gets nothing, and the stream ends at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from api.state import AppState
+from api.subscription import parse_id
 from llmq.protocol import keys
+from llmq.protocol.streams import final_event_id
 from llmq.schema import ErrorEvent, Event, TokensEvent, is_terminal
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,8 @@ async def follow(
 ) -> AsyncIterator[Batch | None]:
     """Events of the request after ``last_id``, in batches of those that arrived
     together (never empty); ``None`` marks an idle keep-alive tick."""
+    if last_id != "0-0" and await _ended_by(state, request_id, last_id):
+        return
     keepalive = state.settings.sse_keepalive_seconds
     async with state.relay.subscription(keys.stream(request_id), last_id) as sub:
         state.following.add(sub)  # so that a shutdown can end it cleanly
@@ -78,6 +83,13 @@ async def follow(
                 yield batch
         finally:
             state.following.discard(sub)
+
+
+async def _ended_by(state: AppState, request_id: str, last_id: str) -> bool:
+    """Whether ``last_id`` is at or past the request's final event: nothing will
+    follow, so a subscription would only send keep-alives."""
+    final = await final_event_id(state.redis, request_id)
+    return final is not None and parse_id(final) <= parse_id(last_id)
 
 
 #: The code of the error event that ends a stream the API process stops relaying.

@@ -21,13 +21,13 @@ from typing import Any
 
 from api import sse
 from api.submit import Submitted
-from llmq.schema import TokenLogprob, Usage
+from llmq.schema import PromptTokensDetails, TokenLogprob, Usage
 
 #: The extension field that keeps llmq's own reason next to ``finish_reason: abort``.
 LLMQ_FINISH_REASON = "llmq_finish_reason"
 
 
-def usage_dict(usage: Usage | None) -> dict[str, int] | None:
+def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
     return usage.model_dump() if usage else None
 
 
@@ -58,6 +58,7 @@ class UsageSum:
 
     def __init__(self) -> None:
         self.prompts: dict[int, int] = {}
+        self.cached: dict[int, int] = {}
         self.completion = 0
         self.seen = False
 
@@ -66,16 +67,22 @@ class UsageSum:
             return
         self.seen = True
         self.prompts[sub.prompt_index] = usage.prompt_tokens
+        if usage.prompt_tokens_details is not None:
+            self.cached[sub.prompt_index] = usage.prompt_tokens_details.cached_tokens
         self.completion += usage.completion_tokens
 
     def total(self) -> Usage | None:
         if not self.seen:
             return None
         prompt = sum(self.prompts.values())
+        details = None
+        if self.cached:
+            details = PromptTokensDetails(cached_tokens=sum(self.cached.values()))
         return Usage(
             prompt_tokens=prompt,
             completion_tokens=self.completion,
             total_tokens=prompt + self.completion,
+            prompt_tokens_details=details,
         )
 
 

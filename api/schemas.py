@@ -215,3 +215,34 @@ class NativeRequest(GenerationParams):
     """``POST /v1/requests``: a prompt to run in the background, streamed on demand."""
 
     prompt: str
+
+
+class EmbeddingRequest(_Body):
+    """``POST /v1/embeddings``: one text or a list of them (token id lists are read as
+    texts of their ids); ``seed``, ``priority`` and ``queue_timeout`` are llmq's."""
+
+    model: str = Field(min_length=1, max_length=256)
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+    )
+    dimensions: int | None = Field(None, ge=1)
+    encoding_format: Literal["float", "base64"] | None = None
+    user: str | None = None
+    seed: int | None = None
+    priority: int | None = Field(None, description="Lower runs earlier; default 0.")
+    queue_timeout: float | None = Field(
+        None, gt=0, description="Seconds the request may wait in the queue."
+    )
+
+    def texts(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input]
+        texts = []
+        for item in self.input:
+            if isinstance(item, int):  # one input of token ids
+                return [" ".join(map(str, self.input))]
+            texts.append(item if isinstance(item, str) else " ".join(map(str, item)))
+        return texts

@@ -12,8 +12,9 @@ from fastapi import Depends, Request
 from redis.asyncio import Redis
 
 from api.catalog import Catalog
-from api.relay import StreamRelay, Subscription
-from api.relays import GroupedRelay
+from api.grouped_relay import GroupedRelay
+from api.relay import StreamRelay
+from api.subscription import Subscription
 from llmq.metrics import Recorder
 from llmq.protocol.queue import Queue
 from llmq.settings import ApiSettings

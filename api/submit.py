@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
-from api.schemas import GenerationParams
+from api.schemas import EmbeddingRequest, GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
+from llmq.model.tokenizer import count_tokens
 from llmq.protocol.queue import Enqueue
-from llmq.schema import JobPayload, SamplingParams
-from worker.model import count_tokens
+from llmq.schema import EmbedTask, JobPayload, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,11 @@ async def _check_capabilities(state: AppState, model: str, sampling: SamplingPar
             param="min_tokens",
             code="invalid_value",
         )
-    needed = sampling.required_capabilities()
+    await _check_declared(state, model, sampling.required_capabilities())
+
+
+async def _check_declared(state: AppState, model: str, needed: list[tuple[str, str]]) -> None:
+    """Refuse what the model's live workers do not declare (each with its parameter)."""
     if not needed:
         return
     declared = await state.catalog.capabilities(model)
@@ -197,6 +201,7 @@ async def _validate(
         response_format=extras.response_format,
         tools=extras.tools,
         tool_choice=extras.tool_choice,
+        after_tool_result=extras.after_tool_result,
     )
     common = _Common(
         tokens=tokens,
@@ -316,22 +321,7 @@ async def submit_choices(
             call, sub = _plan(state, params, choice, common, now, owner, attach)
             calls.append(call)
             subs.append(sub)
-    accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
-    if not accepted:
-        state.metrics.inc(metrics.REQUESTS, params.model, "rejected")
-        limit = settings.max_queue_depth
-        why = (
-            f"is full ({limit} waiting)"
-            if len(calls) == 1
-            else f"has no room for the {len(calls)} choices of this request (at most {limit} wait)"
-        )
-        raise Overloaded(
-            f"the queue of model '{params.model}' {why}; retry later",
-            code="queue_full",
-            headers={"Retry-After": "1"},
-        )
-    if settings.enqueue_min_replicas:
-        await _replicated(state, [sub.id for sub in subs], params.model)
+    await _admit(state, calls, params.model, [sub.id for sub in subs])
     for sub in subs:
         prompt = prompts[sub.prompt_index]
         log.info(
@@ -346,6 +336,87 @@ async def submit_choices(
         if settings.log_prompts:
             log.info("request %s prompt: %r", sub.id, prompt, extra={"request_id": sub.id})
     return subs
+
+
+async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[str]) -> None:
+    """Enqueue ``calls`` all or none; 429 if the queue has no room for them all."""
+    settings = state.settings
+    accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
+    if not accepted:
+        state.metrics.inc(metrics.REQUESTS, model, "rejected")
+        limit = settings.max_queue_depth
+        why = (
+            f"is full ({limit} waiting)"
+            if len(calls) == 1
+            else f"has no room for the {len(calls)} choices of this request (at most {limit} wait)"
+        )
+        raise Overloaded(
+            f"the queue of model '{model}' {why}; retry later",
+            code="queue_full",
+            headers={"Retry-After": "1"},
+        )
+    if settings.enqueue_min_replicas:
+        await _replicated(state, rids, model)
+
+
+async def submit_embedding(
+    state: AppState, body: EmbeddingRequest, texts: list[str], owner: str | None
+) -> Submitted:
+    """Validate and enqueue an embedding request: one job for all its inputs, which a
+    worker that declares ``embeddings`` runs; attached to this process, like an
+    OpenAI generation."""
+    settings = state.settings
+    limit = settings.max_embedding_inputs
+    if len(texts) > limit:
+        raise InvalidRequest(
+            f"at most {limit} inputs per request, got {len(texts)}",
+            param="input",
+            code="invalid_value",
+        )
+    if body.dimensions is not None and body.dimensions > settings.max_embedding_dimensions:
+        raise InvalidRequest(
+            f"dimensions must be at most {settings.max_embedding_dimensions}",
+            param="dimensions",
+            code="invalid_value",
+        )
+    tokens = sum(
+        _prompt_tokens(state, t, "input" if len(texts) == 1 else f"input[{i}]")
+        for i, t in enumerate(texts)
+    )
+    priority = body.priority or 0
+    _check_priority(state, priority)
+    queue_timeout = _timeout(body.queue_timeout, settings.queue_timeout_seconds, "queue_timeout")
+    await _check_model(state, body.model)
+    await _check_declared(state, body.model, [("embeddings", "input")])
+    now, rid = time.time(), uuid.uuid4().hex
+    payload = JobPayload(
+        request_id=rid,
+        model=body.model,
+        prompt="",
+        prompt_tokens=tokens,
+        params=SamplingParams(max_tokens=1),
+        priority=priority,
+        enqueued_at=now,
+        queue_deadline=now + queue_timeout,
+        generation_timeout=settings.generation_timeout_seconds,
+        embed=EmbedTask(inputs=tuple(texts), dimensions=body.dimensions, seed=body.seed or 0),
+    )
+    call = Enqueue.of(
+        payload,
+        priority_step_ms=settings.priority_step_ms,
+        owner=owner,
+        attach_to=state.process_id,
+    )
+    await _admit(state, [call], body.model, [rid])
+    log.info(
+        "accepted embedding request %s (model %s, %d inputs, %d tokens)",
+        rid,
+        body.model,
+        len(texts),
+        tokens,
+        extra={"request_id": rid},
+    )
+    return Submitted(rid, body.model, int(now), tokens, 1, payload.queue_deadline)
 
 
 async def _replicated(state: AppState, rids: list[str], model: str) -> None:

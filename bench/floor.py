@@ -3,7 +3,7 @@
 A queue between the API and the model costs CPU per token (a stream entry, a
 relay, another process). What a user gives up for it is measured against this:
 uvicorn serving a raw ASGI app (no framework, no Redis, no queue) that runs the
-project's :class:`~worker.model.MockModel` in its own event loop and writes each
+project's :class:`~worker.mock.MockModel` in its own event loop and writes each
 token as an OpenAI SSE chunk the moment the model yields it. The most streams it
 holds within the ITL limit, with the same client and timing, is the number llmq's
 capacity is judged by (``bench/scenarios/capacity.py``).
@@ -28,7 +28,9 @@ from typing import Any
 
 import uvicorn
 
-from worker.model import GenerationRequest, MockModel, count_tokens, seed_for
+from llmq.model.interface import GenerationRequest, seed_for
+from llmq.model.tokenizer import count_tokens
+from worker.mock import MockModel
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -7,7 +7,7 @@ capacity.py``) is reachable at all by *any* such design is bounded by this
 server: the floor (:mod:`bench.floor`, everything of it kept) with every token
 passed through Redis the cheapest way a queue design could.
 
-- The model side (the same :class:`~worker.model.MockModel` step loop) appends
+- The model side (the same :class:`~worker.mock.MockModel` step loop) appends
   each step's tokens, for all streams it advanced, in one round trip: one
   ``XADD key MAXLEN n * t TOKEN`` per token, packed by hiredis in C and written at
   once. Each response has its own stream key, bounded by ``MAXLEN`` and expiring
@@ -43,8 +43,9 @@ import uvloop
 from redis.asyncio import Redis
 
 from bench.floor import FloorApp, serve
+from llmq.model.interface import GenerationRequest
 from llmq.tasks import cancel_and_wait
-from worker.model import GenerationRequest, MockModel
+from worker.mock import MockModel
 
 Role = Literal["both", "api", "model"]
 

@@ -17,7 +17,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
+from cli import supervisor
 from cli.supervisor import (
     LoggedProcess,
     NotReady,
@@ -26,12 +28,22 @@ from cli.supervisor import (
     stop_all,
     wait_for,
 )
-from cli.supervisor import clean_env as clean_env
 from cli.supervisor import live_workers as live_workers
 from llmq.embedded import EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 60.0
+
+#: The mock's answers run to max_tokens, as every figure so far was measured: the
+#: default mean length (a model that stops by itself) would change what is compared.
+FIXED_LENGTHS = {"LLMQ_MODEL_MEAN_TOKENS": "0"}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The supervisor's clean environment, with the mock at :data:`FIXED_LENGTHS`
+    unless ``extra`` says otherwise."""
+    return supervisor.clean_env(**{**FIXED_LENGTHS, **extra})
+
 
 #: A process failed to start or to become ready.
 BenchError = NotReady
@@ -57,12 +69,57 @@ def _wait_healthy(url: str, what: str, process: BenchProcess) -> None:
     wait_for(lambda: http_status(url + "/healthz") == 200, READY_TIMEOUT, what, process)
 
 
-class Stack:
+class _Processes:
+    """Processes started together and stopped in order, with their embedded Redis.
+
+    The one start and stop of every set of benchmark processes: as a context
+    manager it starts Redis (if any), then :meth:`_start` the processes; a start
+    that fails stops what already runs, and so does ``__exit__``: :meth:`_stop`
+    the processes, in their order, then Redis, even if a stop failed.
+    """
+
+    redis: EmbeddedRedis | None
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            if self.redis is not None:
+                self.redis.start()
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._stop()
+        finally:
+            if self.redis is not None:
+                self.redis.stop()
+
+
+class Stack(_Processes):
     """An embedded Redis, one API process and a resizable set of worker processes.
 
     ``api_env`` and the ``worker_env`` given to :meth:`scale` are ``LLMQ_*``
     settings (without the prefix handling: pass full variable names).
     """
+
+    redis: EmbeddedRedis
 
     def __init__(self, log_dir: Path, api_env: Mapping[str, str] | None = None) -> None:
         self.log_dir = log_dir
@@ -81,35 +138,18 @@ class Stack:
     def _env(self, extra: Mapping[str, str]) -> dict[str, str]:
         return clean_env(LLMQ_REDIS_URL=self.redis.url, **extra)
 
-    def __enter__(self) -> Stack:
-        try:
-            self.redis.start()
-            env = self._env({**self.api_env, "LLMQ_PORT": str(self.port)})
-            self.api = BenchProcess("api", ["cli", "api"], env, self.log_dir)
-            _wait_healthy(self.url, "the API", self.api)
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def _start(self) -> None:
+        env = self._env({**self.api_env, "LLMQ_PORT": str(self.port)})
+        self.api = BenchProcess("api", ["cli", "api"], env, self.log_dir)
+        _wait_healthy(self.url, "the API", self.api)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Workers first (they drain), then the API, then Redis."""
-        try:
-            stop_all(self.workers)
-            self.workers = []
-            if self.api is not None:
-                self.api.stop()
-                self.api = None
-        finally:
-            self.redis.stop()
+    def _stop(self) -> None:
+        """Workers first (they drain), then the API."""
+        stop_all(self.workers)
+        self.workers = []
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
 
     def scale(self, count: int, worker_env: Mapping[str, str] | None = None) -> None:
         """Run exactly ``count`` workers with ``worker_env``; wait until the API lists them.
@@ -153,7 +193,7 @@ class Stack:
         return out
 
 
-class FloorServer:
+class FloorServer(_Processes):
     """The floor (:mod:`bench.floor`) as its own process, with the model's timing.
 
     ``via_redis``: the floor through one Redis hop instead (:mod:`bench.floor_via_redis`),
@@ -191,41 +231,23 @@ class FloorServer:
     def redis_url(self) -> str | None:
         return self.redis.url if self.redis is not None else None
 
-    def __enter__(self) -> FloorServer:
-        try:
-            if self.redis is None:
-                args = ["bench.floor", "--port", str(self.port), *self.pace]
-            else:
-                self.redis.start()
-                relay = ["bench.floor_via_redis", "--redis-url", self.redis.url]
-                if self.model_apart:
-                    model = [*relay, "--role", "model", *self.pace]
-                    self.model = BenchProcess("floor-model", model, clean_env(), self.log_dir)
-                role = "api" if self.model_apart else "both"
-                args = [*relay, "--role", role, "--port", str(self.port), *self.pace]
-            self.child = BenchProcess("floor", args, clean_env(), self.log_dir)
-            _wait_healthy(self.url, "the floor", self.child)
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def _start(self) -> None:
+        if self.redis is None:
+            args = ["bench.floor", "--port", str(self.port), *self.pace]
+        else:
+            relay = ["bench.floor_via_redis", "--redis-url", self.redis.url]
+            if self.model_apart:
+                model = [*relay, "--role", "model", *self.pace]
+                self.model = BenchProcess("floor-model", model, clean_env(), self.log_dir)
+            role = "api" if self.model_apart else "both"
+            args = [*relay, "--role", role, "--port", str(self.port), *self.pace]
+        self.child = BenchProcess("floor", args, clean_env(), self.log_dir)
+        _wait_healthy(self.url, "the floor", self.child)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """The server, then its model, then Redis."""
-        try:
-            stop_all([p for p in (self.child, self.model) if p is not None])
-            self.child = self.model = None
-        finally:
-            if self.redis is not None:
-                self.redis.stop()
+    def _stop(self) -> None:
+        """The server and its model."""
+        stop_all([p for p in (self.child, self.model) if p is not None])
+        self.child = self.model = None
 
     def pids(self) -> dict[str, int]:
         """Process ids by role (Redis's CPU is read from Redis itself)."""

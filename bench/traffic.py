@@ -10,9 +10,36 @@ run (connections, tasks, the in-process baseline) leaks into the next.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from loadgen import LoadConfig, RunResult, run_load
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What a scenario's requests look like and the mock model that serves them:
+    fixed prompt and output lengths, the model's decode and prefill speeds. Each
+    scenario's ``Sizes`` extends it (and may change its defaults)."""
+
+    prompt_tokens: int = 100
+    output_tokens: int = 32
+    tokens_per_second: float = 50.0
+    prefill_seconds_per_token: float = 0.0001
+
+    def load(self, seed: int, *, timeout: float, **run: Any) -> LoadConfig:
+        """The load of these requests; ``run``: the rest of the :class:`LoadConfig`
+        (arrivals or concurrency, bounds, target)."""
+        return LoadConfig(
+            prompt_tokens=(self.prompt_tokens, self.prompt_tokens),
+            output_tokens=(self.output_tokens, self.output_tokens),
+            tokens_per_second=self.tokens_per_second,
+            prefill_seconds_per_token=self.prefill_seconds_per_token,
+            seed=seed,
+            timeout=timeout,
+            **run,
+        )
+
 
 #: Figures copied from ``RunResult.summary()`` into every run's record.
 SUMMARY_KEYS = (

@@ -77,7 +77,7 @@ def build_settings(cls: type[S], args: argparse.Namespace) -> S:
 
 def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     """``loadgen=False`` leaves out the load generator's flags, whose imports (numpy)
-    would add about 0.3 s of CPU to every worker's start-up."""
+    would add their import time to every worker's start-up."""
     parser = argparse.ArgumentParser(prog="llmq", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
@@ -152,16 +152,19 @@ def _run_tail(args: argparse.Namespace) -> int:
     return _run_async(tail_lifecycle(settings, from_start=args.from_start))
 
 
-def _run_loadgen(args: argparse.Namespace) -> int:
+def _loadgen_missing() -> str | None:
+    """What a server-only install (no ``loadgen`` extra) lacks to run the load
+    generator, or None where it is installed."""
     try:
-        from loadgen.cli import main as loadgen_main
-    except ImportError:
-        print(
-            "llmq loadgen: the load generator is not installed here (a server-only install); "
-            "pip install 'llmq[loadgen]'",
-            file=sys.stderr,
-        )
-        return 2
+        import loadgen.cli  # noqa: F401 - the package imports its runner and its extra
+    except ImportError as exc:
+        return exc.name or str(exc)
+    return None
+
+
+def _run_loadgen(args: argparse.Namespace) -> int:
+    from loadgen.cli import main as loadgen_main
+
     return loadgen_main(args)
 
 
@@ -187,6 +190,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # Before parsing: without the extra the subcommand has no flags, and argparse
+    # would answer its arguments with "unrecognized arguments" instead of the hint.
+    if argv[:1] == ["loadgen"] and (missing := _loadgen_missing()) is not None:
+        print(
+            f"llmq loadgen: {missing} is not installed here (a server-only install); "
+            "the load generator needs the loadgen extra: pip install 'llmq[loadgen]'",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser(loadgen=not argv or argv[0] not in SETTINGS).parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -21,11 +21,14 @@ def tune_garbage_collector() -> int:
     """Keep the collector from costing a streaming process its CPU and its ITL tail;
     returns how many objects were frozen.
 
-    Measured in the API at 200 streams: the collector ran some 70 times a second,
-    about 22% of its CPU, with pauses of up to 10 ms (middle generation) and 45 ms
-    (full collections, every two seconds); in a worker at 75 streams, some 25 young
-    and 2 middle collections a second and a full one every 5 to 10 s, each of those
-    stalling the worker's every stream for tens of milliseconds. So:
+    Every token a streaming process relays or generates allocates a few objects, so
+    with CPython's default threshold (a young collection per 700 net new objects)
+    the collector runs many times a second, and each older-generation or full
+    collection walks every live object, the whole imported code base included,
+    while every stream of the process waits: its cost is CPU taken from the
+    streams and pauses in their inter-token latency, growing with the load (what
+    this tuning saved is in CHANGELOG.md, a process's CPU per token now in
+    docs/benchmarks.md). So:
 
     * what the process built to start (the app or the worker, every imported module:
       tens of thousands of objects that live as long as the process) is frozen

@@ -29,7 +29,6 @@ cannot be transactions: a ``transaction=True`` pipeline runs as a plain one ther
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import traceback
 from collections import deque
@@ -43,11 +42,10 @@ from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterError, MovedError, RedisClusterException, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmq.outage import backoff
 from llmq.settings import CommonSettings, WorkerSettings
 
 #: Connections a pool holds when ``redis_max_connections`` is 0 (auto), at least.
@@ -57,19 +55,6 @@ DEFAULT_POOL_SIZE = 64
 #: Connections a worker needs beside one per running request: claim, heartbeat,
 #: sweep, pub/sub listeners, cancels.
 WORKER_POOL_HEADROOM = 16
-
-
-#: What a loop that talks to Redis waits out rather than dies of: Redis (or the
-#: node owning a slot) is away, or a Redis Cluster is moving a slot or failing over.
-OUTAGE = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    OSError,
-    RedisClusterException,
-    ClusterError,
-    MovedError,
-    TryAgainError,
-)
 
 
 class PoolExhausted(RedisConnectionError):
@@ -109,60 +94,6 @@ def pool_size(settings: CommonSettings) -> int:
     if isinstance(settings, WorkerSettings):
         return max(DEFAULT_POOL_SIZE, settings.concurrency + WORKER_POOL_HEADROOM)
     return DEFAULT_POOL_SIZE
-
-
-def backoff() -> ExponentialBackoff:
-    """How long to wait before retrying after a connection error, by failures so far.
-
-    One schedule for every retry in llmq (pooled commands, the relay's reader): 40 ms
-    after the first failure, doubling to at most 0.5 s, so a Redis that comes back is
-    used again within half a second and one that stays away costs two attempts a
-    second, not a busy loop.
-    """
-    return ExponentialBackoff(cap=0.5, base=0.02)
-
-
-class Outage:
-    """A loop that talks to Redis, through an outage: one warning when it starts, one
-    line when it ends, and a backoff between attempts: the shared :func:`backoff`,
-    unless ``schedule`` gives the loop its own.
-
-    ``lost`` is a log format taking the error, ``back`` one taking the number of
-    failed attempts. A loop that keeps its own pace (:func:`llmq.tasks.run_periodically`)
-    uses only the log lines: :meth:`note` and :meth:`recovered`.
-    """
-
-    def __init__(
-        self,
-        log: logging.Logger,
-        *,
-        lost: str,
-        back: str,
-        schedule: ExponentialBackoff | None = None,
-    ) -> None:
-        self.log = log
-        self.lost = lost
-        self.back = back
-        self.failures = 0  # consecutive failed attempts: >0 while Redis is unreachable
-        self._backoff = schedule or backoff()
-
-    def note(self, exc: BaseException) -> float:
-        """Count a failed attempt (warn if it is the first); the seconds to wait
-        before the next one."""
-        if not self.failures:
-            self.log.warning(self.lost, exc)
-        self.failures += 1
-        return float(self._backoff.compute(self.failures))
-
-    async def failed(self, exc: BaseException) -> None:
-        """Count a failed attempt (warn if it is the first) and wait before the next."""
-        await asyncio.sleep(self.note(exc))
-
-    def recovered(self) -> None:
-        """An attempt worked: say so once if an outage just ended."""
-        if self.failures:
-            self.log.info(self.back, self.failures)
-            self.failures = 0
 
 
 def _retry() -> Retry:

@@ -3,7 +3,7 @@
 This is the documented contract. A token stream (``llmq.protocol.keys.stream(id)``) holds entries
 with two fields: ``type`` (the event's type, for cheap filtering) and ``data`` (the
 event as JSON, ``type`` included). Consumers outside llmq can read it with plain
-``XREAD``/``XRANGE``; the README lists every event.
+``XREAD``/``XRANGE``; docs/architecture.md lists every event.
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring as _json_string
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +57,8 @@ class SamplingParams(_Frozen):
     #: ``auto``, ``required`` or ``none`` (a named choice arrives as ``required``
     #: with only that tool in ``tools``).
     tool_choice: Literal["auto", "required", "none"] = "auto"
+    #: The chat's last message is a tool's result (a model mostly answers it in text).
+    after_tool_result: bool = False
 
     def required_capabilities(self) -> list[tuple[str, str]]:
         """What a model must honour to serve these parameters, each with the request
@@ -67,6 +77,16 @@ class SamplingParams(_Frozen):
         return needed
 
 
+class EmbedTask(_Frozen):
+    """An embedding job: the worker embeds ``inputs`` instead of generating."""
+
+    inputs: tuple[str, ...] = Field(min_length=1)
+    #: Components per vector (None: the model's own number).
+    dimensions: int | None = Field(None, ge=1)
+    #: The same seed and input give the same vector, whichever request asks.
+    seed: int = 0
+
+
 class JobPayload(_Frozen):
     """The job the API enqueues and a worker runs (arq kwarg ``payload``)."""
 
@@ -79,12 +99,36 @@ class JobPayload(_Frozen):
     enqueued_at: float = Field(description="Unix time (s) the API accepted the request.")
     queue_deadline: float = Field(description="Unix time (s) after which it must not start.")
     generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
+    #: An embedding request (its ``prompt`` is empty); left out of a generation's job.
+    embed: EmbedTask | None = Field(None, exclude_if=lambda v: v is None)
+
+    def required_capabilities(self) -> list[tuple[str, str]]:
+        """What the serving model must honour, each with the parameter that asks for it."""
+        if self.embed is not None:
+            return [("embeddings", "input")]
+        return self.params.required_capabilities()
+
+
+class PromptTokensDetails(_Frozen):
+    """OpenAI's breakdown of the prompt (vLLM returns it too)."""
+
+    cached_tokens: int = Field(ge=0, description="Prompt tokens served from the KV cache.")
 
 
 class Usage(_Frozen):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    #: Present when the backend reported how much of the prompt it found cached.
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_details(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without a report, the usage reads as it always has (no null details)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("prompt_tokens_details", 0) is None:
+            del data["prompt_tokens_details"]
+        return data
 
 
 class Timings(_Frozen):
@@ -134,6 +178,16 @@ class ToolCallEvent(_Frozen):
     name: str
 
 
+class EmbeddingEvent(_Frozen):
+    """Vectors of an embedding request's inputs, from input ``index`` on: each the
+    base64 of its little-endian float32 components (OpenAI's ``encoding_format:
+    base64``), exact and a third the size of JSON numbers."""
+
+    type: Literal["embedding"] = "embedding"
+    index: int = Field(ge=0)
+    vectors: list[str] = Field(min_length=1)
+
+
 class DoneEvent(_Frozen):
     """The last event of a request that ended normally or was cancelled."""
 
@@ -154,7 +208,7 @@ class ErrorEvent(_Frozen):
 
 
 Event = Annotated[
-    StartedEvent | TokensEvent | ToolCallEvent | DoneEvent | ErrorEvent,
+    StartedEvent | TokensEvent | ToolCallEvent | EmbeddingEvent | DoneEvent | ErrorEvent,
     Field(discriminator="type"),
 ]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
@@ -305,7 +359,7 @@ class WorkerInfo(BaseModel):
 
     Unknown fields are ignored, so that entries of newer workers stay readable.
     ``capabilities``: what its model honours beyond plain text (see
-    the README's model interface); None for a worker that does not say.
+    the model interface in docs/architecture.md); None for a worker that does not say.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")

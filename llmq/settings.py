@@ -159,6 +159,12 @@ class ApiSettings(CommonSettings):
         description="Most choices one OpenAI request may ask for: n times the number of "
         "prompts; each choice is its own request in the queue.",
     )
+    max_embedding_inputs: int = Field(
+        2048, ge=1, le=100_000, description="Most inputs one embeddings request may hold."
+    )
+    max_embedding_dimensions: int = Field(
+        4096, ge=1, le=65_536, description="Largest dimensions an embeddings request may ask for."
+    )
 
     enqueue_min_replicas: int = Field(
         0,
@@ -197,8 +203,29 @@ class WorkerSettings(CommonSettings):
         0.0001, ge=0, description="Mock prefill time per prompt token."
     )
     model_stop_probability: float = Field(
-        0.0, ge=0, lt=1, description="Chance per token that the mock ends with 'stop'."
+        0.0,
+        ge=0,
+        lt=1,
+        description="Chance per token that the mock ends with 'stop' (above 0, it replaces "
+        "model_mean_tokens).",
     )
+    model_embedding_dimensions: int = Field(
+        1536, ge=1, le=65_536, description="Mock embedding size when a request sets none."
+    )
+    model_mean_tokens: int = Field(
+        32,
+        ge=0,
+        description="Mean length of a mock answer that stops by itself, as a real model's "
+        "mostly do: a chance of 1/mean per token to end with 'stop' (0: answers run to "
+        "max_tokens; requests keep fixed lengths with ignore_eos or min_tokens).",
+    )
+
+    def mock_stop_probability(self) -> float:
+        """The mock's chance per token to stop: the probability if set, else 1/mean."""
+        if self.model_stop_probability or not self.model_mean_tokens:
+            return self.model_stop_probability
+        return 1.0 / self.model_mean_tokens
+
     worker_token_budget: int = Field(
         0,
         ge=0,

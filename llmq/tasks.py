@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NoReturn
 
-from llmq.connection import Outage
+from llmq.outage import Outage
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ async def run_periodically(
 ) -> NoReturn:
     """Run ``action`` now and then every ``interval`` seconds, until cancelled.
 
-    An exception from ``action`` is logged as an :class:`llmq.connection.Outage` is
+    An exception from ``action`` is logged as an :class:`llmq.outage.Outage` is
     (a warning for the first failure of a run of them, an info line when ``action``
     works again) and the next run comes at the usual interval; only cancellation
     ends the loop.

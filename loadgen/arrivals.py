@@ -37,11 +37,6 @@ class RampClock:
         self._a = (end - start) / (2.0 * horizon)  # Λ(t) = start*t + a*t² for t <= horizon
         self._total = horizon * (start + end) / 2.0  # Λ(horizon)
 
-    def rate_at(self, t: float) -> float:
-        if t >= self.horizon:
-            return self.end
-        return self.start + (self.end - self.start) * t / self.horizon
-
     def seconds(self, u: float) -> float:
         """Λ⁻¹(u): the wall time at which ``u`` expected arrivals have happened."""
         if u <= 0.0:

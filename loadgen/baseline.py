@@ -11,7 +11,7 @@ overhead is measured against, and its polling admission is the behaviour the
 pipeline's queue is meant to beat under overload.
 
 This is a reimplementation, not a copy: it runs the project's model
-(:class:`worker.model.MockModel`, same timings as the workers) instead of the
+(:class:`worker.mock.MockModel`, same timings as the workers) instead of the
 seed's, and streams one token per response instead of the cumulative list.
 :class:`InProcessTarget` adapts it to the runner: the clock starts when the
 request is handed to the server, exactly where the HTTP client starts it.
@@ -24,10 +24,11 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from llmq.model.interface import GenerationRequest, Model, seed_for
 from loadgen.config import LoadConfig
 from loadgen.records import StreamClock
 from loadgen.workload import RequestSpec
-from worker.model import GenerationRequest, MockModel, Model, seed_for
+from worker.mock import MockModel
 
 POLL_SECONDS = 0.01  # the seed's admission poll interval
 

@@ -199,16 +199,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
 
 def main(args: argparse.Namespace) -> int:
     """Run the load, print the summary, write the requested files; return the exit code."""
-    try:
-        from loadgen.report import format_summary, write_json
-        from loadgen.runner import run_load
-    except ImportError as exc:  # a server-only install: the loadgen extra is missing
-        print(
-            f"llmq loadgen: {exc.name or exc} is not installed; the load generator needs "
-            "the loadgen extra: pip install 'llmq[loadgen]'",
-            file=sys.stderr,
-        )
-        return 2
+    from loadgen.report import format_summary, write_json
+    from loadgen.runner import run_load
 
     try:
         config = config_from_args(args)

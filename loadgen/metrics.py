@@ -9,10 +9,10 @@
   A statistic over no values is None, never a misleading 0.
 * Sender lag: the load generator is *lagged* when the p99 of
   ``lag_s`` exceeds ``lag_threshold_ms`` (default 10 ms). The threshold is
-  absolute because what a late send distorts is the latency we report (tens to
-  hundreds of ms here), and 10 ms sits well above asyncio's ~1 ms timer
-  granularity. A relative threshold (5 % of the mean inter-arrival) would trip on
-  timer noise alone above ~50 req/s and say nothing for a closed loop.
+  absolute because what a late send distorts is the latency we report, and it
+  sits well above the event loop's timer granularity (a millisecond or so). A
+  relative threshold (5 % of the mean inter-arrival) would trip on timer noise
+  alone at high rates and say nothing for a closed loop.
 
 The summary is a flat dict: ``{metric}_ms_{stat}`` for metric in ttft, tpot, itl,
 e2el, lag and stat in mean, median, std, max and ``p{q}`` for each requested

@@ -61,8 +61,8 @@ def _quiet_gc() -> Iterator[None]:
     """Freeze the objects that exist before the run out of the garbage collector's scans.
 
     A full collection walks every live object; with the precomputed traffic in
-    memory it stalls the loop for 10-20 ms, which shows up as send lag and
-    latency spikes. Frozen objects are skipped until the run ends.
+    memory it stalls the loop for as long as that walk takes, which shows up as
+    send lag and latency spikes. Frozen objects are skipped until the run ends.
     """
     gc.collect()
     gc.freeze()

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from llmq.model.tokenizer import count_tokens
 from loadgen.config import LoadConfig
-from worker.model import WORDS, count_tokens
+from worker.mock import WORDS
 
 _MEASURED, _WARMUP = 1, 2  # generator streams: warmup requests never reuse measured ones
 
@@ -79,7 +80,7 @@ class Workload:
         self._config = config
         self._dataset = load_dataset(config.dataset) if config.dataset else None
         # Prompt bodies are slices of one seeded word sequence: drawing every word per
-        # request costs ~0.3 ms for long prompts, a slice a few microseconds.
+        # request costs time per word of a long prompt, a slice costs one copy.
         size = max(4 * config.prompt_tokens[1], 65_536)
         picks = np.random.default_rng([config.seed, 0, 1]).integers(0, len(WORDS), size=size)
         self._pool = [WORDS[int(k)] for k in picks]

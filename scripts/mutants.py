@@ -1,6 +1,6 @@
 """Switch off each guarded feature in a copy of the repository and check the tests notice.
 
-Every entry of :data:`MUTANTS` names one guarantee the README states, the exact
+Every entry of :data:`MUTANTS` names one guarantee the documentation states, the exact
 text in the code that provides it, a replacement that switches it off, and the
 tests that must then fail. The runner copies the working tree (uncommitted
 changes included) to a temporary directory, first runs every selected test there
@@ -184,7 +184,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stop-sequence",
         "`stop` ends the text before the stop sequence, finish_reason stop",
-        "worker/model.py",
+        "worker/mock.py",
         "return None if any(s in token for s in request.stop) else token",
         "return token",
         (f"{CONTRACT}::test_a_stop_sequence_ends_the_text_before_it_with_finish_reason_stop",),
@@ -192,7 +192,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stop-probability",
         "LLMQ_MODEL_STOP_PROBABILITY ends generations early with stop",
-        "worker/model.py",
+        "worker/mock.py",
         "if not self.stop_probability or rng.random() >= self.stop_probability:",
         "if True:",
         (f"{CONTRACT}::test_the_stop_probability_ends_generations_early_with_stop",),
@@ -606,6 +606,46 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/e2e/test_run_supervised.py"
             "::test_ctrl_c_stops_in_order_and_ends_every_stream_cleanly",
         ),
+    ),
+    Mutant(
+        "mean-tokens",
+        "the mock's answers stop by themselves at LLMQ_MODEL_MEAN_TOKENS on average",
+        "llmq/settings.py",
+        "return 1.0 / self.model_mean_tokens",
+        "return 0.0",
+        ("tests/test_mock_defaults.py::test_answers_stop_at_the_mean_length_and_repeat_per_seed",),
+    ),
+    Mutant(
+        "tool-result-answered",
+        "tool_choice auto answers a tool's result in text, so agent loops end",
+        "worker/mock.py",
+        "or (not request.after_tool_result and rng.random() < 0.5)",
+        "or rng.random() < 0.5",
+        ("tests/test_structured_clients.py::test_an_agent_loop_ends_after_the_tool_result",),
+    ),
+    Mutant(
+        "json-mode-prompt-schema",
+        "JSON mode follows a JSON Schema written in the prompt",
+        "worker/structured.py",
+        "            found = value\n",
+        "            pass\n",
+        ("tests/test_structured_clients.py::test_json_mode_follows_a_schema_in_the_prompt",),
+    ),
+    Mutant(
+        "schema-refs",
+        "structured output follows $ref (Pydantic's nested models) instead of refusing it",
+        "llmq/model/json_refs.py",
+        '            target = self.effective(self.target(schema["$ref"]), hops + 1)\n',
+        '            raise SchemaError("$ref is not supported")\n',
+        ("tests/test_structured_clients.py::test_openai_parse_fills_pydantic_models",),
+    ),
+    Mutant(
+        "resume-after-end",
+        "a native resume at or past the final event ends at once",
+        "api/follow.py",
+        'if last_id != "0-0" and await _ended_by(state, request_id, last_id):',
+        "if False:",
+        ("tests/test_resume_after_end.py",),
     ),
 )
 

@@ -20,9 +20,10 @@ from redis.asyncio import Redis, RedisCluster
 
 from api.app import create_app
 from llmq.embedded import EmbeddedRedis, free_port
-from llmq.embedded_cluster import EmbeddedCluster
+from llmq.model.interface import Model
 from llmq.protocol import keys
 from llmq.settings import ApiSettings, WorkerSettings
+from rigs.embedded_cluster import EmbeddedCluster
 from tests.support.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
 from tests.support.native import wait_ready
 from tests.support.processes import Proc, clean_env
@@ -37,7 +38,6 @@ from tests.support.servers import (
 )
 from tests.support.waiting import wait_until
 from worker.main import serve
-from worker.model import Model
 
 
 @pytest.fixture(scope="session")

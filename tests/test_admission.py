@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -156,32 +157,32 @@ async def test_token_budget_spreads_long_requests(
 
 
 async def test_overload_burst(start_api: StartApi, start_worker: StartWorker, redis: Redis) -> None:
-    """A burst of 10x capacity: accepted ones finish, the rest get 429 fast, /healthz answers."""
+    """A burst of 10x capacity: accepted ones finish, the rest get 429 at admission (they
+    never enter the queue, so nothing of theirs is left in Redis), /healthz answers
+    throughout. How fast a 429 comes is measured by ``python -m bench --scenarios overload``,
+    not bounded here: a loaded machine stretches any wall-clock bound."""
     await start_worker(concurrency=2, model_tokens_per_second=200)
     api = await start_api(max_queue_depth=3)
     async with api.client() as client:
 
-        async def one(i: int) -> tuple[int, float]:
-            t0 = time.monotonic()
-            r = await client.post(
+        async def one(i: int) -> httpx.Response:
+            return await client.post(
                 "/v1/completions", json={"model": "mock", "prompt": f"b{i}", "max_tokens": 20}
             )
-            return r.status_code, time.monotonic() - t0
 
         burst = asyncio.gather(*(one(i) for i in range(50)))
-        health_latency = []
+        health = []
         while not burst.done():
-            t0 = time.monotonic()
-            assert (await client.get("/healthz")).status_code == 200
-            health_latency.append(time.monotonic() - t0)
+            health.append((await client.get("/healthz")).status_code)
             await asyncio.sleep(0.01)
         results = await burst
-    ok = [t for s, t in results if s == 200]
-    rejected = [t for s, t in results if s == 429]
+    ok = [r for r in results if r.status_code == 200]
+    rejected = [r for r in results if r.status_code == 429]
     assert len(ok) + len(rejected) == 50
     assert 3 <= len(ok) < 50 and rejected
-    assert sorted(rejected)[len(rejected) // 2] < 0.5
-    assert max(health_latency) < 1.0
+    for refused in rejected:
+        assert refused.json()["error"]["type"] and refused.headers["retry-after"]
+    assert health and set(health) == {200}
 
     async def drained() -> bool:
         return int(await redis.zcard(keys.running("mock"))) == 0

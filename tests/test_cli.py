@@ -23,14 +23,14 @@ def test_every_setting_is_a_flag(command: str) -> None:
 
 
 @pytest.mark.parametrize("command", sorted(SETTINGS))
-def test_every_setting_is_documented_in_the_readme(command: str) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_every_setting_is_documented_in_the_settings_page(command: str) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "settings.md").read_text()
     missing = [
         f"LLMQ_{name.upper()}"
         for name in SETTINGS[command].model_fields
-        if f"`LLMQ_{name.upper()}`" not in readme
+        if f"`LLMQ_{name.upper()}`" not in page
     ]
-    assert not missing, f"README.md does not document {missing}"
+    assert not missing, f"docs/settings.md does not document {missing}"
 
 
 def test_flag_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,3 +81,44 @@ def test_an_api_process_of_several_builds_its_parents_settings() -> None:
     child = parser.parse_args(["api", REUSE_PORT, *settings_flags(ApiSettings, args)])
     assert child.reuse_port and not args.reuse_port
     assert build_settings(ApiSettings, child) == build_settings(ApiSettings, args)
+
+
+#: A server-only install, simulated: the ``loadgen`` extra's packages cannot be imported.
+WITHOUT_LOADGEN_EXTRA = """
+import sys
+from importlib.abc import MetaPathFinder
+
+EXTRA = {"aiohttp", "rich", "matplotlib", "numpy"}
+
+class Missing(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in EXTRA:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Missing())
+from cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["loadgen"],
+        ["loadgen", "--base-url", "http://127.0.0.1:9", "--duration", "3"],
+        ["loadgen", "--help"],
+    ],
+)
+def test_loadgen_without_its_extra_says_how_to_install_it(argv: list[str]) -> None:
+    """Whatever the arguments, a server-only install answers with the install hint,
+    not argparse's "unrecognized arguments" for flags it does not know there."""
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_LOADGEN_EXTRA, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "pip install 'llmq[loadgen]'" in out.stderr
+    assert "unrecognized arguments" not in out.stderr

@@ -18,9 +18,9 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from llmq.connection import connect_cluster, owner, torn_connections
-from llmq.embedded_cluster import EmbeddedCluster
 from llmq.protocol import keys
 from llmq.settings import CommonSettings
+from rigs.embedded_cluster import EmbeddedCluster
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.runs import undisturbed
 from tests.support.servers import StartApi, StartWorker

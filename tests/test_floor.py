@@ -21,7 +21,7 @@ from bench.floor import FloorApp
 from bench.floor_via_redis import FloorViaRedis, serve_model
 from llmq.embedded import free_port
 from tests.support.waiting import wait_until
-from worker.model import MockModel
+from worker.mock import MockModel
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from llmq.protocol import keys
-from llmq.protocol.queue import Admission, Claim, Queue, parse_handoff
-from tests.support.jobs import enqueue_costing
+from llmq.protocol.queue import Claim, Queue, parse_handoff
+from tests.support.jobs import Admission, enqueue_costing
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from llmq.hosts import Stack
 from llmq.protocol import keys
+from rigs.hosts import Stack
 from tests.support.hosts import (
     client,
     cluster_stack,
@@ -34,6 +34,7 @@ WORKER = {
     "lease_seconds": 3.0,
     "concurrency": 4,
     "drain_seconds": 1,
+    "model_mean_tokens": 0,
 }
 API = {"heartbeat_seconds": 0.5, "orphan_grace_seconds": 2.0}
 

@@ -21,14 +21,19 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq.hosts import Stack, start_stack
-from llmq.netns import SENTINEL_MASTER, SENTINEL_PORT, Cluster
+from rigs.hosts import Stack, start_stack
+from rigs.netns import SENTINEL_MASTER, SENTINEL_PORT, Cluster
 from tests.support.hosts import client, expected_text, record, require_netns
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
-WORKER = {"model_tokens_per_second": 50, "heartbeat_seconds": 0.5, "concurrency": 8}
+WORKER = {
+    "model_tokens_per_second": 50,
+    "heartbeat_seconds": 0.5,
+    "concurrency": 8,
+    "model_mean_tokens": 0,
+}
 STREAMS = 8
 BODY = {"model": "mock", "prompt": "failover", "max_tokens": 250}
 

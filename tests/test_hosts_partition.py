@@ -18,8 +18,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq.hosts import Stack
 from llmq.protocol import keys
+from rigs.hosts import Stack
 from tests.support.hosts import client, cluster_stack, expected_text, openai_text, record
 from tests.support.sse import frames
 from tests.support.waiting import wait_until
@@ -32,6 +32,7 @@ WORKER = {
     "lease_seconds": 2.0,
     "concurrency": 4,
     "drain_seconds": 1,
+    "model_mean_tokens": 0,
 }
 TOKENS = 300
 

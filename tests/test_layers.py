@@ -1,4 +1,10 @@
-"""Layers point one way: the shared contract (``llmq``) imports nothing above it."""
+"""Layers point one way.
+
+``llmq`` (the contract: settings, schema, protocol, the model's declaration)
+<- ``api`` and ``worker`` (neither imports the other) <- ``loadgen``, ``cli``
+<- ``bench``; ``rigs`` (test and benchmark hosts) sits beside ``bench`` and only
+``tests`` and ``bench`` may use it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Packages that sit above the contract: they import it, never the other way.
-ABOVE = ("api", "worker", "loadgen", "cli", "bench", "tests")
+ABOVE = ("api", "worker", "loadgen", "cli", "bench", "rigs", "tests")
+
+#: For each top-level package, the packages it must never import.
+NEVER = {
+    "llmq": set(ABOVE),
+    "api": {"worker", "loadgen", "cli", "bench", "rigs", "tests"},
+    "worker": {"api", "loadgen", "cli", "bench", "rigs", "tests"},
+    "loadgen": {"api", "cli", "bench", "rigs", "tests"},
+    "cli": {"bench", "rigs", "tests"},
+    "rigs": {"api", "worker", "loadgen", "cli", "bench", "tests"},
+    "bench": {"tests"},
+}
+
+#: What ``pip install .`` and the image ship: the server and its tools, no rigs.
+SHIPPED = {"llmq", "api", "worker", "loadgen", "cli"}
 
 
 #: The protocol's modules that hold its encodings and its scripts: a caller that
@@ -40,6 +60,31 @@ def test_the_shared_contract_imports_nothing_above_it() -> None:
         if name.split(".")[0] in ABOVE
     }
     assert not upward, sorted(upward)
+
+
+def test_every_layer_imports_only_what_lies_below_it() -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for top, never in NEVER.items()
+        for path in (ROOT / top).rglob("*.py")
+        for name in imported(path)
+        if name.split(".")[0] in never
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_the_rigs_are_not_shipped() -> None:
+    """The server package and the image hold the server only."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = pyproject.split("[tool.setuptools.packages.find]", 1)[1].split("\n\n", 1)[0]
+    shipped = {name.strip('"* ') for name in include.split("[", 1)[1].split("]", 1)[0].split(",")}
+    assert shipped == SHIPPED
+    copied = {
+        line.split()[1]
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and not line.split()[1].endswith((".toml", ".md"))
+    }
+    assert "rigs" not in copied and "bench" not in copied and "tests" not in copied
 
 
 def test_the_shell_and_the_supervisor_sit_above_what_they_start() -> None:

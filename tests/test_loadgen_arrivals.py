@@ -14,10 +14,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from llmq.model.tokenizer import count_tokens
 from loadgen.arrivals import RampClock, ramp_horizon, schedule
 from loadgen.config import LoadConfig
 from loadgen.workload import Workload, load_dataset
-from worker.model import count_tokens
 
 
 def _gaps(rate: float, burstiness: float, n: int, seed: int = 7) -> npt.NDArray[np.float64]:
@@ -80,8 +80,9 @@ def test_ramp_clock_inverts_the_cumulative_rate() -> None:
     for start, end in [(0.0, 100.0), (10.0, 50.0), (80.0, 20.0), (30.0, 30.0)]:
         clock = RampClock(start, end, horizon=10.0)
         for t in np.linspace(0.0, 15.0, 31):
-            rate_t = (start + clock.rate_at(min(t, 10.0))) / 2 * min(t, 10.0)
-            cumulative = rate_t + end * max(t - 10.0, 0.0)
+            ramped = min(t, 10.0)  # the rate rises linearly until the horizon, then holds
+            rate_t = start + (end - start) * ramped / 10.0
+            cumulative = (start + rate_t) / 2 * ramped + end * max(t - 10.0, 0.0)
             assert clock.seconds(cumulative) == pytest.approx(t, abs=1e-9)
 
 

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from llmq.model.interface import GenerationRequest
 from loadgen import LoadConfig, run_load
 from loadgen.baseline import InferenceRequest, InferenceServer
 from loadgen.records import StreamClock
 from loadgen.workload import RequestSpec
-from worker.model import GenerationRequest, MockModel
+from worker.mock import MockModel
 
 
 @dataclass

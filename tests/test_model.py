@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from llmq.model.interface import GenerationRequest, seed_for
+from llmq.model.tokenizer import count_tokens
 from tests.support.waiting import wait_until
-from worker.model import GenerationRequest, MockModel, count_tokens, seed_for
+from worker.mock import MockModel
 
 
 def request(

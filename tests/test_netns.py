@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmq.netns import Cluster, remove_stale
+from rigs.netns import Cluster, remove_stale
 from tests.support.hosts import require_netns
 from tests.support.processes import alive, wait_for
 
@@ -64,7 +64,7 @@ def test_a_cut_partitions_a_host_and_close_leaves_nothing() -> None:
 def test_what_a_killed_creator_left_behind_is_removed() -> None:
     require_netns()
     code = (
-        "import sys, time; from llmq.netns import Cluster; c = Cluster(names=('x',)).create(); "
+        "import sys, time; from rigs.netns import Cluster; c = Cluster(names=('x',)).create(); "
         "c.run('x', ['sleep', '300']); print(c.bridge, c.workdir, flush=True); time.sleep(300)"
     )
     creator = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -17,7 +17,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.timeout(30)
 
 #: Measured here: a 429 takes 1.5-20 ms (median), through the test's own event loop,
-#: which also runs the API and the worker. The README says "within milliseconds".
+#: which also runs the API and the worker. docs/architecture.md says "within milliseconds".
 MAX_429_MEDIAN_SECONDS = 0.05
 MAX_429_SECONDS = 0.25
 

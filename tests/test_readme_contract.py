@@ -1,4 +1,5 @@
-"""What the README promises a client, each checked end to end against a real API and worker.
+"""What the README and docs/ promise a client, each checked end to end against a real API
+and worker.
 
 Fields, codes and settings that no other test would miss: ``stop`` and the stop
 probability ending with ``finish_reason: "stop"``, unknown fields ignored,
@@ -21,6 +22,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from llmq.model.interface import GenerationRequest
+from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from tests.support.exposition import value
 from tests.support.models import Flaky
@@ -28,11 +31,13 @@ from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
-from worker.model import GenerationRequest, count_tokens
 
 pytestmark = pytest.mark.timeout(30)
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+#: The pages whose statements these tests check against what the API does.
+API_PAGE = (DOCS / "api.md").read_text()
+SECURITY_PAGE = (DOCS / "security.md").read_text()
 
 
 async def test_a_stop_sequence_ends_the_text_before_it_with_finish_reason_stop(
@@ -157,7 +162,7 @@ async def test_a_non_streaming_model_error_is_a_500_with_model_error(
     assert r.status_code == 500
     assert r.json()["error"]["code"] == "model_error"
     assert r.json()["error"]["type"] == "server_error"
-    assert re.search(r"^\| 500 \|.*`model_error`", README, re.MULTILINE)
+    assert re.search(r"^\| 500 \|.*`model_error`", API_PAGE, re.MULTILINE)
 
 
 async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> None:
@@ -205,9 +210,8 @@ async def test_only_the_endpoints_the_readme_lists_as_open_answer_without_a_key(
         for method, path in routes:
             if (await client.request(method, path, json={})).status_code != 401:
                 opened.add(path)
-    security = README.split("## Security", 1)[1].split("\n## ", 1)[0]
     listed = set(
-        re.findall(r"`(/[a-z0-9/]+)`", security.split("stay open", 1)[0].rsplit(".", 1)[1])
+        re.findall(r"`(/[a-z0-9/]+)`", SECURITY_PAGE.split("stay open", 1)[0].rsplit(".", 1)[1])
     )
     assert opened == listed == {"/healthz", "/readyz", "/metrics", "/v1/metrics/summary"}
 

@@ -10,14 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import BlockingConnectionPool, Connection, Redis
 
-from api.relay import (
-    StreamRelay,
-    _entry_event,
-    _token_event,
-    decode_data,
-    parse_id,
-    valid_id,
-)
+from api.entries import _token_event, decode_data, entry_event
+from api.relay import StreamRelay
+from api.subscription import parse_id, valid_id
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
 from llmq.schema import TokensEvent, decode_event, encode_event
@@ -223,10 +218,10 @@ def test_fast_token_decoding_agrees_with_validation() -> None:
         assert decode_data(raw) == decode_event({"data": raw}), raw
         # an entry as the workers write it, read by the relay's shortcut, and others
         for fields in (["type", "tokens", "data", raw], ["data", raw, "type", "tokens"]):
-            assert _entry_event(fields) == decode_event({"data": raw}), fields
+            assert entry_event(fields) == decode_event({"data": raw}), fields
     event_raw = encode_event(event)["data"]
-    assert _entry_event(["type", "tokens", "data", event_raw]) == event
-    assert _entry_event(["type", "tokens", "note", event_raw]) is None  # no data field
+    assert entry_event(["type", "tokens", "data", event_raw]) == event
+    assert entry_event(["type", "tokens", "note", event_raw]) is None  # no data field
 
 
 #: Tokens whose JSON needs care: quotes, backslashes, control characters, escapes

@@ -18,6 +18,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from llmq.embedded import free_port
+from llmq.model.interface import GenerationRequest
+from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from llmq.protocol.streams import contiguous_tokens, published_tokens
 from llmq.schema import (
@@ -32,7 +34,7 @@ from tests.support.native import record, wait_ready
 from tests.support.runs import payload, stream_events, undisturbed
 from tests.support.servers import FAST_MODEL, SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
-from worker.model import GenerationRequest, MockModel, count_tokens
+from worker.mock import MockModel
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
 

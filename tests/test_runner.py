@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from llmq.model.interface import Emit, GenerationRequest, Model
+from llmq.model.tokenizer import count_tokens
 from llmq.schema import DoneEvent, Event, StartedEvent, TokensEvent
 from tests.support.runs import payload, stream_events
-from worker.model import Emit, GenerationRequest, Model, count_tokens
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
 

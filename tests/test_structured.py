@@ -15,14 +15,16 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from llmq.model.interface import GenerationRequest, ToolCallStart
+from llmq.model.json_subset import BUDGET, unsupported
 from llmq.protocol import keys
 from llmq.protocol.streams import lifecycle_entries
 from llmq.schema import TokenLogprob, TokensEvent, decode_event, encode_event
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
-from worker.model import GenerationRequest, MockModel, ToolCallStart
-from worker.structured import BUDGET, object_text, unsupported
+from worker.mock import MockModel
+from worker.structured import object_text
 
 CHAT: list[Any] = [{"role": "user", "content": "answer in JSON"}]
 
@@ -217,7 +219,10 @@ async def test_named_auto_and_none_tool_choices(fast: RunningApi) -> None:
             {
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}},
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "string", "not": {"const": "a"}},
+                    },
                 }
             },
             "response_format.json_schema.schema",

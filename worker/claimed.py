@@ -2,12 +2,12 @@
 
 arq's ``Worker.run_job`` starts by reading the job record and bumping its try
 counter in one pipeline: a Redis round trip on the path of every request, between
-the claim and the model's first step (~0.6 ms here, a third of the pickup time).
-The claim script does both in its own atomic step, so the worker hands the result
-to ``run_job`` instead: :class:`ClaimingRedis` (the worker's arq pool) answers
-that one pipeline from what the claim returned, when the running task carries a
-claim (:func:`carry`). Every other command, and ``run_job`` for a job that was not
-claimed by the script, goes to Redis as usual.
+the claim and the model's first step (what pickup costs is in docs/benchmarks.md,
+"Light load, pickup and recovery"). The claim script does both in its own atomic
+step, so the worker hands the result to ``run_job`` instead: :class:`ClaimingRedis`
+(the worker's arq pool) answers that one pipeline from what the claim returned,
+when the running task carries a claim (:func:`carry`). Every other command, and
+``run_job`` for a job that was not claimed by the script, goes to Redis as usual.
 
 The stand-in accepts exactly the commands arq 0.28's ``run_job`` queues (GET of the
 job, INCR and EXPIRE of its try counter, under arq's own key names) and fails

@@ -22,7 +22,9 @@ from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from llmq import metrics, registry
-from llmq.connection import Outage, connect_cluster, is_cluster, make_pool, slot_pool
+from llmq.connection import connect_cluster, is_cluster, make_pool, slot_pool
+from llmq.model.interface import Embedder, Model, capabilities_of
+from llmq.outage import Outage
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
 from llmq.protocol.sweep import sweep_forever
@@ -30,7 +32,8 @@ from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.tasks import cancel_and_wait, run_periodically
 from worker.claimed import ClaimingRedis
-from worker.model import MockModel, Model, capabilities_of
+from worker.embedding import HashEmbedder
+from worker.mock import MockModel
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
 from worker.runner import RequestRunner
@@ -46,8 +49,17 @@ def mock_model(settings: WorkerSettings) -> MockModel:
     return MockModel(
         tokens_per_second=settings.model_tokens_per_second,
         prefill_seconds_per_token=settings.model_prefill_seconds_per_token,
-        stop_probability=settings.model_stop_probability,
+        stop_probability=settings.mock_stop_probability(),
     )
+
+
+def embedder_for(model: Model, settings: WorkerSettings) -> Embedder | None:
+    """What embeds for ``model``: its own embedder, else the mock's for the mock."""
+    if isinstance(model, Embedder):
+        return model
+    if isinstance(model, MockModel) and "embeddings" in capabilities_of(model):
+        return HashEmbedder(dimensions=settings.model_embedding_dimensions)
+    return None
 
 
 #: How long one read of the pub/sub connection waits: an idle listener loops on
@@ -130,7 +142,7 @@ async def _heartbeat(
             running=len(runner.running),
             started_at=started_at,
             heartbeat_at=time.time(),
-            capabilities=capabilities_of(runner.model),
+            capabilities=runner.capabilities(),
         )
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
@@ -180,10 +192,12 @@ async def serve(
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     recorder = metrics.Recorder()
+    served = model or mock_model(settings)
     runner = RequestRunner(
         worker_id,
-        model or mock_model(settings),
+        served,
         publisher,
+        embedder=embedder_for(served, settings),
         metrics=recorder,
         model_name=settings.model,
         max_tries=settings.max_tries,

@@ -38,7 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llmq.connection import Outage
+from llmq.outage import Outage
 from llmq.protocol.streams import publish_calls, publish_script
 from llmq.schema import Event, Lifecycle, TokenLogprob, tokens_event
 from llmq.tasks import cancel_and_wait

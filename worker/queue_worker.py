@@ -42,7 +42,7 @@ from typing import Any
 
 from arq.worker import Worker, func
 
-from llmq.connection import OUTAGE, Outage
+from llmq.outage import OUTAGE, Outage
 from llmq.protocol import keys
 from llmq.protocol.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
 from llmq.schema import JobPayload

@@ -36,8 +36,10 @@ same indices, which readers drop. A first run pays no extra round trip.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,31 +49,38 @@ from redis.asyncio import Redis
 
 from llmq import metrics
 from llmq.metrics import Recorder
-from llmq.protocol.streams import published_tokens
-from llmq.schema import (
-    DoneEvent,
-    ErrorEvent,
-    FinishReason,
-    JobPayload,
-    Lifecycle,
-    LifecycleKind,
-    StartedEvent,
-    Timings,
-    ToolCallEvent,
-    Usage,
-)
-from worker.model import (
+from llmq.model.interface import (
+    Embedder,
     GenerationRequest,
     Model,
+    Report,
     SteppedModel,
     Token,
     ToolCallStart,
     capabilities_of,
     seed_for,
 )
+from llmq.protocol.streams import published_tokens
+from llmq.schema import (
+    DoneEvent,
+    EmbeddingEvent,
+    ErrorEvent,
+    FinishReason,
+    JobPayload,
+    Lifecycle,
+    LifecycleKind,
+    PromptTokensDetails,
+    StartedEvent,
+    Timings,
+    ToolCallEvent,
+    Usage,
+)
 from worker.publisher import Fenced, StreamPublisher
 
 log = logging.getLogger(__name__)
+
+#: Vectors per stream event of an embedding request: bounds an entry's size.
+EMBEDDINGS_PER_EVENT = 64
 
 #: How long a cancel received for an unknown request is remembered (it may be
 #: about to start on this worker).
@@ -110,6 +119,11 @@ class _Progress:
     by_job_timeout: bool = False
     #: The terminal event is posted: the run is over, whatever happens to it now.
     ended: bool = False
+    #: What the backend reported (:class:`~llmq.model.interface.Report`): the prompt's
+    #: token count by its own tokenizer, the cached part of it, why it stopped.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: FinishReason | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,8 @@ class RequestRunner:
     redis: Redis | None = None
     job_timeout: float | None = None
     running: dict[str, float] = field(default_factory=dict)
+    #: What embeds an embedding request's inputs (None: the worker serves none).
+    embedder: Embedder | None = None
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
     #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
@@ -222,14 +238,17 @@ class RequestRunner:
     async def _run(
         self, payload: JobPayload, attempt: int, started: float, progress: _Progress
     ) -> None:
-        declared = capabilities_of(self.model)
-        missing = [p for c, p in payload.params.required_capabilities() if c not in declared]
+        declared = self.capabilities()
+        missing = [p for c, p in payload.required_capabilities() if c not in declared]
         if missing:
             # Accepted while no worker could say (LLMQ_ACCEPT_MODELS): refuse, never ignore.
             message = f"the model does not support {', '.join(missing)}"
             await self.fail(payload.request_id, "unsupported_parameter", message)
             return
         queue_ms = _ms(max(0.0, started - payload.enqueued_at))
+        if payload.embed is not None:
+            await self._embed(payload, attempt, queue_ms, started, progress)
+            return
         if attempt == 1:
             await self._generate_and_finish(payload, attempt, queue_ms, started, [], None, progress)
             return
@@ -243,6 +262,45 @@ class RequestRunner:
         await self._generate_and_finish(
             payload, attempt, queue_ms, started, generated, announced, progress
         )
+
+    def capabilities(self) -> tuple[str, ...]:
+        """What this worker honours: its model's declaration, with ``embeddings`` only
+        where it has an embedder."""
+        declared = set(capabilities_of(self.model)) - {"embeddings"}
+        if self.embedder is not None:
+            declared.add("embeddings")
+        return tuple(sorted(declared))
+
+    async def _embed(
+        self, payload: JobPayload, attempt: int, queue_ms: float, started: float, p: _Progress
+    ) -> None:
+        """An embedding request: its vectors, then ``done`` (a re-run writes them again:
+        readers keep the first copy of each index)."""
+        task, embedder, rid = payload.embed, self.embedder, payload.request_id
+        if task is None or embedder is None:
+            return
+        written = [self._announce(payload, attempt, queue_ms, started)]
+        self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
+        self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
+        try:
+            async with asyncio.timeout(payload.generation_timeout):
+                vectors = await embedder.embed(task.inputs, task.dimensions, task.seed)
+        except TimeoutError:
+            await asyncio.gather(*written)
+            message = f"embedding stopped after its timeout of {payload.generation_timeout:g} s"
+            await self._finish_error(payload, p, "generation_timeout", message, "timeout")
+            return
+        except Exception as exc:
+            log.exception("embedding failed on request %s", rid, extra={"request_id": rid})
+            await asyncio.gather(*written)
+            await self._finish_error(payload, p, "model_error", f"model failed: {exc}", "error")
+            return
+        for start in range(0, len(vectors), EMBEDDINGS_PER_EVENT):
+            chunk = vectors[start : start + EMBEDDINGS_PER_EVENT]
+            event = EmbeddingEvent(index=start, vectors=[vector_base64(v) for v in chunk])
+            written.append(self.publisher.post(rid, event))
+        await asyncio.gather(*written)  # a fenced run raises here, before its terminal event
+        await self._finish_done(payload, p, "stop", queue_ms, started)
 
     def _announce(
         self, payload: JobPayload, attempt: int, queue_ms: float, started: float
@@ -394,6 +452,7 @@ class RequestRunner:
             response_format=params.response_format,
             tools=params.tools,
             tool_choice=params.tool_choice,
+            after_tool_result=params.after_tool_result,
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         token = self.publisher.token
@@ -403,12 +462,8 @@ class RequestRunner:
             """One output of the model: queued for the flush, no await."""
             if type(out) is str:  # a plain token: nearly every output
                 token(rid, progress.produced, out)
-            elif isinstance(out, ToolCallStart):
-                # Before its argument tokens, in stream order; not a token itself.
-                event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
-                # Not awaited: a failed write surfaces with the tokens' flush.
-                written = self.publisher.post(rid, event)
-                written.add_done_callback(lambda f: f.cancelled() or f.exception())
+            elif isinstance(out, ToolCallStart | Report):
+                self._aside(rid, progress, out)
                 return
             elif isinstance(out, Token):
                 token(rid, progress.produced, str(out), out.logprob)
@@ -442,7 +497,25 @@ class RequestRunner:
                         take(out)
         except TimeoutError:
             return "timeout"
+        if progress.finish_reason is not None:
+            return progress.finish_reason
         return "length" if progress.produced >= params.max_tokens else "stop"
+
+    def _aside(self, rid: str, progress: _Progress, out: ToolCallStart | Report) -> None:
+        """An output that is not a token: a tool call's start, or the backend's report."""
+        if isinstance(out, ToolCallStart):
+            # Before its argument tokens, in stream order; not a token itself.
+            event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
+            # Not awaited: a failed write surfaces with the tokens' flush.
+            written = self.publisher.post(rid, event)
+            written.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return
+        if out.prompt_tokens is not None:
+            progress.prompt_tokens = out.prompt_tokens
+        if out.cached_tokens is not None:
+            progress.cached_tokens = out.cached_tokens
+        if out.finish_reason is not None:
+            progress.finish_reason = out.finish_reason
 
     async def _finish_done(
         self,
@@ -456,7 +529,7 @@ class RequestRunner:
         first = progress.first_at if progress.first_at is not None else now
         event = DoneEvent(
             finish_reason=finish,
-            usage=_usage(payload, progress.produced),
+            usage=_usage(payload, progress),
             timings=Timings(
                 queue_ms=queue_ms, prefill_ms=_ms(first - started), decode_ms=_ms(now - first)
             ),
@@ -508,7 +581,7 @@ class RequestRunner:
         await self.publisher.emit(
             payload.request_id,
             ErrorEvent(
-                code=code, message=message, finish_reason=finish, usage=_usage(payload, produced)
+                code=code, message=message, finish_reason=finish, usage=_usage(payload, progress)
             ),
             record={
                 "status": "failed",
@@ -569,9 +642,20 @@ class RequestRunner:
         m.observe(metrics.GENERATION_TOKENS_HIST, produced, model)
 
 
-def _usage(payload: JobPayload, produced: int) -> Usage:
+def vector_base64(vector: list[float]) -> str:
+    """A vector as the base64 of its little-endian float32 components."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def _usage(payload: JobPayload, progress: _Progress) -> Usage:
+    """Counted from what the run produced; the prompt as the backend counted it, if it said."""
+    prompt = payload.prompt_tokens if progress.prompt_tokens is None else progress.prompt_tokens
+    details = None
+    if progress.cached_tokens is not None:
+        details = PromptTokensDetails(cached_tokens=min(progress.cached_tokens, prompt))
     return Usage(
-        prompt_tokens=payload.prompt_tokens,
-        completion_tokens=produced,
-        total_tokens=payload.prompt_tokens + produced,
+        prompt_tokens=prompt,
+        completion_tokens=progress.produced,
+        total_tokens=prompt + progress.produced,
+        prompt_tokens_details=details,
     )

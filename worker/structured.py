@@ -1,225 +1,213 @@
 """Structured output of the mock: JSON that validates against a schema, tool
 arguments, synthetic log-probabilities, all deterministic per seed.
 
-The mock honours a subset of JSON Schema (:data:`KEYWORDS`); :func:`unsupported`
-names the first feature outside it, so that the API answers 400
-``unsupported_parameter`` instead of returning JSON the schema would reject.
+The schemas it is given passed :func:`llmq.model.json_subset.unsupported`; this
+module only generates.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
-from typing import Any
+from typing import Any, TypeVar
 
+from llmq.model.json_refs import Refs, branches, kinds_of
+from llmq.model.json_subset import BUDGET, Sizes, prefix_items, rest_items, unsupported
+from llmq.model.json_values import WORDS, number_value, string_value
 from llmq.schema import TokenLogprob
 
-WORDS = (
-    "the quick brown fox jumps over a lazy dog while the queue keeps order and "
-    "every token streams one at a time"
-).split()
-
-#: Keywords the generator honours; annotations that constrain nothing are allowed too.
-KEYWORDS = frozenset(
-    {
-        "type",
-        "properties",
-        "required",
-        "additionalProperties",
-        "enum",
-        "const",
-        "items",
-        "minItems",
-        "maxItems",
-        "minLength",
-        "maxLength",
-        "minimum",
-        "maximum",
-    }
-)
-ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "$schema", "$id", "$comment", "strict"}
-)
-TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
-MAX_DEPTH = 16
-#: Characters of a generated document beyond which only what the schema requires
-#: is added; a schema whose smallest document is larger is refused.
-BUDGET = 20_000
-
-
-def unsupported(schema: Any, path: str = "schema") -> str | None:
-    """Why the mock cannot honour ``schema`` (a message naming where), or None."""
-    why = _problem(schema, path, 0)
-    if why is None and smallest(schema) > BUDGET:
-        return f"{path}: the smallest document it allows exceeds {BUDGET} characters"
-    return why
-
-
-def _problem(schema: Any, path: str, depth: int) -> str | None:
-    if not isinstance(schema, dict):
-        return f"{path} must be an object"
-    if depth > MAX_DEPTH:
-        return f"{path} nests deeper than {MAX_DEPTH} levels"
-    why = _keywords(schema, path) or _bounds(schema, path)
-    if why:
-        return why
-    for name, sub in schema.get("properties", {}).items():
-        if (why := _problem(sub, f"{path}.properties.{name}", depth + 1)) is not None:
-            return why
-    if "items" in schema:
-        return _problem(schema["items"], f"{path}.items", depth + 1)
-    return None
-
-
-def _keywords(schema: dict[str, Any], path: str) -> str | None:
-    for key in schema:
-        if key not in KEYWORDS and key not in ANNOTATIONS:
-            return f"{path}: the keyword '{key}' is not supported"
-    kinds = schema.get("type", [])
-    for kind in kinds if isinstance(kinds, list) else [kinds]:
-        if kind not in TYPES:
-            return f"{path}: unknown type {kind!r}"
-    if "enum" in schema and (not isinstance(schema["enum"], list) or not schema["enum"]):
-        return f"{path}: enum must be a non-empty list"
-    props = schema.get("properties", {})
-    if not isinstance(props, dict):
-        return f"{path}.properties must be an object"
-    required = schema.get("required", [])
-    if not isinstance(required, list) or any(r not in props for r in required):
-        return f"{path}.required must list properties that the schema defines"
-    return None
-
-
-def _bounds(schema: dict[str, Any], path: str) -> str | None:
-    kinds = schema.get("type", [])
-    if kinds == "integer" or kinds == ["integer"]:
-        lo, hi = schema.get("minimum"), schema.get("maximum")
-        if isinstance(lo, int | float) and isinstance(hi, int | float) and math.ceil(lo) > hi:
-            return f"{path}: no integer lies between minimum and maximum"
-    for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minimum", "maximum")):
-        lo, hi = schema.get(low), schema.get(high)
-        for bound in (lo, hi):
-            if bound is not None and (
-                isinstance(bound, bool) or not isinstance(bound, int | float)
-            ):
-                return f"{path}: {low}/{high} must be numbers"
-        if lo is not None and hi is not None and lo > hi:
-            return f"{path}: {low} is above {high}"
-    return None
+#: References crossed (nested) before the generator takes only smallest choices, so
+#: that a recursive schema (a tree of nodes) stays a few levels deep.
+REF_DEPTH = 3
+#: Draws for a distinct item of a ``uniqueItems`` array.
+DISTINCT_TRIES = 8
 
 
 def value_for(schema: dict[str, Any], rng: random.Random) -> Any:
     """A value that validates against ``schema`` (already checked by :func:`unsupported`)."""
-    return _Generator(rng).value(schema)
+    return _Generator(schema, rng).value(schema)
 
 
 class _Generator:
-    """Draws values; past :data:`BUDGET` characters it adds only what the schema
-    requires (required properties, ``minItems``), so that the output stays bounded."""
+    """Draws values. While it spends (under :data:`BUDGET` characters, fewer than
+    :data:`REF_DEPTH` references deep) it draws freely among the choices that fit
+    the budget; past that it takes only smallest choices (required properties,
+    ``minItems``, the smallest branch and type), whose sizes
+    (:class:`~llmq.model.json_subset.Sizes`) shrink with every reference crossed,
+    so that the output stays bounded and a recursive schema ends."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, schema: dict[str, Any], rng: random.Random) -> None:
         self.rng = rng
         self.spent = 0
+        self.refs = Refs(schema)
+        self.sizes = Sizes(schema)
+        self.depth = 0
 
     @property
     def lavish(self) -> bool:
-        return self.spent < BUDGET
+        return self.spent < BUDGET and self.depth < REF_DEPTH
 
-    def value(self, schema: dict[str, Any]) -> Any:
+    def value(self, node: Any) -> Any:
+        if isinstance(node, dict) and "$ref" in node:
+            self.depth += 1
+            try:
+                return self._value(self.refs.effective(node))
+            finally:
+                self.depth -= 1
+        return self._value(self.refs.effective(node))
+
+    def _value(self, schema: dict[str, Any]) -> Any:
         rng = self.rng
         self.spent += 4
         if "const" in schema:
             return schema["const"]
         if "enum" in schema:
-            return rng.choice(schema["enum"])
-        kind = _kind(schema, rng)
+            if self.lavish:
+                return rng.choice(schema["enum"])
+            return min(schema["enum"], key=lambda v: len(json.dumps(v)))
+        if "anyOf" in schema or "oneOf" in schema:
+            options = branches(self.refs, schema)
+            return self.value(self._choose(options, [self.sizes.of(b) for b in options]))
+        kinds = kinds_of(schema)
+        kind = self._choose(kinds, [self.sizes.of_kind(schema, k) for k in kinds])
         if kind == "object":
-            props: dict[str, Any] = schema.get("properties", {})
-            required = set(schema.get("required", []))
-            return {
-                name: self.value(sub)
-                for name, sub in props.items()
-                if name in required or (self.lavish and rng.random() < 0.5)
-            }
+            return self._object(schema)
         if kind == "array":
-            low = int(schema.get("minItems", 0))
-            high = min(int(schema.get("maxItems", low + 3)), low + 3)
-            count = rng.randint(min(max(low, 1), high), high) if self.lavish else low
-            return [self.value(schema.get("items", {})) for _ in range(count)]
+            return self._array(schema)
         if kind in ("integer", "number"):
-            return _number(schema, kind, rng)
+            return _found(number_value(schema, kind, rng), schema)
         if kind == "boolean":
             return rng.random() < 0.5
         if kind == "null":
             return None
-        text = _string(schema, rng)
+        text = _found(string_value(schema, rng), schema)
         self.spent += len(text)
         return text
 
+    def _choose(self, options: list[T], sizes: list[int]) -> T:
+        """A random option among those the budget affords; the smallest when frugal."""
+        smallest = min(range(len(options)), key=sizes.__getitem__)
+        if not self.lavish:
+            return options[smallest]
+        left = BUDGET - self.spent
+        fitting = [o for o, size in zip(options, sizes, strict=True) if size <= left]
+        return self.rng.choice(fitting) if fitting else options[smallest]
 
-def _kind(schema: dict[str, Any], rng: random.Random) -> str:
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = rng.choice(kind) if kind else None
-    if kind is None:
-        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    return str(kind)
+    def _object(self, schema: dict[str, Any]) -> dict[str, Any]:
+        rng = self.rng
+        props: dict[str, Any] = schema.get("properties", {})
+        required = set(schema.get("required", []))
+        out = {
+            name: self.value(sub)
+            for name, sub in props.items()
+            if name in required or (sub is not False and self.lavish and rng.random() < 0.5)
+        }
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict) and self.lavish and self.sizes.of(extra) < BUDGET - self.spent:
+            for _ in range(rng.randint(0, 2)):
+                name = f"{rng.choice(WORDS)}_{rng.randrange(100)}"
+                if name not in props:
+                    out[name] = self.value(extra)
+        return out
+
+    def _array(self, schema: dict[str, Any]) -> list[Any]:
+        prefix, rest = prefix_items(schema), rest_items(schema)
+        low = int(schema.get("minItems", 0))
+        high = int(schema.get("maxItems", max(low, len(prefix)) + 3))
+        if rest is False:
+            high = min(high, max(low, len(prefix)))
+        if not self.lavish:
+            count = low
+        elif prefix:
+            count = max(low, min(len(prefix), high))
+        else:
+            count = self.rng.randint(min(max(low, 1), high), min(high, low + 3))
+        unique = schema.get("uniqueItems") is True
+        out: list[Any] = []
+        seen: set[str] = set()
+        for i in range(count):
+            item = prefix[i] if i < len(prefix) else rest
+            for _ in range(DISTINCT_TRIES if unique else 1):
+                value = self.value(item)
+                key = json.dumps(value, sort_keys=True)
+                if key not in seen:
+                    break
+            else:
+                if i >= low:
+                    break  # enough distinct items already
+                raise ValueError("no distinct items could be drawn for uniqueItems")
+            seen.add(key)
+            out.append(value)
+        return out
 
 
-def smallest(schema: dict[str, Any], depth: int = 0) -> int:
-    """About how many characters the smallest document valid for ``schema`` has
-    (a type list counts its largest member, to stay on the safe side)."""
-    if depth > MAX_DEPTH:
-        return BUDGET + 1
-    if "const" in schema or "enum" in schema:
-        return 4
-    kinds = schema.get("type")
-    if kinds is None:
-        kinds = ["object" if "properties" in schema else "array" if "items" in schema else "any"]
-    elif not isinstance(kinds, list):
-        kinds = [kinds]
-    sizes = [4 + int(schema.get("minLength", 0))]
-    if "object" in kinds:
-        props = schema.get("properties", {})
-        sizes.append(
-            2
-            + sum(
-                len(name) + 4 + smallest(props[name], depth + 1)
-                for name in schema.get("required", [])
-                if isinstance(props.get(name), dict)
-            )
-        )
-    if "array" in kinds:
-        items = schema.get("items", {})
-        each = smallest(items if isinstance(items, dict) else {}, depth + 1)
-        sizes.append(2 + int(schema.get("minItems", 0)) * (2 + each))
-    return max(sizes)
+T = TypeVar("T")
 
 
-def _number(schema: dict[str, Any], kind: str, rng: random.Random) -> int | float:
-    low = schema.get("minimum", 0 if "maximum" not in schema else schema["maximum"] - 100)
-    high = schema.get("maximum", low + 100)
-    if kind == "integer":
-        return rng.randint(math.ceil(low), math.floor(high)) if math.ceil(low) <= high else 0
-    return round(rng.uniform(low, high), 3) if high > low else low
+def _found(value: V | None, schema: dict[str, Any]) -> V:
+    """A leaf value the check guaranteed (its fallback draws found one)."""
+    if value is None:
+        raise ValueError(f"no value could be drawn for {schema!r}: {unsupported(schema)}")
+    return value
 
 
-def _string(schema: dict[str, Any], rng: random.Random) -> str:
-    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4)))
-    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
-    while len(text) < low:
-        text += " " + rng.choice(WORDS)
-    return text[: int(high)] if high is not None else text
+V = TypeVar("V", str, int, float)
 
 
-def object_text(schema: dict[str, Any] | None, rng: random.Random) -> str:
-    """A JSON document for ``schema``; without one, a small object (JSON mode)."""
+def object_text(schema: dict[str, Any] | None, rng: random.Random, limit: int = 0) -> str:
+    """A JSON document for ``schema``; without one, a small object (JSON mode).
+
+    With ``limit`` (the request's tokens): a document longer than that many
+    :func:`pieces` is drawn again with only what the schema requires, as a model
+    asked for a short answer would write it, so that a client's default
+    ``max_tokens`` mostly holds a whole document.
+    """
     if schema is None:
         schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
         schema["required"] = ["answer"]
-    return json.dumps(value_for(schema, rng))
+    text = json.dumps(value_for(schema, rng))
+    if limit and len(pieces(text)) > limit:
+        generator = _Generator(schema, rng)
+        generator.spent = BUDGET  # from the start, only what the schema requires
+        text = json.dumps(generator.value(schema))
+    return text
+
+
+#: Most places in a prompt where :func:`schema_in_prompt` tries to read JSON.
+PROMPT_SCAN = 256
+_SCHEMA_MARKS = ("properties", "$ref", "$defs", "anyOf", "oneOf", "allOf")
+
+
+def schema_in_prompt(prompt: str) -> dict[str, Any] | None:
+    """The last JSON Schema of an object written in ``prompt`` that the mock can
+    honour, or None.
+
+    JSON mode promises only an object; a model follows the format the prompt asks
+    for, and clients in JSON mode (instructor, LangChain's format instructions) put
+    the model's JSON Schema in the prompt. The last one wins: LangChain's
+    instructions show an example schema before the real one.
+    """
+    decoder = json.JSONDecoder()
+    found = None
+    position = prompt.find("{")
+    for _ in range(PROMPT_SCAN):
+        if position < 0:
+            break
+        try:
+            value, end = decoder.raw_decode(prompt, position)
+        except ValueError:
+            position = prompt.find("{", position + 1)
+            continue
+        if (
+            isinstance(value, dict)
+            and any(mark in value for mark in _SCHEMA_MARKS)
+            and unsupported(value) is None
+            and "object" in kinds_of(Refs(value).effective(value))
+        ):
+            found = value
+        position = prompt.find("{", end)
+    return found
 
 
 _PIECES = re.compile(r"[A-Za-z0-9_]+|\s+|[^A-Za-z0-9_\s]")

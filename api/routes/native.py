@@ -18,10 +18,10 @@ from api.cancel import cancel
 from api.errors import InvalidRequest, NotFound
 from api.follow import IDLE, follow
 from api.openapi import EVENT_STREAM, error_responses
-from api.relay import valid_id
 from api.schemas import NativeRequest
 from api.state import AppState, State
 from api.submit import submit
+from api.subscription import valid_id
 from api.timing import RelayTimer
 from llmq.protocol import keys
 from llmq.schema import TERMINAL_STATUSES, RequestRecord, TokensEvent, is_terminal

@@ -54,13 +54,13 @@ router = APIRouter(tags=["openai"])
 CLIENT_CLOSED = 499
 
 
-def _error_status(event: ErrorEvent) -> int:
+def error_status(event: ErrorEvent) -> int:
     if event.code == "unsupported_parameter":
         return 400
     return 504 if event.finish_reason == "timeout" else 500
 
 
-def _error_of(event: ErrorEvent) -> dict[str, Any]:
+def error_of(event: ErrorEvent) -> dict[str, Any]:
     if event.code == "unsupported_parameter":
         return error_body(event.message, "invalid_request_error", None, event.code)
     kind = "timeout_error" if event.finish_reason == "timeout" else "server_error"
@@ -68,7 +68,7 @@ def _error_of(event: ErrorEvent) -> dict[str, Any]:
 
 
 @dataclass
-class _Choice:
+class RelayedChoice:
     """What one choice relayed so far: tokens without gaps or repeats, its tool call."""
 
     sub: Submitted
@@ -100,7 +100,7 @@ class _Choice:
 
 async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> AsyncIterator[bytes]:
     timer = RelayTimer(state, fmt.sub.model, arrived)
-    choices = {s.index: _Choice(s) for s in fmt.subs}
+    choices = {s.index: RelayedChoice(s) for s in fmt.subs}
     usage = UsageSum()
     try:
         for chunk in fmt.opening():
@@ -132,7 +132,7 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
 
 
 def _batch_frames(
-    fmt: CompletionFormat, choice: _Choice, batch: Batch, usage: UsageSum, timer: RelayTimer
+    fmt: CompletionFormat, choice: RelayedChoice, batch: Batch, usage: UsageSum, timer: RelayTimer
 ) -> tuple[list[bytes], bool]:
     """The SSE frames of one choice's batch of events, and whether the response ends.
 
@@ -157,7 +157,7 @@ def _batch_frames(
 
 
 def _frames(
-    fmt: CompletionFormat, choice: _Choice, event: Event, usage: UsageSum
+    fmt: CompletionFormat, choice: RelayedChoice, event: Event, usage: UsageSum
 ) -> tuple[list[bytes], bool]:
     """The SSE frames of one choice's event, and whether the response ends with it."""
     index = choice.sub.index
@@ -176,14 +176,14 @@ def _frames(
         frames = []
         if event.code == "generation_timeout":
             frames.append(sse.data(fmt.closing(event.finish_reason, index)))
-        frames.append(sse.data(_error_of(event)))
+        frames.append(sse.data(error_of(event)))
         if fmt.include_usage and event.usage and len(fmt.subs) == 1:
             frames.append(sse.data(fmt.usage_chunk(event.usage)))
         return frames, True
     return [], False
 
 
-def _token_frames(fmt: CompletionFormat, choice: _Choice, event: TokensEvent) -> list[bytes]:
+def _token_frames(fmt: CompletionFormat, choice: RelayedChoice, event: TokensEvent) -> list[bytes]:
     text, arguments, logprobs = choice.take(event)
     index = choice.sub.index
     frames = []
@@ -200,7 +200,7 @@ def _token_frames(fmt: CompletionFormat, choice: _Choice, event: TokensEvent) ->
 
 async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Response:
     timer = RelayTimer(state, fmt.sub.model, arrived)
-    choices = {s.index: _Choice(s) for s in fmt.subs}
+    choices = {s.index: RelayedChoice(s) for s in fmt.subs}
     usage = UsageSum()
     async with contextlib.aclosing(merged(state, fmt.subs)) as events:
         return await _gather(fmt, choices, usage, timer, events)
@@ -208,7 +208,7 @@ async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Re
 
 async def _gather(
     fmt: CompletionFormat,
-    choices: dict[int, _Choice],
+    choices: dict[int, RelayedChoice],
     usage: UsageSum,
     timer: RelayTimer,
     events: AsyncIterator[tuple[int, Item]],
@@ -225,10 +225,10 @@ async def _gather(
 
 def _gathered(
     fmt: CompletionFormat,
-    choices: dict[int, _Choice],
+    choices: dict[int, RelayedChoice],
     usage: UsageSum,
     timer: RelayTimer,
-    choice: _Choice,
+    choice: RelayedChoice,
     event: Event,
 ) -> Response | None:
     """Take one event of ``choice`` into its result; the response once it is complete."""
@@ -252,7 +252,7 @@ def _gathered(
     elif isinstance(event, ErrorEvent):
         choice.finished = True
         timer.end()
-        return json_error(_error_of(event), _error_status(event))
+        return json_error(error_of(event), error_status(event))
     return None
 
 

@@ -53,7 +53,6 @@ from llmq.autoscale.law import ControlLaw, Decision, Direction, LawSettings, Pol
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.schema import WorkerInfo
 from llmq.settings import ControllerSettings
-from loadgen import LoadConfig
 
 TTFT_SLO_MS = 6000.0
 TPOT_SLO_MS = 100.0
@@ -62,9 +61,8 @@ STEADY_SKIP_S = 10.0
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     concurrency: int = 2
-    tokens_per_second: float = 50.0
     output_tokens: int = 50  # S = 1 s
     prompt_tokens: int = 10
     load_seconds: float = 2.0
@@ -271,16 +269,14 @@ async def _drive(url: str, trace: Trace, s: Sizes, seed: int) -> list[dict[str, 
 
     def phase(p: Phase, i: int) -> list[dict[str, Any]]:
         time.sleep(p.offset)
-        config = LoadConfig(
+        config = s.load(
+            seed * 10 + i,
+            timeout=120.0,
             base_url=url,
             request_rate=math.inf if p.ramp else p.rate,
             burstiness=p.burstiness,
             ramp_up=p.ramp,
             duration=p.duration,
-            prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-            output_tokens=(s.output_tokens, s.output_tokens),
-            seed=seed * 10 + i,
-            timeout=120.0,
         )
         result = traffic.run(config)
         return [

@@ -37,7 +37,6 @@ from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median, median_of
 from bench.sysinfo import CpuMeter
-from loadgen import LoadConfig
 
 ITL_FACTOR = 1.5
 #: llmq must hold at least this share of the floor's streams.
@@ -66,15 +65,12 @@ SYSTEMS = {
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     levels: tuple[int, ...] = (10, 25, 50, 75, 100, 150, 200, 250, 300, 400, 500, 600, 800)
     workers: int = 2
     systems: tuple[str, ...] = tuple(SYSTEMS)
     duration_s: float = 6.0
-    prompt_tokens: int = 100
     output_tokens: int = 150
-    tokens_per_second: float = 50.0
-    prefill_seconds_per_token: float = 0.0001
 
 
 QUICK = Sizes(
@@ -89,15 +85,7 @@ def _once(
     url: str, pids: dict[str, int], redis_url: str | None, s: Sizes, users: int, seed: int
 ) -> dict[str, Any]:
     """One closed-loop run at ``users`` streams: figures and CPU per token by process."""
-    config = LoadConfig(
-        base_url=url,
-        concurrency=users,
-        duration=s.duration_s,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        seed=seed,
-        timeout=120.0,
-    )
+    config = s.load(seed, timeout=120.0, base_url=url, concurrency=users, duration=s.duration_s)
     meter = CpuMeter({**pids, "loadgen": os.getpid()}, redis_url).start()
     result = traffic.run(config)
     cpu = meter.stop()

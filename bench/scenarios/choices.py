@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import traffic
 from bench.procs import BenchError, Stack
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
@@ -28,13 +29,10 @@ from loadgen.sse import DONE, frames
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     rounds: int = 20
     warmup: int = 2
     choices: int = 4
-    prompt_tokens: int = 100
-    output_tokens: int = 32
-    tokens_per_second: float = 50.0
     concurrency: int = 8
     gap_s: float = 0.1
 

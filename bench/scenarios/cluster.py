@@ -1,7 +1,7 @@
 """Token events per second and concurrent streams held on a Redis Cluster of 1 and 3 shards.
 
 The API and the workers are the same processes as on a single Redis, pointed at a
-local Redis Cluster (``redis+cluster://``, :mod:`llmq.embedded_cluster`) of one
+local Redis Cluster (``redis+cluster://``, :mod:`rigs.embedded_cluster`) of one
 primary holding all 16384 slots, or three primaries holding a third each (no
 replicas: what is measured is where the writes go). A closed loop of N streaming
 users at the model's pace runs level by level, the shard counts taking turns at
@@ -38,23 +38,19 @@ from bench.scenarios.capacity import worker_env
 from bench.stats import median, median_of
 from bench.sysinfo import CpuMeter
 from llmq.embedded import EmbeddedRedis
-from llmq.embedded_cluster import EmbeddedCluster
-from loadgen import LoadConfig
+from rigs.embedded_cluster import EmbeddedCluster
 
 #: Loose: the machine these figures come from is shared, so its ITL is noisy.
 ITL_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     shards: tuple[int, ...] = (1, 3)
     levels: tuple[int, ...] = (25, 50, 100, 150, 200, 300, 400)
     workers: int = 2
     duration_s: float = 6.0
-    prompt_tokens: int = 100
     output_tokens: int = 150
-    tokens_per_second: float = 50.0
-    prefill_seconds_per_token: float = 0.0001
 
 
 QUICK = Sizes(levels=(10, 20), duration_s=1.5, output_tokens=20)
@@ -93,14 +89,8 @@ def xadds(cluster: EmbeddedCluster) -> int:
 
 def _once(stack: ClusterStack, s: Sizes, users: int, seed: int) -> dict[str, Any]:
     stack.scale(s.workers, worker_env(s, users))
-    config = LoadConfig(
-        base_url=stack.url,
-        concurrency=users,
-        duration=s.duration_s,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        seed=seed,
-        timeout=120.0,
+    config = s.load(
+        seed, timeout=120.0, base_url=stack.url, concurrency=users, duration=s.duration_s
     )
     meter = CpuMeter({**stack.pids(), "loadgen": os.getpid()}, None).start()
     written, started = xadds(stack.cluster), time.monotonic()

@@ -22,10 +22,10 @@ from redis.asyncio import Redis
 from bench.scenarios.recovery import Sizes as StreamSizes
 from bench.scenarios.recovery import Stream, _consume, _expected_text
 from llmq.connection import connect
-from llmq.hosts import Stack
-from llmq.netns import REDIS_PORT, SENTINEL_MASTER, SENTINEL_PORT
 from llmq.protocol import keys
 from llmq.settings import CommonSettings
+from rigs.hosts import Stack
+from rigs.netns import REDIS_PORT, SENTINEL_MASTER, SENTINEL_PORT
 
 
 async def _stream_check(redis: Redis, stream: Stream, expected: str, tokens: int) -> dict[str, Any]:

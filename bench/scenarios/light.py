@@ -27,14 +27,10 @@ from loadgen import LoadConfig
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     rate: float = 2.0
     requests: int = 60
     warmup: int = 3
-    prompt_tokens: int = 100
-    output_tokens: int = 32
-    tokens_per_second: float = 50.0
-    prefill_seconds_per_token: float = 0.0001
     concurrency: int = 16
 
 
@@ -51,17 +47,13 @@ TTFT_TARGET = 1.10
 
 
 def _config(s: Sizes, seed: int, **target: Any) -> LoadConfig:
-    return LoadConfig(
+    return s.load(
+        seed,
+        timeout=60.0,
         request_rate=s.rate,
         num_requests=s.requests,
         warmup=s.warmup,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        tokens_per_second=s.tokens_per_second,
-        prefill_seconds_per_token=s.prefill_seconds_per_token,
         baseline_concurrency=s.concurrency,
-        seed=seed,
-        timeout=60.0,
         **target,
     )
 

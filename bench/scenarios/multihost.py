@@ -1,6 +1,6 @@
 """Many hosts: latency across network namespaces, and repeated partitions and failovers.
 
-The cluster (``llmq.netns``): Redis primary + replica + three Sentinels on three
+The cluster (``rigs.netns``): Redis primary + replica + three Sentinels on three
 hosts, two API hosts, three worker hosts; the load comes from the root namespace's
 address on the bridge, so every hop of the pipeline crosses a veth pair and the
 bridge. Three parts:
@@ -39,19 +39,16 @@ from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.scenarios import host_faults
 from bench.stats import median, median_of, paired_ratios
-from llmq.hosts import Stack, start_stack
-from llmq.netns import Cluster
 from loadgen import LoadConfig
+from rigs.hosts import Stack, start_stack
+from rigs.netns import Cluster
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     rate: float = 4.0
     requests: int = 40
     warmup: int = 3
-    prompt_tokens: int = 100
-    output_tokens: int = 32
-    tokens_per_second: float = 50.0
     partitions: int = 50
     partition_tokens: int = 150
     failovers: int = 10
@@ -229,16 +226,13 @@ def _fault_row(label: str, items: list[dict[str, Any]], faults: int) -> list[str
 
 
 def _config(s: Sizes, seed: int, url: str) -> LoadConfig:
-    return LoadConfig(
+    return s.load(
+        seed,
+        timeout=60.0,
         base_url=url,
         request_rate=s.rate,
         num_requests=s.requests,
         warmup=s.warmup,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        tokens_per_second=s.tokens_per_second,
-        seed=seed,
-        timeout=60.0,
     )
 
 

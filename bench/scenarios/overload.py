@@ -25,31 +25,24 @@ from loadgen import LoadConfig, RunResult
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     requests: int = 200
     rate: float = 20.0
     slots: int = 5
     max_queue_depth: int = 10
-    prompt_tokens: int = 100
     output_tokens: int = 50
-    tokens_per_second: float = 50.0
-    prefill_seconds_per_token: float = 0.0001
 
 
 QUICK = Sizes(requests=30, rate=30.0, output_tokens=10)
 
 
 def _config(s: Sizes, seed: int, **target: Any) -> LoadConfig:
-    return LoadConfig(
+    return s.load(
+        seed,
+        timeout=300.0,
         request_rate=s.rate,
         num_requests=s.requests,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        tokens_per_second=s.tokens_per_second,
-        prefill_seconds_per_token=s.prefill_seconds_per_token,
         baseline_concurrency=s.slots,
-        seed=seed,
-        timeout=300.0,
         **target,
     )
 

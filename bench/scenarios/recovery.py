@@ -47,9 +47,10 @@ from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median
 from cli.supervisor import wait_for
+from llmq.model.interface import GenerationRequest
 from llmq.settings import WorkerSettings
 from loadgen.sse import DONE, frames
-from worker.model import GenerationRequest, MockModel
+from worker.mock import MockModel
 
 #: Slack over ``lease_seconds`` allowed for the restart (sweep, wake-up, claim, load).
 SLACK_S = 1.0

@@ -43,10 +43,11 @@ from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median
 from llmq.embedded import EmbeddedRedis
+from llmq.model.interface import GenerationRequest
 from llmq.protocol import keys
 from llmq.settings import WorkerSettings
 from loadgen.sse import DONE, frames
-from worker.model import GenerationRequest, MockModel
+from worker.mock import MockModel
 
 TOKENS_PER_SECOND = 50.0
 MAX_TOKENS = 60

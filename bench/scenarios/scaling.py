@@ -22,22 +22,18 @@ from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.stats import median, median_of
 from bench.sysinfo import CpuMeter
-from loadgen import LoadConfig
 
 EFFICIENCY_TARGET = 0.9
 CPU_BOUND = 0.9  # machine utilisation from which the CPU counts as the limit
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(traffic.Requests):
     workers: tuple[int, ...] = (1, 2, 4)
     cap: int = 8
     duration_s: float = 10.0
     steady_from_s: float = 1.0
-    prompt_tokens: int = 100
     output_tokens: int = 16
-    tokens_per_second: float = 50.0
-    prefill_seconds_per_token: float = 0.0001
 
 
 QUICK = Sizes(workers=(1, 2), cap=4, duration_s=2.0, steady_from_s=0.5)
@@ -45,14 +41,12 @@ QUICK = Sizes(workers=(1, 2), cap=4, duration_s=2.0, steady_from_s=0.5)
 
 def _one(stack: Stack, s: Sizes, workers: int, seed: int, env: dict[str, str]) -> dict[str, Any]:
     stack.scale(workers, env)
-    config = LoadConfig(
+    config = s.load(
+        seed,
+        timeout=60.0,
         base_url=stack.url,
         concurrency=2 * workers * s.cap,
         duration=s.duration_s,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        seed=seed,
-        timeout=60.0,
     )
     meter = CpuMeter({**stack.pids(), "loadgen": os.getpid()}, stack.redis.url).start()
     result = traffic.run(config)

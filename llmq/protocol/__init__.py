@@ -10,7 +10,7 @@ every value a script and Python exchange is encoded and decoded in
 :mod:`llmq.protocol.codec` and nowhere else. Read it in this order:
 
 1. **Enqueue** (:meth:`Enqueue.of` builds what a validated job writes;
-   :meth:`Queue.admit` writes it: :meth:`Queue.enqueue`, or for the choices of one
+   :meth:`Queue.admit` writes it: one request alone, or for the choices of one
    request, all or none, :meth:`Queue.enqueue_all`). The request's record and its
    ``queued`` lifecycle note go first, in the request's slot (``record.lua``). Then
    the model's slot admits or refuses it (``enqueue.lua``, ``enqueue_batch.lua``):

@@ -224,6 +224,12 @@ def stream(request_id: str) -> str:
     return _in_request("stream", request_id)
 
 
+def stored_response(request_id: str) -> str:
+    """A Responses API response and its conversation (``GET /v1/responses/{id}``,
+    ``previous_response_id``), JSON with the request's TTL; in the request's slot."""
+    return _in_request("response", request_id)
+
+
 #: Matches every request record's key (a SCAN or KEYS pattern).
 REQUESTS_GLOB = f"{PREFIX}:req:*"
 
@@ -281,7 +287,7 @@ def worker(worker_id: str) -> str:
 
 def control(process_id: str, group: int | None = None) -> str:
     """A tiny stream that wakes one API process's relay when it gains a subscriber;
-    on a Redis Cluster one per request group, in the group's slot (:mod:`api.relays`)."""
+    on a Redis Cluster one per request group, in the group's slot (:mod:`api.grouped_relay`)."""
     if group is None:
         return f"{PREFIX}:ctl:{process_id}"
     return f"{PREFIX}:ctl:{{r:{group}}}:{process_id}"

@@ -25,7 +25,6 @@ import json
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any, cast
 
 from redis.asyncio import Redis, RedisCluster
@@ -80,18 +79,9 @@ def now_ms() -> int:
 PARK_TTL_MS = 60_000
 
 
-class Admission(IntEnum):
-    """What :meth:`Queue.enqueue` did; false only when the request was refused."""
-
-    FULL = 0
-    QUEUED = 1
-    #: Claimed at once for a parked worker and sent on its hand-off channel.
-    HANDED_OFF = 2
-
-
 @dataclass(frozen=True)
 class Enqueue:
-    """One request to enqueue (see :meth:`Queue.enqueue` for the fields)."""
+    """One request to enqueue (see :meth:`Queue._enqueue_one` for the fields)."""
 
     request_id: str
     model: str
@@ -154,7 +144,7 @@ def job_fields(payload: JobPayload) -> dict[str, Any]:
     return job
 
 
-__all__ = ["Admission", "Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
+__all__ = ["Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
 
 
 class Queue:
@@ -179,20 +169,15 @@ class Queue:
         #: Models this process queued requests for: swept even if ``keys.MODELS`` is lost.
         self.models: set[str] = set()
 
-    async def enqueue(
-        self,
-        request_id: str,
-        model: str,
-        *,
-        job: bytes,
-        score: int,
-        max_depth: int,
-        cost: int,
-        deadline_ms: int,
-        record: dict[str, str],
-        lifecycle: Lifecycle,
-        attach_to: str | None = None,
-    ) -> Admission:
+    async def admit(self, calls: list[Enqueue], max_depth: int) -> bool:
+        """Enqueue the requests of one client request (one model's): one by
+        :meth:`_enqueue_one`, several by :meth:`enqueue_all`, all or none. False: refused,
+        the queue is full (a hand-off counts as admitted)."""
+        if len(calls) == 1:
+            return await self._enqueue_one(calls[0], max_depth)
+        return await self.enqueue_all(calls, max_depth)
+
+    async def _enqueue_one(self, call: Enqueue, max_depth: int) -> bool:
         """Add a request unless the model's queue holds ``max_depth`` already.
 
         If the queue is empty and a worker is parked, the request is handed to that
@@ -217,27 +202,13 @@ class Queue:
         before the run's notes. A refused request's record, note and attached
         member are deleted again.
         """
-        call = Enqueue(
-            request_id, model, job, score, cost, deadline_ms, record, lifecycle, attach_to
-        )
-        return await self._enqueue_one(call, max_depth)
-
-    async def admit(self, calls: list[Enqueue], max_depth: int) -> bool:
-        """Enqueue the requests of one client request (one model's): one by
-        :meth:`enqueue`, several by :meth:`enqueue_all`, all or none. False: refused,
-        the queue is full (a hand-off counts as admitted)."""
-        if len(calls) == 1:
-            return bool(await self._enqueue_one(calls[0], max_depth))
-        return await self.enqueue_all(calls, max_depth)
-
-    async def _enqueue_one(self, call: Enqueue, max_depth: int) -> Admission:
         keys_, args = self._enqueue_call(call, max_depth)
         if isinstance(self.redis, RedisCluster):  # other nodes: the record lands first
             notes, _ = await self._record([call])
-            admitted = Admission(int(await self.scripts.enqueue(keys=keys_, args=args)))
+            admitted = bool(await self.scripts.enqueue(keys=keys_, args=args))
         else:  # one connection runs them in order: one round trip
             notes, reply = await self._record([call], then=(keys_, args))
-            admitted = Admission(int(reply))
+            admitted = bool(int(reply))
         if not admitted:
             await self._unrecord([call], notes)
         return admitted
@@ -246,8 +217,8 @@ class Queue:
         """Enqueue every request of ``calls`` (one model's) or none, in one atomic step.
 
         Refused (False) unless the queue has room for all of them; each is then
-        enqueued exactly as :meth:`enqueue` would (see ``llmq/protocol/lua/enqueue_batch.lua``),
-        its record and note written first as there.
+        enqueued exactly as :meth:`_enqueue_one` would (see
+        ``llmq/protocol/lua/enqueue_batch.lua``), its record and note written first as there.
         """
         notes, _ = await self._record(calls)
         all_keys: list[str] = []

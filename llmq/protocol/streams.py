@@ -30,6 +30,7 @@ from llmq.schema import (
     Usage,
     decode_event,
     encode_event,
+    is_terminal,
 )
 
 
@@ -75,6 +76,17 @@ async def published_tokens(redis: Redis, request_id: str) -> list[str]:
     """
     entries = await redis.xrange(keys.stream(request_id))
     return contiguous_tokens(decode_event(fields) for _, fields in entries)
+
+
+async def final_event_id(redis: Redis, request_id: str) -> str | None:
+    """The id of the request's final event (``done``, ``error``...) if its stream
+    ends with one: nothing follows it, so a reader already past it has everything."""
+    entries = await redis.xrevrange(keys.stream(request_id), count=1)
+    if not entries:
+        return None
+    entry_id, fields = entries[0]
+    event = decode_event(fields)
+    return codec.as_str(entry_id) if event is not None and is_terminal(event) else None
 
 
 def contiguous_tokens(events: Iterable[Event | None]) -> list[str]:

@@ -1,6 +1,6 @@
 """The Redis Cluster fixture: three primaries and a replica of each, real processes.
 
-Started once per test session (about two seconds, :mod:`llmq.embedded_cluster`)
+Started once per test session (about two seconds, :mod:`rigs.embedded_cluster`)
 and flushed by the tests that use it (:data:`BOTH_BACKENDS`).
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmq.embedded_cluster import EmbeddedCluster
+from rigs.embedded_cluster import EmbeddedCluster
 
 #: Runs a test once on a single Redis and once on the session's Redis Cluster: the
 #: ``backend`` fixture (``tests/conftest.py``) then points ``redis`` and ``redis_url``

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmq.hosts import Stack, start_stack
-from llmq.netns import Cluster, HostProcess
+from rigs.hosts import Stack, start_stack
+from rigs.netns import Cluster, HostProcess
 from tests.support.waiting import wait_until
 
 

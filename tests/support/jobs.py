@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from llmq.protocol.queue import Admission, Claim, Queue
+from enum import IntEnum
+
+from llmq.protocol import keys
+from llmq.protocol.queue import Claim, Enqueue, Queue
 from llmq.schema import Lifecycle
+
+
+class Admission(IntEnum):
+    """What admitting one request did, as Redis shows it right after."""
+
+    FULL = 0
+    QUEUED = 1
+    #: Claimed at once for a parked worker (running, never queued) and sent to it.
+    HANDED_OFF = 2
 
 
 async def enqueue_raw(queue: Queue, rid: str, job: bytes) -> None:
@@ -20,18 +32,23 @@ async def enqueue_costing(
     *,
     job: bytes | None = None,
 ) -> Admission:
-    """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget."""
-    return await queue.enqueue(
-        rid,
-        "mock",
+    """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget,
+    the way the API admits one (:meth:`Queue.admit`)."""
+    call = Enqueue(
+        request_id=rid,
+        model="mock",
         job=job if job is not None else f'{{"job": "{rid}"}}'.encode(),
         score=score,
-        max_depth=100,
         cost=cost,
         deadline_ms=deadline_ms,
         record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
         lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
     )
+    if not await queue.admit([call], max_depth=100):
+        return Admission.FULL
+    if await queue.redis.zscore(keys.running("mock"), rid) is not None:
+        return Admission.HANDED_OFF
+    return Admission.QUEUED
 
 
 async def claim_with(queue: Queue, *, budget_left: int | None, idle: bool) -> Claim:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from worker.model import GenerationRequest, MockModel, count_tokens
+from llmq.model.interface import GenerationRequest
+from llmq.model.tokenizer import count_tokens
+from worker.mock import MockModel
 
 
 class Flaky:

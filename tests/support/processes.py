@@ -13,10 +13,10 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from bench.procs import clean_env as clean_env
 from cli.supervisor import LoggedProcess as LoggedProcess
 from cli.supervisor import alive as alive
 from cli.supervisor import children_of as children_of
-from cli.supervisor import clean_env as clean_env
 from cli.supervisor import http_status as http_status
 from cli.supervisor import live_workers as live_workers
 from cli.supervisor import reap as reap

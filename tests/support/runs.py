@@ -7,9 +7,10 @@ import time
 
 from redis.asyncio import Redis
 
+from llmq.model.interface import GenerationRequest
 from llmq.protocol import keys
 from llmq.schema import Event, JobPayload, SamplingParams, decode_event
-from worker.model import GenerationRequest, MockModel
+from worker.mock import MockModel
 
 
 async def undisturbed(max_tokens: int, seed: int) -> list[str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import uvicorn
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
@@ -21,8 +22,13 @@ from api.state import AppState
 from llmq.settings import ApiSettings, WorkerSettings
 from tests.support.processes import Proc
 
-#: Fast model timings so that tests are quick but tokens still arrive one by one.
-FAST_MODEL = {"model_tokens_per_second": 200.0, "model_prefill_seconds_per_token": 0.0001}
+#: Fast model timings so that tests are quick but tokens still arrive one by one; the
+#: mock never stops by itself, so that answers have the length a test asks for.
+FAST_MODEL = {
+    "model_tokens_per_second": 200.0,
+    "model_prefill_seconds_per_token": 0.0001,
+    "model_mean_tokens": 0,
+}
 
 
 @dataclass
@@ -76,6 +82,10 @@ class RunningApi:
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, **{"timeout": 30, **kwargs})
+
+    def sdk(self, api_key: str = "unused") -> openai.AsyncOpenAI:
+        """The openai SDK against this API, without retries (close it: ``async with``)."""
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0)
 
     def app_state(self) -> AppState:
         """The running app's state (its process id, Redis client...)."""

@@ -1,44 +1,30 @@
-"""The model interface and the default mock.
+"""The mock model: realistic timing, deterministic output, no GPU.
 
-A backend implements :class:`Model`: count a prompt's tokens, and turn a
-:class:`GenerationRequest` into an async iterator of token texts (a
-:class:`Token` carries a log-probability; a :class:`ToolCallStart` comes before
-the arguments of a tool call). The iterator ending before ``max_tokens`` means the
-model stopped by itself (finish_reason ``stop``); reaching ``max_tokens`` means
-``length``. Everything around it (queueing, streaming, cancellation) is the
-pipeline's job, not the model's.
-
-A backend that runs its own step loop (continuous batching: every running sequence
-advances one token per step) may also implement :class:`SteppedModel`: it calls
-back with each token from that loop instead of waking one iterator per token per
-request, and the worker then takes the callbacks (see ``worker.runner``). The
-iterator stays the interface every backend has.
-
-A backend declares what it honours beyond plain text in a ``capabilities``
-attribute (names from :data:`CAPABILITIES`); the API refuses requests that need
-more than the serving workers declare, so nothing is silently ignored.
-
-A re-run (after a worker died, or the model raised) passes the tokens the request
-already published as :attr:`GenerationRequest.generated`: the backend continues
-after them, as a server resuming a sequence would (prefill prompt + generated,
-then decode the rest), instead of generating them again.
+It implements the declaration in :mod:`llmq.model.interface` (see there for the
+contract every backend keeps); this module holds only the mock and its step loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import heapq
 import itertools
 import math
 import random
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
 
-from llmq.schema import TokenLogprob
+from llmq.model.interface import (
+    CAPABILITIES,
+    Emit,
+    GenerationRequest,
+    Report,
+    Token,
+    ToolCallStart,
+)
+from llmq.model.tokenizer import count_tokens
 from worker import structured
 
 WORDS = (
@@ -48,125 +34,6 @@ WORDS = (
 
 #: The texts the mock draws from: a word after a space.
 TEXTS = tuple(" " + word for word in WORDS)
-
-
-def count_tokens(text: str) -> int:
-    """Whitespace tokens: the mock's tokenizer, also used by the API to size prompts."""
-    return len(text.split())
-
-
-def seed_for(request_id: str, seed: int | None) -> int:
-    """The request's own seed, else one derived from its id, so a re-run repeats itself."""
-    if seed is not None:
-        return seed
-    return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
-
-
-#: What a backend may declare it honours: log-probabilities, JSON mode, JSON
-#: schemas, tool calls, and the ``ignore_eos``/``min_tokens`` length controls.
-CAPABILITIES = frozenset(
-    {"logprobs", "json_object", "json_schema", "tools", "ignore_eos", "min_tokens"}
-)
-
-
-def capabilities_of(model: object) -> tuple[str, ...]:
-    """What ``model`` declares it honours (nothing if it declares nothing)."""
-    declared: frozenset[str] = getattr(model, "capabilities", frozenset())
-    return tuple(sorted(c for c in declared if c in CAPABILITIES))
-
-
-class Token(str):
-    """A generated token that carries its log-probability (when the request asked).
-
-    A ``str``, so that a consumer of plain token texts reads it unchanged.
-    """
-
-    logprob: TokenLogprob | None
-
-    def __new__(cls, text: str, logprob: TokenLogprob | None = None) -> Token:
-        token = super().__new__(cls, text)
-        token.logprob = logprob
-        return token
-
-
-class ToolCallStart(str):
-    """The model calls a tool: the tokens that follow are its JSON arguments.
-
-    An empty ``str`` (it adds no text), yielded once before the arguments.
-    """
-
-    id: str
-    name: str
-
-    def __new__(cls, call_id: str, name: str) -> ToolCallStart:
-        start = super().__new__(cls, "")
-        start.id, start.name = call_id, name
-        return start
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What a model needs to generate: the prompt and the sampling parameters.
-
-    ``generated`` holds the tokens this request already produced (and its readers
-    already have), in order; empty on a first run. ``max_tokens`` counts them too:
-    a model resuming after ``len(generated)`` tokens yields at most
-    ``max_tokens - len(generated)`` more.
-    """
-
-    prompt: str
-    max_tokens: int
-    seed: int
-    prompt_tokens: int
-    stop: tuple[str, ...] = field(default=())
-    temperature: float = 1.0
-    generated: tuple[str, ...] = field(default=())
-    #: Never stop by itself (stop sequences still apply), as vLLM's ``ignore_eos``.
-    ignore_eos: bool = False
-    #: Do not stop by itself before this many tokens (stop sequences still apply).
-    min_tokens: int = 0
-    #: Log-probabilities with this many alternatives per token; None: none.
-    logprobs: int | None = None
-    #: ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": ...}``.
-    response_format: dict[str, Any] | None = None
-    #: Function tools (``{"name", "parameters"}``) and whether to call one.
-    tools: tuple[dict[str, Any], ...] = field(default=())
-    tool_choice: Literal["auto", "required", "none"] = "auto"
-
-
-class Model(Protocol):
-    """A generator of tokens. Implementations must be safe to call concurrently.
-
-    ``generate`` yields the tokens that follow ``request.generated``, not those
-    tokens again: a real backend prefills ``prompt + generated`` (the KV cache of
-    the interrupted run is gone) and decodes from there, and it stops by itself
-    (or at ``max_tokens``, which counts the ``generated`` tokens) exactly as the
-    uninterrupted run would have. A deterministic backend should make the resumed
-    output equal to the rest of an uninterrupted run with the same seed.
-    """
-
-    def count_tokens(self, text: str) -> int: ...
-
-    def generate(self, request: GenerationRequest) -> AsyncIterator[str]: ...
-
-
-#: Takes one output of a generation (a token, or a :class:`ToolCallStart`).
-Emit = Callable[[str], None]
-
-
-@runtime_checkable
-class SteppedModel(Model, Protocol):
-    """A backend with its own step loop, which can hand tokens over by callback.
-
-    ``generate_into`` produces what ``generate`` would yield, in the same order,
-    calling ``emit`` with each from the backend's loop (synchronously, on the
-    running event loop) and returning when the generation ends; cancelling it stops
-    the sequence. ``emit`` must not block; if it raises, the generation ends with
-    that exception. One wake-up per step for every sequence instead of one per
-    token per sequence is what makes this cheaper than iterating.
-    """
-
-    async def generate_into(self, request: GenerationRequest, emit: Emit) -> None: ...
 
 
 class _Steps:
@@ -252,7 +119,7 @@ class _Sequence:
         take no time (a tool call's start) are emitted at once."""
         try:
             for out in self.outputs:
-                if isinstance(out, ToolCallStart):
+                if isinstance(out, ToolCallStart | Report):
                     if not self._emit(out):
                         return False
                     continue
@@ -397,13 +264,22 @@ class MockModel:
         """The whole output of a tool call or JSON answer (None: sampled text)."""
         rng = random.Random(f"plan:{request.seed}")
         tools = request.tools if request.tool_choice != "none" else ()
-        if tools and (request.tool_choice == "required" or rng.random() < 0.5):
+        # "auto": the seed decides, except that a tool's result is answered in text
+        # (so that an agent's loop ends).
+        if tools and (
+            request.tool_choice == "required"
+            or (not request.after_tool_result and rng.random() < 0.5)
+        ):
             tool = tools[rng.randrange(len(tools))]
             schema = tool.get("parameters") or {"type": "object", "properties": {}}
             call = ToolCallStart(f"call_{rng.getrandbits(64):016x}", str(tool["name"]))
-            return call, structured.pieces(structured.object_text(schema, rng))
+            text = structured.object_text(schema, rng, request.max_tokens)
+            return call, structured.pieces(text)
         if request.response_format is not None:
-            text = structured.object_text(request.response_format.get("schema"), rng)
+            schema = request.response_format.get("schema")
+            if request.response_format.get("type") == "json_object":
+                schema = structured.schema_in_prompt(request.prompt)
+            text = structured.object_text(schema, rng, request.max_tokens)
             return None, structured.pieces(text)
         return None
 

@@ -6,7 +6,7 @@ group (:data:`llmq.protocol.keys.REQUEST_GROUPS`): each reads the streams of its
 a control stream of its own in the same slot, on a plain connection to the node
 that owns that slot (:class:`llmq.connection.SlotPool`, which follows the slot to
 a new owner after a failover). A group's reader starts with its first subscriber.
-Subscribers see the same :class:`~api.relay.Subscription` as on a plain Redis.
+Subscribers see the same :class:`~api.subscription.Subscription` as on a plain Redis.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import contextlib
 
 from redis.asyncio import Redis, RedisCluster
 
-from api.relay import StreamRelay, Subscribing, Subscription
+from api.relay import StreamRelay, Subscribing
+from api.subscription import Subscription
 from llmq.connection import slot_pool
 from llmq.protocol import keys
 from llmq.settings import ApiSettings

@@ -1,7 +1,7 @@
 """llmq on a cluster of network-namespace hosts: Redis (with Sentinels), APIs, workers.
 
 The processes and settings are the ones a deployment on real machines uses; only
-the addresses are namespace addresses. ``python -m llmq.hosts`` (``make cluster``)
+the addresses are namespace addresses. ``python -m rigs.hosts`` (``make cluster``)
 starts the standard layout for a person to try and stops it on Ctrl-C.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from redis import Redis as SyncRedis
 
-from llmq.netns import (
+from rigs.netns import (
     API_PORT,
     REDIS_PORT,
     SENTINEL_MASTER,
@@ -149,7 +149,7 @@ def start_stack(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m llmq.hosts",
+        prog="python -m rigs.hosts",
         description="Start llmq on network-namespace hosts (root); Ctrl-C stops it.",
     )
     parser.add_argument("--no-sentinel", action="store_true", help="one Redis, no failover")
