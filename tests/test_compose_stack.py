@@ -43,6 +43,8 @@ BENCHMARKING = ipaddress.ip_network("198.18.0.0/15")
 WORKER_SLOTS = 8
 #: A seeded prompt: the mock writes the same text for it on every run.
 PROMPT, SEED = "survive this", 11
+#: The mock's answers stop by themselves (LLMQ_MODEL_MEAN_TOKENS); these run to max_tokens.
+UNTIL_LIMIT = {"ignore_eos": True}
 
 
 class Compose:
@@ -178,7 +180,12 @@ def sdk(compose: Compose) -> openai.OpenAI:
 def seeded(client: openai.OpenAI, max_tokens: int) -> openai.Stream[Completion]:
     """A streaming completion of the seeded prompt."""
     return client.completions.create(
-        model="mock", prompt=PROMPT, seed=SEED, max_tokens=max_tokens, stream=True
+        model="mock",
+        prompt=PROMPT,
+        seed=SEED,
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body=UNTIL_LIMIT,
     )
 
 
@@ -191,12 +198,15 @@ def test_up_streams_through_the_published_port(stack: Compose) -> None:
         max_tokens=10,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body=UNTIL_LIMIT,
     )
     chunks = list(chat)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(content.split()) == 10
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
-    stream = client.completions.create(model="mock", prompt="Once upon", max_tokens=7, stream=True)
+    stream = client.completions.create(
+        model="mock", prompt="Once upon", max_tokens=7, stream=True, extra_body=UNTIL_LIMIT
+    )
     texts = [c.choices[0].text for c in stream if c.choices]
     assert len("".join(texts).split()) == 7
     assert [m.id for m in client.models.list()] == ["mock"]
@@ -206,7 +216,7 @@ def test_scaled_to_three_workers_all_serve(stack: Compose) -> None:
     """Three workers' slots in all: only with every worker running can all be busy."""
     stack.workers(3)
     assert_benchmarking_addresses(stack)
-    body = {"model": "mock", "prompt": "long", "max_tokens": 4000}
+    body = {"model": "mock", "prompt": "long", "max_tokens": 4000, **UNTIL_LIMIT}
     with httpx.Client(base_url=stack.url, timeout=10) as c:
         ids = [c.post("/v1/requests", json=body).json()["id"] for _ in range(3 * WORKER_SLOTS)]
         try:
@@ -277,7 +287,9 @@ def test_worker_killed_from_the_host_mid_stream_loses_nothing(stack: Compose) ->
     """SIGKILL of the worker's process (a crash, not ``docker kill``, which counts as
     a manual stop): the stream goes on with the same text, the container comes back."""
     stack.workers(3)
-    whole = sdk(stack).completions.create(model="mock", prompt=PROMPT, seed=SEED, max_tokens=200)
+    whole = sdk(stack).completions.create(
+        model="mock", prompt=PROMPT, seed=SEED, max_tokens=200, extra_body=UNTIL_LIMIT
+    )
     containers = worker_containers(stack)
     killed: dict[str, Any] = {}
 
@@ -339,7 +351,7 @@ def test_queued_requests_survive_redis_being_replaced(stack: Compose) -> None:
     """Requests queued while no worker runs outlive a new Redis container: the AOF on
     the named volume is all that carries them (the compose file turns RDB off)."""
     stack("stop", "worker")
-    body = {"model": "mock", "prompt": PROMPT, "max_tokens": 5}
+    body = {"model": "mock", "prompt": PROMPT, "max_tokens": 5, **UNTIL_LIMIT}
     with httpx.Client(base_url=stack.url, timeout=10) as c:
         ids = [c.post("/v1/requests", json=body).json()["id"] for _ in range(3)]
     assert all(record(stack.url, r)["status"] == "queued" for r in ids)
