@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,8 +30,9 @@ import openai
 import pytest
 from openai.types import Completion
 
+from cli.supervisor import NotReady
 from llmq.embedded import free_port
-from tests.support.processes import http_status, wait_for
+from tests.support.processes import alive, http_status, wait_for
 
 # The first test builds the images, from nothing on a new machine (minutes on two
 # busy cores); each step below has its own shorter deadline.
@@ -39,6 +41,8 @@ pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parent.parent
 #: Where containers may have addresses: the benchmarking range (scripts/dockerd.sh).
 BENCHMARKING = ipaddress.ip_network("198.18.0.0/15")
+#: Test projects are named by this and the test process's pid.
+PROJECT_PREFIX = "llmqtest"
 #: The compose file's worker concurrency (LLMQ_CONCURRENCY).
 WORKER_SLOTS = 8
 #: A seeded prompt: the mock writes the same text for it on every run.
@@ -95,6 +99,14 @@ def docker(*args: str, timeout: float = 60) -> str:
 def inspect(container: str) -> dict[str, Any]:
     found: list[dict[str, Any]] = json.loads(docker("inspect", container))
     return found[0]
+
+
+def submit(client: httpx.Client, body: dict[str, Any]) -> str:
+    """A native request's id, once the API has queued it."""
+    response = client.post("/v1/requests", json=body)
+    assert response.status_code == 202, response.text
+    rid: str = response.json()["id"]
+    return rid
 
 
 def live_workers(url: str) -> list[dict[str, Any]]:
@@ -154,6 +166,16 @@ def assert_benchmarking_addresses(compose: Compose) -> None:
                 assert subnet.subnet_of(BENCHMARKING), (name, str(subnet))  # type: ignore[arg-type]
 
 
+def remove_stale_projects(command: list[str]) -> None:
+    """Take down the projects of test runs that died before their ``down`` (their
+    containers would come back with the engine: restart policy)."""
+    listed = docker("ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}')
+    for project in set(listed.split()):
+        match = re.fullmatch(rf"{PROJECT_PREFIX}(\d+)", project)
+        if match and not alive(int(match.group(1))):
+            Compose(command, project, 0)("down", "-v", "--remove-orphans", check=False)
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Compose]:
     command = engine_compose()
@@ -164,10 +186,14 @@ def stack() -> Iterator[Compose]:
         timeout=600,
     )
     assert base.returncode == 0, f"base images: {base.stderr[-2000:]}"
-    compose = Compose(command, f"llmqtest{os.getpid()}", free_port())
+    remove_stale_projects(command)
+    compose = Compose(command, f"{PROJECT_PREFIX}{os.getpid()}", free_port())
     try:
         compose("up", "-d", "--build", timeout=600)
-        wait_for(lambda: http_status(compose.url + "/readyz") == 200, 90, "the API's /readyz")
+        try:
+            wait_for(lambda: http_status(compose.url + "/readyz") == 200, 90, "/readyz")
+        except NotReady as exc:
+            raise AssertionError(f"{exc}\n{compose('logs', '--tail', '40', check=False)}") from None
         yield compose
     finally:
         compose("down", "-v", "--remove-orphans", timeout=180, check=False)
@@ -218,7 +244,7 @@ def test_scaled_to_three_workers_all_serve(stack: Compose) -> None:
     assert_benchmarking_addresses(stack)
     body = {"model": "mock", "prompt": "long", "max_tokens": 4000, **UNTIL_LIMIT}
     with httpx.Client(base_url=stack.url, timeout=10) as c:
-        ids = [c.post("/v1/requests", json=body).json()["id"] for _ in range(3 * WORKER_SLOTS)]
+        ids = [submit(c, body) for _ in range(3 * WORKER_SLOTS)]
         try:
             wait_for(
                 lambda: all(record(stack.url, r).get("status") == "running" for r in ids),
@@ -353,7 +379,7 @@ def test_queued_requests_survive_redis_being_replaced(stack: Compose) -> None:
     stack("stop", "worker")
     body = {"model": "mock", "prompt": PROMPT, "max_tokens": 5, **UNTIL_LIMIT}
     with httpx.Client(base_url=stack.url, timeout=10) as c:
-        ids = [c.post("/v1/requests", json=body).json()["id"] for _ in range(3)]
+        ids = [submit(c, body) for _ in range(3)]
     assert all(record(stack.url, r)["status"] == "queued" for r in ids)
     old = stack.ids("redis")
     stack("up", "-d", "--no-build", "--no-deps", "--force-recreate", "redis")
