@@ -359,9 +359,9 @@ def test_compose_stop_drains_a_running_stream(stack: Compose) -> None:
             serving.append(containers[record(stack.url, rid)["worker"]]["Id"])
             stopping.append(pool.submit(stack, "stop", "worker"))
 
-        got = stream_seeded(stack, 300, stop)  # ~6 s at the mock's 50 tokens/s
+        got = stream_seeded(stack, 500, stop)  # 10 s at 50 tokens/s, within the 20 s drain
         stopping[0].result(timeout=150)
-    assert got.finish == "length" and len(got.text.split()) == 300, "the stream was cut"
+    assert got.finish == "length" and len(got.text.split()) == 500, "the stream was cut"
     final = record(stack.url, got.rid)
     assert final["status"] == "done" and final["attempts"] == 1, final
     logs = subprocess.run(
