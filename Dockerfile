@@ -18,7 +18,7 @@ COPY llmq ./llmq
 COPY api ./api
 COPY worker ./worker
 COPY cli ./cli
-RUN pip install --no-deps --no-build-isolation . && llmq --help >/dev/null
+RUN pip install --no-deps --no-build-isolation . && rm -rf build ./*.egg-info && llmq --help >/dev/null
 
 USER llmq
 EXPOSE 8000
