@@ -28,8 +28,10 @@ format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The compose stack test needs a Docker engine: one is started for the run (and
+# stopped after) unless one is up already (scripts/dockerd.sh; root).
 test: install lint
-	$(BIN)/pytest
+	bash scripts/dockerd.sh run $(BIN)/pytest
 
 bench: install
 	$(BIN)/python -m bench

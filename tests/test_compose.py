@@ -1,8 +1,8 @@
 """docker-compose.yml is valid and each llmq service runs a real ``llmq`` subcommand.
 
-There is no Docker engine in CI, so the file is validated statically: by
-``docker-compose config`` (Debian's docker-compose package, installed by
-``.ci/run``) when available, and by reading the YAML in every case.
+The file is checked statically here, in a second: by ``docker-compose config``
+(Debian's docker-compose package, installed by ``.ci/run``) when available, and by
+reading the YAML in every case. ``test_compose_stack.py`` runs it on an engine.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ def check(config: dict[str, Any]) -> None:
     assert services["api"]["ports"], "the API publishes its port"
     for name in ("api", "worker"):
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+        # pip reaches the package index on the host's network: no container network
+        # needs a route off the machine (scripts/dockerd.sh gives them none)
+        assert services[name]["build"]["network"] == "host", name
     assert "healthcheck" in services["redis"]
     redis_command = " ".join(services["redis"]["command"])
     assert "--appendonly yes" in redis_command, "queued requests survive a restart with AOF"
