@@ -343,6 +343,13 @@ class WorkerInfo(BaseModel):
     started_at: float
     heartbeat_at: float
     capabilities: tuple[str, ...] | None = None
+    #: The tokenizer the API counts this model's prompts with (:mod:`llmq.model.tokenizer`)
+    #: and its context length in tokens; None: the mock's whitespace, no length.
+    tokenizer: str | None = None
+    context_length: int | None = None
+    #: False while the worker's model (an upstream server) does not answer: the worker
+    #: stays registered but claims nothing.
+    ready: bool = True
 
 
 class ScaleState(_Frozen):

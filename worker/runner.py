@@ -13,7 +13,9 @@ events that change its status:
   fits inside the limit. Should arq's timeout fire all the same (a slow write on a
   loaded machine), the run is left *unfinished* and :meth:`RequestRunner.end_unfinished`
   ends it as the attempt that ran it, once arq is done with it;
-- ``error`` with ``model_error`` when the model raised.
+- ``error`` with ``model_error`` when the model raised (after ``max_tries`` runs), or
+  with the model's own code and message when it refused the request
+  (:class:`~llmq.model.interface.Refused`: not retried).
 
 When the worker itself is stopping, the cancellation is not a client's: it
 propagates, and arq hands the request back to the queue.
@@ -50,6 +52,7 @@ from llmq.metrics import Recorder
 from llmq.model.interface import (
     GenerationRequest,
     Model,
+    Refused,
     Report,
     SteppedModel,
     Token,
@@ -346,6 +349,10 @@ class RequestRunner:
             if rid in self.fenced:
                 return
             finish = "cancelled"
+        except Refused as exc:
+            # The request's own fault (an upstream's 4xx): it would fail alike anywhere.
+            await self._finish_error(payload, progress, exc.code, exc.message, "error")
+            return
         except Exception as exc:
             log.exception(
                 "model failed on request %s (attempt %d of %d)",
