@@ -1,0 +1,245 @@
+"""Workers in front of a real inference server: llama.cpp's ``llama-server`` on a tiny
+random model (:mod:`rigs.llama`), end to end through llmq with the openai SDK.
+
+The server is not ours: tokens, usage and finish reasons come from it, a cancel
+must free its slot, a re-run must continue its sequence. Without the server
+binary these tests fail, they do not skip (``scripts/llama-server.sh`` builds it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from redis.asyncio import Redis
+
+from llmq.protocol import keys
+from rigs.llama import write_tiny_gguf
+from tests.support.llama import MODEL, LlamaServer
+from tests.support.native import record, wait_status
+from tests.support.servers import SpawnWorkers, StartApi, StartWorker
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+StartLlama = Callable[..., Awaitable[LlamaServer]]
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture
+async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
+    servers: list[LlamaServer] = []
+
+    async def start(**kwargs: Any) -> LlamaServer:
+        server = LlamaServer(tiny_gguf, **kwargs)
+        servers.append(server)
+        return await server.start()
+
+    yield start
+    await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
+
+
+def sdk(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+async def streamed(
+    client: openai.AsyncOpenAI, prompt: str, max_tokens: int, **more: Any
+) -> tuple[str, str | None, Any]:
+    """Text, finish reason and usage of one streamed completion at temperature 0."""
+    stream = await client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        **more,
+    )
+    text, finish, usage = "", None, None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text += choice.text or ""
+            finish = choice.finish_reason or finish
+    return text, finish, usage
+
+
+async def test_tokens_through_llmq_equal_the_server_directly(
+    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+) -> None:
+    server = await start_llama(slots=2)
+    await start_worker(**server.worker_settings())
+    api = await start_api()
+    direct, through = sdk(server.url), sdk(api.url)
+    for prompt in ("hello world", "the quick brown fox jumps"):
+        want = await streamed(direct, prompt, 80)
+        got = await streamed(through, prompt, 80)
+        assert got[0] == want[0] and len(got[0]) == 80
+        assert got[1] == want[1] == "length"
+        assert got[2].completion_tokens == 80
+        assert got[2].prompt_tokens == want[2].prompt_tokens  # the server's count
+    async with api.client() as client:
+        (entry,) = (await client.get("/v1/workers")).json()["data"]
+    # the worker's cap is the server's slots; the API counts with the declared tokenizer
+    assert entry["concurrency"] == 2 and entry["tokenizer"] == "chars"
+    assert entry["context_length"] == 2048 and entry["ready"] is True
+    await direct.close()
+    await through.close()
+
+
+async def test_a_cancel_frees_the_servers_slot(
+    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+) -> None:
+    server = await start_llama(slots=2)
+    await start_worker(**server.worker_settings())
+    api = await start_api()
+    async with api.client() as client:
+        rid = (
+            await client.post(
+                "/v1/requests",
+                json={"model": MODEL, "prompt": "go on", "max_tokens": 1800, "temperature": 0},
+            )
+        ).json()["id"]
+        await wait_until(lambda: _busy(server), timeout=30, what="the server's slot to be busy")
+        await wait_status(client, rid, "running")
+        assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
+        await wait_until(lambda: _idle(server), timeout=30, what="the server's slot to be released")
+        done = await wait_status(client, rid, "cancelled")
+    # the server stopped generating when llmq closed the stream, long before max_tokens
+    assert await server.predicted() < 1800
+    assert int(done["completion_tokens"]) < 1800
+
+
+async def _idle(server: LlamaServer) -> bool:
+    return await server.busy() == 0
+
+
+async def _busy(server: LlamaServer) -> bool:
+    return await server.busy() > 0
+
+
+async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    procs = [(await spawn_workers(1, lease_seconds=1, **s.worker_settings()))[0] for s in servers]
+    api = await start_api()
+    max_tokens = 600
+    want, _, _ = await streamed(sdk(servers[0].url), "resume me", max_tokens)
+    text, killed = "", ""
+    async with api.client() as client:
+        stream = await sdk(api.url).completions.create(
+            model=MODEL, prompt="resume me", max_tokens=max_tokens, temperature=0, stream=True
+        )
+        finish = None
+        async for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.text or ""
+                finish = choice.finish_reason or finish
+            if not killed and len(text) >= 40:
+                rid = chunk.id.split("-", 1)[1]
+                killed = (await record(client, rid))["worker"]
+                next(p for p in procs if f"-{p.pid}-" in killed).signal(signal.SIGKILL)
+        final = await record(client, rid)
+    assert killed, "the worker was never killed"
+    assert final["worker"] != killed and int(final["attempts"]) == 2
+    assert text == want, "the resumed text differs from an uninterrupted run"
+    assert finish == "length"
+    assert await redis.zcard(keys.running(MODEL)) == 0
+
+
+async def test_a_killed_server_hands_its_request_to_the_other_workers_server(
+    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+) -> None:
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    for server in servers:
+        await start_worker(**server.worker_settings())
+    api = await start_api()
+    max_tokens = 600
+    want, _, _ = await streamed(sdk(servers[1].url), "carry on", max_tokens)
+    text, dead = "", None
+    async with api.client() as client:
+        stream = await sdk(api.url).completions.create(
+            model=MODEL, prompt="carry on", max_tokens=max_tokens, temperature=0, stream=True
+        )
+        async for chunk in stream:
+            text += "".join(c.text or "" for c in chunk.choices)
+            if dead is None and len(text) >= 40:
+                dead = next(iter([s for s in servers if await s.busy()]), None)
+                assert dead is not None, "no server runs the request"
+                dead.kill()
+        assert dead is not None, "no server was killed"
+        assert text == want
+        listed = await _workers(client)
+        # the worker of the dead server stays listed, not ready; the API stays ready
+        assert sorted(w["ready"] for w in listed) == [False, True]
+        assert (await client.get("/readyz")).status_code == 200
+        await dead.start()  # the engine comes back on its port: so does its worker
+
+        async def all_ready() -> bool:
+            return all(w["ready"] for w in await _workers(client))
+
+        await wait_until(all_ready, timeout=30, what="the worker to return with its server")
+
+
+async def _workers(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = (await client.get("/v1/workers")).json()["data"]
+    return data
+
+
+async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
+    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+) -> None:
+    server = await start_llama(slots=2)  # 2048 tokens per slot
+    await start_worker(**server.worker_settings())
+    api = await start_api()
+    client = sdk(api.url)
+    # ~750 tokens by the API's estimate (chars), 3000 by the server's count: the worker
+    # counts with the server, and refuses it
+    with pytest.raises(openai.APIError) as refused:
+        await streamed(client, "a" * 3000, 10)
+    assert "context length is 2048" in str(refused.value)
+    # over the context even by the estimate: refused at admission
+    with pytest.raises(openai.BadRequestError) as admitted:
+        await client.completions.create(model=MODEL, prompt="ab " * 3000, max_tokens=10)
+    assert admitted.value.code == "context_length_exceeded"
+    text, finish, _ = await streamed(client, "a" * 1000, 10)  # fits: served
+    assert len(text) == 10 and finish == "length"
+    await client.close()
+
+
+async def test_priority_cap_and_queue_bound_as_with_the_mock(
+    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi, redis: Redis
+) -> None:
+    server = await start_llama(slots=1)
+    await start_worker(**server.worker_settings())  # cap: the server's one slot
+    api = await start_api(max_queue_depth=2)
+    async with api.client() as client:
+
+        async def submit(priority: int, max_tokens: int) -> httpx.Response:
+            body = {"model": MODEL, "prompt": "wait", "max_tokens": max_tokens, "temperature": 0}
+            return await client.post("/v1/requests", json={**body, "priority": priority})
+
+        first = (await submit(0, 400)).json()["id"]
+        await wait_status(client, first, "running")
+        low = (await submit(5, 5)).json()["id"]
+        high = (await submit(-5, 5)).json()["id"]
+        full = await submit(0, 5)
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        assert int(await redis.zcard(keys.running(MODEL))) == 1  # the cap
+        started = {
+            rid: float((await wait_status(client, rid, "done", timeout=60))["started_at"])
+            for rid in (first, low, high)
+        }
+    assert started[high] < started[low], "priority did not order the queue"
