@@ -208,8 +208,7 @@ class OpenAIUpstream:
         finished = False
         async for frame in frames(response.aiter_bytes()):
             if frame.data.strip() == DONE:
-                finished = True
-                break
+                break  # a [DONE] without a finish reason is a stream cut short
             chunk = json.loads(frame.data)
             if chunk.get("error"):
                 _raise_for(500, frame.data.encode())
