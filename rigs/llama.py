@@ -148,12 +148,26 @@ def llama_server_binary() -> Path:
 
 
 def llama_server_argv(
-    model: Path, port: int, *, slots: int = 2, context: int = 4096, threads: int = 1
+    model: Path,
+    port: int,
+    *,
+    slots: int = 2,
+    context: int = 4096,
+    threads: int = 1,
+    token_by_token: bool = False,
 ) -> list[str]:
     """How the tests and the benchmark run the server: ``slots`` parallel sequences
     sharing ``context`` tokens (so each slot holds ``context / slots``), on loopback,
-    with ``/slots`` and ``/metrics`` on."""
-    return [
+    with ``/slots`` and ``/metrics`` on.
+
+    ``token_by_token``: micro-batches of one token, so that a prompt is prefilled by
+    the same computation that decodes (and a sequence never shares a batch): a
+    resumed run's prefill of prompt + generated text then yields exactly the logits
+    the uninterrupted run had. With batched prefill the sums are ordered differently
+    and a near-tie of the random model can flip (measured: a 600-token run resumed
+    anywhere diverged at the same few positions).
+    """
+    argv = [
         str(llama_server_binary()),
         "--model",
         str(model),
@@ -173,6 +187,9 @@ def llama_server_argv(
         "--metrics",
         "--no-webui",
     ]
+    if token_by_token:
+        argv += ["--ubatch-size", "1"]
+    return argv
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes] | None, timeout: float = 60.0) -> None:

@@ -4,8 +4,9 @@
 #
 # The source is the llama.cpp tree vendored in the llama-cpp-python sdist on PyPI (the only
 # package registry the test machines reach). CPU only, portable (no -march=native, so a cache
-# moved between machines still runs), static, no libcurl. A cold build takes ~10 minutes on
-# 2 cores; a cached one returns at once. Prints the binary's path.
+# moved between machines still runs), static, no libcurl. A cold build takes ~11 CPU-minutes
+# (~6 min on 2 idle cores; 28 min measured on a 2-core machine shared with other builds);
+# a cached one returns at once. Prints the binary's path.
 #
 #   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default below)
 #   LLMQ_CACHE                cache root (default ~/.cache/llmq)

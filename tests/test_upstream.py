@@ -20,10 +20,10 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
-from rigs.llama import write_tiny_gguf
+from rigs.llama import TinyModel, write_tiny_gguf
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import record, wait_status
-from tests.support.servers import SpawnWorkers, StartApi, StartWorker
+from tests.support.servers import RunningApi, SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,9 +31,14 @@ pytestmark = pytest.mark.timeout(120)
 StartLlama = Callable[..., Awaitable[LlamaServer]]
 
 
+#: Bigger than the benchmark's model: a token takes a millisecond or more, so that a
+#: test can act on a sequence mid-stream (a kill, a cancel) while the server generates.
+SHAPE = TinyModel(n_embd=256, n_ff=1024, n_layer=6)
+
+
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", SHAPE)
 
 
 @pytest.fixture
@@ -49,8 +54,25 @@ async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
     await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
 
 
+async def ready_workers(api: RunningApi, count: int) -> None:
+    """Until ``count`` workers are registered and ready (each has connected to its server)."""
+
+    async def up() -> bool:
+        async with api.client() as client:
+            return sum(bool(w["ready"]) for w in await _workers(client)) == count
+
+    await wait_until(up, timeout=30, what=f"{count} ready workers")
+
+
 def sdk(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+async def direct(url: str, prompt: str, max_tokens: int) -> str:
+    """The text the server itself streams for ``prompt`` at temperature 0."""
+    async with sdk(url) as client:
+        text, _, _ = await streamed(client, prompt, max_tokens)
+    return text
 
 
 async def streamed(
@@ -76,11 +98,12 @@ async def streamed(
 
 
 async def test_tokens_through_llmq_equal_the_server_directly(
-    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
 ) -> None:
     server = await start_llama(slots=2)
-    await start_worker(**server.worker_settings())
+    await spawn_workers(1, **server.worker_settings())
     api = await start_api()
+    await ready_workers(api, 1)
     direct, through = sdk(server.url), sdk(api.url)
     for prompt in ("hello world", "the quick brown fox jumps"):
         want = await streamed(direct, prompt, 80)
@@ -99,26 +122,23 @@ async def test_tokens_through_llmq_equal_the_server_directly(
 
 
 async def test_a_cancel_frees_the_servers_slot(
-    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
 ) -> None:
-    server = await start_llama(slots=2)
-    await start_worker(**server.worker_settings())
+    server = await start_llama(slots=1, context=8192)
+    await spawn_workers(1, **server.worker_settings())
     api = await start_api()
+    await ready_workers(api, 1)
+    max_tokens = 4000
     async with api.client() as client:
-        rid = (
-            await client.post(
-                "/v1/requests",
-                json={"model": MODEL, "prompt": "go on", "max_tokens": 1800, "temperature": 0},
-            )
-        ).json()["id"]
+        body = {"model": MODEL, "prompt": "go on", "max_tokens": max_tokens, "temperature": 0}
+        rid = (await client.post("/v1/requests", json=body)).json()["id"]
         await wait_until(lambda: _busy(server), timeout=30, what="the server's slot to be busy")
-        await wait_status(client, rid, "running")
         assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
         await wait_until(lambda: _idle(server), timeout=30, what="the server's slot to be released")
         done = await wait_status(client, rid, "cancelled")
     # the server stopped generating when llmq closed the stream, long before max_tokens
-    assert await server.predicted() < 1800
-    assert int(done["completion_tokens"]) < 1800
+    assert await server.predicted() < max_tokens / 2
+    assert int(done["completion_tokens"]) < max_tokens / 2
 
 
 async def _idle(server: LlamaServer) -> bool:
@@ -135,57 +155,76 @@ async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
     servers = [await start_llama(slots=1), await start_llama(slots=1)]
     procs = [(await spawn_workers(1, lease_seconds=1, **s.worker_settings()))[0] for s in servers]
     api = await start_api()
-    max_tokens = 600
-    want, _, _ = await streamed(sdk(servers[0].url), "resume me", max_tokens)
-    text, killed = "", ""
-    async with api.client() as client:
-        stream = await sdk(api.url).completions.create(
-            model=MODEL, prompt="resume me", max_tokens=max_tokens, temperature=0, stream=True
+    await ready_workers(api, 2)
+    max_tokens = 1500
+    want = await direct(servers[0].url, "resume me", max_tokens)
+
+    killed: list[int] = []
+
+    async def kill_mid_stream() -> bool:
+        """SIGKILL the worker whose server is generating the request, mid-sequence."""
+        for server, proc in zip(servers, procs, strict=True):
+            if await server.decoded() >= 20:
+                proc.signal(signal.SIGKILL)
+                killed.append(proc.pid)
+                return True
+        return False
+
+    async with api.client() as client, sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=30, what="a worker mid-stream", interval=0.002)
         )
-        finish = None
-        async for chunk in stream:
-            for choice in chunk.choices:
-                text += choice.text or ""
-                finish = choice.finish_reason or finish
-            if not killed and len(text) >= 40:
-                rid = chunk.id.split("-", 1)[1]
-                killed = (await record(client, rid))["worker"]
-                next(p for p in procs if f"-{p.pid}-" in killed).signal(signal.SIGKILL)
-        final = await record(client, rid)
-    assert killed, "the worker was never killed"
-    assert final["worker"] != killed and int(final["attempts"]) == 2
+        text, finish, usage = await streamed(through, "resume me", max_tokens)
+        await killer
+        records = [await record(client, k.rsplit(":", 1)[-1]) for k in await _requests(redis)]
+    (final,) = records
+    assert f"-{killed[0]}-" not in final["worker"] and int(final["attempts"]) == 2
     assert text == want, "the resumed text differs from an uninterrupted run"
-    assert finish == "length"
+    assert finish == "length" and usage.completion_tokens == max_tokens
     assert await redis.zcard(keys.running(MODEL)) == 0
 
 
+async def _requests(redis: Redis) -> list[str]:
+    return [k async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
+
+
 async def test_a_killed_server_hands_its_request_to_the_other_workers_server(
-    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
 ) -> None:
     servers = [await start_llama(slots=1), await start_llama(slots=1)]
     for server in servers:
-        await start_worker(**server.worker_settings())
+        await spawn_workers(1, **server.worker_settings())
     api = await start_api()
-    max_tokens = 600
-    want, _, _ = await streamed(sdk(servers[1].url), "carry on", max_tokens)
-    text, dead = "", None
-    async with api.client() as client:
-        stream = await sdk(api.url).completions.create(
-            model=MODEL, prompt="carry on", max_tokens=max_tokens, temperature=0, stream=True
+    await ready_workers(api, 2)
+    max_tokens = 1500
+    want = await direct(servers[1].url, "carry on", max_tokens)
+    dead: list[LlamaServer] = []
+
+    async def kill_mid_stream() -> bool:
+        """SIGKILL the server generating the request, mid-sequence: a crashed engine."""
+        for server in servers:
+            if await server.decoded() >= 20:
+                server.kill()
+                dead.append(server)
+                return True
+        return False
+
+    async with api.client() as client, sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=30, what="a server mid-stream", interval=0.002)
         )
-        async for chunk in stream:
-            text += "".join(c.text or "" for c in chunk.choices)
-            if dead is None and len(text) >= 40:
-                dead = next(iter([s for s in servers if await s.busy()]), None)
-                assert dead is not None, "no server runs the request"
-                dead.kill()
-        assert dead is not None, "no server was killed"
-        assert text == want
-        listed = await _workers(client)
-        # the worker of the dead server stays listed, not ready; the API stays ready
-        assert sorted(w["ready"] for w in listed) == [False, True]
-        assert (await client.get("/readyz")).status_code == 200
-        await dead.start()  # the engine comes back on its port: so does its worker
+        text, finish, _ = await streamed(through, "carry on", max_tokens)
+        await killer
+        assert text == want and finish == "length"
+
+        async def one_unready() -> bool:
+            # the worker of the dead server stays listed, not ready
+            return sorted(w["ready"] for w in await _workers(client)) == [False, True]
+
+        await wait_until(one_unready, timeout=30, what="the dead server's worker to be unready")
+        ready = (await client.get("/readyz")).json()
+        assert (ready["workers"], ready["unready"]) == (1, 1)
+        await dead[0].start()  # the engine comes back on its port: so does its worker
 
         async def all_ready() -> bool:
             return all(w["ready"] for w in await _workers(client))
@@ -199,11 +238,12 @@ async def _workers(client: httpx.AsyncClient) -> list[dict[str, Any]]:
 
 
 async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
-    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
 ) -> None:
     server = await start_llama(slots=2)  # 2048 tokens per slot
-    await start_worker(**server.worker_settings())
+    await spawn_workers(1, **server.worker_settings())
     api = await start_api()
+    await ready_workers(api, 1)
     client = sdk(api.url)
     # ~750 tokens by the API's estimate (chars), 3000 by the server's count: the worker
     # counts with the server, and refuses it
@@ -220,11 +260,12 @@ async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
 
 
 async def test_priority_cap_and_queue_bound_as_with_the_mock(
-    start_llama: StartLlama, start_worker: StartWorker, start_api: StartApi, redis: Redis
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
 ) -> None:
     server = await start_llama(slots=1)
-    await start_worker(**server.worker_settings())  # cap: the server's one slot
+    await spawn_workers(1, **server.worker_settings())  # cap: the server's one slot
     api = await start_api(max_queue_depth=2)
+    await ready_workers(api, 1)
     async with api.client() as client:
 
         async def submit(priority: int, max_tokens: int) -> httpx.Response:

@@ -158,6 +158,8 @@ class RequestRunner:
     fenced: set[str] = field(default_factory=set)
     #: Runs that raised before their terminal event, until :meth:`end_unfinished`.
     unfinished: dict[str, _Unfinished] = field(default_factory=dict)
+    #: Running requests stopped to go back to the queue (see :meth:`hand_back`).
+    _handing_back: set[str] = field(default_factory=set)
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
@@ -171,6 +173,15 @@ class RequestRunner:
             return False
         task.cancel()
         return True
+
+    def hand_back(self, request_id: str) -> None:
+        """Stop a running request and return it to the queue: this worker's model cannot
+        run it now (its inference server stopped answering). The next attempt, on
+        another worker, resumes after the tokens published so far."""
+        task = self._generations.get(request_id)
+        if task is not None and request_id not in self.fenced:
+            self._handing_back.add(request_id)
+            task.cancel()
 
     def fence(self, request_id: str) -> None:
         """This worker lost a running request: stop it, and write nothing more for it."""
@@ -348,6 +359,10 @@ class RequestRunner:
                 raise  # the worker is stopping: let arq hand the request back
             if rid in self.fenced:
                 return
+            if rid in self._handing_back:
+                self._handing_back.discard(rid)
+                await self._settle(rid)
+                raise Retry() from None  # arq hands it back to the queue
             finish = "cancelled"
         except Refused as exc:
             # The request's own fault (an upstream's 4xx): it would fail alike anywhere.

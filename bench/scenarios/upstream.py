@@ -88,6 +88,7 @@ def _once(
     cpu = meter.stop()
     out = traffic.figures(result)
     tokens = out["total_output_tokens"] or 0
+    cpu["llama"] = sum(v for k, v in cpu.items() if k.startswith("llama"))  # every server
     roles = ("llama", "api", "workers", "redis", "loadgen")
     out["cpu_ms_per_token"] = {
         r: cpu[r] * 1000.0 / tokens if tokens else None for r in roles if r in cpu

@@ -37,7 +37,10 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> LlamaServer:
-        argv = llama_server_argv(self.model, self.port, slots=self.slots, context=self.context)
+        # token by token: a resumed run must reproduce the uninterrupted one exactly
+        argv = llama_server_argv(
+            self.model, self.port, slots=self.slots, context=self.context, token_by_token=True
+        )
         log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         self.process = LoggedProcess(argv, {}, log, name="llama-server")
         try:
@@ -50,7 +53,7 @@ class LlamaServer:
         """A crash: SIGKILL, waited for."""
         if self.process is not None:
             self.process.signal(signal.SIGKILL)
-            self.process.wait(10)
+            self.process.wait_stopped(10)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -58,6 +61,17 @@ class LlamaServer:
 
     async def busy(self) -> int:
         return await asyncio.to_thread(busy_slots, self.url)
+
+    async def decoded(self) -> int:
+        """Tokens the busy slot has generated for its sequence (0 when idle)."""
+        async with httpx.AsyncClient(base_url=self.url) as client:
+            slots = (await client.get("/slots")).json()
+        return sum(
+            int(token.get("n_decoded", 0))
+            for slot in slots
+            if slot.get("is_processing")
+            for token in slot.get("next_token") or ()
+        )
 
     async def predicted(self) -> int:
         """Tokens the server generated so far (its ``/metrics``)."""

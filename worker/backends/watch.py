@@ -6,8 +6,9 @@ would keep taking requests it cannot run. :class:`UpstreamWatch` probes the
 upstream every ``interval`` seconds, and at once when a stream fails (the
 adapter's ``on_down``: claiming stops before the probe confirms). While the
 upstream is down the worker claims nothing, its running requests are handed back
-(cancelled as a stopping worker's are: arq requeues them, and another worker
-resumes them from the tokens already published), and its registry entry says
+(:meth:`~worker.runner.RequestRunner.hand_back`: arq requeues them, and another
+worker resumes them from the tokens already published; each hand-back is an
+attempt, bounded by ``LLMQ_MAX_TRIES``), and its registry entry says
 ``ready: false`` (``/readyz``, ``/v1/workers``). The first probe that answers puts it
 back to work.
 """
@@ -19,7 +20,6 @@ import contextlib
 import logging
 
 from llmq.protocol.queue import Queue
-from llmq.tasks import cancel_and_wait
 from worker.backends.openai import OpenAIUpstream
 from worker.queue_worker import QueueWorker
 
@@ -76,14 +76,14 @@ class UpstreamWatch:
         if not self.ready:
             return
         self.ready = False
-        running = [t for t in self.worker.tasks.values() if not t.done()]
+        running = list(self.worker.runner.running)
         log.warning(
             "upstream %s does not answer: claiming stops, %d running requests handed back",
             self.upstream.url,
             len(running),
         )
+        for request_id in running:
+            self.worker.runner.hand_back(request_id)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await self.queue.unpark(self.worker.model, self.worker.worker_id)
-        # once, as a stopping worker's: arq's run_job hands each request back
-        await cancel_and_wait(running, timeout=10, recancel=False)
