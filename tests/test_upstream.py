@@ -20,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
+from loadgen import LoadConfig, run_load
 from rigs.llama import TinyModel, write_tiny_gguf
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import record, wait_status
@@ -284,3 +285,22 @@ async def test_priority_cap_and_queue_bound_as_with_the_mock(
             for rid in (first, low, high)
         }
     assert started[high] < started[low], "priority did not order the queue"
+
+
+async def test_the_load_generator_reads_the_server_directly(start_llama: StartLlama) -> None:
+    """llama-server closes a kept-alive connection after each stream without saying so:
+    the load generator sends again on another connection instead of failing every other
+    request (the benchmark's direct baseline depends on it)."""
+    server = await start_llama(slots=2)
+    config = LoadConfig(
+        base_url=server.url,
+        model=MODEL,
+        num_requests=12,
+        concurrency=1,
+        prompt_tokens=(8, 8),
+        output_tokens=(4, 4),
+    )
+    result = await run_load(config)
+    summary = result.summary()
+    errors = [r.error for r in result.records if r.error]
+    assert (summary["completed"], summary["failed"]) == (12, 0), errors

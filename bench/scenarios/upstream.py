@@ -43,10 +43,9 @@ class Sizes:
     output_tokens: int = 64
     light_s: float = 8.0
     saturated_s: float = 8.0
-    repeats: int = 3
 
 
-QUICK = Sizes(light_s=2.0, saturated_s=2.0, repeats=1)
+QUICK = Sizes(light_s=2.0, saturated_s=2.0)
 TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
 
 
@@ -101,6 +100,7 @@ def _once(
 def _system(
     ctx: Context, name: str, servers: list[LoggedProcess], stack: Stack | None, s: Sizes
 ) -> dict[str, Any]:
+    repeats = 1 if ctx.quick else ctx.repeats
     pids = {"llama" if i == 0 else f"llama-{i}": p.pid for i, p in enumerate(servers)}
     redis_url = None
     url = _url(servers[0])
@@ -108,10 +108,10 @@ def _system(
         pids.update(stack.pids())
         redis_url, url = stack.redis.url, stack.url
     light, saturated = [], []
-    for i in range(s.repeats):
-        ctx.say(f"  {name}: one stream, run {i + 1}/{s.repeats}")
+    for i in range(repeats):
+        ctx.say(f"  {name}: one stream, run {i + 1}/{repeats}")
         light.append(_once(url, pids, redis_url, s, 1, s.light_s))
-        ctx.say(f"  {name}: {2 * s.slots * len(servers)} streams, run {i + 1}/{s.repeats}")
+        ctx.say(f"  {name}: {2 * s.slots * len(servers)} streams, run {i + 1}/{repeats}")
         saturated.append(_once(url, pids, redis_url, s, 2 * s.slots * len(servers), s.saturated_s))
     keys = ("ttft_ms_median", "ttft_ms_p99", "itl_ms_median", "itl_ms_p99", "e2el_ms_median")
     out: dict[str, Any] = {k: median_of(light, k) for k in keys}
@@ -146,10 +146,10 @@ def run(ctx: Context) -> ScenarioResult:
             results["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", servers[:1], stack, s)
             stack.add_worker(_llmq_env(servers[1]))  # its own server
             results["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", servers, stack, s)
-    return _report(s, results)
+    return _report(s, 1 if ctx.quick else ctx.repeats, results)
 
 
-def _report(s: Sizes, r: dict[str, dict[str, Any]]) -> ScenarioResult:
+def _report(s: Sizes, repeats: int, r: dict[str, dict[str, Any]]) -> ScenarioResult:
     direct, ours, two = r["direct"], r["llmq"], r["llmq-2"]
     targets = []
     d_ttft, o_ttft = direct["ttft_ms_median"], ours["ttft_ms_median"]
@@ -202,7 +202,7 @@ def _report(s: Sizes, r: dict[str, dict[str, Any]]) -> ScenarioResult:
             f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread) direct "
             f"and through llmq; prompt {s.prompt_tokens} words, {s.output_tokens} output "
             f"tokens; one stream for {s.light_s:g} s, then {2 * s.slots} streams per server "
-            f"for {s.saturated_s:g} s; medians of {s.repeats} runs. Failed requests: "
+            f"for {s.saturated_s:g} s; medians of {repeats} runs. Failed requests: "
             + ", ".join(f"{k} {v['failed']}" for k, v in r.items())
             + ".",
             table(["figure", "direct", "llmq 1+1", "llmq 2+2"], rows),
