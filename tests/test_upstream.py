@@ -304,3 +304,46 @@ async def test_the_load_generator_reads_the_server_directly(start_llama: StartLl
     summary = result.summary()
     errors = [r.error for r in result.records if r.error]
     assert (summary["completed"], summary["failed"]) == (12, 0), errors
+
+
+async def test_a_hung_server_hands_its_request_to_the_other_worker(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """A server that stops answering (SIGSTOP: its connections stay open) is found by the
+    stalled stream or the probe; its worker stops claiming and hands the request back,
+    and it resumes on the other worker's server."""
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    for server in servers:
+        await spawn_workers(1, **server.worker_settings(upstream_timeout_seconds=2))
+    api = await start_api()
+    await ready_workers(api, 2)
+    max_tokens = 1500
+    want = await direct(servers[1].url, "hang on", max_tokens)
+    hung: list[LlamaServer] = []
+
+    async def hang_mid_stream() -> bool:
+        for server in servers:
+            if await server.decoded() >= 20:
+                server.pause(True)
+                hung.append(server)
+                return True
+        return False
+
+    async with api.client() as client, sdk(api.url) as through:
+        pauser = asyncio.create_task(
+            wait_until(hang_mid_stream, timeout=30, what="a server mid-stream", interval=0.002)
+        )
+        text, finish, _ = await streamed(through, "hang on", max_tokens)
+        await pauser
+        assert text == want and finish == "length"
+
+        async def one_unready() -> bool:
+            return sorted(w["ready"] for w in await _workers(client)) == [False, True]
+
+        await wait_until(one_unready, timeout=30, what="the hung server's worker to be unready")
+        hung[0].pause(False)
+
+        async def all_ready() -> bool:
+            return all(w["ready"] for w in await _workers(client))
+
+        await wait_until(all_ready, timeout=30, what="the worker to return with its server")

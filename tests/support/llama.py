@@ -55,7 +55,13 @@ class LlamaServer:
             self.process.signal(signal.SIGKILL)
             self.process.wait_stopped(10)
 
+    def pause(self, paused: bool) -> None:
+        """SIGSTOP (a hung engine: connections open, nothing answers) or SIGCONT."""
+        if self.process is not None:
+            self.process.signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
     def stop(self) -> None:
+        self.pause(False)  # a stopped process would not see SIGTERM
         if self.process is not None:
             self.process.stop(10)
 
