@@ -347,3 +347,34 @@ async def test_a_hung_server_hands_its_request_to_the_other_worker(
             return all(w["ready"] for w in await _workers(client))
 
         await wait_until(all_ready, timeout=30, what="the worker to return with its server")
+
+
+async def test_stop_sequences_and_logprobs_pass_through(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """A stop sequence ends the text where the server ends it, with its finish reason;
+    log-probabilities (declared: LLMQ_UPSTREAM_CAPABILITIES) are the server's own."""
+    server = await start_llama(slots=2)
+    await spawn_workers(1, **server.worker_settings(upstream_capabilities="logprobs"))
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        full, _, _ = await streamed(direct_client, "stop here", 60)
+        stop = full[20]  # a character the run writes: the text ends before it
+        want = await streamed(direct_client, "stop here", 60, stop=[stop])
+        got = await streamed(through, "stop here", 60, stop=[stop])
+        assert got[0] == want[0] == full[: full.index(stop)]
+        assert got[1] == want[1] == "stop"
+        reply = await through.completions.create(
+            model=MODEL, prompt="stop here", max_tokens=8, temperature=0, logprobs=2
+        )
+    (choice,) = reply.choices
+    assert choice.text == full[:8] and choice.logprobs is not None
+    assert choice.logprobs.tokens == list(full[:8])
+    top = choice.logprobs.top_logprobs or []
+    # greedy: each token is its own best alternative, with its own log-probability
+    for token, logprob, alternatives in zip(
+        choice.logprobs.tokens, choice.logprobs.token_logprobs or [], top, strict=True
+    ):
+        assert len(alternatives) == 2 and max(alternatives, key=alternatives.__getitem__) == token
+        assert alternatives[token] == pytest.approx(logprob)

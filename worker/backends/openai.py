@@ -257,14 +257,22 @@ class OpenAIUpstream:
 
 
 def _token(text: str, logprobs: Any) -> str:
-    """A chunk's text, with its log-probability when the upstream sent one (OpenAI's
-    completions shape: ``token_logprobs`` and ``top_logprobs`` lists)."""
-    if not isinstance(logprobs, dict) or not logprobs.get("token_logprobs"):
+    """A chunk's text, with its log-probability when the upstream sent one: OpenAI's
+    completions shape (``token_logprobs``, ``top_logprobs`` maps: vLLM) or its chat
+    shape (``content``: ``logprob`` and ``top_logprobs`` lists: llama.cpp)."""
+    if not isinstance(logprobs, dict):
+        return text
+    content = logprobs.get("content")
+    if content:
+        first = content[0]
+        top = [(str(t["token"]), float(t["logprob"])) for t in first.get("top_logprobs") or ()]
+        return Token(text, TokenLogprob(logprob=float(first["logprob"]), top=top))
+    if not logprobs.get("token_logprobs"):
         return text
     value = logprobs["token_logprobs"][0]
     tops = (logprobs.get("top_logprobs") or [None])[0] or {}
-    top = sorted(((t, float(lp)) for t, lp in tops.items()), key=lambda p: -p[1])
-    return Token(text, TokenLogprob(logprob=float(value or 0.0), top=top))
+    ranked = sorted(((t, float(lp)) for t, lp in tops.items()), key=lambda p: -p[1])
+    return Token(text, TokenLogprob(logprob=float(value or 0.0), top=ranked))
 
 
 def _finish_reason(reason: str) -> Literal["stop", "length"]:
