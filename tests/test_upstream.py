@@ -310,11 +310,12 @@ async def test_a_hung_server_hands_its_request_to_the_other_worker(
     start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
 ) -> None:
     """A server that stops answering (SIGSTOP: its connections stay open) is found by the
-    stalled stream or the probe; its worker stops claiming and hands the request back,
-    and it resumes on the other worker's server."""
+    health probe (within its 5 s timeout), long before the stalled stream's own timeout;
+    its worker stops claiming and hands the request back, and it resumes on the other
+    worker's server."""
     servers = [await start_llama(slots=1), await start_llama(slots=1)]
     for server in servers:
-        await spawn_workers(1, **server.worker_settings(upstream_timeout_seconds=2))
+        await spawn_workers(1, **server.worker_settings(upstream_timeout_seconds=300))
     api = await start_api()
     await ready_workers(api, 2)
     max_tokens = 1500
@@ -333,7 +334,8 @@ async def test_a_hung_server_hands_its_request_to_the_other_worker(
         pauser = asyncio.create_task(
             wait_until(hang_mid_stream, timeout=30, what="a server mid-stream", interval=0.002)
         )
-        text, finish, _ = await streamed(through, "hang on", max_tokens)
+        async with asyncio.timeout(60):  # the stalled stream alone would wait 300 s
+            text, finish, _ = await streamed(through, "hang on", max_tokens)
         await pauser
         assert text == want and finish == "length"
 
