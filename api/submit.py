@@ -107,6 +107,7 @@ def _plan(
     now: float,
     owner: str | None,
     attach: bool,
+    messages: tuple[dict[str, str], ...] | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -122,6 +123,7 @@ def _plan(
         enqueued_at=now,
         queue_deadline=now + common.queue_timeout,
         generation_timeout=common.generation_timeout,
+        messages=messages,
     )
     call = Enqueue.of(
         payload,
@@ -301,6 +303,7 @@ async def submit_choices(
     owner: str | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
+    messages: tuple[dict[str, str], ...] | None = None,
 ) -> list[Submitted]:
     """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.
 
@@ -327,7 +330,7 @@ async def submit_choices(
         for k in range(n):
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
-            call, sub = _plan(state, params, choice, common, now, owner, attach)
+            call, sub = _plan(state, params, choice, common, now, owner, attach, messages)
             calls.append(call)
             subs.append(sub)
     accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)

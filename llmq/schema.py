@@ -87,6 +87,9 @@ class JobPayload(_Frozen):
     enqueued_at: float = Field(description="Unix time (s) the API accepted the request.")
     queue_deadline: float = Field(description="Unix time (s) after which it must not start.")
     generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
+    #: A chat request's messages (``role``, ``content``), for a backend that applies the
+    #: model's own chat template; ``prompt`` is their plain rendering. None: a completion.
+    messages: tuple[dict[str, str], ...] | None = None
 
 
 class PromptTokensDetails(_Frozen):

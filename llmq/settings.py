@@ -262,6 +262,12 @@ class WorkerSettings(CommonSettings):
         description="The upstream's kind, for what plain OpenAI does not say: its tokenize "
         "and context-length endpoints, how it continues a chat's last message.",
     )
+    upstream_api: Literal["completions", "chat"] = Field(
+        "completions",
+        description="How chat requests reach the upstream: its /v1/completions with llmq's "
+        "plain rendering of the messages, or its /v1/chat/completions with the messages "
+        "themselves (the model's chat template).",
+    )
     upstream_capabilities: str = Field(
         "",
         description="Comma-separated capabilities the upstream honours (logprobs, "

@@ -380,3 +380,46 @@ async def test_stop_sequences_and_logprobs_pass_through(
     ):
         assert len(alternatives) == 2 and max(alternatives, key=alternatives.__getitem__) == token
         assert alternatives[token] == pytest.approx(logprob)
+
+
+async def chat_text(client: openai.AsyncOpenAI, messages: list[Any], max_tokens: int) -> str:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
+    )
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    """With LLMQ_UPSTREAM_API=chat the server's own chat template renders the messages;
+    a re-run sends the text so far as the final assistant message, which the server
+    continues (and echoes, which the worker drops): the client's text equals an
+    uninterrupted run."""
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    settings = {"upstream_api": "chat", "lease_seconds": 1}
+    procs = [(await spawn_workers(1, **s.worker_settings(**settings)))[0] for s in servers]
+    api = await start_api()
+    await ready_workers(api, 2)
+    messages: list[Any] = [{"role": "user", "content": "tell me more"}]
+    max_tokens = 1500
+    async with sdk(servers[0].url) as direct_client:
+        want = await chat_text(direct_client, messages, max_tokens)
+
+    async def kill_mid_stream() -> bool:
+        for server, proc in zip(servers, procs, strict=True):
+            if await server.decoded() >= 20:
+                proc.signal(signal.SIGKILL)
+                return True
+        return False
+
+    async with sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=30, what="a worker mid-stream", interval=0.002)
+        )
+        got = await chat_text(through, messages, max_tokens)
+        await killer
+    assert len(got) == max_tokens and got == want
+    async with api.client() as client:
+        (key,) = await _requests(redis)
+        assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) == 2

@@ -423,6 +423,7 @@ class RequestRunner:
             response_format=params.response_format,
             tools=params.tools,
             tool_choice=params.tool_choice,
+            messages=payload.messages or (),
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         token = self.publisher.token

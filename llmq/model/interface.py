@@ -165,6 +165,10 @@ class GenerationRequest:
     #: Function tools (``{"name", "parameters"}``) and whether to call one.
     tools: tuple[dict[str, Any], ...] = field(default=())
     tool_choice: Literal["auto", "required", "none"] = "auto"
+    #: A chat request's messages (``role``, ``content``); empty for a completion. A
+    #: backend with its own chat template (an inference server's chat API) uses them
+    #: instead of ``prompt``, their plain rendering.
+    messages: tuple[dict[str, str], ...] = field(default=())
 
 
 class Model(Protocol):

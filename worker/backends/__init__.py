@@ -64,6 +64,7 @@ def build_model(settings: WorkerSettings) -> Model:
         context_length=settings.upstream_context_length,
         capabilities=upstream_capabilities(settings.upstream_capabilities),
         timeout=settings.upstream_timeout_seconds,
+        chat=settings.upstream_api == "chat",
     )
 
 

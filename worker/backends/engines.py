@@ -34,6 +34,8 @@ class Engine:
     health_path: str = "/v1/models"
     #: POST path that counts a prompt's tokens; None: the engine has none.
     tokenize_path: str | None = None
+    #: A continued chat message comes back with the continued text first (llama.cpp).
+    echoes_prefill: bool = False
 
     async def discover(self, client: httpx.AsyncClient) -> Discovered:
         """The served model's name and context length from ``/v1/models``."""
@@ -81,5 +83,7 @@ ENGINES: dict[str, Engine] = {
     "sglang": Engine("sglang", health_path="/health"),
     "tgi": Engine("tgi", health_path="/health"),
     "ollama": Engine("ollama"),
-    "llamacpp": LlamaCpp("llamacpp", health_path="/health", tokenize_path="/tokenize"),
+    "llamacpp": LlamaCpp(
+        "llamacpp", health_path="/health", tokenize_path="/tokenize", echoes_prefill=True
+    ),
 }

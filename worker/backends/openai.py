@@ -15,7 +15,11 @@ assumes only this of the upstream:
 - greedy decoding (temperature 0) of ``prompt + generated text`` continues the
   interrupted sequence: a re-run resumes by sending the prompt followed by the text
   already published, with the remaining ``max_tokens`` (see ``docs/backends.md``
-  for the engines and tokenizers where the result equals an uninterrupted run).
+  for the engines and tokenizers where the result equals an uninterrupted run);
+- with ``chat`` (``LLMQ_UPSTREAM_API=chat``), ``/v1/chat/completions`` streams
+  ``choices[0].delta.content`` likewise, and continues a final assistant message
+  (``continue_final_message``); an engine that echoes the continued text first
+  (llama.cpp) has it dropped.
 
 Its tokenizer is declared as ``chars`` (the API's approximation); the upstream
 counts exactly: the prompt's true count comes back in a :class:`Report`, and a
@@ -96,6 +100,7 @@ class OpenAIUpstream:
         context_length: int = 0,
         capabilities: frozenset[str] = frozenset(),
         timeout: float = 30.0,
+        chat: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
         self.engine = engine
@@ -103,6 +108,8 @@ class OpenAIUpstream:
         self.slots = slots or None
         self.context_length = context_length or None
         self.capabilities = capabilities
+        #: Chat requests go to /v1/chat/completions with their messages.
+        self.chat = chat
         self.on_down: Callable[[], None] | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 5.0))
@@ -163,13 +170,19 @@ class OpenAIUpstream:
         counted = await self._count_if_long(prompt, remaining)
         if counted is not None:
             yield Report(prompt_tokens=max(1, counted - len(request.generated)))
+        chat = self.chat and bool(request.messages)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        body = self._body(request, prompt, remaining)
+        echoed = ""
+        if chat:
+            body = self._chat_body(request, body)
+            if self.engine.echoes_prefill:
+                echoed = "".join(request.generated)
         try:
-            async with self._http().stream(
-                "POST", "/v1/completions", json=self._body(request, prompt, remaining)
-            ) as response:
+            async with self._http().stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     _raise_for(response.status_code, await response.aread())
-                async for out in self._outputs(response, len(request.generated)):
+                async for out in self._outputs(response, len(request.generated), echoed):
                     yield out
         except httpx.HTTPError as exc:
             self._down()
@@ -204,7 +217,27 @@ class OpenAIUpstream:
             body["min_tokens"] = request.min_tokens - len(request.generated)
         return body
 
-    async def _outputs(self, response: httpx.Response, resumed: int) -> AsyncIterator[str]:
+    @staticmethod
+    def _chat_body(request: GenerationRequest, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat API's body: the messages, and on a resume the text so far as the
+        assistant's final message, which the upstream continues (vLLM's and llama.cpp's
+        ``continue_final_message`` without a new generation prompt)."""
+        del body["prompt"]
+        messages = list(request.messages)
+        if request.generated:
+            messages.append({"role": "assistant", "content": "".join(request.generated)})
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        body["messages"] = messages
+        if request.logprobs is not None:
+            body["logprobs"], body["top_logprobs"] = True, request.logprobs
+        return body
+
+    async def _outputs(
+        self, response: httpx.Response, resumed: int, echoed: str = ""
+    ) -> AsyncIterator[str]:
+        """Tokens and reports from the stream; ``echoed``: the continued message's text,
+        which the upstream sends back first (dropped: it was published already)."""
         finished = False
         async for frame in frames(response.aiter_bytes()):
             if frame.data.strip() == DONE:
@@ -213,7 +246,13 @@ class OpenAIUpstream:
             if chunk.get("error"):
                 _raise_for(500, frame.data.encode())
             for choice in chunk.get("choices") or ():
-                text = choice.get("text") or ""
+                text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                if echoed and text:
+                    cut = min(len(echoed), len(text))
+                    if text[:cut] == echoed[:cut]:
+                        text, echoed = text[cut:], echoed[cut:]
+                    else:
+                        echoed = ""  # not an echo after all: a continuation
                 if text:
                     yield _token(text, choice.get("logprobs"))
                 reason = choice.get("finish_reason")
