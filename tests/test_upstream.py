@@ -419,7 +419,9 @@ async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
         )
         got = await chat_text(through, messages, max_tokens)
         await killer
-    assert len(got) == max_tokens and got == want
+    differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    assert got == want, f"{len(got)} vs {len(want)} characters, first difference at {differ}"
+    assert len(got) == max_tokens
     async with api.client() as client:
         (key,) = await _requests(redis)
         assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) == 2
