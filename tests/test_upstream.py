@@ -154,7 +154,7 @@ async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
     start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
 ) -> None:
     servers = [await start_llama(slots=1), await start_llama(slots=1)]
-    procs = [(await spawn_workers(1, lease_seconds=1, **s.worker_settings()))[0] for s in servers]
+    procs = [(await spawn_workers(1, lease_seconds=2, **s.worker_settings()))[0] for s in servers]
     api = await start_api()
     await ready_workers(api, 2)
     max_tokens = 1500
@@ -179,7 +179,8 @@ async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
         await killer
         records = [await record(client, k.rsplit(":", 1)[-1]) for k in await _requests(redis)]
     (final,) = records
-    assert f"-{killed[0]}-" not in final["worker"] and int(final["attempts"]) == 2
+    # 2 attempts, or more where a loaded machine let a lease lapse meanwhile
+    assert f"-{killed[0]}-" not in final["worker"] and int(final["attempts"]) >= 2
     assert text == want, "the resumed text differs from an uninterrupted run"
     assert finish == "length" and usage.completion_tokens == max_tokens
     assert await redis.zcard(keys.running(MODEL)) == 0
@@ -397,7 +398,7 @@ async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
     continues (and echoes, which the worker drops): the client's text equals an
     uninterrupted run."""
     servers = [await start_llama(slots=1), await start_llama(slots=1)]
-    settings = {"upstream_api": "chat", "lease_seconds": 1}
+    settings = {"upstream_api": "chat", "lease_seconds": 2}
     procs = [(await spawn_workers(1, **s.worker_settings(**settings)))[0] for s in servers]
     api = await start_api()
     await ready_workers(api, 2)
@@ -424,4 +425,4 @@ async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
     assert len(got) == max_tokens
     async with api.client() as client:
         (key,) = await _requests(redis)
-        assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) == 2
+        assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) >= 2
