@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from llmq import registry
+from llmq.model.tokenizer import CHARS, TOKENIZERS, WHITESPACE, Tokenizer
 from llmq.schema import WorkerInfo
 from llmq.tasks import run_periodically
 
@@ -24,6 +26,16 @@ log = logging.getLogger(__name__)
 
 #: A model missing from the cache is looked up again at most this often.
 MISS_REFRESH_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """How a model's workers declare it: the tokenizer the API counts its prompts with
+    (the mock's whitespace when no worker says; ``chars`` when they disagree or name
+    one the API lacks) and the shortest context length among them (None: unknown)."""
+
+    tokenizer: Tokenizer = WHITESPACE
+    context_length: int | None = None
 
 
 class Catalog:
@@ -50,6 +62,16 @@ class Catalog:
         await self.models()
         declared = [frozenset(w.capabilities or ()) for w in self._workers if w.model == model]
         return frozenset.intersection(*declared) if declared else None
+
+    async def declaration(self, model: str) -> Declaration:
+        await self.models()
+        workers = [w for w in self._workers if w.model == model]
+        if not workers:
+            return Declaration()
+        names = {w.tokenizer or WHITESPACE.name for w in workers}
+        name = names.pop() if len(names) == 1 else CHARS.name
+        lengths = [w.context_length for w in workers if w.context_length]
+        return Declaration(TOKENIZERS.get(name, CHARS), min(lengths) if lengths else None)
 
     async def refresh_forever(self) -> None:
         """Keep the cache younger than ``max_age`` (twice a period, so reads never wait)."""

@@ -207,6 +207,10 @@ class ChatCompletionRequest(StreamingParams):
         lines = [f"{m.role}: {m.text()}" for m in self.messages]
         return "\n".join([*lines, "assistant:"])
 
+    def message_dicts(self) -> tuple[dict[str, str], ...]:
+        """The messages as a backend with its own chat template takes them."""
+        return tuple({"role": m.role, "content": m.text()} for m in self.messages)
+
     def content_tokens_present(self) -> bool:
         return any(m.text().strip() for m in self.messages)
 

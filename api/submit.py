@@ -16,13 +16,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
 from api.schemas import EmbeddingRequest, GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
-from llmq.model.tokenizer import count_tokens
 from llmq.protocol.queue import Enqueue
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
 
@@ -107,6 +107,7 @@ def _plan(
     now: float,
     owner: str | None,
     attach: bool,
+    messages: tuple[dict[str, str], ...] | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -122,6 +123,7 @@ def _plan(
         enqueued_at=now,
         queue_deadline=now + common.queue_timeout,
         generation_timeout=common.generation_timeout,
+        messages=messages,
     )
     call = Enqueue.of(
         payload,
@@ -219,14 +221,25 @@ async def _validate(
     return common
 
 
-def _prompt_tokens(state: AppState, prompt: str, param: str) -> int:
-    prompt_tokens = count_tokens(prompt)
+def _prompt_tokens(state: AppState, prompt: str, param: str, declared: Declaration) -> int:
+    """Counted with the tokenizer the model's workers declare (an estimate for ``chars``:
+    a worker with an upstream counts exactly and refuses what does not fit)."""
+    prompt_tokens = declared.tokenizer.count(prompt)
     if prompt_tokens == 0:
         raise InvalidRequest(f"{param} must not be empty", param=param, code="invalid_value")
     limit = state.settings.max_prompt_tokens
     if prompt_tokens > limit:
         raise InvalidRequest(
             f"{param} has {prompt_tokens} tokens, more than the limit of {limit}",
+            param=param,
+            code="context_length_exceeded",
+        )
+    context = declared.context_length
+    if context is not None and prompt_tokens >= context:
+        about = "" if declared.tokenizer.name == "whitespace" else "about "
+        raise InvalidRequest(
+            f"{param} has {about}{prompt_tokens} tokens; the model's context length is "
+            f"{context} tokens",
             param=param,
             code="context_length_exceeded",
         )
@@ -295,6 +308,7 @@ async def submit_choices(
     owner: str | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
+    messages: tuple[dict[str, str], ...] | None = None,
 ) -> list[Submitted]:
     """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.
 
@@ -305,8 +319,11 @@ async def submit_choices(
     """
     settings = state.settings
     _check_choices(state, params, len(prompts))
+    declared = await state.catalog.declaration(params.model)
     counts = [
-        _prompt_tokens(state, p, prompt_param if len(prompts) == 1 else f"{prompt_param}[{i}]")
+        _prompt_tokens(
+            state, p, prompt_param if len(prompts) == 1 else f"{prompt_param}[{i}]", declared
+        )
         for i, p in enumerate(prompts)
     ]
     common = await _validate(state, params, max_tokens, max_tokens_param, extras)
@@ -318,7 +335,7 @@ async def submit_choices(
         for k in range(n):
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
-            call, sub = _plan(state, params, choice, common, now, owner, attach)
+            call, sub = _plan(state, params, choice, common, now, owner, attach, messages)
             calls.append(call)
             subs.append(sub)
     await _admit(state, calls, params.model, [sub.id for sub in subs])
@@ -379,8 +396,9 @@ async def submit_embedding(
             param="dimensions",
             code="invalid_value",
         )
+    declared = await state.catalog.declaration(body.model)
     tokens = sum(
-        _prompt_tokens(state, t, "input" if len(texts) == 1 else f"input[{i}]")
+        _prompt_tokens(state, t, "input" if len(texts) == 1 else f"input[{i}]", declared)
         for i, t in enumerate(texts)
     )
     priority = body.priority or 0

@@ -180,6 +180,24 @@ class Stack(_Processes):
             *self.workers,
         )
 
+    def add_worker(self, worker_env: Mapping[str, str]) -> None:
+        """One more worker with its own settings (``scale`` gives every worker the same:
+        a worker driving its own inference server needs its own upstream URL)."""
+        self._started += 1
+        child = BenchProcess(
+            f"worker-{self._started}", ["cli", "worker"], self._env(worker_env), self.log_dir
+        )
+        self.workers.append(child)
+        count = len(self.workers)
+        assert self.api is not None
+        wait_for(
+            lambda: live_workers(self.url) == count,
+            READY_TIMEOUT,
+            f"{count} live workers",
+            self.api,
+            *self.workers,
+        )
+
     def pids(self) -> dict[str, int]:
         """Process ids by role, for CPU accounting."""
         out = {c.name: c.pid for c in self.workers}

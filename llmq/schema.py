@@ -108,6 +108,10 @@ class JobPayload(_Frozen):
             return [("embeddings", "input")]
         return self.params.required_capabilities()
 
+    #: A chat request's messages (``role``, ``content``), for a backend that applies the
+    #: model's own chat template; ``prompt`` is their plain rendering. None: a completion.
+    messages: tuple[dict[str, str], ...] | None = None
+
 
 class PromptTokensDetails(_Frozen):
     """OpenAI's breakdown of the prompt (vLLM returns it too)."""
@@ -380,6 +384,13 @@ class WorkerInfo(BaseModel):
     kv_cache_usage: float | None = None
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    #: The tokenizer the API counts this model's prompts with (:mod:`llmq.model.tokenizer`)
+    #: and its context length in tokens; None: the mock's whitespace, no length.
+    tokenizer: str | None = None
+    context_length: int | None = None
+    #: False while the worker's model (an upstream server) does not answer: the worker
+    #: stays registered but claims nothing.
+    ready: bool = True
 
 
 class ScaleState(_Frozen):

@@ -278,6 +278,61 @@ class WorkerSettings(CommonSettings):
         description="Time the model takes to load: the worker registers and claims only "
         "after it (what an autoscaler must plan for).",
     )
+    # The model behind the worker (worker/backends/): the mock, or an OpenAI-compatible
+    # inference server beside it (vLLM, SGLang, TGI, llama.cpp, Ollama).
+    backend: Literal["mock", "openai"] = Field(
+        "mock", description="The model: the mock, or an OpenAI-compatible upstream server."
+    )
+    upstream_url: str = Field(
+        "",
+        description="Base URL of the upstream inference server (backend openai), without "
+        "/v1, e.g. http://127.0.0.1:8080.",
+    )
+    upstream_api_key: str = Field("", description="Bearer key the upstream wants; empty: none.")
+    upstream_model: str = Field(
+        "", description="Model name sent to the upstream; empty: the worker's LLMQ_MODEL."
+    )
+    upstream_slots: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="Sequences the upstream runs at once, the worker's concurrency cap; "
+        "0: the upstream's own count (llama.cpp /props total_slots), else LLMQ_CONCURRENCY.",
+    )
+    upstream_engine: Literal["generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = Field(
+        "generic",
+        description="The upstream's kind, for what plain OpenAI does not say: its tokenize "
+        "and context-length endpoints, how it continues a chat's last message.",
+    )
+    upstream_api: Literal["completions", "chat"] = Field(
+        "completions",
+        description="How chat requests reach the upstream: its /v1/completions with llmq's "
+        "plain rendering of the messages, or its /v1/chat/completions with the messages "
+        "themselves (the model's chat template).",
+    )
+    upstream_capabilities: str = Field(
+        "",
+        description="Comma-separated capabilities the upstream honours (logprobs, "
+        "json_object, json_schema, tools, ignore_eos, min_tokens); passed through to it.",
+    )
+    upstream_context_length: int = Field(
+        0,
+        ge=0,
+        description="The upstream's context length in tokens; 0: ask it (vLLM max_model_len, "
+        "llama.cpp n_ctx per slot), else LLMQ_MAX_PROMPT_TOKENS.",
+    )
+    upstream_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait for the upstream's next byte (connect, first token, any "
+        "token) before the attempt counts as failed and is retried elsewhere.",
+    )
+    upstream_probe_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="How often the worker checks that its upstream answers; one that does "
+        "not stops the worker claiming and hands its running requests back.",
+    )
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeat(self) -> WorkerSettings:

@@ -107,9 +107,20 @@ class HttpTarget:
 
     async def send(self, spec: RequestSpec, clock: StreamClock) -> None:
         body = request_body(self._config, spec)
+        clock.sent()
+        for _ in range(STALE_RETRIES):
+            try:
+                await self._send(body, clock)
+                return
+            except _Stale:
+                continue  # the pool handed out a connection the server had closed
+        await self._send(body, clock, retry_stale=False)
+
+    async def _send(
+        self, body: dict[str, Any], clock: StreamClock, retry_stale: bool = True
+    ) -> None:
         started = False  # a 200 status line arrived: a lost connection is a drop
         try:
-            clock.sent()
             async with self.session.post(self._url, json=body) as response:
                 if response.status != 200:
                     text = (await response.read()).decode("utf-8", "replace")
@@ -121,8 +132,29 @@ class HttpTarget:
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
             raise RequestFailed("timeout", f"{type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientError as exc:
+            if retry_stale and not started and _unsent(exc):
+                raise _Stale from exc
             kind: FailureKind = "dropped" if started else "connection"
             raise RequestFailed(kind, f"{type(exc).__name__}: {exc}") from exc
+
+
+#: Sends of one request on connections found closed, before it fails as "connection".
+STALE_RETRIES = 3
+
+
+class _Stale(Exception):
+    """The request was not written: its pooled connection was closed by the server."""
+
+
+def _unsent(exc: aiohttp.ClientError) -> bool:
+    """The request met a kept-alive connection the server had closed without saying so
+    (llama.cpp's server closes one after each streamed response): aiohttp could not
+    write it, or the server hung up before any status line. Sent again on another
+    connection (a server that really hangs up on every try still fails the request);
+    the time it cost stays in the request's TTFT."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and "Can not write request body" in str(exc)
 
 
 async def _consume(response: aiohttp.ClientResponse, clock: StreamClock) -> None:

@@ -647,6 +647,42 @@ MUTANTS: tuple[Mutant, ...] = (
         "if False:",
         ("tests/test_resume_after_end.py",),
     ),
+    Mutant(
+        "upstream-resume",
+        "a re-run on an inference server continues the published text, not the prompt",
+        "worker/backends/openai.py",
+        'prompt = request.prompt + "".join(request.generated)',
+        "prompt = request.prompt",
+        (
+            "tests/test_upstream.py::test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken",
+        ),
+    ),
+    Mutant(
+        "upstream-hand-back",
+        "a worker whose inference server stops answering hands its requests back",
+        "worker/backends/watch.py",
+        "self.worker.runner.hand_back(request_id)",
+        "pass",
+        ("tests/test_upstream.py::test_a_hung_server_hands_its_request_to_the_other_worker",),
+    ),
+    Mutant(
+        "upstream-unready",
+        "/v1/workers and /readyz show a worker whose inference server is down",
+        "worker/main.py",
+        "ready=watch is None or watch.ready,",
+        "ready=True,",
+        (
+            "tests/test_upstream.py::test_a_killed_server_hands_its_request_to_the_other_workers_server",
+        ),
+    ),
+    Mutant(
+        "declared-tokenizer",
+        "the API counts a prompt with the tokenizer its workers declare",
+        "api/submit.py",
+        "prompt_tokens = declared.tokenizer.count(prompt)",
+        "prompt_tokens = len(prompt.split())",
+        ("tests/test_declaration.py",),
+    ),
 )
 
 

@@ -10,7 +10,7 @@ from llmq.model.interface import GenerationRequest
 from llmq.settings import WorkerSettings
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
-from worker.main import mock_model
+from worker.backends import mock_model
 
 HI = [{"role": "user", "content": "hi"}]
 

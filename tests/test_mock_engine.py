@@ -13,8 +13,8 @@ from llmq.model.interface import CacheReporting, GenerationRequest, KVCacheUsage
 from llmq.model.tokenizer import WHITESPACE
 from llmq.settings import WorkerSettings
 from tests.support.waiting import wait_until
+from worker.backends import mock_model
 from worker.engine.profiles import PROFILES
-from worker.main import mock_model
 from worker.mock import MockModel
 
 

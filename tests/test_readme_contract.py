@@ -190,7 +190,16 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "kv_cache_usage",
         "prefix_cache_queries",
         "prefix_cache_hits",
+        "tokenizer",
+        "context_length",
+        "ready",
     }
+    # the model's declaration (docs/backends.md): the mock counts whitespace words
+    assert (worker["tokenizer"], worker["context_length"], worker["ready"]) == (
+        "whitespace",
+        None,
+        True,
+    )
     assert worker["model"] == "mock" and worker["concurrency"] == 8
     assert worker["running"] == 1
     assert worker["started_at"] <= worker["heartbeat_at"] <= time.time()

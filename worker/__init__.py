@@ -7,7 +7,9 @@ in the order a worker's life and a request's run go:
 
 1. **Start-up and registration** (``main.py``): :func:`~worker.main.serve` owns
    every resource and task it starts: the Redis pool (on a Redis Cluster, to the
-   node of the model's slot), the model (``mock.py``: the mock, timing without a
+   node of the model's slot), the model (``backends/``: the factory that
+   ``LLMQ_BACKEND`` picks from, and the adapter to an OpenAI-compatible inference
+   server with its health watch; ``mock.py``: the mock, timing without a
    GPU, running on a small engine model, ``engine/``: continuous batching and a KV
    prefix cache; ``structured.py``: its schema-valid JSON, tool arguments and
    log-probabilities; ``embedding.py``: its deterministic embedding vectors), the

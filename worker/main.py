@@ -16,14 +16,19 @@ import secrets
 import signal
 import socket
 import time
-from typing import Any, NoReturn, cast
+from typing import NoReturn, cast
 
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from llmq import metrics, registry
 from llmq.connection import connect_cluster, is_cluster, make_pool, slot_pool
-from llmq.model.interface import Embedder, KVCacheUsage, Model, capabilities_of
+from llmq.model.interface import (
+    KVCacheUsage,
+    Model,
+    context_length_of,
+    tokenizer_of,
+)
 from llmq.outage import Outage
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
@@ -31,10 +36,10 @@ from llmq.protocol.sweep import sweep_forever
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.tasks import cancel_and_wait, run_periodically
+from worker import backends
+from worker.backends.openai import OpenAIUpstream
+from worker.backends.watch import UpstreamWatch
 from worker.claimed import ClaimingRedis
-from worker.embedding import HashEmbedder
-from worker.engine.profiles import DEFAULT, PROFILES
-from worker.mock import MockModel
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
 from worker.runner import RequestRunner
@@ -44,38 +49,6 @@ log = logging.getLogger(__name__)
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def mock_model(settings: WorkerSettings) -> MockModel:
-    """The mock with its profile's figures; the default profile's speeds are the
-    settings', and any speed setting given explicitly overrides a named profile's."""
-    profile = PROFILES.get(settings.model_profile)
-    if profile is None:
-        known = ", ".join(PROFILES)
-        raise ValueError(f"unknown model_profile {settings.model_profile!r} (known: {known})")
-    given = settings.model_fields_set
-    figures: dict[str, Any] = {
-        "stop_probability": settings.mock_stop_probability(),
-        "block_size": settings.model_kv_block_size,
-    }
-    if profile is DEFAULT or "model_tokens_per_second" in given:
-        figures["tokens_per_second"] = settings.model_tokens_per_second
-    if profile is DEFAULT or "model_prefill_seconds_per_token" in given:
-        figures["prefill_seconds_per_token"] = settings.model_prefill_seconds_per_token
-    if settings.model_kv_blocks:
-        figures["kv_blocks"] = settings.model_kv_blocks
-    if settings.model_step_token_budget:
-        figures["step_token_budget"] = settings.model_step_token_budget
-    return MockModel.from_profile(profile, **figures)
-
-
-def embedder_for(model: Model, settings: WorkerSettings) -> Embedder | None:
-    """What embeds for ``model``: its own embedder, else the mock's for the mock."""
-    if isinstance(model, Embedder):
-        return model
-    if isinstance(model, MockModel) and "embeddings" in capabilities_of(model):
-        return HashEmbedder(dimensions=settings.model_embedding_dimensions)
-    return None
 
 
 #: How long one read of the pub/sub connection waits: an idle listener loops on
@@ -140,13 +113,19 @@ def _kv_usage(model: Model) -> float | None:
 
 
 async def _heartbeat(
-    redis: Redis, settings: WorkerSettings, worker: QueueWorker, worker_id: str
+    redis: Redis,
+    settings: WorkerSettings,
+    worker: QueueWorker,
+    worker_id: str,
+    watch: UpstreamWatch | None = None,
 ) -> NoReturn:
     """Registry entry and request leases, renewed together every heartbeat.
 
     The renewal brings news: a request this worker lost (its lease was reaped) is
     stopped without writing; a cancelled one is cancelled, even if this worker
-    missed the cancel message.
+    missed the cancel message. The entry declares the model (capabilities, the
+    tokenizer the API counts with, the context length) and whether its upstream
+    answers (``watch``).
     """
     runner = worker.runner
     lease_ms = int(settings.lease_seconds * 1000)
@@ -158,7 +137,7 @@ async def _heartbeat(
             host=socket.gethostname(),
             pid=os.getpid(),
             model=settings.model,
-            concurrency=settings.concurrency,
+            concurrency=worker.max_jobs,
             running=len(runner.running),
             started_at=started_at,
             heartbeat_at=time.time(),
@@ -166,6 +145,9 @@ async def _heartbeat(
             kv_cache_usage=_kv_usage(runner.model),
             prefix_cache_queries=runner.cache_queries,
             prefix_cache_hits=runner.cache_hits,
+            tokenizer=tokenizer_of(runner.model),
+            context_length=context_length_of(runner.model),
+            ready=watch is None or watch.ready,
         )
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
@@ -189,7 +171,16 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     if not await _load(settings, stop):
         return
+    model = model or backends.build_model(settings)
+    try:
+        if await backends.connect(model, stop):
+            await _serve(settings, stop, model)
+    finally:
+        await backends.close(model)
 
+
+async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) -> None:
+    """The worker's resources and tasks around ``model`` (connected), until ``stop``."""
     worker_id = new_worker_id()
     # On a Redis Cluster the arq pool and the pub/sub listener talk to the node that
     # owns the model's slot (where the enqueue script publishes hand-offs), while
@@ -215,12 +206,11 @@ async def serve(
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     recorder = metrics.Recorder()
-    served = model or mock_model(settings)
     runner = RequestRunner(
         worker_id,
-        served,
+        model,
         publisher,
-        embedder=embedder_for(served, settings),
+        embedder=backends.embedder_for(model, settings),
         metrics=recorder,
         model_name=settings.model,
         max_tries=settings.max_tries,
@@ -241,26 +231,35 @@ async def serve(
         queue=queue,
         token_budget=settings.worker_token_budget,
         max_tries=settings.max_tries,
-        max_jobs=settings.concurrency,
+        max_jobs=backends.concurrency(model, settings),
         poll_seconds=settings.poll_seconds,
         job_timeout=settings.job_timeout_seconds,
         lease_seconds=settings.lease_seconds,
     )
+    watch = None
+    if isinstance(model, OpenAIUpstream):
+        watch = UpstreamWatch(
+            model, worker, queue, interval=settings.upstream_probe_seconds, stop=stop
+        )
     publisher.start()
     tasks = [
-        asyncio.create_task(_heartbeat(store, settings, worker, worker_id), name="heartbeat"),
+        asyncio.create_task(
+            _heartbeat(store, settings, worker, worker_id, watch), name="heartbeat"
+        ),
         asyncio.create_task(_listen(redis, settings.model, worker), name="pubsub"),
         asyncio.create_task(
             sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
         ),
         asyncio.create_task(metrics.flush_forever(recorder, store), name="metrics-flush"),
     ]
+    if watch is not None:
+        tasks.append(asyncio.create_task(watch.run(), name="upstream-watch"))
     main = asyncio.create_task(worker.main(), name="claim-loop")
     log.info(
         "worker %s serving model %r, concurrency %d",
         worker_id,
         settings.model,
-        settings.concurrency,
+        worker.max_jobs,
     )
     stopping = asyncio.create_task(stop.wait(), name="stop")
     try:

@@ -13,7 +13,9 @@ events that change its status:
   fits inside the limit. Should arq's timeout fire all the same (a slow write on a
   loaded machine), the run is left *unfinished* and :meth:`RequestRunner.end_unfinished`
   ends it as the attempt that ran it, once arq is done with it;
-- ``error`` with ``model_error`` when the model raised.
+- ``error`` with ``model_error`` when the model raised (after ``max_tries`` runs), or
+  with the model's own code and message when it refused the request
+  (:class:`~llmq.model.interface.Refused`: not retried).
 
 When the worker itself is stopping, the cancellation is not a client's: it
 propagates, and arq hands the request back to the queue.
@@ -54,6 +56,7 @@ from llmq.model.interface import (
     Embedder,
     GenerationRequest,
     Model,
+    Refused,
     Report,
     SteppedModel,
     Token,
@@ -168,6 +171,8 @@ class RequestRunner:
     #: Prompt tokens this worker's backend looked up in its prefix cache, and found.
     cache_queries: int = 0
     cache_hits: int = 0
+    #: Running requests stopped to go back to the queue (see :meth:`hand_back`).
+    _handing_back: set[str] = field(default_factory=set)
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
@@ -181,6 +186,15 @@ class RequestRunner:
             return False
         task.cancel()
         return True
+
+    def hand_back(self, request_id: str) -> None:
+        """Stop a running request and return it to the queue: this worker's model cannot
+        run it now (its inference server stopped answering). The next attempt, on
+        another worker, resumes after the tokens published so far."""
+        task = self._generations.get(request_id)
+        if task is not None and request_id not in self.fenced:
+            self._handing_back.add(request_id)
+            task.cancel()
 
     def fence(self, request_id: str) -> None:
         """This worker lost a running request: stop it, and write nothing more for it."""
@@ -400,7 +414,15 @@ class RequestRunner:
                 raise  # the worker is stopping: let arq hand the request back
             if rid in self.fenced:
                 return
+            if rid in self._handing_back:
+                self._handing_back.discard(rid)
+                await self._settle(rid)
+                raise Retry() from None  # arq hands it back to the queue
             finish = "cancelled"
+        except Refused as exc:
+            # The request's own fault (an upstream's 4xx): it would fail alike anywhere.
+            await self._finish_error(payload, progress, exc.code, exc.message, "error")
+            return
         except Exception as exc:
             log.exception(
                 "model failed on request %s (attempt %d of %d)",
@@ -457,6 +479,7 @@ class RequestRunner:
             tools=params.tools,
             tool_choice=params.tool_choice,
             after_tool_result=params.after_tool_result,
+            messages=payload.messages or (),
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
         token = self.publisher.token

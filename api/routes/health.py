@@ -24,8 +24,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None, responses=error_responses(503))
 async def readyz(state: State) -> dict[str, Any] | JSONResponse:
-    """Ready: Redis answers and at least one worker is alive, or an autoscaler serves a
-    model (scaled to zero, its first request starts a worker)."""
+    """Ready: Redis answers and at least one worker is alive with a model that answers
+    (``ready``; a worker whose upstream is down stays listed, not ready), or an
+    autoscaler serves a model (scaled to zero, its first request starts a worker)."""
     try:
         await state.redis.ping()
         workers = await state.catalog.workers()
@@ -38,7 +39,13 @@ async def readyz(state: State) -> dict[str, Any] | JSONResponse:
         return {"status": "ready", "workers": 0, "autoscaled": scaled}
     if not workers:
         return error_response(503, "no live worker", "service_unavailable", code="no_workers")
-    return {"status": "ready", "workers": len(workers)}
+    ready = [w for w in workers if w.ready]
+    if not ready:
+        # alive, but none of their models (inference servers) answers
+        return error_response(
+            503, "no worker's model answers", "service_unavailable", code="no_ready_workers"
+        )
+    return {"status": "ready", "workers": len(ready), "unready": len(workers) - len(ready)}
 
 
 @router.get("/v1/workers", responses=error_responses(401))

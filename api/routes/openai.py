@@ -311,6 +311,7 @@ async def chat_completions(
         owner=owner,
         attach=True,
         extras=chat_extras(body),
+        messages=body.message_dicts(),
     )
     fmt = ChatFormat(subs, body.include_usage, logprobs=bool(body.logprobs))
     return await _respond(request, state, fmt, body.streaming, arrived)

@@ -17,6 +17,7 @@ from bench.scenarios import (
     recovery,
     redis_faults,
     scaling,
+    upstream,
 )
 
 SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
@@ -36,4 +37,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
 ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "multihost-failovers": multihost.run_failovers,
     "cluster": cluster.run,
+    "upstream": upstream.run,
 }

@@ -59,6 +59,28 @@ def capabilities_of(model: object) -> tuple[str, ...]:
     return tuple(sorted(c for c in declared if c in CAPABILITIES))
 
 
+def tokenizer_of(model: object) -> str:
+    """The tokenizer ``model`` declares (:data:`llmq.model.tokenizer.TOKENIZERS`): the
+    API counts and cuts prompts with it. The mock's whitespace words by default."""
+    return str(getattr(model, "tokenizer", "whitespace"))
+
+
+def context_length_of(model: object) -> int | None:
+    """The longest prompt + output ``model`` takes, in its tokens (None: it does not say)."""
+    length = getattr(model, "context_length", None)
+    return int(length) if length else None
+
+
+class Refused(Exception):
+    """The backend refuses the request itself (its input, not the backend, is at fault:
+    an inference server's 4xx). The request ends with this error; a re-run would fail
+    alike, so it is not retried. ``code`` and ``param`` as in OpenAI's error shape."""
+
+    def __init__(self, message: str, *, code: str = "invalid_request", param: str | None = None):
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
+
+
 class Token(str):
     """A generated token that carries its log-probability (when the request asked).
 
@@ -147,6 +169,10 @@ class GenerationRequest:
     #: The chat's last message is a tool's result: with ``tool_choice`` "auto" a model
     #: mostly answers it in text, which is what ends an agent's loop.
     after_tool_result: bool = False
+    #: A chat request's messages (``role``, ``content``); empty for a completion. A
+    #: backend with its own chat template (an inference server's chat API) uses them
+    #: instead of ``prompt``, their plain rendering.
+    messages: tuple[dict[str, str], ...] = field(default=())
 
 
 class Model(Protocol):

@@ -1,0 +1,219 @@
+"""A real inference server behind llmq: llama.cpp's ``llama-server`` direct vs through llmq.
+
+Same client (the load generator), same server binary and tiny model
+(:mod:`rigs.llama`), one run: the server alone; one llmq worker in front of one
+server; two workers, each with its own server. Two loads per system: one stream
+at a time (what the pipeline adds to TTFT and ITL when nothing queues) and a
+closed loop of twice the slots (throughput at saturation, and CPU per token of
+every process: llmq's beside the server's).
+
+The server decodes a token in well under a millisecond here, so llmq's own
+costs are not hidden behind a slow model: this is the harshest ratio a real
+(slower) model would show.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import traffic
+from bench.procs import Stack
+from bench.report import fmt, table, target_line
+from bench.scenario import Context, ScenarioResult, Target
+from bench.stats import median_of
+from bench.sysinfo import CpuMeter
+from cli.supervisor import LoggedProcess
+from llmq.embedded import free_port
+from loadgen import LoadConfig
+from rigs.llama import llama_server_argv, wait_ready, write_tiny_gguf
+
+MODEL = "tiny"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    slots: int = 4
+    prompt_tokens: int = 32
+    output_tokens: int = 64
+    light_s: float = 8.0
+    saturated_s: float = 8.0
+
+
+QUICK = Sizes(light_s=2.0, saturated_s=2.0)
+TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
+
+
+@contextmanager
+def _servers(count: int, model: Path, s: Sizes, log_dir: Path) -> Iterator[list[LoggedProcess]]:
+    started: list[LoggedProcess] = []
+    try:
+        for i in range(count):
+            port = free_port()
+            argv = llama_server_argv(model, port, slots=s.slots, context=s.slots * 1024)
+            server = LoggedProcess(argv, {}, log_dir / f"llama-{i + 1}.log", name=f"llama-{port}")
+            started.append(server)
+            wait_ready(f"http://127.0.0.1:{port}", server.popen)
+        yield started
+    finally:
+        for server in started:
+            server.stop(10)
+
+
+def _url(server: LoggedProcess) -> str:
+    return f"http://127.0.0.1:{server.name.rsplit('-', 1)[1]}"
+
+
+def _once(
+    url: str, pids: dict[str, int], redis_url: str | None, s: Sizes, users: int, seconds: float
+) -> dict[str, Any]:
+    config = LoadConfig(
+        base_url=url,
+        model=MODEL,
+        concurrency=users,
+        duration=seconds,
+        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
+        output_tokens=(s.output_tokens, s.output_tokens),
+        seed=users,
+        timeout=120.0,
+    )
+    meter = CpuMeter({**pids, "loadgen": os.getpid()}, redis_url).start()
+    result = traffic.run(config)
+    cpu = meter.stop()
+    out = traffic.figures(result)
+    tokens = out["total_output_tokens"] or 0
+    cpu["llama"] = sum(v for k, v in cpu.items() if k.startswith("llama"))  # every server
+    roles = ("llama", "api", "workers", "redis", "loadgen")
+    out["cpu_ms_per_token"] = {
+        r: cpu[r] * 1000.0 / tokens if tokens else None for r in roles if r in cpu
+    }
+    out["cpus_others"] = cpu["cpus_others"]
+    out["errors"] = traffic.first_errors(result)
+    return out
+
+
+def _system(
+    ctx: Context, name: str, servers: list[LoggedProcess], stack: Stack | None, s: Sizes
+) -> dict[str, Any]:
+    repeats = 1 if ctx.quick else ctx.repeats
+    pids = {"llama" if i == 0 else f"llama-{i}": p.pid for i, p in enumerate(servers)}
+    redis_url = None
+    url = _url(servers[0])
+    if stack is not None:
+        pids.update(stack.pids())
+        redis_url, url = stack.redis.url, stack.url
+    light, saturated = [], []
+    for i in range(repeats):
+        ctx.say(f"  {name}: one stream, run {i + 1}/{repeats}")
+        light.append(_once(url, pids, redis_url, s, 1, s.light_s))
+        ctx.say(f"  {name}: {2 * s.slots * len(servers)} streams, run {i + 1}/{repeats}")
+        saturated.append(_once(url, pids, redis_url, s, 2 * s.slots * len(servers), s.saturated_s))
+    keys = ("ttft_ms_median", "ttft_ms_p99", "itl_ms_median", "itl_ms_p99", "e2el_ms_median")
+    out: dict[str, Any] = {k: median_of(light, k) for k in keys}
+    out["output_throughput"] = median_of(saturated, "output_throughput")
+    out["saturated_ttft_ms_median"] = median_of(saturated, "ttft_ms_median")
+    roles = {r for run in saturated for r in run["cpu_ms_per_token"]}
+    out["cpu_ms_per_token"] = {
+        r: median_of([run["cpu_ms_per_token"] for run in saturated], r) for r in sorted(roles)
+    }
+    out["failed"] = sum((run["failed"] or 0) for run in light + saturated)
+    out["runs"] = {"light": light, "saturated": saturated}
+    return out
+
+
+def _llmq_env(server: LoggedProcess) -> dict[str, str]:
+    return {
+        "LLMQ_MODEL": MODEL,
+        "LLMQ_BACKEND": "openai",
+        "LLMQ_UPSTREAM_URL": _url(server),
+        "LLMQ_UPSTREAM_ENGINE": "llamacpp",
+    }
+
+
+def run(ctx: Context) -> ScenarioResult:
+    s = QUICK if ctx.quick else Sizes()
+    model = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="llmq-gguf-")) / "tiny.gguf")
+    results: dict[str, dict[str, Any]] = {}
+    with _servers(2, model, s, ctx.log_dir) as servers:
+        results["direct"] = _system(ctx, "direct", servers[:1], None, s)
+        with Stack(ctx.log_dir) as stack:
+            stack.scale(1, _llmq_env(servers[0]))
+            results["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", servers[:1], stack, s)
+            stack.add_worker(_llmq_env(servers[1]))  # its own server
+            results["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", servers, stack, s)
+    return _report(s, 1 if ctx.quick else ctx.repeats, results)
+
+
+def _report(s: Sizes, repeats: int, r: dict[str, dict[str, Any]]) -> ScenarioResult:
+    direct, ours, two = r["direct"], r["llmq"], r["llmq-2"]
+    targets = []
+    d_ttft, o_ttft = direct["ttft_ms_median"], ours["ttft_ms_median"]
+    if d_ttft is not None and o_ttft is not None:
+        bound = max(d_ttft * TTFT_RATIO, d_ttft + TTFT_SLACK_MS)
+        targets.append(
+            Target(
+                f"median TTFT through llmq <= {TTFT_RATIO}x direct or +{TTFT_SLACK_MS:g} ms",
+                o_ttft <= bound,
+                f"llmq {fmt(o_ttft)} ms, direct {fmt(d_ttft)} ms, bound {fmt(bound)} ms",
+            )
+        )
+    d_itl, o_itl = direct["itl_ms_p99"], ours["itl_ms_p99"]
+    if d_itl is not None and o_itl is not None:
+        targets.append(
+            Target(
+                f"ITL p99 through llmq <= direct + {ITL_SLACK_MS:g} ms",
+                o_itl <= d_itl + ITL_SLACK_MS,
+                f"llmq {fmt(o_itl)} ms, direct {fmt(d_itl)} ms",
+            )
+        )
+    d_tput, o_tput = direct["output_throughput"], ours["output_throughput"]
+    if d_tput and o_tput is not None:
+        targets.append(
+            Target(
+                f"throughput at saturation >= {THROUGHPUT_SHARE:.0%} of direct",
+                o_tput >= THROUGHPUT_SHARE * d_tput,
+                f"llmq {fmt(o_tput)} tok/s, direct {fmt(d_tput)} tok/s "
+                f"({fmt(o_tput / d_tput * 100)} %)",
+            )
+        )
+    labels = {
+        "ttft_ms_median": "TTFT median, one stream (ms)",
+        "ttft_ms_p99": "TTFT p99, one stream (ms)",
+        "itl_ms_median": "ITL median, one stream (ms)",
+        "itl_ms_p99": "ITL p99, one stream (ms)",
+        "e2el_ms_median": "E2E median, one stream (ms)",
+        "output_throughput": "throughput at saturation (tok/s)",
+        "saturated_ttft_ms_median": "TTFT median at saturation (ms)",
+    }
+    rows = [[label, fmt(direct[k]), fmt(ours[k]), fmt(two[k])] for k, label in labels.items()]
+    roles = sorted({role for x in r.values() for role in x["cpu_ms_per_token"]})
+    rows += [
+        [f"CPU ms/token at saturation: {role}"]
+        + [fmt(x["cpu_ms_per_token"].get(role), 3) for x in (direct, ours, two)]
+        for role in roles
+    ]
+    md = "\n\n".join(
+        [
+            f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread) direct "
+            f"and through llmq; prompt {s.prompt_tokens} words, {s.output_tokens} output "
+            f"tokens; one stream for {s.light_s:g} s, then {2 * s.slots} streams per server "
+            f"for {s.saturated_s:g} s; medians of {repeats} runs. Failed requests: "
+            + ", ".join(f"{k} {v['failed']}" for k, v in r.items())
+            + ".",
+            table(["figure", "direct", "llmq 1+1", "llmq 2+2"], rows),
+            *(target_line(t.description, t.met, t.detail) for t in targets),
+        ]
+    )
+    data = {"settings": asdict(s), "systems": r}
+    return ScenarioResult(
+        "upstream",
+        "A real inference server: llama-server direct vs through llmq",
+        data,
+        md,
+        targets,
+    )

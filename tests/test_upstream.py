@@ -1,0 +1,428 @@
+"""Workers in front of a real inference server: llama.cpp's ``llama-server`` on a tiny
+random model (:mod:`rigs.llama`), end to end through llmq with the openai SDK.
+
+The server is not ours: tokens, usage and finish reasons come from it, a cancel
+must free its slot, a re-run must continue its sequence. Without the server
+binary these tests fail, they do not skip (``scripts/llama-server.sh`` builds it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from redis.asyncio import Redis
+
+from llmq.protocol import keys
+from loadgen import LoadConfig, run_load
+from rigs.llama import TinyModel, write_tiny_gguf
+from tests.support.llama import MODEL, LlamaServer
+from tests.support.native import record, wait_status
+from tests.support.servers import RunningApi, SpawnWorkers, StartApi
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+StartLlama = Callable[..., Awaitable[LlamaServer]]
+
+
+#: Bigger than the benchmark's model: a token takes a millisecond or more, so that a
+#: test can act on a sequence mid-stream (a kill, a cancel) while the server generates.
+SHAPE = TinyModel(n_embd=256, n_ff=1024, n_layer=6)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", SHAPE)
+
+
+@pytest.fixture
+async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
+    servers: list[LlamaServer] = []
+
+    async def start(**kwargs: Any) -> LlamaServer:
+        server = LlamaServer(tiny_gguf, **kwargs)
+        servers.append(server)
+        return await server.start()
+
+    yield start
+    await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
+
+
+async def ready_workers(api: RunningApi, count: int) -> None:
+    """Until ``count`` workers are registered and ready (each has connected to its server)."""
+
+    async def up() -> bool:
+        async with api.client() as client:
+            return sum(bool(w["ready"]) for w in await _workers(client)) == count
+
+    await wait_until(up, timeout=30, what=f"{count} ready workers")
+
+
+def sdk(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+async def direct(url: str, prompt: str, max_tokens: int) -> str:
+    """The text the server itself streams for ``prompt`` at temperature 0."""
+    async with sdk(url) as client:
+        text, _, _ = await streamed(client, prompt, max_tokens)
+    return text
+
+
+async def streamed(
+    client: openai.AsyncOpenAI, prompt: str, max_tokens: int, **more: Any
+) -> tuple[str, str | None, Any]:
+    """Text, finish reason and usage of one streamed completion at temperature 0."""
+    stream = await client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        **more,
+    )
+    text, finish, usage = "", None, None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text += choice.text or ""
+            finish = choice.finish_reason or finish
+    return text, finish, usage
+
+
+async def test_tokens_through_llmq_equal_the_server_directly(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    server = await start_llama(slots=2)
+    await spawn_workers(1, **server.worker_settings())
+    api = await start_api()
+    await ready_workers(api, 1)
+    direct, through = sdk(server.url), sdk(api.url)
+    for prompt in ("hello world", "the quick brown fox jumps"):
+        want = await streamed(direct, prompt, 80)
+        got = await streamed(through, prompt, 80)
+        assert got[0] == want[0] and len(got[0]) == 80
+        assert got[1] == want[1] == "length"
+        assert got[2].completion_tokens == 80
+        assert got[2].prompt_tokens == want[2].prompt_tokens  # the server's count
+    async with api.client() as client:
+        (entry,) = (await client.get("/v1/workers")).json()["data"]
+    # the worker's cap is the server's slots; the API counts with the declared tokenizer
+    assert entry["concurrency"] == 2 and entry["tokenizer"] == "chars"
+    assert entry["context_length"] == 2048 and entry["ready"] is True
+    await direct.close()
+    await through.close()
+
+
+async def test_a_cancel_frees_the_servers_slot(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    server = await start_llama(slots=1, context=8192)
+    await spawn_workers(1, **server.worker_settings())
+    api = await start_api()
+    await ready_workers(api, 1)
+    max_tokens = 4000
+    async with api.client() as client:
+        body = {"model": MODEL, "prompt": "go on", "max_tokens": max_tokens, "temperature": 0}
+        rid = (await client.post("/v1/requests", json=body)).json()["id"]
+        await wait_until(lambda: _busy(server), timeout=30, what="the server's slot to be busy")
+        assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
+        await wait_until(lambda: _idle(server), timeout=30, what="the server's slot to be released")
+        done = await wait_status(client, rid, "cancelled")
+    # the server stopped generating when llmq closed the stream, long before max_tokens
+    assert await server.predicted() < max_tokens / 2
+    assert int(done["completion_tokens"]) < max_tokens / 2
+
+
+async def _idle(server: LlamaServer) -> bool:
+    return await server.busy() == 0
+
+
+async def _busy(server: LlamaServer) -> bool:
+    return await server.busy() > 0
+
+
+async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    procs = [(await spawn_workers(1, lease_seconds=2, **s.worker_settings()))[0] for s in servers]
+    api = await start_api()
+    await ready_workers(api, 2)
+    max_tokens = 1500
+    want = await direct(servers[0].url, "resume me", max_tokens)
+
+    killed: list[int] = []
+
+    async def kill_mid_stream() -> bool:
+        """SIGKILL the worker whose server is generating the request, mid-sequence."""
+        for server, proc in zip(servers, procs, strict=True):
+            if await server.decoded() >= 20:
+                proc.signal(signal.SIGKILL)
+                killed.append(proc.pid)
+                return True
+        return False
+
+    async with api.client() as client, sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=30, what="a worker mid-stream", interval=0.002)
+        )
+        text, finish, usage = await streamed(through, "resume me", max_tokens)
+        await killer
+        records = [await record(client, k.rsplit(":", 1)[-1]) for k in await _requests(redis)]
+    (final,) = records
+    # 2 attempts, or more where a loaded machine let a lease lapse meanwhile
+    assert f"-{killed[0]}-" not in final["worker"] and int(final["attempts"]) >= 2
+    assert text == want, "the resumed text differs from an uninterrupted run"
+    assert finish == "length" and usage.completion_tokens == max_tokens
+    assert await redis.zcard(keys.running(MODEL)) == 0
+
+
+async def _requests(redis: Redis) -> list[str]:
+    return [k async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
+
+
+async def test_a_killed_server_hands_its_request_to_the_other_workers_server(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    for server in servers:
+        await spawn_workers(1, **server.worker_settings())
+    api = await start_api()
+    await ready_workers(api, 2)
+    max_tokens = 1500
+    want = await direct(servers[1].url, "carry on", max_tokens)
+    dead: list[LlamaServer] = []
+
+    async def kill_mid_stream() -> bool:
+        """SIGKILL the server generating the request, mid-sequence: a crashed engine."""
+        for server in servers:
+            if await server.decoded() >= 20:
+                server.kill()
+                dead.append(server)
+                return True
+        return False
+
+    async with api.client() as client, sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=30, what="a server mid-stream", interval=0.002)
+        )
+        text, finish, _ = await streamed(through, "carry on", max_tokens)
+        await killer
+        assert text == want and finish == "length"
+
+        async def one_unready() -> bool:
+            # the worker of the dead server stays listed, not ready
+            return sorted(w["ready"] for w in await _workers(client)) == [False, True]
+
+        await wait_until(one_unready, timeout=30, what="the dead server's worker to be unready")
+        ready = (await client.get("/readyz")).json()
+        assert (ready["workers"], ready["unready"]) == (1, 1)
+        await dead[0].start()  # the engine comes back on its port: so does its worker
+
+        async def all_ready() -> bool:
+            return all(w["ready"] for w in await _workers(client))
+
+        await wait_until(all_ready, timeout=30, what="the worker to return with its server")
+
+
+async def _workers(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = (await client.get("/v1/workers")).json()["data"]
+    return data
+
+
+async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    server = await start_llama(slots=2)  # 2048 tokens per slot
+    await spawn_workers(1, **server.worker_settings())
+    api = await start_api()
+    await ready_workers(api, 1)
+    client = sdk(api.url)
+    # ~750 tokens by the API's estimate (chars), 3000 by the server's count: the worker
+    # counts with the server, and refuses it
+    with pytest.raises(openai.APIError) as refused:
+        await streamed(client, "a" * 3000, 10)
+    assert "context length is 2048" in str(refused.value)
+    # over the context even by the estimate: refused at admission
+    with pytest.raises(openai.BadRequestError) as admitted:
+        await client.completions.create(model=MODEL, prompt="ab " * 3000, max_tokens=10)
+    assert admitted.value.code == "context_length_exceeded"
+    text, finish, _ = await streamed(client, "a" * 1000, 10)  # fits: served
+    assert len(text) == 10 and finish == "length"
+    await client.close()
+
+
+async def test_priority_cap_and_queue_bound_as_with_the_mock(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    server = await start_llama(slots=1)
+    await spawn_workers(1, **server.worker_settings())  # cap: the server's one slot
+    api = await start_api(max_queue_depth=2)
+    await ready_workers(api, 1)
+    async with api.client() as client:
+
+        async def submit(priority: int, max_tokens: int) -> httpx.Response:
+            body = {"model": MODEL, "prompt": "wait", "max_tokens": max_tokens, "temperature": 0}
+            return await client.post("/v1/requests", json={**body, "priority": priority})
+
+        first = (await submit(0, 400)).json()["id"]
+        await wait_status(client, first, "running")
+        low = (await submit(5, 5)).json()["id"]
+        high = (await submit(-5, 5)).json()["id"]
+        full = await submit(0, 5)
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        assert int(await redis.zcard(keys.running(MODEL))) == 1  # the cap
+        started = {
+            rid: float((await wait_status(client, rid, "done", timeout=60))["started_at"])
+            for rid in (first, low, high)
+        }
+    assert started[high] < started[low], "priority did not order the queue"
+
+
+async def test_the_load_generator_reads_the_server_directly(start_llama: StartLlama) -> None:
+    """llama-server closes a kept-alive connection after each stream without saying so:
+    the load generator sends again on another connection instead of failing every other
+    request (the benchmark's direct baseline depends on it)."""
+    server = await start_llama(slots=2)
+    config = LoadConfig(
+        base_url=server.url,
+        model=MODEL,
+        num_requests=12,
+        concurrency=1,
+        prompt_tokens=(8, 8),
+        output_tokens=(4, 4),
+    )
+    result = await run_load(config)
+    summary = result.summary()
+    errors = [r.error for r in result.records if r.error]
+    assert (summary["completed"], summary["failed"]) == (12, 0), errors
+
+
+async def test_a_hung_server_hands_its_request_to_the_other_worker(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """A server that stops answering (SIGSTOP: its connections stay open) is found by the
+    health probe (within its 5 s timeout), long before the stalled stream's own timeout;
+    its worker stops claiming and hands the request back, and it resumes on the other
+    worker's server."""
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    for server in servers:
+        await spawn_workers(1, **server.worker_settings(upstream_timeout_seconds=300))
+    api = await start_api()
+    await ready_workers(api, 2)
+    max_tokens = 1500
+    want = await direct(servers[1].url, "hang on", max_tokens)
+    hung: list[LlamaServer] = []
+
+    async def hang_mid_stream() -> bool:
+        for server in servers:
+            if await server.decoded() >= 20:
+                server.pause(True)
+                hung.append(server)
+                return True
+        return False
+
+    async with api.client() as client, sdk(api.url) as through:
+        pauser = asyncio.create_task(
+            wait_until(hang_mid_stream, timeout=30, what="a server mid-stream", interval=0.002)
+        )
+        async with asyncio.timeout(60):  # the stalled stream alone would wait 300 s
+            text, finish, _ = await streamed(through, "hang on", max_tokens)
+        await pauser
+        assert text == want and finish == "length"
+
+        async def one_unready() -> bool:
+            return sorted(w["ready"] for w in await _workers(client)) == [False, True]
+
+        await wait_until(one_unready, timeout=30, what="the hung server's worker to be unready")
+        hung[0].pause(False)
+
+        async def all_ready() -> bool:
+            return all(w["ready"] for w in await _workers(client))
+
+        await wait_until(all_ready, timeout=30, what="the worker to return with its server")
+
+
+async def test_stop_sequences_and_logprobs_pass_through(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """A stop sequence ends the text where the server ends it, with its finish reason;
+    log-probabilities (declared: LLMQ_UPSTREAM_CAPABILITIES) are the server's own."""
+    server = await start_llama(slots=2)
+    await spawn_workers(1, **server.worker_settings(upstream_capabilities="logprobs"))
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        full, _, _ = await streamed(direct_client, "stop here", 60)
+        stop = full[20]  # a character the run writes: the text ends before it
+        want = await streamed(direct_client, "stop here", 60, stop=[stop])
+        got = await streamed(through, "stop here", 60, stop=[stop])
+        assert got[0] == want[0] == full[: full.index(stop)]
+        assert got[1] == want[1] == "stop"
+        reply = await through.completions.create(
+            model=MODEL, prompt="stop here", max_tokens=8, temperature=0, logprobs=2
+        )
+    (choice,) = reply.choices
+    assert choice.text == full[:8] and choice.logprobs is not None
+    assert choice.logprobs.tokens == list(full[:8])
+    top = choice.logprobs.top_logprobs or []
+    # greedy: each token is its own best alternative, with its own log-probability
+    for token, logprob, alternatives in zip(
+        choice.logprobs.tokens, choice.logprobs.token_logprobs or [], top, strict=True
+    ):
+        assert len(alternatives) == 2 and max(alternatives, key=alternatives.__getitem__) == token
+        assert alternatives[token] == pytest.approx(logprob)
+
+
+async def chat_text(client: openai.AsyncOpenAI, messages: list[Any], max_tokens: int) -> str:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
+    )
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    """With LLMQ_UPSTREAM_API=chat the server's own chat template renders the messages;
+    a re-run sends the text so far as the final assistant message, which the server
+    continues (and echoes, which the worker drops): the client's text equals an
+    uninterrupted run."""
+    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    settings = {"upstream_api": "chat", "lease_seconds": 2}
+    procs = [(await spawn_workers(1, **s.worker_settings(**settings)))[0] for s in servers]
+    api = await start_api()
+    await ready_workers(api, 2)
+    messages: list[Any] = [{"role": "user", "content": "tell me more"}]
+    max_tokens = 1500
+    async with sdk(servers[0].url) as direct_client:
+        want = await chat_text(direct_client, messages, max_tokens)
+
+    async def kill_mid_stream() -> bool:
+        for server, proc in zip(servers, procs, strict=True):
+            if await server.decoded() >= 20:
+                proc.signal(signal.SIGKILL)
+                return True
+        return False
+
+    async with sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=30, what="a worker mid-stream", interval=0.002)
+        )
+        got = await chat_text(through, messages, max_tokens)
+        await killer
+    differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    assert got == want, f"{len(got)} vs {len(want)} characters, first difference at {differ}"
+    assert len(got) == max_tokens
+    async with api.client() as client:
+        (key,) = await _requests(redis)
+        assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) >= 2

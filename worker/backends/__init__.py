@@ -1,0 +1,134 @@
+"""The model behind a worker, chosen by ``LLMQ_BACKEND`` in one factory.
+
+``mock`` is the mock model (:mod:`worker.mock`); ``openai`` an OpenAI-compatible
+inference server beside the worker (``openai.py``), its engine's extras in
+``engines.py``, its health watched by ``watch.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from llmq.model.interface import CAPABILITIES, Embedder, Model, capabilities_of
+from llmq.outage import Outage
+from llmq.settings import WorkerSettings
+from worker.backends.engines import ENGINES
+from worker.backends.openai import OpenAIUpstream, UpstreamDown
+from worker.embedding import HashEmbedder
+from worker.engine.profiles import DEFAULT, PROFILES
+from worker.mock import MockModel
+
+log = logging.getLogger(__name__)
+
+
+def mock_model(settings: WorkerSettings) -> MockModel:
+    """The mock with its profile's figures; the default profile's speeds are the
+    settings', and any speed setting given explicitly overrides a named profile's."""
+    profile = PROFILES.get(settings.model_profile)
+    if profile is None:
+        known = ", ".join(PROFILES)
+        raise ValueError(f"unknown model_profile {settings.model_profile!r} (known: {known})")
+    given = settings.model_fields_set
+    figures: dict[str, Any] = {
+        "stop_probability": settings.mock_stop_probability(),
+        "block_size": settings.model_kv_block_size,
+    }
+    if profile is DEFAULT or "model_tokens_per_second" in given:
+        figures["tokens_per_second"] = settings.model_tokens_per_second
+    if profile is DEFAULT or "model_prefill_seconds_per_token" in given:
+        figures["prefill_seconds_per_token"] = settings.model_prefill_seconds_per_token
+    if settings.model_kv_blocks:
+        figures["kv_blocks"] = settings.model_kv_blocks
+    if settings.model_step_token_budget:
+        figures["step_token_budget"] = settings.model_step_token_budget
+    return MockModel.from_profile(profile, **figures)
+
+
+def embedder_for(model: Model, settings: WorkerSettings) -> Embedder | None:
+    """What embeds for ``model``: its own embedder, else the mock's for the mock."""
+    if isinstance(model, Embedder):
+        return model
+    if isinstance(model, MockModel) and "embeddings" in capabilities_of(model):
+        return HashEmbedder(dimensions=settings.model_embedding_dimensions)
+    return None
+
+
+def upstream_capabilities(text: str) -> frozenset[str]:
+    """``LLMQ_UPSTREAM_CAPABILITIES`` as a set; an unknown name is a settings error."""
+    names = frozenset(c.strip() for c in text.split(",") if c.strip())
+    unknown = names - CAPABILITIES
+    if unknown:
+        raise ValueError(
+            f"LLMQ_UPSTREAM_CAPABILITIES: unknown {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(CAPABILITIES))}"
+        )
+    if "tools" in names:
+        raise ValueError(
+            "LLMQ_UPSTREAM_CAPABILITIES: tools need the upstream's chat API, which the "
+            "worker does not drive yet (it sends the rendered prompt to /v1/completions)"
+        )
+    return names
+
+
+def build_model(settings: WorkerSettings) -> Model:
+    """The model the settings name; an upstream is not contacted yet (:func:`connect`)."""
+    if settings.backend == "mock":
+        return mock_model(settings)
+    if not settings.upstream_url:
+        raise ValueError("LLMQ_BACKEND=openai needs LLMQ_UPSTREAM_URL")
+    # httpx logs every request at INFO: one line per generation, on the hot path
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return OpenAIUpstream(
+        settings.upstream_url,
+        ENGINES[settings.upstream_engine],
+        model=settings.upstream_model or settings.model,
+        api_key=settings.upstream_api_key,
+        slots=settings.upstream_slots,
+        context_length=settings.upstream_context_length,
+        capabilities=upstream_capabilities(settings.upstream_capabilities),
+        timeout=settings.upstream_timeout_seconds,
+        chat=settings.upstream_api == "chat",
+    )
+
+
+async def connect(model: Model, stop: asyncio.Event) -> bool:
+    """Wait until an upstream answers what it serves (False if stopped meanwhile);
+    the mock is ready at once. The worker registers only after this."""
+    if not isinstance(model, OpenAIUpstream):
+        return True
+    outage = Outage(
+        log,
+        lost="upstream not answering yet (%s); retrying",
+        back="upstream answered after %d failed attempts",
+    )
+    while not stop.is_set():
+        try:
+            await model.connect()
+        except UpstreamDown as exc:
+            await outage.failed(exc)
+            continue
+        outage.recovered()
+        log.info(
+            "upstream %s serves %r: %s slots, context %s tokens",
+            model.url,
+            model.model,
+            model.slots or "unknown",
+            model.context_length or "unknown",
+        )
+        return True
+    return False
+
+
+def concurrency(model: Model, settings: WorkerSettings) -> int:
+    """The worker's cap: the upstream's slots where known, else ``LLMQ_CONCURRENCY``."""
+    slots = getattr(model, "slots", None)
+    return int(slots) if slots else settings.concurrency
+
+
+async def close(model: Model) -> None:
+    if isinstance(model, OpenAIUpstream):
+        with contextlib.suppress(Exception):
+            await model.aclose()

@@ -1,0 +1,89 @@
+"""What each inference server says beyond the OpenAI API, and where it says it.
+
+Every engine streams ``/v1/completions``; they differ in how they report their
+slots and context length, whether they tokenize, and how they answer a health
+check. Each :class:`Engine` names those endpoints and reads their answers; an
+engine that lacks one leaves it to the settings (or to the documented
+approximation). Checked against: vLLM (``/tokenize``, ``/v1/models``
+``max_model_len``, ``/health``), llama.cpp's ``llama-server`` (``/tokenize``,
+``/props`` ``total_slots`` and ``default_generation_settings.n_ctx``, ``/health``),
+SGLang, TGI and Ollama (``/v1/models`` only, here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What the upstream told about itself (None: it did not say)."""
+
+    model: str | None = None
+    slots: int | None = None
+    context_length: int | None = None
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    #: Answers 200 when the server can generate.
+    health_path: str = "/v1/models"
+    #: POST path that counts a prompt's tokens; None: the engine has none.
+    tokenize_path: str | None = None
+    #: A continued chat message comes back with the continued text first (llama.cpp).
+    echoes_prefill: bool = False
+
+    async def discover(self, client: httpx.AsyncClient) -> Discovered:
+        """The served model's name and context length from ``/v1/models``."""
+        response = await client.get("/v1/models")
+        response.raise_for_status()
+        models = response.json().get("data") or []
+        first: dict[str, Any] = models[0] if models else {}
+        length = first.get("max_model_len")  # vLLM, SGLang
+        return Discovered(
+            model=first.get("id"), context_length=int(length) if length else None, slots=None
+        )
+
+    def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
+        return {"model": model, "prompt": text, "add_special_tokens": True}
+
+    def token_count(self, answer: dict[str, Any]) -> int:
+        count = answer.get("count")
+        return int(count) if count is not None else len(answer["tokens"])
+
+
+@dataclass(frozen=True)
+class LlamaCpp(Engine):
+    """llama.cpp's ``llama-server``: ``/props`` has the slots and each slot's context."""
+
+    async def discover(self, client: httpx.AsyncClient) -> Discovered:
+        found = await super().discover(client)
+        response = await client.get("/props")
+        response.raise_for_status()
+        props = response.json()
+        settings = props.get("default_generation_settings") or {}
+        n_ctx = settings.get("n_ctx") or props.get("n_ctx")
+        return Discovered(
+            model=found.model,
+            slots=int(props["total_slots"]) if props.get("total_slots") else None,
+            context_length=int(n_ctx) if n_ctx else found.context_length,
+        )
+
+    def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
+        return {"content": text, "add_special": True}
+
+
+ENGINES: dict[str, Engine] = {
+    "generic": Engine("generic"),
+    "vllm": Engine("vllm", health_path="/health", tokenize_path="/tokenize"),
+    "sglang": Engine("sglang", health_path="/health"),
+    "tgi": Engine("tgi", health_path="/health"),
+    "ollama": Engine("ollama"),
+    "llamacpp": LlamaCpp(
+        "llamacpp", health_path="/health", tokenize_path="/tokenize", echoes_prefill=True
+    ),
+}

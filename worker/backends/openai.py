@@ -1,0 +1,330 @@
+"""The model as an OpenAI-compatible inference server beside the worker (its upstream).
+
+One worker drives one upstream (a sidecar, as a GPU pod runs one engine); more
+workers with their own upstreams scale the model out. The adapter is thin and
+assumes only this of the upstream:
+
+- ``POST /v1/completions`` with ``stream: true`` streams SSE chunks, one token's text
+  per chunk (``choices[0].text``; a chunk with no text is not a token), the last one
+  with ``finish_reason``, then (with ``stream_options.include_usage``, where honoured)
+  one with ``usage``; llmq counts a chunk as a token, so ``max_tokens`` and resumes
+  count in chunks;
+- the upstream aborts a sequence when its client disconnects (vLLM and llama.cpp
+  do): closing the response is how a cancelled, timed-out or fenced request frees
+  its slot;
+- greedy decoding (temperature 0) of ``prompt + generated text`` continues the
+  interrupted sequence: a re-run resumes by sending the prompt followed by the text
+  already published, with the remaining ``max_tokens`` (see ``docs/backends.md``
+  for the engines and tokenizers where the result equals an uninterrupted run);
+- with ``chat`` (``LLMQ_UPSTREAM_API=chat``), ``/v1/chat/completions`` streams
+  ``choices[0].delta.content`` likewise, and continues a final assistant message
+  (``continue_final_message``); an engine that echoes the continued text first
+  (llama.cpp) has it dropped.
+
+Its tokenizer is declared as ``chars`` (the API's approximation); the upstream
+counts exactly: the prompt's true count comes back in a :class:`Report`, and a
+prompt that might not fit is counted with the engine's ``/tokenize`` first, so that
+one over the context length ends as ``context_length_exceeded``. Errors are mapped
+in one place (:func:`_raise_for`): a 4xx is the request's fault and ends it with the
+upstream's message (:class:`Refused`); a 5xx, a refused or dropped connection or
+a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+
+import httpx
+
+from llmq.model.interface import GenerationRequest, Refused, Report, Token
+from llmq.model.tokenizer import CHARS
+from llmq.schema import TokenLogprob
+from llmq.sse import DONE, frames
+from worker.backends.engines import Engine
+
+log = logging.getLogger(__name__)
+
+#: Connections beyond the slots: a probe and a tokenize beside every stream.
+SPARE_CONNECTIONS = 4
+
+
+class UpstreamDown(Exception):
+    """The upstream did not answer as a server should: the attempt fails and is retried."""
+
+
+def _raise_for(status: int, body: bytes) -> None:
+    """The one place an upstream's error status becomes llmq's error."""
+    if status < 400:
+        return
+    message = body.decode(errors="replace")[:500]
+    code, param = "upstream_error", None
+    try:
+        error = json.loads(body).get("error", {})
+    except (ValueError, AttributeError):
+        error = {}
+    if isinstance(error, dict):
+        message = str(error.get("message") or message)
+        code = str(error.get("code") or error.get("type") or code)
+        param = error.get("param")
+    elif isinstance(error, str):
+        message = error
+    if status >= 500 or status in (408, 429):
+        # the server's state, not the request: another attempt (elsewhere) may succeed
+        raise UpstreamDown(f"upstream answered {status}: {message}")
+    if "context" in message.lower() and ("length" in message.lower() or "size" in message.lower()):
+        code = "context_length_exceeded"
+    raise Refused(f"upstream refused the request ({status}): {message}", code=code, param=param)
+
+
+class OpenAIUpstream:
+    """A :class:`~llmq.model.interface.Model` that streams from an upstream server.
+
+    :meth:`connect` asks the upstream what it serves (model, slots, context length)
+    where the settings leave it open; ``on_down`` hears at once of every failure of
+    the upstream, so that the worker stops claiming before a health probe confirms.
+    """
+
+    tokenizer = "chars"
+
+    def __init__(
+        self,
+        url: str,
+        engine: Engine,
+        *,
+        model: str = "",
+        api_key: str = "",
+        slots: int = 0,
+        context_length: int = 0,
+        capabilities: frozenset[str] = frozenset(),
+        timeout: float = 30.0,
+        chat: bool = False,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.engine = engine
+        self.model = model
+        self.slots = slots or None
+        self.context_length = context_length or None
+        self.capabilities = capabilities
+        #: Chat requests go to /v1/chat/completions with their messages.
+        self.chat = chat
+        self.on_down: Callable[[], None] | None = None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 5.0))
+        self._headers = headers
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            connections = (self.slots or 64) + SPARE_CONNECTIONS
+            self._client = httpx.AsyncClient(
+                base_url=self.url,
+                headers=self._headers,
+                timeout=self._timeout,
+                limits=httpx.Limits(
+                    max_connections=connections, max_keepalive_connections=connections
+                ),
+            )
+        return self._client
+
+    async def connect(self) -> None:
+        """Learn what the settings left open; raises :class:`UpstreamDown` if it cannot."""
+        try:
+            found = await self.engine.discover(self._http())
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise UpstreamDown(f"upstream {self.url} did not answer discovery: {exc}") from exc
+        self.model = self.model or found.model or ""
+        self.slots = self.slots or found.slots
+        self.context_length = self.context_length or found.context_length
+        if self._client is not None and found.slots:
+            await self._client.aclose()  # sized by the slots, now known
+            self._client = None
+
+    async def probe(self) -> bool:
+        """Whether the upstream answers its health check now."""
+        try:
+            response = await self._http().get(self.engine.health_path, timeout=self._probe_timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    @property
+    def _probe_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(min(self._timeout.read or 5.0, 5.0))
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def count_tokens(self, text: str) -> int:
+        return CHARS.count(text)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        prompt = request.prompt + "".join(request.generated)
+        remaining = request.max_tokens - len(request.generated)
+        if remaining <= 0:
+            return
+        counted = await self._count_if_long(prompt, remaining)
+        if counted is not None:
+            yield Report(prompt_tokens=max(1, counted - len(request.generated)))
+        chat = self.chat and bool(request.messages)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        body = self._body(request, prompt, remaining)
+        echoed = ""
+        if chat:
+            body = self._chat_body(request, body)
+            if self.engine.echoes_prefill:
+                echoed = "".join(request.generated)
+        try:
+            async with self._http().stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    _raise_for(response.status_code, await response.aread())
+                async for out in self._outputs(response, len(request.generated), echoed):
+                    yield out
+        except httpx.HTTPError as exc:
+            self._down()
+            raise UpstreamDown(f"upstream stream failed: {exc!r}") from exc
+        except UpstreamDown:
+            self._down()
+            raise
+
+    def _down(self) -> None:
+        if self.on_down is not None:
+            self.on_down()
+
+    def _body(self, request: GenerationRequest, prompt: str, remaining: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": remaining,
+            "temperature": request.temperature,
+            "seed": request.seed % 2**31,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.logprobs is not None:
+            body["logprobs"] = max(1, request.logprobs)
+        if request.response_format is not None:
+            body["response_format"] = request.response_format
+        if request.ignore_eos:
+            body["ignore_eos"] = True
+        if request.min_tokens > len(request.generated):
+            body["min_tokens"] = request.min_tokens - len(request.generated)
+        return body
+
+    @staticmethod
+    def _chat_body(request: GenerationRequest, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat API's body: the messages, and on a resume the text so far as the
+        assistant's final message, which the upstream continues (vLLM's and llama.cpp's
+        ``continue_final_message`` without a new generation prompt)."""
+        del body["prompt"]
+        messages = list(request.messages)
+        if request.generated:
+            messages.append({"role": "assistant", "content": "".join(request.generated)})
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        body["messages"] = messages
+        if request.logprobs is not None:
+            body["logprobs"], body["top_logprobs"] = True, request.logprobs
+        return body
+
+    async def _outputs(
+        self, response: httpx.Response, resumed: int, echoed: str = ""
+    ) -> AsyncIterator[str]:
+        """Tokens and reports from the stream; ``echoed``: the continued message's text,
+        which the upstream sends back first (dropped: it was published already)."""
+        finished = False
+        async for frame in frames(response.aiter_bytes()):
+            if frame.data.strip() == DONE:
+                break  # a [DONE] without a finish reason is a stream cut short
+            chunk = json.loads(frame.data)
+            if chunk.get("error"):
+                _raise_for(500, frame.data.encode())
+            for choice in chunk.get("choices") or ():
+                text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                if echoed and text:
+                    cut = min(len(echoed), len(text))
+                    if text[:cut] == echoed[:cut]:
+                        text, echoed = text[cut:], echoed[cut:]
+                    else:
+                        echoed = ""  # not an echo after all: a continuation
+                if text:
+                    yield _token(text, choice.get("logprobs"))
+                reason = choice.get("finish_reason")
+                if reason:
+                    finished = True
+                    yield Report(finish_reason=_finish_reason(reason))
+            usage = chunk.get("usage")
+            if usage:
+                yield _usage_report(usage, resumed)
+        if not finished:
+            raise UpstreamDown("the upstream's stream ended before its finish reason")
+
+    async def _count_if_long(self, prompt: str, remaining: int) -> int | None:
+        """The prompt's exact token count where it might not fit the context (None: it
+        surely fits, or the engine cannot count); refuses one that does not fit.
+
+        A token covers at least one UTF-8 byte, so a prompt of fewer bytes than the
+        context leaves is counted by nobody but the upstream: no round trip on the
+        way to the first token of an ordinary request.
+        """
+        limit = self.context_length
+        path = self.engine.tokenize_path
+        if limit is None or path is None or len(prompt.encode()) + 2 < limit:
+            return None
+        try:
+            response = await self._http().post(
+                path, json=self.engine.tokenize_body(self.model, prompt)
+            )
+        except httpx.HTTPError as exc:
+            self._down()
+            raise UpstreamDown(f"upstream tokenize failed: {exc!r}") from exc
+        _raise_for(response.status_code, response.content)
+        count = self.engine.token_count(response.json())
+        if count >= limit:
+            raise Refused(
+                f"the prompt has {count} tokens; the model's context length is {limit}",
+                code="context_length_exceeded",
+                param="prompt",
+            )
+        return count
+
+
+def _token(text: str, logprobs: Any) -> str:
+    """A chunk's text, with its log-probability when the upstream sent one: OpenAI's
+    completions shape (``token_logprobs``, ``top_logprobs`` maps: vLLM) or its chat
+    shape (``content``: ``logprob`` and ``top_logprobs`` lists: llama.cpp)."""
+    if not isinstance(logprobs, dict):
+        return text
+    content = logprobs.get("content")
+    if content:
+        first = content[0]
+        top = [(str(t["token"]), float(t["logprob"])) for t in first.get("top_logprobs") or ()]
+        return Token(text, TokenLogprob(logprob=float(first["logprob"]), top=top))
+    if not logprobs.get("token_logprobs"):
+        return text
+    value = logprobs["token_logprobs"][0]
+    tops = (logprobs.get("top_logprobs") or [None])[0] or {}
+    ranked = sorted(((t, float(lp)) for t, lp in tops.items()), key=lambda p: -p[1])
+    return Token(text, TokenLogprob(logprob=float(value or 0.0), top=ranked))
+
+
+def _finish_reason(reason: str) -> Literal["stop", "length"]:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage_report(usage: dict[str, Any], resumed: int) -> Report:
+    """The prompt's count as the upstream made it, less the resumed tokens it counted
+    as prompt; the cached part where it says (vLLM's ``prompt_tokens_details``)."""
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Report(
+        prompt_tokens=max(1, int(prompt) - resumed) if prompt is not None else None,
+        cached_tokens=int(cached) if cached is not None else None,
+    )
