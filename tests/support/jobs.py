@@ -19,6 +19,7 @@ async def enqueue_costing(
     deadline_ms: int = 2**50,
     *,
     job: bytes | None = None,
+    route: str = "",
 ) -> Admission:
     """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget."""
     return await queue.enqueue(
@@ -31,6 +32,7 @@ async def enqueue_costing(
         deadline_ms=deadline_ms,
         record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
         lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+        route=route,
     )
 
 
