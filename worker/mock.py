@@ -1,31 +1,35 @@
 """The mock model: realistic timing, deterministic output, no GPU.
 
 It implements the declaration in :mod:`llmq.model.interface` (see there for the
-contract every backend keeps); this module holds only the mock and its step loop.
+contract every backend keeps); this module holds the mock's outputs, and its timing
+comes from the engine model in :mod:`worker.engine` (steps, KV cache, scheduler).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
-import itertools
-import math
 import random
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from llmq.model.blocks import block_hashes
 from llmq.model.interface import (
     CAPABILITIES,
+    CacheListener,
     Emit,
     GenerationRequest,
-    Report,
     Token,
     ToolCallStart,
 )
-from llmq.model.tokenizer import count_tokens
+from llmq.model.tokenizer import WHITESPACE, count_tokens
 from worker import structured
+from worker.engine.kv_cache import KVCache
+from worker.engine.loop import EngineLoop, Running, StepCosts
+from worker.engine.profiles import DEFAULT, EngineProfile
+from worker.engine.scheduler import EngineSequence, Scheduler
 
 WORDS = (
     "The quick brown fox jumps over the lazy dog . This is a test . "
@@ -36,141 +40,28 @@ WORDS = (
 TEXTS = tuple(" " + word for word in WORDS)
 
 
-class _Steps:
-    """The mock engine's step loop on one event loop: one timer for all sequences.
-
-    Sequences wait in a heap by their next deadline. After its first token (one
-    interval after prefill, exactly), a sequence's deadlines lie on a grid of
-    ``grid`` seconds (a fraction of the interval: the gap after the first token is
-    stretched by less than one step) and advance by one interval per token. So the
-    sequences of a worker fall due together, a few steps per interval, and each step
-    wakes the loop once and emits one token for every sequence due, instead of one
-    timer and one task wake-up per token per sequence. After a late step the next
-    one follows at once until the backlog is out, so lateness does not accumulate.
-    """
-
-    def __init__(self, interval: float, grid: float) -> None:
-        self._interval = interval
-        self._grid = grid
-        self._heap: list[tuple[float, int, _Sequence]] = []
-        self._order = itertools.count()
-        self._timer: asyncio.Handle | None = None
-        self._timer_at = 0.0
-
-    def add(self, outputs: Iterator[str], emit: Emit) -> asyncio.Future[None]:
-        """Run ``outputs``, the first token one interval from now; the future is done
-        when they end (cancel it to stop them)."""
-        loop = asyncio.get_running_loop()
-        sequence = _Sequence(outputs, emit, loop.create_future())
-        if sequence.advance():
-            heapq.heappush(self._heap, (loop.time() + self._interval, next(self._order), sequence))
-            self._schedule(loop)
-        return sequence.finished
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        """One timer, at the earliest deadline."""
-        if not self._heap:
-            return
-        when = self._heap[0][0]
-        if self._timer is not None:
-            if self._timer_at <= when:
-                return
-            self._timer.cancel()
-        self._timer, self._timer_at = loop.call_at(when, self._step, loop), when
-
-    def _step(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = None
-        heap, interval, grid = self._heap, self._interval, self._grid
-        now = loop.time() + _TIMER_RESOLUTION
-        stepped = []
-        while heap and heap[0][0] <= now:
-            due, order, sequence = heapq.heappop(heap)
-            if not sequence.step():
-                continue
-            if sequence.first:  # the following tokens go on the grid
-                sequence.first = False
-                due = math.ceil((due + interval) / grid - 1e-6) * grid - interval
-            stepped.append((due + interval, order, sequence))
-        # One token per sequence per step: a late step's backlog goes out over the
-        # next loop iterations, each token with its own flush, as if on time.
-        for entry in stepped:
-            heapq.heappush(heap, entry)
-        self._schedule(loop)
-
-
-#: Event loop timers fire up to about a millisecond early or late (uvloop counts in
-#: milliseconds): a step takes what falls due within it.
-_TIMER_RESOLUTION = 0.001
-
-
-class _Sequence:
-    """One running sequence: its next output, already drawn, and where outputs go."""
-
-    __slots__ = ("emit", "finished", "first", "next", "outputs")
-
-    def __init__(self, outputs: Iterator[str], emit: Emit, finished: asyncio.Future[None]):
-        self.outputs, self.emit, self.finished = outputs, emit, finished
-        self.next: str | None = None
-        #: Before the first token, which alone is off the grid.
-        self.first = True
-
-    def advance(self) -> bool:
-        """Draw the next output; False (and finished) when there is none. Outputs that
-        take no time (a tool call's start) are emitted at once."""
-        try:
-            for out in self.outputs:
-                if isinstance(out, ToolCallStart | Report):
-                    if not self._emit(out):
-                        return False
-                    continue
-                self.next = out
-                return True
-        except Exception as exc:
-            return self._end(exc)
-        return self._end(None)
-
-    def step(self) -> bool:
-        """Emit the token due now and draw the next; False once the sequence is over
-        (cancelled, ended, or its consumer raised)."""
-        if self.finished.done() or self.next is None:
-            return False
-        out, self.next = self.next, None
-        try:  # _emit, inline: this runs once per token of every sequence
-            self.emit(out)
-        except Exception as exc:
-            return self._end(exc)
-        return not self.finished.done() and self.advance()
-
-    def _emit(self, out: str) -> bool:
-        try:
-            self.emit(out)
-        except Exception as exc:
-            return self._end(exc)
-        return not self.finished.done()
-
-    def _end(self, exc: Exception | None) -> bool:
-        if not self.finished.done():
-            if exc is None:
-                self.finished.set_result(None)
-            else:
-                self.finished.set_exception(exc)
-        return False
-
-
 @dataclass(frozen=True)
 class MockModel:
     """A model with realistic timing and deterministic output.
 
-    Prefill sleeps ``prefill_seconds_per_token`` per prompt token, then one token
-    is produced every ``1 / tokens_per_second`` seconds, the first one interval
-    after prefill. Like a continuous-batching engine, all sequences on an event loop
-    share one step loop (:class:`_Steps`): after its first token, a sequence's
-    tokens fall due on a grid of ``steps_per_token`` steps per interval (so the gap
-    after the first token is up to one step longer; the others are exactly one
-    interval). Deadlines are absolute, so a busy event loop does not stretch the
-    inter-token time cumulatively. Each next token is drawn when the previous one is
-    emitted, so a sequence that stops by itself ends right after its last token. The
-    same seed always yields the same tokens.
+    Timing is that of a small continuous-batching engine (:mod:`worker.engine`): all
+    sequences on an event loop share its steps; a step computes one token for each
+    decoding sequence and chunks of the prompts being prefilled (at most
+    ``step_token_budget`` tokens), and takes ``1 / tokens_per_second`` plus
+    ``prefill_seconds_per_token`` per prompt token and ``decode_seconds_per_token``
+    per decode token it computes. So a sequence alone gets its first token one
+    interval after its prefill and then one per interval, and a long prefill slows
+    every sequence that shares its steps, as on a GPU. The KV cache holds
+    ``kv_blocks`` blocks of ``block_size`` tokens: a prompt whose leading blocks are
+    cached prefills only the rest (its ``Report`` says how many prompt tokens were
+    cached, before its first token); when running sequences need more blocks than
+    are left, the newest is preempted and recomputed later. The default figures keep
+    the historical 50 tokens/s per sequence, whatever the batch, and a cheap prefill;
+    :meth:`from_profile` takes a named profile's (:mod:`worker.engine.profiles`).
+
+    Each next token is drawn when the previous one is emitted, so a sequence that
+    stops by itself ends right after its last token. The same seed always yields
+    the same tokens.
 
     A resumed request (``generated`` not empty) prefills ``prompt_tokens +
     len(generated)`` tokens, replays the random draws of the tokens already
@@ -186,16 +77,45 @@ class MockModel:
     """
 
     tokens_per_second: float = 50.0
-    prefill_seconds_per_token: float = 0.0001
+    prefill_seconds_per_token: float = DEFAULT.prefill_token_seconds
     stop_probability: float = 0.0
     capabilities: frozenset[str] = CAPABILITIES
-    steps_per_token: int = 2
-    _steps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Steps] = field(
+    decode_seconds_per_token: float = DEFAULT.decode_token_seconds
+    kv_blocks: int = DEFAULT.kv_blocks
+    block_size: int = DEFAULT.block_size
+    step_token_budget: int = DEFAULT.step_token_budget
+    _engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EngineLoop] = field(
         default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
     )
+    _listeners: list[CacheListener] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @classmethod
+    def from_profile(cls, profile: EngineProfile, **overrides: Any) -> MockModel:
+        """A mock with ``profile``'s figures, any of them replaced by ``overrides``."""
+        figures: dict[str, Any] = {
+            "tokens_per_second": 1 / profile.step_seconds,
+            "prefill_seconds_per_token": profile.prefill_token_seconds,
+            "decode_seconds_per_token": profile.decode_token_seconds,
+            "kv_blocks": profile.kv_blocks,
+            "block_size": profile.block_size,
+            "step_token_budget": profile.step_token_budget,
+        }
+        return cls(**(figures | overrides))
 
     def count_tokens(self, text: str) -> int:
         return count_tokens(text)
+
+    def watch_cache(self, listener: CacheListener) -> None:
+        """``listener`` hears, after each step, the prompt blocks that became cached and
+        those evicted (:class:`~llmq.model.interface.CacheReporting`)."""
+        self._listeners.append(listener)
+
+    def kv_usage(self) -> float:
+        """The fraction of the KV cache that running sequences hold, on this event loop."""
+        engine = self._engines.get(asyncio.get_running_loop())
+        return engine.cache.usage if engine is not None else 0.0
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
         ready: collections.deque[str] = collections.deque()
@@ -232,15 +152,26 @@ class MockModel:
             finished.cancel()
 
     async def _start(self, request: GenerationRequest, emit: Emit) -> asyncio.Future[None]:
-        """Prefill, then join the step loop; the future is done when the sequence ends."""
-        context = request.prompt_tokens + len(request.generated)
-        await asyncio.sleep(context * self.prefill_seconds_per_token)
+        """Queue the sequence on the engine; the future is done when it ends."""
         loop = asyncio.get_running_loop()
-        steps = self._steps.get(loop)
-        if steps is None:
-            interval = 1.0 / self.tokens_per_second
-            steps = self._steps[loop] = _Steps(interval, interval / self.steps_per_token)
-        return steps.add(self._outputs(request), emit)
+        engine = self._engines.get(loop)
+        if engine is None:
+            cache = KVCache(self.kv_blocks, self.block_size)
+            costs = StepCosts(
+                1.0 / self.tokens_per_second,
+                self.prefill_seconds_per_token,
+                self.decode_seconds_per_token,
+            )
+            scheduler = Scheduler(cache, self.step_token_budget)
+            engine = self._engines[loop] = EngineLoop(scheduler, costs, self._listeners, loop)
+        full = request.prompt_tokens // self.block_size
+        names = block_hashes(WHITESPACE.tokens(request.prompt), self.block_size, limit=full)
+        # At least one token to compute, as a real prompt has its start token.
+        context = max(1, request.prompt_tokens + len(request.generated))
+        state = EngineSequence(names, prompt_tokens=request.prompt_tokens, tokens=context)
+        finished = loop.create_future()
+        engine.add(Running(self._outputs(request), emit, finished, state))
+        return finished
 
     def _outputs(self, request: GenerationRequest) -> Iterator[str]:
         """Everything the request produces after ``generated``, in order, untimed."""
