@@ -273,18 +273,29 @@ async def test_route_beat_sends_changes_and_asks_for_the_whole_cache_when_lost(
     redis: Redis,
 ) -> None:
     queue = queue_of(redis, routing())
-    args = {"running": 1, "capacity": 4, "ttl_ms": 5000}
-    assert await queue.route_beat("mock", "A", **args, stored=["x", "y"], evicted=[], cache_size=0)
-    assert await queue.route_beat("mock", "A", **args, stored=["z"], evicted=["x"], cache_size=2)
+
+    async def beat(stored: list[str], evicted: list[str], size: int, full: bool = False) -> bool:
+        return await queue.route_beat(
+            "mock",
+            "A",
+            running=1,
+            capacity=4,
+            ttl_ms=5000,
+            stored=stored,
+            evicted=evicted,
+            cache_size=size,
+            full=full,
+        )
+
+    assert await beat(["x", "y"], [], 0)
+    assert await beat(["z"], ["x"], 2)
     members = await cast("Awaitable[set[str]]", redis.smembers(keys.cache("A", "mock")))
     assert members == {"y", "z"}
     assert 0 < await redis.pttl(keys.cache("A", "mock")) <= 5000
     assert await redis.hget(keys.loads("mock"), "A") == "1|4"  # type: ignore[misc]
     await redis.delete(keys.cache("A", "mock"))  # expired, or Redis lost it
-    assert not await queue.route_beat("mock", "A", **args, stored=["w"], evicted=[], cache_size=2)
-    assert await queue.route_beat(
-        "mock", "A", **args, stored=["w", "y", "z"], evicted=[], cache_size=3, full=True
-    )
+    assert not await beat(["w"], [], 2)
+    assert await beat(["w", "y", "z"], [], 0, full=True)
     members = await cast("Awaitable[set[str]]", redis.smembers(keys.cache("A", "mock")))
     assert members == {"w", "y", "z"}
     await queue.forget_worker("mock", "A")

@@ -26,10 +26,12 @@ from llmq.connection import Outage, connect_cluster, is_cluster, make_pool, slot
 from llmq.model.interface import Model, capabilities_of
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
+from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.tasks import cancel_and_wait, run_periodically
+from worker.cache_report import CacheReport
 from worker.claimed import ClaimingRedis
 from worker.mock import MockModel
 from worker.publisher import StreamPublisher
@@ -109,13 +111,18 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
 
 
 async def _heartbeat(
-    redis: Redis, settings: WorkerSettings, worker: QueueWorker, worker_id: str
+    redis: Redis,
+    settings: WorkerSettings,
+    worker: QueueWorker,
+    worker_id: str,
+    cache: CacheReport,
 ) -> NoReturn:
     """Registry entry and request leases, renewed together every heartbeat.
 
     The renewal brings news: a request this worker lost (its lease was reaped) is
     stopped without writing; a cancelled one is cancelled, even if this worker
-    missed the cancel message.
+    missed the cancel message. Under a routing policy the beat also publishes the
+    worker's load and what its KV cache gained and lost (:mod:`worker.cache_report`).
     """
     runner = worker.runner
     lease_ms = int(settings.lease_seconds * 1000)
@@ -135,6 +142,15 @@ async def _heartbeat(
         )
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
+        if worker.queue.routing.routed:
+            await cache.publish(
+                worker.queue,
+                settings.model,
+                worker_id,
+                running=worker.job_counter,
+                capacity=settings.concurrency,
+                ttl_ms=int(settings.worker_ttl_seconds * 1000),
+            )
         for rid, renewal in news.items():
             if renewal == "lost":
                 runner.fence(rid)
@@ -181,9 +197,11 @@ async def serve(
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     recorder = metrics.Recorder()
+    model = model or mock_model(settings)
+    cache = CacheReport(model)
     runner = RequestRunner(
         worker_id,
-        model or mock_model(settings),
+        model,
         publisher,
         metrics=recorder,
         model_name=settings.model,
@@ -196,6 +214,7 @@ async def serve(
         ttl_seconds=settings.request_ttl_seconds,
         recorder=recorder,
         lifecycle_maxlen=settings.lifecycle_maxlen,
+        routing=routing_from(settings),
     )
     worker = QueueWorker(
         model=settings.model,
@@ -212,7 +231,9 @@ async def serve(
     )
     publisher.start()
     tasks = [
-        asyncio.create_task(_heartbeat(store, settings, worker, worker_id), name="heartbeat"),
+        asyncio.create_task(
+            _heartbeat(store, settings, worker, worker_id, cache), name="heartbeat"
+        ),
         asyncio.create_task(_listen(redis, settings.model, worker), name="pubsub"),
         asyncio.create_task(
             sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
@@ -239,6 +260,8 @@ async def serve(
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await queue.unpark(settings.model, worker_id)
+                if queue.routing.routed:
+                    await queue.forget_worker(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
         await cancel_and_wait([main, *tasks], timeout=5)
         await metrics.final_flush(recorder, store)
