@@ -36,6 +36,10 @@ RUNNING = "llmq_running_requests"
 UTILIZATION = "llmq_utilization_ratio"
 DESIRED_WORKERS = "llmq_autoscaler_desired_workers"
 ACTUAL_WORKERS = "llmq_autoscaler_actual_workers"
+KV_CACHE_USAGE = "llmq_worker_kv_cache_usage_ratio"
+#: Counters per live worker (since it started), beside the cluster's per model.
+WORKER_CACHE_QUERIES = "llmq_worker_prefix_cache_queries"
+WORKER_CACHE_HITS = "llmq_worker_prefix_cache_hits"
 
 #: Names of the scrape-time gauges, for tests and dashboards.
 GAUGES = (
@@ -48,6 +52,7 @@ GAUGES = (
     UTILIZATION,
     DESIRED_WORKERS,
     ACTUAL_WORKERS,
+    KV_CACHE_USAGE,
 )
 
 
@@ -89,6 +94,7 @@ class ClusterCollector(Collector):
                 h.add_metric(list(labels), buckets, series.sum)
             yield h
         yield from self._gauges()
+        yield from self._worker_caches()
 
     def _gauges(self) -> Iterator[GaugeMetricFamily]:
         data = self.data
@@ -138,6 +144,30 @@ class ClusterCollector(Collector):
             desired.add_metric([model], state.desired)
             actual.add_metric([model], state.actual)
         yield from (desired, actual)
+
+    def _worker_caches(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """Each live worker's KV cache, as vLLM exposes its own (the cluster's prefix cache
+        totals per model are counters of :mod:`llmq.metrics`)."""
+        labels = ["worker", "model"]
+        usage = GaugeMetricFamily(
+            KV_CACHE_USAGE,
+            "Fraction of each live worker's KV cache that running requests hold.",
+            labels=labels,
+        )
+        queries = CounterMetricFamily(
+            WORKER_CACHE_QUERIES,
+            "Prompt tokens each live worker looked up in its prefix cache.",
+            labels=labels,
+        )
+        hits = CounterMetricFamily(
+            WORKER_CACHE_HITS, "Prompt tokens each live worker found cached.", labels=labels
+        )
+        for w in self.data.workers:
+            if w.kv_cache_usage is not None:
+                usage.add_metric([w.id, w.model], w.kv_cache_usage)
+            queries.add_metric([w.id, w.model], w.prefix_cache_queries)
+            hits.add_metric([w.id, w.model], w.prefix_cache_hits)
+        yield from (usage, queries, hits)
 
 
 def render(data: Scrape) -> bytes:

@@ -256,6 +256,8 @@ class RequestRecord(BaseModel):
     attempts: int = 0
     prompt_tokens: int = 0
     completion_tokens: int | None = None
+    #: Prompt tokens the backend found in its prefix cache (when it said).
+    cached_tokens: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
     owner: str | None = None
@@ -343,6 +345,11 @@ class WorkerInfo(BaseModel):
     started_at: float
     heartbeat_at: float
     capabilities: tuple[str, ...] | None = None
+    #: Its backend's KV cache: the fraction running sequences hold (None: not known),
+    #: and prompt tokens looked up in its prefix cache and found, since it started.
+    kv_cache_usage: float | None = None
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class ScaleState(_Frozen):

@@ -249,6 +249,21 @@ class WorkerSettings(CommonSettings):
     model_stop_probability: float = Field(
         0.0, ge=0, lt=1, description="Chance per token that the mock ends with 'stop'."
     )
+    # The mock's engine model (docs/routing.md, "The mock engine").
+    model_profile: str = Field(
+        "default",
+        description="The mock engine's figures: 'default' (50 tokens/s, cheap prefill) or "
+        "'llama3-8b-h100' (calibrated); the model_* settings given explicitly override them.",
+    )
+    model_kv_blocks: int = Field(
+        0, ge=0, description="Mock KV cache capacity in blocks (0: the profile's)."
+    )
+    model_kv_block_size: int = Field(
+        16, ge=1, le=1024, description="Tokens per mock KV block (the API's routing blocks)."
+    )
+    model_step_token_budget: int = Field(
+        0, ge=0, description="Most tokens one mock engine step computes (0: the profile's)."
+    )
     worker_token_budget: int = Field(
         0,
         ge=0,

@@ -16,14 +16,14 @@ import secrets
 import signal
 import socket
 import time
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from llmq import metrics, registry
 from llmq.connection import Outage, connect_cluster, is_cluster, make_pool, slot_pool
-from llmq.model.interface import Model, capabilities_of
+from llmq.model.interface import KVCacheUsage, Model, capabilities_of
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
 from llmq.protocol.routing import routing_from
@@ -33,6 +33,7 @@ from llmq.settings import WorkerSettings
 from llmq.tasks import cancel_and_wait, run_periodically
 from worker.cache_report import CacheReport
 from worker.claimed import ClaimingRedis
+from worker.engine.profiles import DEFAULT, PROFILES
 from worker.mock import MockModel
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
@@ -46,11 +47,26 @@ def new_worker_id() -> str:
 
 
 def mock_model(settings: WorkerSettings) -> MockModel:
-    return MockModel(
-        tokens_per_second=settings.model_tokens_per_second,
-        prefill_seconds_per_token=settings.model_prefill_seconds_per_token,
-        stop_probability=settings.model_stop_probability,
-    )
+    """The mock with its profile's figures; the default profile's speeds are the
+    settings', and any speed setting given explicitly overrides a named profile's."""
+    profile = PROFILES.get(settings.model_profile)
+    if profile is None:
+        known = ", ".join(PROFILES)
+        raise ValueError(f"unknown model_profile {settings.model_profile!r} (known: {known})")
+    given = settings.model_fields_set
+    figures: dict[str, Any] = {
+        "stop_probability": settings.model_stop_probability,
+        "block_size": settings.model_kv_block_size,
+    }
+    if profile is DEFAULT or "model_tokens_per_second" in given:
+        figures["tokens_per_second"] = settings.model_tokens_per_second
+    if profile is DEFAULT or "model_prefill_seconds_per_token" in given:
+        figures["prefill_seconds_per_token"] = settings.model_prefill_seconds_per_token
+    if settings.model_kv_blocks:
+        figures["kv_blocks"] = settings.model_kv_blocks
+    if settings.model_step_token_budget:
+        figures["step_token_budget"] = settings.model_step_token_budget
+    return MockModel.from_profile(profile, **figures)
 
 
 #: How long one read of the pub/sub connection waits: an idle listener loops on
@@ -110,6 +126,10 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
     await worker.take_handoff(claim)
 
 
+def _kv_usage(model: Model) -> float | None:
+    return round(model.kv_usage(), 4) if isinstance(model, KVCacheUsage) else None
+
+
 async def _heartbeat(
     redis: Redis,
     settings: WorkerSettings,
@@ -139,6 +159,9 @@ async def _heartbeat(
             started_at=started_at,
             heartbeat_at=time.time(),
             capabilities=capabilities_of(runner.model),
+            kv_cache_usage=_kv_usage(runner.model),
+            prefix_cache_queries=runner.cache_queries,
+            prefix_cache_hits=runner.cache_hits,
         )
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)

@@ -48,6 +48,7 @@ from redis.asyncio import Redis
 from llmq import metrics
 from llmq.metrics import Recorder
 from llmq.model.interface import (
+    CacheReporting,
     GenerationRequest,
     Model,
     Report,
@@ -155,6 +156,9 @@ class RequestRunner:
     fenced: set[str] = field(default_factory=set)
     #: Runs that raised before their terminal event, until :meth:`end_unfinished`.
     unfinished: dict[str, _Unfinished] = field(default_factory=dict)
+    #: Prompt tokens this worker's backend looked up in its prefix cache, and found.
+    cache_queries: int = 0
+    cache_hits: int = 0
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
@@ -430,6 +434,8 @@ class RequestRunner:
                 observe(itl, now - progress.last_at, model)
             progress.last_at = now
 
+        if progress.cached_tokens is None and isinstance(self.model, CacheReporting):
+            progress.cached_tokens = 0  # such a backend reports hits: none so far
         # The generation timeout, or the job timeout's deadline if that comes first.
         deadline = loop.time() + payload.generation_timeout
         if progress.deadline is not None and progress.deadline < deadline:
@@ -475,9 +481,10 @@ class RequestRunner:
     ) -> None:
         now = time.time()
         first = progress.first_at if progress.first_at is not None else now
+        usage = _usage(payload, progress)
         event = DoneEvent(
             finish_reason=finish,
-            usage=_usage(payload, progress),
+            usage=usage,
             timings=Timings(
                 queue_ms=queue_ms, prefill_ms=_ms(first - started), decode_ms=_ms(now - first)
             ),
@@ -498,9 +505,10 @@ class RequestRunner:
                 "finished_at": str(now),
                 "finish_reason": finish,
                 "completion_tokens": str(progress.produced),
+                **_cache_fields(usage),
             },
         )
-        self._count(payload, progress.produced, finish)
+        self._count(payload, progress.produced, finish, usage)
         m, model = self.metrics, payload.model
         if progress.first_at is not None:
             m.observe(metrics.PREFILL_TIME, first - started, model)
@@ -518,6 +526,7 @@ class RequestRunner:
         finish: FinishReason,
     ) -> None:
         produced = progress.produced
+        usage = _usage(payload, progress)
         progress.ended = True
         self._note(
             payload,
@@ -528,18 +537,17 @@ class RequestRunner:
         )
         await self.publisher.emit(
             payload.request_id,
-            ErrorEvent(
-                code=code, message=message, finish_reason=finish, usage=_usage(payload, progress)
-            ),
+            ErrorEvent(code=code, message=message, finish_reason=finish, usage=usage),
             record={
                 "status": "failed",
                 "finished_at": str(time.time()),
                 "finish_reason": finish,
                 "completion_tokens": str(produced),
                 "error": message,
+                **_cache_fields(usage),
             },
         )
-        self._count(payload, produced, finish)
+        self._count(payload, produced, finish, usage)
 
     def _note_first_token(self, payload: JobPayload, at: float) -> None:
         self._note(payload, "first_token", ttft_ms=_ms(at - payload.enqueued_at))
@@ -580,9 +588,18 @@ class RequestRunner:
         )
         self.metrics.inc(metrics.REQUESTS, self.model_name, "error")
 
-    def _count(self, payload: JobPayload, produced: int, finish: FinishReason) -> None:
-        """The outcome and token figures of a request that ended here."""
+    def _count(
+        self, payload: JobPayload, produced: int, finish: FinishReason, usage: Usage
+    ) -> None:
+        """The outcome and token figures of a request that ended here; the prefix cache's
+        (prompt tokens looked up and found, as vLLM counts them) if the backend said."""
         m, model = self.metrics, payload.model
+        if usage.prompt_tokens_details is not None:
+            cached = usage.prompt_tokens_details.cached_tokens
+            m.inc(metrics.PREFIX_CACHE_QUERIES, model, amount=usage.prompt_tokens)
+            m.inc(metrics.PREFIX_CACHE_HITS, model, amount=cached)
+            self.cache_queries += usage.prompt_tokens
+            self.cache_hits += cached
         m.inc(metrics.REQUESTS, model, finish)
         m.inc(metrics.PROMPT_TOKENS, model, amount=payload.prompt_tokens)
         m.inc(metrics.GENERATION_TOKENS, model, amount=produced)
@@ -602,3 +619,9 @@ def _usage(payload: JobPayload, progress: _Progress) -> Usage:
         total_tokens=prompt + progress.produced,
         prompt_tokens_details=details,
     )
+
+
+def _cache_fields(usage: Usage) -> dict[str, str]:
+    """The record's ``cached_tokens``, when the backend said."""
+    details = usage.prompt_tokens_details
+    return {} if details is None else {"cached_tokens": str(details.cached_tokens)}

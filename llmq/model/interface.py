@@ -191,7 +191,19 @@ class CacheReporting(Protocol):
 
     The worker publishes what the listener hears, so that the queue can send a
     request to the worker that already holds its prefix. The mock's engine reports
-    exactly; an adapter to an inference server may estimate from what it sent.
+    exactly; an adapter to an inference server may estimate from what it sent. Such a
+    backend reports a prefix hit with a :class:`Report` (``cached_tokens``) before the
+    first token; without one, the worker counts no prompt token as cached.
     """
 
     def watch_cache(self, listener: CacheListener) -> None: ...
+
+
+@runtime_checkable
+class KVCacheUsage(Protocol):
+    """A backend that knows how full its KV cache is (vLLM's ``kv_cache_usage_perc``):
+    the worker's heartbeat carries it to ``/metrics``."""
+
+    def kv_usage(self) -> float:
+        """The fraction of the KV cache that running sequences hold, 0 to 1."""
+        ...
