@@ -16,6 +16,7 @@ from bench.scenarios import (
     pickup,
     recovery,
     redis_faults,
+    routing,
     scaling,
 )
 
@@ -36,4 +37,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
 ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "multihost-failovers": multihost.run_failovers,
     "cluster": cluster.run,
+    "routing": routing.run,
 }
