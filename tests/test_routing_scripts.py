@@ -117,6 +117,21 @@ async def test_a_worker_takes_the_request_whose_prefix_it_holds(redis: Redis, st
     assert not await redis.exists(keys.routes("mock"), keys.overtaken("mock"))
 
 
+async def test_a_claim_marks_the_prefix_as_the_claimers_before_its_engine_reports_it(
+    redis: Redis,
+) -> None:
+    queue = queue_of(redis, routing(max_wait_ms=NEVER))
+    await worker(queue, "A", running=1)
+    await worker(queue, "B")
+    await enqueue(queue, "first", SYSTEM_A + " one")
+    assert (await claim(queue, "A", running=1, free=3)).request_id == "first"
+    first_block = block_hashes(SYSTEM_A.split())[0]
+    assert await redis.sismember(keys.cache("A", "mock"), first_block)  # type: ignore[misc]
+    await enqueue(queue, "second", SYSTEM_A + " two")  # arrives during A's prefill
+    assert (await claim(queue, "B")).request_id is None
+    assert (await claim(queue, "A", running=1, free=3)).request_id == "second"
+
+
 async def test_fifo_takes_the_head_and_writes_no_routing_state(redis: Redis) -> None:
     queue = queue_of(redis, routing("fifo"))
     await worker(queue, "A", cached=SYSTEM_A)

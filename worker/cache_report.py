@@ -7,19 +7,26 @@ changed since the last one (``llmq/protocol/lua/route_beat.lua``), with its load
 So the cost in Redis is one set member per 16-token block that changed, batched per
 heartbeat, and bounded by the size of the backend's cache. If the published set is
 gone (its TTL ran out during an outage, or Redis lost it) or a beat failed, the
-next beat sends the whole set again. A backend that reports nothing publishes an
-empty cache: routing then only balances load and follows sessions for it.
+next beat sends the whole set again, as every :data:`RESYNC_SECONDS`: a routed
+claim adds the prompt's blocks to the claimer's set before its engine computes them
+(``lua/affinity.lua``), and a block the engine never cached (the request was
+cancelled or preempted) leaves the set then. A backend that reports nothing
+publishes an empty cache: routing then only balances load and follows sessions for it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from llmq.model.interface import CacheReporting
 from llmq.protocol.queue import Queue
 
 log = logging.getLogger(__name__)
+
+#: How often the whole cache is sent, replacing the published set.
+RESYNC_SECONDS = 30.0
 
 
 class CacheReport:
@@ -30,6 +37,7 @@ class CacheReport:
         self._stored: set[str] = set()
         self._evicted: set[str] = set()
         self._full = True
+        self._synced = time.monotonic()
         if isinstance(model, CacheReporting):
             model.watch_cache(self.heard)
 
@@ -55,6 +63,8 @@ class CacheReport:
         ttl_ms: int,
     ) -> None:
         """One routing beat: the changes (or the whole cache), and the load."""
+        if time.monotonic() - self._synced >= RESYNC_SECONDS:
+            self._full = True
         for _ in range(2):
             full = self._full
             stored = list(self.held) if full else list(self._stored)
@@ -78,5 +88,7 @@ class CacheReport:
                 self._full = True  # whatever landed, the next beat sends it all
                 raise
             if applied:
+                if full:
+                    self._synced = time.monotonic()
                 return
             self._full = True  # the published set was gone: send the whole cache now

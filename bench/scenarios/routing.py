@@ -57,12 +57,12 @@ class Sizes:
     session_rate: float = 2.0
     distinct_tokens: int = 500
     #: Higher rates (multiples of the base) tried for the sustainable rate.
-    levels: tuple[float, ...] = (1.5, 2.25, 3.0)
+    levels: tuple[float, ...] = (0.5, 1.5, 2.25)
     level_s: float = 25.0
     slo_ttft_p90_ms: float = 2000.0
 
 
-QUICK = Sizes(requests=60, calibration_s=12, sessions=16, levels=(2.0,), level_s=12)
+QUICK = Sizes(requests=60, calibration_s=12, sessions=16, levels=(0.5, 2.0), level_s=12)
 
 
 @dataclass

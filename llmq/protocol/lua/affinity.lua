@@ -88,9 +88,24 @@ local function rank(route, w, hint, last, load)
   return 0
 end
 
--- A worker took a request of the hint: the session remembers it.
-local function remember_session(route, hint, w, ttl_ms)
-  if hint and hint.session ~= '' then
+-- Worker w took the request of `hint`: the session remembers it, and (prefix) w's
+-- published cache gains the prompt's blocks now, before its engine has computed and
+-- reported them (as an approximate router records its own decisions), so that the
+-- requests of the same prefix that arrive during its prefill follow it. A set this
+-- creates lives `live_ms` unless the worker's beats renew it; its engine's evictions
+-- and its periodic full report correct what was never cached.
+local function remember(route, hint, w, ttl_ms)
+  if not hint then
+    return
+  end
+  if hint.session ~= '' then
     redis.call('SET', route.session_prefix .. hint.session, w, 'PX', ttl_ms)
+  end
+  local set_key = route.cache_prefix .. w
+  if route.mode == 'prefix' and #hint.blocks > 0 then
+    redis.call('SADD', set_key, unpack(hint.blocks))
+    if redis.call('PTTL', set_key) < 0 then
+      redis.call('PEXPIRE', set_key, route.live_ms)
+    end
   end
 end

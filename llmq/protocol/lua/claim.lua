@@ -244,7 +244,7 @@ local function routed_claim()
       end
     end
   end
-  remember_session(route, parse_hint(hints[i]), worker_id, session_ttl_ms)
+  remember(route, parse_hint(hints[i]), worker_id, session_ttl_ms)
   redis.call('HSET', loads_key, worker_id, (running + 1) .. '|' .. capacity)
   return take(id, scores[i], cost)
 end

@@ -167,7 +167,7 @@ if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 t
     end
     for _, t in ipairs(found) do
       if hand_to(t[1], now, t[2], t[3], t[4], t[5]) then
-        remember_session(route, hint, t[1], session_ttl_ms)
+        remember(route, hint, t[1], session_ttl_ms)
         local load = redis.call('HGET', loads_key, t[1])
         local running, capacity = string.match(load or '', '^(%d+)|(%d+)$')
         if running then
