@@ -158,16 +158,20 @@ async def test_a_worker_leaves_a_request_another_holds_and_is_told_when_to_retry
     assert (await claim(queue, "B", running=2, free=2)).request_id == "for-b"
 
 
-async def test_wait_guard_a_request_queued_past_the_bound_is_anyones(redis: Redis) -> None:
+async def test_wait_guard_a_request_held_past_the_bound_is_anyones(redis: Redis) -> None:
     for bound, taken in ((1000, True), (NEVER, False)):
         await redis.flushall()
         queue = queue_of(redis, routing(max_wait_ms=bound))
         await worker(queue, "A")
-        await worker(queue, "B", cached=SYSTEM_B)
-        await enqueue(queue, "old", SYSTEM_B, age_ms=1500)
+        await worker(queue, "B", running=2, cached=SYSTEM_B)
+        await enqueue(queue, "old", SYSTEM_B, age_ms=5000)  # queued long ago: no matter
+        assert (await claim(queue, "A")).request_id is None  # held for B from now
+        since = int(await redis.hget(keys.held("mock"), "old"))  # type: ignore[misc]
+        await redis.hset(keys.held("mock"), "old", str(since - 1500))  # type: ignore[misc]
         got = await claim(queue, "A")
         assert (got.request_id == "old") is taken, bound
         assert (await stats(queue))["guard_wait"] == (1 if taken else 0)
+        assert await redis.hexists(keys.held("mock"), "old") is not taken  # type: ignore[misc]
 
 
 async def test_overtaking_guard_bounds_how_often_a_request_is_passed(redis: Redis) -> None:

@@ -48,8 +48,12 @@ class Sizes:
     kv_blocks: int = 1200
     prefill_s_per_token: float = 0.0003
     tokens_per_second: float = 50.0
-    #: Arrivals as a share of FIFO's measured capacity on the shared workload.
-    load: float = 0.7
+    #: Arrivals as a share of FIFO's closed-loop capacity on the shared workload (at
+    #: 0.7 FIFO's queue grew through the run on the loaded machine of the first runs).
+    load: float = 0.5
+    #: LLMQ_ROUTING_IMBALANCE for workers of 8 slots (AIBrix's 8 is for replicas of
+    #: hundreds of sequences; 8 here would never fire).
+    imbalance: int = 2
     requests: int = 200
     calibration_s: float = 25.0
     sessions: int = 64
@@ -225,6 +229,7 @@ def _env(s: Sizes, policy: str) -> dict[str, str]:
         "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_s_per_token),
         "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
         "LLMQ_MAX_QUEUE_DEPTH": "100000",
+        "LLMQ_ROUTING_IMBALANCE": str(s.imbalance),
     }
 
 
@@ -383,7 +388,8 @@ def _markdown(s: Sizes, rate: float, runs: dict[str, Any], targets: list[Target]
         f"blocks of 16 tokens, prefill {s.prefill_s_per_token * 1000:g} ms per uncached prompt "
         f"token, {s.tokens_per_second:g} steps/s. FIFO's capacity on the shared workload: "
         f"{rate / s.load:.2f} requests/s; base rate {s.load:.0%} of it ({rate:.2f}/s); chat: "
-        f"{s.sessions} sessions started at {s.session_rate:g}/s. Sustainable rate: the "
+        f"{s.sessions} sessions started at {s.session_rate:g}/s; LLMQ_ROUTING_IMBALANCE "
+        f"{s.imbalance}. Sustainable rate: the "
         f"highest multiple of the base rate with TTFT p90 <= {s.slo_ttft_p90_ms:g} ms "
         f"(tried x1 and {', '.join(f'x{m:g}' for m in s.levels)})."
     ]

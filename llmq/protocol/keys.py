@@ -156,6 +156,12 @@ def overtaken(model: str) -> str:
     return _in_model("overtaken", model)
 
 
+def held(model: str) -> str:
+    """Hash of queued request id -> when (ms) a routed claim or hand-off first left it
+    for the worker holding its prefix: the wait guard counts from there."""
+    return _in_model("held", model)
+
+
 def loads(model: str) -> str:
     """Hash of worker id -> "running|capacity" (:func:`llmq.protocol.codec.load`), set at
     each routed claim and routing beat: the load guard of :mod:`llmq.protocol.routing`."""

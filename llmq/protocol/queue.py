@@ -594,6 +594,7 @@ class Queue:
                 keys.cancel_flag(request_id, model),
                 keys.routes(model),
                 keys.overtaken(model),
+                keys.held(model),
             ],
             args=[request_id, self.ttl * 1000, keys.cancel_channel(model)],
         )
@@ -636,6 +637,7 @@ class Queue:
                     keys.costs(model),
                     keys.routes(model),
                     keys.overtaken(model),
+                    keys.held(model),
                 ],
                 args=[now_ms(), limit, keys.job_prefix(model)],
             )

@@ -19,7 +19,9 @@ is a small object (:class:`Policy`) whose ``mode`` the routed scripts read
   worker holds longer.
 
 Whatever the policy, the :class:`Guards` bound what affinity may cost: a request
-is anyone's once it waited ``max_wait_ms`` or ``max_overtakes`` later requests were
+is anyone's once it was held for another worker ``max_wait_ms`` (from the first time
+a claim or hand-off left it; queueing that FIFO would impose too does not count) or
+``max_overtakes`` later requests were
 claimed before it; a worker busier than the claimer by more than ``imbalance``
 running requests is not preferred (AIBrix's threshold, 8); no request overtakes a
 more urgent one; and a worker that left requests to others is woken when the first
@@ -31,6 +33,7 @@ the workers read them).
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -167,6 +170,7 @@ class Routing:
             keys.loads(model),
             keys.beats(model),
             keys.routing_stats(model),
+            keys.held(model),
         ], [
             self.policy.mode,
             g.window,
@@ -188,7 +192,12 @@ class Routing:
         if not self.routed or not hint:
             return [], []
         g = self.guards
-        return [keys.routes(model), keys.loads(model), keys.routing_stats(model)], [
+        return [
+            keys.routes(model),
+            keys.loads(model),
+            keys.routing_stats(model),
+            keys.held(model),
+        ], [
             self.policy.mode,
             hint,
             keys.cache_prefix(model),
@@ -198,6 +207,7 @@ class Routing:
             g.max_workers,
             g.max_wait_ms,
             g.live_ms,
+            int(time.time() * 1000),
         ]
 
 

@@ -8,6 +8,7 @@ local job_key = KEYS[4]
 local flag_key = KEYS[5]
 local routes_key = KEYS[6]
 local overtaken_key = KEYS[7]
+local held_key = KEYS[8]
 
 local id = ARGV[1]
 local flag_ttl_ms = ARGV[2]
@@ -20,6 +21,7 @@ if redis.call('ZREM', queue_key, id) == 1 then
   if routes_key then
     redis.call('HDEL', routes_key, id)
     redis.call('HDEL', overtaken_key, id)
+    redis.call('HDEL', held_key, id)
   end
   return 1
 end

@@ -12,7 +12,8 @@
 -- head, the worker takes from the queue's first `window` requests the one it wants
 -- most (lua/affinity.lua: its cached prefix, its session, its load, its hash), and
 -- leaves a request that another live worker wants more, unless a guard says the
--- request is anyone's now: it waited `max_wait_ms`, `max_overtakes` later requests
+-- request is anyone's now: it was left for another `max_wait_ms` ago (held_key: when
+-- a claim or hand-off first left it), `max_overtakes` later requests
 -- were taken before it, or it has no hint. A worker busier than this one by more
 -- than `imbalance` running requests wants nothing here, and no request overtakes a
 -- more urgent one (lower priority number) when the priority guard is on. A worker
@@ -43,7 +44,7 @@ local park_ttl_ms = ARGV[13]
 
 local mode = ARGV[14] or ''
 local routed = mode ~= ''
-local routes_key, overtaken_key, loads_key, beats_key, stats_key
+local routes_key, overtaken_key, loads_key, beats_key, stats_key, held_key
 local window, max_wait_ms, max_overtakes, imbalance, priority_guard
 local running, capacity, session_ttl_ms, route
 if routed then
@@ -52,6 +53,7 @@ if routed then
   loads_key = KEYS[11]
   beats_key = KEYS[12]
   stats_key = KEYS[13]
+  held_key = KEYS[14]
   window = tonumber(ARGV[15])
   max_wait_ms = tonumber(ARGV[16])
   max_overtakes = tonumber(ARGV[17])
@@ -79,6 +81,7 @@ local function drop(id)
   if routed then
     redis.call('HDEL', routes_key, id)
     redis.call('HDEL', overtaken_key, id)
+    redis.call('HDEL', held_key, id)
   end
 end
 
@@ -134,6 +137,7 @@ local function choose()
   end
   local hints = redis.call('HMGET', routes_key, unpack(ids))
   local overtakes = redis.call('HMGET', overtaken_key, unpack(ids))
+  local held_since = redis.call('HMGET', held_key, unpack(ids))
   local live, loads = live_workers(route)
   local mine = {running, capacity}
   local others, busy = {}, {}
@@ -156,7 +160,7 @@ local function choose()
     if not hint then
       forced = 'none'
     else
-      if deadline_now - hint.arrival >= max_wait_ms then
+      if held_since[i] and deadline_now - tonumber(held_since[i]) >= max_wait_ms then
         forced = 'guard_wait'
       elseif tonumber(overtakes[i] or '0') >= max_overtakes then
         forced = 'guard_overtakes'
@@ -193,7 +197,12 @@ local function choose()
         end
       else
         held = true
-        local left = hint.arrival + max_wait_ms - deadline_now
+        local since = tonumber(held_since[i] or '0')
+        if since == 0 then
+          since = deadline_now
+          redis.call('HSET', held_key, id, ms(since))
+        end
+        local left = since + max_wait_ms - deadline_now
         if retry_ms == 0 or left < retry_ms then retry_ms = math.max(left, 1) end
       end
     end

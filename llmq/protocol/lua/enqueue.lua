@@ -13,7 +13,7 @@
 -- time: the model's beats, bumped by renew.lua) is older than its lease is skipped
 -- and unparked too: it could not renew the lease it would be handed.
 --
--- Routed (a mode in ARGV[13], llmq.protocol.routing; KEYS 11-13 given): the request's
+-- Routed (a mode in ARGV[13], llmq.protocol.routing; KEYS 11-14 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
 -- parked worker that wants it most (lua/affinity.lua), first parked on a tie; if a
 -- live worker that is not parked wants it more (it holds the prefix) and is not
@@ -46,12 +46,13 @@ local retry_ttl = ARGV[12]
 
 local mode = ARGV[13] or ''
 local routed = mode ~= ''
-local routes_key, loads_key, stats_key, hint_text, hint, session_ttl_ms, imbalance, max_wait_ms
+local routes_key, loads_key, stats_key, held_key, hint_text, hint, session_ttl_ms, imbalance, max_wait_ms
 local route
 if routed then
   routes_key = KEYS[11]
   loads_key = KEYS[12]
   stats_key = KEYS[13]
+  held_key = KEYS[14]
   hint_text = ARGV[14]
   hint = parse_hint(hint_text)
   session_ttl_ms = ARGV[17]
@@ -135,6 +136,8 @@ local function routed_order(now, found)
       if not parked_here[w] and loads[w][1] - top_load <= imbalance
           and rank(route, w, hint, last, loads[w]) > top[1] then
         redis.call('HINCRBY', stats_key, 'handoff_held', 1)
+        redis.call('HSET', held_key, id, ARGV[22])
+        redis.call('PEXPIRE', held_key, ttl_ms)
         return {}
       end
     end

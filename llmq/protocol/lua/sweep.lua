@@ -6,6 +6,7 @@ local queue_key = KEYS[2]
 local costs_key = KEYS[3]
 local routes_key = KEYS[4]
 local overtaken_key = KEYS[5]
+local held_key = KEYS[6]
 
 local now_ms = ARGV[1]
 local limit = ARGV[2]
@@ -20,6 +21,7 @@ for _, id in ipairs(due) do
     if routes_key then
       redis.call('HDEL', routes_key, id)
       redis.call('HDEL', overtaken_key, id)
+      redis.call('HDEL', held_key, id)
     end
     redis.call('DEL', job_prefix .. id)
     table.insert(out, id)
