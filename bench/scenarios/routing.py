@@ -24,17 +24,17 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
-import redis as sync_redis
+from redis.asyncio import Redis
 
 from bench import routing_workloads as wl
 from bench.procs import BenchError, Stack
 from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median
-from llmq.protocol import codec, keys
+from llmq.protocol.queue import Queue
 from loadgen.metrics import percentile
 from loadgen.sse import DONE, frames
 
@@ -179,13 +179,17 @@ async def _records(url: str, rids: list[str]) -> list[dict[str, Any]]:
         return out
 
 
-def _stats(redis_url: str) -> dict[str, int]:
-    client = sync_redis.Redis.from_url(redis_url)
+async def _read_stats(redis_url: str) -> dict[str, int]:
+    client = Redis.from_url(redis_url, decode_responses=True)
     try:
-        raw = cast("dict[Any, Any]", client.hgetall(keys.routing_stats("mock")))
-        return codec.parse_routing_stats(raw)
+        return await Queue(client, stream_maxlen=16, ttl_seconds=60).routing_stats("mock")
     finally:
-        client.close()
+        await client.aclose()
+
+
+def _stats(redis_url: str) -> dict[str, int]:
+    """The queue's routing counters (how often affinity chose and each guard fired)."""
+    return asyncio.run(_read_stats(redis_url))
 
 
 def _figures(stack: Stack, workload: wl.Workload) -> dict[str, Any]:
