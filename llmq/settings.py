@@ -253,7 +253,7 @@ class WorkerSettings(CommonSettings):
     model_profile: str = Field(
         "default",
         description="The mock engine's figures: 'default' (50 tokens/s, cheap prefill) or "
-        "'llama3-8b-h100' (calibrated); the model_* settings given explicitly override them.",
+        "'llama3-70b-h100x2' (calibrated); the model_* settings given explicitly override them.",
     )
     model_kv_blocks: int = Field(
         0, ge=0, description="Mock KV cache capacity in blocks (0: the profile's)."

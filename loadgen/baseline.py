@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from llmq.model.interface import GenerationRequest, Model, seed_for
+from llmq.model.interface import GenerationRequest, Model, Report, seed_for
 from loadgen.config import LoadConfig
 from loadgen.records import StreamClock
 from loadgen.workload import RequestSpec
@@ -81,6 +81,8 @@ class InferenceServer:
             )
             count = 0
             async for token in self.model.generate(generation):
+                if isinstance(token, Report):
+                    continue  # the model's cache report: not a token
                 count += 1
                 yield InferenceResponse(request.request_id, token, False, count)
             self.completed += 1

@@ -66,6 +66,16 @@ async def test_cancelled_request_frees_its_slot() -> None:
     assert server.active_requests == 0
 
 
+async def test_a_prompt_the_model_has_cached_yields_as_many_tokens() -> None:
+    """The mock reports a cached prefix before the first token: not a token itself."""
+    server = InferenceServer(MockModel(tokens_per_second=2000.0), max_concurrent=1)
+    prompt = " ".join(f"w{i}" for i in range(40))
+    for rid in ("cold", "cached"):
+        responses = [r async for r in server.handle_request(InferenceRequest(rid, prompt, 5))]
+        assert [r.generated_tokens for r in responses] == [1, 2, 3, 4, 5, 5]
+        assert all(r.token for r in responses[:-1])
+
+
 def _config(**overrides: object) -> LoadConfig:
     base: dict[str, object] = {
         "in_process": True,
@@ -82,7 +92,9 @@ def _config(**overrides: object) -> LoadConfig:
 
 
 async def test_in_process_run_reports_model_timings() -> None:
-    result = await run_load(_config())
+    # One request at a time: the mock's engine shares its steps, so concurrent prompts
+    # would prefill together and each TTFT would include the others' prefill.
+    result = await run_load(_config(concurrency=1))
     s = result.summary()
     assert result.target == "in_process"
     assert s["completed"] == 6 and s["failed"] == 0

@@ -6,11 +6,15 @@ import asyncio
 import itertools
 import time
 
+import pytest
+
 from llmq.model.blocks import block_hashes
 from llmq.model.interface import CacheReporting, GenerationRequest, KVCacheUsage, Report
 from llmq.model.tokenizer import WHITESPACE
+from llmq.settings import WorkerSettings
 from tests.support.waiting import wait_until
 from worker.engine.profiles import PROFILES
+from worker.main import mock_model
 from worker.mock import MockModel
 
 
@@ -64,6 +68,17 @@ async def test_a_cached_prefix_is_reported_before_the_first_token_under_the_apis
     assert len(heard) == 1  # nothing new was cached
 
 
+async def test_a_listener_that_raises_does_not_stop_the_engine() -> None:
+    model = MockModel(tokens_per_second=1000, prefill_seconds_per_token=0.0)
+
+    def broken(stored: object, evicted: object) -> None:
+        raise RuntimeError("listener bug")
+
+    model.watch_cache(broken)
+    out = await outputs(model, request(words(40), 5))
+    assert len(out) == 5
+
+
 async def test_evicted_blocks_are_heard_and_kv_usage_follows_the_running_sequences() -> None:
     model = MockModel(tokens_per_second=50, prefill_seconds_per_token=0.0, kv_blocks=4)
     heard: list[tuple[list[str], list[str]]] = []
@@ -82,10 +97,25 @@ async def test_evicted_blocks_are_heard_and_kv_usage_follows_the_running_sequenc
 
 
 def test_the_calibrated_profile_makes_prefill_cost_more_than_a_decode_step() -> None:
-    profile = PROFILES["llama3-8b-h100"]
+    profile = PROFILES["llama3-70b-h100x2"]
     model = MockModel.from_profile(profile)
     assert model.step_token_budget == profile.step_token_budget
-    # a 2,000-token prompt takes many decode steps' time: what a cache hit saves
-    assert 2000 * model.prefill_seconds_per_token > 10 / model.tokens_per_second
-    default = MockModel.from_profile(PROFILES["default"])
-    assert default == MockModel()
+    # a 5,000-token prompt takes some 20 decode steps' time: what a cache hit saves
+    assert 5000 * model.prefill_seconds_per_token > 20 / model.tokens_per_second
+    assert MockModel.from_profile(PROFILES["default"]) == MockModel()
+
+
+def test_the_worker_builds_its_mock_from_the_profile_and_explicit_settings() -> None:
+    calibrated = mock_model(WorkerSettings(model_profile="llama3-70b-h100x2"))
+    assert calibrated == MockModel.from_profile(PROFILES["llama3-70b-h100x2"])
+    tuned = mock_model(
+        WorkerSettings(
+            model_profile="llama3-70b-h100x2", model_tokens_per_second=10, model_kv_blocks=7
+        )
+    )
+    assert tuned.tokens_per_second == 10 and tuned.kv_blocks == 7
+    assert tuned.prefill_seconds_per_token == PROFILES["llama3-70b-h100x2"].prefill_token_seconds
+    # the default profile's speeds are the settings', as they always were
+    assert mock_model(WorkerSettings(model_tokens_per_second=80)).tokens_per_second == 80
+    with pytest.raises(ValueError, match="unknown model_profile 'h200'"):
+        mock_model(WorkerSettings(model_profile="h200"))

@@ -183,6 +183,9 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "started_at",
         "heartbeat_at",
         "capabilities",
+        "kv_cache_usage",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
     }
     assert worker["model"] == "mock" and worker["concurrency"] == 8
     assert worker["running"] == 1

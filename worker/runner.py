@@ -434,8 +434,6 @@ class RequestRunner:
                 observe(itl, now - progress.last_at, model)
             progress.last_at = now
 
-        if progress.cached_tokens is None and isinstance(self.model, CacheReporting):
-            progress.cached_tokens = 0  # such a backend reports hits: none so far
         # The generation timeout, or the job timeout's deadline if that comes first.
         deadline = loop.time() + payload.generation_timeout
         if progress.deadline is not None and progress.deadline < deadline:
@@ -592,10 +590,12 @@ class RequestRunner:
         self, payload: JobPayload, produced: int, finish: FinishReason, usage: Usage
     ) -> None:
         """The outcome and token figures of a request that ended here; the prefix cache's
-        (prompt tokens looked up and found, as vLLM counts them) if the backend said."""
+        (prompt tokens looked up and found, as vLLM counts them) for a backend that has
+        one: it reports its hits, so no report is a miss."""
         m, model = self.metrics, payload.model
-        if usage.prompt_tokens_details is not None:
-            cached = usage.prompt_tokens_details.cached_tokens
+        details = usage.prompt_tokens_details
+        if details is not None or isinstance(self.model, CacheReporting):
+            cached = details.cached_tokens if details is not None else 0
             m.inc(metrics.PREFIX_CACHE_QUERIES, model, amount=usage.prompt_tokens)
             m.inc(metrics.PREFIX_CACHE_HITS, model, amount=cached)
             self.cache_queries += usage.prompt_tokens

@@ -189,11 +189,13 @@ CacheListener = Callable[[Sequence[str], Sequence[str]], None]
 class CacheReporting(Protocol):
     """A backend that knows (or estimates) which prompt blocks its KV cache holds.
 
-    The worker publishes what the listener hears, so that the queue can send a
-    request to the worker that already holds its prefix. The mock's engine reports
-    exactly; an adapter to an inference server may estimate from what it sent. Such a
-    backend reports a prefix hit with a :class:`Report` (``cached_tokens``) before the
-    first token; without one, the worker counts no prompt token as cached.
+        The worker publishes what the listener hears, so that the queue can send a
+        request to the worker that already holds its prefix. The mock's engine reports
+        exactly; an adapter to an inference server may estimate from what it sent. Such a
+        backend reports a prefix hit with a :class:`Report` (``cached_tokens``) before the
+        first token (the usage then carries ``prompt_tokens_details``); a miss may go
+    unreported (the worker counts it as a lookup that found nothing), so that consumers
+    that take every output for a token see none for the prompts the cache lacks.
     """
 
     def watch_cache(self, listener: CacheListener) -> None: ...

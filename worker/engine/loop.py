@@ -16,12 +16,15 @@ one, instead of one timer and one task wake-up per token per sequence.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from llmq.model.interface import CacheListener, Emit, Report, ToolCallStart
 from worker.engine.kv_cache import KVCache
 from worker.engine.scheduler import EngineSequence, Scheduler, Step
+
+log = logging.getLogger(__name__)
 
 #: Event loop timers fire up to about a millisecond early or late (uvloop counts in
 #: milliseconds): a timer this close to its deadline counts as on time.
@@ -121,6 +124,8 @@ class EngineLoop:
         #: The step under way (None: idle) and when it is due to end (loop time).
         self._step: Step | None = None
         self._step_end = 0.0
+        self._waking = False
+        self._from_idle = False
 
     @property
     def cache(self) -> KVCache:
@@ -135,7 +140,17 @@ class EngineLoop:
         self._owners[state] = running
         running.finished.add_done_callback(lambda _: self._drop(state))
         self.scheduler.add(state)
+        if self._step is None and not self._waking:
+            # From idle, the first step starts once the loop has run what is ready now
+            # (the caller's own work): a start-up that keeps the loop busy delays the
+            # first token, instead of making the tokens after it catch up in a burst.
+            self._waking = True
+            self._loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._waking = False
         if self._step is None:
+            self._from_idle = True
             self._start(self._loop.time())
 
     def _drop(self, state: EngineSequence) -> None:
@@ -174,14 +189,21 @@ class EngineLoop:
             owner = owners.get(state)
             if owner is not None and not owner.step():
                 self._drop(state)  # ended: its blocks go back before the next step
-        # Late (a busy loop): the next step starts at once, as if this one were on time.
-        self._start(max(self._step_end, self._loop.time() - _MAX_BACKLOG))
+        # Late (a busy loop): the next step starts at once, as if this one were on time;
+        # but a first step from idle that was late (a start-up keeping the loop busy)
+        # delays its sequences' first token only, not their rhythm after it.
+        backlog = 0.0 if self._from_idle else _MAX_BACKLOG
+        self._from_idle = False
+        self._start(max(self._step_end, self._loop.time() - backlog))
 
     def _publish(self) -> None:
         stored, evicted = self.cache.take_events()
         if stored or evicted:
             for listener in self.listeners:
-                listener(stored, evicted)
+                try:
+                    listener(stored, evicted)
+                except Exception:  # a listener's bug must not stop the engine's steps
+                    log.exception("a KV cache listener failed")
 
 
 #: How far behind the clock the steps may fall and still catch up (a loop blocked for
