@@ -14,12 +14,15 @@ worker's share of the requests, and how often the guards fired (the queue's rout
 counters). The arrival rate is a fraction of FIFO's capacity on the shared-prompt
 workload, measured first (a closed loop of 4 workers x slots users). The highest
 sustainable rate: the shared and chat workloads again at higher rates, the highest
-whose TTFT p90 meets the SLO.
+whose TTFT p90 meets the SLO. ``BENCH_ROUTING_IMBALANCE`` in the benchmark's
+environment replaces the load guard's setting (:attr:`Sizes.imbalance`), to measure
+its trade-off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -427,6 +430,8 @@ def _guards(counts: dict[str, int]) -> str:
 
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
+    if os.environ.get("BENCH_ROUTING_IMBALANCE"):
+        s = replace(s, imbalance=int(os.environ["BENCH_ROUTING_IMBALANCE"]))
     policies = tuple(p for p in POLICIES if not ctx.policies or p in ctx.policies)
     if "fifo" not in policies:
         policies = ("fifo", *policies)
