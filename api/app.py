@@ -27,6 +27,7 @@ from llmq import __version__, metrics
 from llmq.connection import connect, is_cluster
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue
+from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
 from llmq.tasks import cancel_and_wait, run_periodically
@@ -88,6 +89,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 ttl_seconds=settings.request_ttl_seconds,
                 recorder=recorder,
                 lifecycle_maxlen=settings.lifecycle_maxlen,
+                routing=routing_from(settings),
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),

@@ -15,6 +15,9 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Header
 
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
@@ -29,6 +32,17 @@ from llmq.schema import EmbedTask, JobPayload, SamplingParams
 log = logging.getLogger(__name__)
 
 NO_EXTRAS = Extras()
+
+#: A client's conversation, for session affinity (else the request's ``user``).
+SessionHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Session-Id",
+        max_length=256,
+        description="A conversation's id: its requests prefer the worker that served it last "
+        "(LLMQ_ROUTING=prefix); the request's user field is used when absent.",
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,7 @@ def _plan(
     owner: str | None,
     attach: bool,
     messages: tuple[dict[str, str], ...] | None = None,
+    session: str | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -130,6 +145,9 @@ def _plan(
         priority_step_ms=settings.priority_step_ms,
         owner=owner,
         attach_to=state.process_id if attach else None,
+        route=state.queue.routing.hint(
+            choice.prompt, int(now * 1000), common.priority, session or params.user
+        ),
     )
     sub = Submitted(
         rid,
@@ -270,6 +288,7 @@ async def submit(
     owner: str | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
+    session: str | None = None,
 ) -> Submitted:
     """Validate and enqueue one request; raise an :class:`~api.errors.ApiError` to refuse.
 
@@ -293,6 +312,7 @@ async def submit(
         owner=owner,
         attach=attach,
         extras=extras,
+        session=session,
     )
     return subs[0]
 
@@ -309,13 +329,16 @@ async def submit_choices(
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     messages: tuple[dict[str, str], ...] | None = None,
+    session: str | None = None,
 ) -> list[Submitted]:
     """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.
 
     Choice ``k`` of prompt ``p`` has index ``p * n + k`` and, if the request has a
     seed, the seed plus its index (so that the choices differ). Several choices are
     enqueued in one atomic script call that refuses them all (429) unless the
-    queue has room for every one.
+    queue has room for every one. Under a routing policy each carries its route
+    hint (:meth:`llmq.protocol.routing.Routing.hint`: its leading KV blocks by the
+    ``LLMQ_ROUTING_TOKENIZER``, and its ``session``, else its ``user``).
     """
     settings = state.settings
     _check_choices(state, params, len(prompts))
@@ -335,7 +358,7 @@ async def submit_choices(
         for k in range(n):
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
-            call, sub = _plan(state, params, choice, common, now, owner, attach, messages)
+            call, sub = _plan(state, params, choice, common, now, owner, attach, messages, session)
             calls.append(call)
             subs.append(sub)
     await _admit(state, calls, params.model, [sub.id for sub in subs])

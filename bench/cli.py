@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--traces", default="", help="comma-separated traces to run (autoscale; default: all)"
     )
     parser.add_argument(
-        "--policies", default="", help="comma-separated policies to run (autoscale; default: all)"
+        "--policies",
+        default="",
+        help="comma-separated policies to run (autoscale, routing; default: all)",
     )
     parser.add_argument(
         "--systems", default="", help="comma-separated systems to compare (capacity; default: all)"

@@ -4,7 +4,10 @@ It starts ``llmq worker`` processes through the stack's
 :class:`~cli.supervisor.Supervisor` and stops them with SIGTERM, so a scale-in is
 the worker's drain: running requests finish (or go back to the queue at their
 score after ``LLMQ_DRAIN_SECONDS``), no stream is cut. It prefers to stop a worker
-that has not registered yet, then the one running the fewest requests.
+that has not registered yet, then the one whose prefix cache is worth least (the
+fewest prompt tokens served from it), then the one running the fewest requests
+(:func:`stop_first`): with cache-aware routing the others keep the prefixes that
+traffic comes back for.
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ from cli.supervisor import Child, Supervisor
 from llmq.schema import WorkerInfo
 
 log = logging.getLogger(__name__)
+
+
+def stop_first(info: WorkerInfo | None, started_at: float) -> tuple[int, int, int, float]:
+    """A worker's place in the scale-in order (lowest stops first): unregistered, then
+    the least cache hits, then the least busy, then the newest."""
+    if info is None:
+        return (0, 0, 0, -started_at)
+    return (1, info.prefix_cache_hits, info.running, -started_at)
 
 
 class LocalDriver:
@@ -74,10 +85,8 @@ class LocalDriver:
             return
         pids = self._live_pids(live)
 
-        def order(child: Child) -> tuple[int, int, float]:
-            info = pids.get(child.pid or -1)
-            # unregistered first, then the least busy, newest first
-            return (info is not None, info.running if info else 0, -child.started_at)
+        def order(child: Child) -> tuple[int, int, int, float]:
+            return stop_first(pids.get(child.pid or -1), child.started_at)
 
         for child in sorted(active, key=order)[:surplus]:
             log.info(

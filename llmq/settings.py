@@ -64,6 +64,56 @@ class CommonSettings(BaseSettings):
     sweep_seconds: float = Field(
         0.25, gt=0, description="Interval of the sweep that expires overdue queued requests."
     )
+    routing: Literal["fifo", "least-loaded", "hash", "prefix"] = Field(
+        "fifo",
+        description="Which queued request a worker claims (llmq.protocol.routing): fifo, the "
+        "oldest; least-loaded; hash, of the prompt's first block; prefix, the one whose KV "
+        "prefix or session the worker holds. Every process must use the same.",
+    )
+    routing_window: int = Field(
+        16, ge=1, le=256, description="Routed claims choose among this many at the queue's head."
+    )
+    routing_max_wait_ms: int = Field(
+        500,
+        ge=0,
+        le=600_000,
+        description="Routing guard: a request queued this long is any worker's (0: affinity "
+        "never holds a request for a busy worker).",
+    )
+    routing_max_overtakes: int = Field(
+        8,
+        ge=0,
+        le=10_000,
+        description="Routing guard: a request that this many later ones overtook is any "
+        "worker's next.",
+    )
+    routing_imbalance: int = Field(
+        8,
+        ge=0,
+        le=10_000,
+        description="Routing guard: a worker running more than this many requests beyond the "
+        "claiming one is not preferred (AIBrix's default, 8).",
+    )
+    routing_priority_guard: bool = Field(
+        True, description="Routing guard: affinity never lets a request overtake a more urgent one."
+    )
+    routing_session_ttl_seconds: float = Field(
+        600.0, gt=0, description="How long a session (user / X-Session-Id) keeps its worker."
+    )
+    routing_blocks: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="Most leading KV blocks (16 tokens each) of a prompt the API names.",
+    )
+    routing_tokenizer: Literal["whitespace", "chars"] = Field(
+        "whitespace",
+        description="How the API cuts prompts into tokens for block names: whitespace (the "
+        "mock's), or chars (4 characters a token, for a backend whose tokenizer it lacks).",
+    )
+    routing_workers: int = Field(
+        32, ge=1, le=1024, description="Most live workers a routed claim compares (bounded cost)."
+    )
     log_level: LogLevel = "INFO"
     log_json: bool = Field(False, description="One JSON object per log line.")
     redis_sentinels: str = Field(

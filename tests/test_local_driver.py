@@ -12,10 +12,11 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from cli.local_driver import LocalDriver
+from cli.local_driver import LocalDriver, stop_first
 from cli.supervisor import Child, RestartPolicy, Supervisor
 from llmq import registry
 from llmq.protocol import keys
+from llmq.schema import WorkerInfo
 from tests.support.processes import clean_env
 from tests.support.servers import FAST_MODEL, StartApi
 from tests.support.sse import stream_completion
@@ -105,3 +106,31 @@ def test_a_worker_start_does_not_import_the_load_generator() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
     assert "llmq worker" in out.stdout.replace("usage: llmq worker", "llmq worker")
     assert not imported & {"numpy", "loadgen"}, sorted(imported & {"numpy", "loadgen"})
+
+
+def test_scale_in_stops_the_worker_whose_cache_is_worth_least_first() -> None:
+    def info(wid: str, hits: int, running: int) -> WorkerInfo:
+        return WorkerInfo(
+            id=wid,
+            host="h",
+            pid=1,
+            model="mock",
+            concurrency=8,
+            running=running,
+            started_at=0.0,
+            heartbeat_at=0.0,
+            prefix_cache_hits=hits,
+        )
+
+    workers = {
+        "warm-idle": stop_first(info("warm-idle", 9000, 0), 1.0),
+        "cold-busy": stop_first(info("cold-busy", 10, 5), 2.0),
+        "cold-idle": stop_first(info("cold-idle", 10, 1), 3.0),
+        "starting": stop_first(None, 4.0),
+    }
+    assert sorted(workers, key=workers.__getitem__) == [
+        "starting",
+        "cold-idle",
+        "cold-busy",
+        "warm-idle",
+    ]

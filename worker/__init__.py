@@ -28,7 +28,9 @@ in the order a worker's life and a request's run go:
    round trip of its own.
 4. **Lease renewal**: every heartbeat renews the leases of the requests the worker
    holds, together with its registry entry; a request reported ``lost`` is fenced
-   (stopped without writing), one reported ``cancelled`` is cancelled.
+   (stopped without writing), one reported ``cancelled`` is cancelled. Under a
+   routing policy the beat also publishes the worker's load and what its KV cache
+   gained and lost (``cache_report.py``), which routed claims and hand-offs read.
 5. **Run** (``runner.py``): the model's tokens become events on the request's
    stream: ``started``, ``tokens``, then exactly one terminal event; a cancel, a
    timeout, a model error or a lost lease each ends the run its own way.

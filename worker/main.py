@@ -32,6 +32,7 @@ from llmq.model.interface import (
 from llmq.outage import Outage
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
+from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
@@ -39,6 +40,7 @@ from llmq.tasks import cancel_and_wait, run_periodically
 from worker import backends
 from worker.backends.openai import OpenAIUpstream
 from worker.backends.watch import UpstreamWatch
+from worker.cache_report import CacheReport
 from worker.claimed import ClaimingRedis
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
@@ -117,6 +119,7 @@ async def _heartbeat(
     settings: WorkerSettings,
     worker: QueueWorker,
     worker_id: str,
+    cache: CacheReport,
     watch: UpstreamWatch | None = None,
 ) -> NoReturn:
     """Registry entry and request leases, renewed together every heartbeat.
@@ -125,7 +128,8 @@ async def _heartbeat(
     stopped without writing; a cancelled one is cancelled, even if this worker
     missed the cancel message. The entry declares the model (capabilities, the
     tokenizer the API counts with, the context length) and whether its upstream
-    answers (``watch``).
+    answers (``watch``). Under a routing policy the beat also publishes the worker's
+    load and what its KV cache gained and lost (:mod:`worker.cache_report`).
     """
     runner = worker.runner
     lease_ms = int(settings.lease_seconds * 1000)
@@ -151,6 +155,15 @@ async def _heartbeat(
         )
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
+        if worker.queue.routing.routed:
+            await cache.publish(
+                worker.queue,
+                settings.model,
+                worker_id,
+                running=worker.job_counter,
+                capacity=settings.concurrency,
+                ttl_ms=int(settings.worker_ttl_seconds * 1000),
+            )
         for rid, renewal in news.items():
             if renewal == "lost":
                 runner.fence(rid)
@@ -206,6 +219,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     recorder = metrics.Recorder()
+    cache = CacheReport(model)
     runner = RequestRunner(
         worker_id,
         model,
@@ -222,6 +236,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         ttl_seconds=settings.request_ttl_seconds,
         recorder=recorder,
         lifecycle_maxlen=settings.lifecycle_maxlen,
+        routing=routing_from(settings),
     )
     worker = QueueWorker(
         model=settings.model,
@@ -244,7 +259,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
     publisher.start()
     tasks = [
         asyncio.create_task(
-            _heartbeat(store, settings, worker, worker_id, watch), name="heartbeat"
+            _heartbeat(store, settings, worker, worker_id, cache, watch), name="heartbeat"
         ),
         asyncio.create_task(_listen(redis, settings.model, worker), name="pubsub"),
         asyncio.create_task(
@@ -274,6 +289,8 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await queue.unpark(settings.model, worker_id)
+                if queue.routing.routed:
+                    await queue.forget_worker(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
         await cancel_and_wait([main, *tasks], timeout=5)
         await metrics.final_flush(recorder, store)

@@ -106,6 +106,8 @@ class QueueWorker(Worker):
         self.lease_ms = int(lease_seconds * 1000)
         self.token_budget = token_budget
         self.wake = asyncio.Event()
+        #: A routed claim left requests to other workers: claim again this soon (s).
+        self._retry_s: float | None = None
         self._claims: dict[str, tuple[int, int]] = {}  # id -> (cost, attempt)
         self._reads: dict[str, ClaimedJob] = {}  # claimed, not yet read by run_job
 
@@ -138,8 +140,11 @@ class QueueWorker(Worker):
             outage.recovered()
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
             # races with the event being set, and this loop would never stop.
+            delay = self.poll_delay_s
+            if self._retry_s is not None:
+                delay, self._retry_s = min(delay, self._retry_s), None
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll_delay_s):
+                async with asyncio.timeout(delay):
                     await self.wake.wait()
 
     async def _poll_iteration(self) -> None:
@@ -152,9 +157,12 @@ class QueueWorker(Worker):
                 idle=not self._claims,
                 worker_id=self.worker_id,
                 free_slots=self.max_jobs - self.job_counter,
+                capacity=self.max_jobs,
                 end_dropped=True,
             )
             if claim.request_id is None:
+                if claim.retry_ms:  # left to the workers holding them, for now
+                    self._retry_s = claim.retry_ms / 1000
                 break
             await self._take(claim)
             if not claim.more:

@@ -20,7 +20,7 @@ from api.follow import IDLE, follow
 from api.openapi import EVENT_STREAM, error_responses
 from api.schemas import NativeRequest
 from api.state import AppState, State
-from api.submit import submit
+from api.submit import SessionHeader, submit
 from api.subscription import valid_id
 from api.timing import RelayTimer
 from llmq.protocol import keys
@@ -36,8 +36,12 @@ RequestId = Annotated[str, Path(min_length=1, max_length=64)]
     status_code=202,
     responses=error_responses(400, 401, 404, 413, 429, 503),
 )
-async def create(body: NativeRequest, state: State, owner: Caller) -> dict[str, Any]:
-    sub = await submit(state, body, body.prompt, max_tokens=body.max_tokens, owner=owner)
+async def create(
+    body: NativeRequest, state: State, owner: Caller, session: SessionHeader = None
+) -> dict[str, Any]:
+    sub = await submit(
+        state, body, body.prompt, max_tokens=body.max_tokens, owner=owner, session=session
+    )
     return {
         "id": sub.id,
         "object": "request",

@@ -35,7 +35,7 @@ from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageS
 from api.openapi import GENERATION_RESPONSES, error_responses
 from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState, State, state_of
-from api.submit import Submitted, submit_choices
+from api.submit import SessionHeader, Submitted, submit_choices
 from api.timing import RelayTimer
 from llmq.schema import (
     DoneEvent,
@@ -275,7 +275,9 @@ async def _respond(
 
 
 @router.post("/v1/completions", response_model=None, responses=GENERATION_RESPONSES)
-async def completions(body: CompletionRequest, request: Request, owner: Caller) -> Response:
+async def completions(
+    body: CompletionRequest, request: Request, owner: Caller, session: SessionHeader = None
+) -> Response:
     arrived = time.monotonic()
     state = state_of(request)
     subs = await submit_choices(
@@ -286,6 +288,7 @@ async def completions(body: CompletionRequest, request: Request, owner: Caller) 
         owner=owner,
         attach=True,
         extras=completion_extras(body),
+        session=session,
     )
     fmt = CompletionFormat(subs, body.include_usage, logprobs=body.logprobs is not None)
     return await _respond(request, state, fmt, body.streaming, arrived)
@@ -293,7 +296,7 @@ async def completions(body: CompletionRequest, request: Request, owner: Caller) 
 
 @router.post("/v1/chat/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, owner: Caller
+    body: ChatCompletionRequest, request: Request, owner: Caller, session: SessionHeader = None
 ) -> Response:
     arrived = time.monotonic()
     state = state_of(request)
@@ -312,6 +315,7 @@ async def chat_completions(
         attach=True,
         extras=chat_extras(body),
         messages=body.message_dicts(),
+        session=session,
     )
     fmt = ChatFormat(subs, body.include_usage, logprobs=bool(body.logprobs))
     return await _respond(request, state, fmt, body.streaming, arrived)

@@ -16,6 +16,7 @@ from bench.scenarios import (
     pickup,
     recovery,
     redis_faults,
+    routing,
     scaling,
     upstream,
 )
@@ -38,4 +39,5 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "multihost-failovers": multihost.run_failovers,
     "cluster": cluster.run,
     "upstream": upstream.run,
+    "routing": routing.run,
 }

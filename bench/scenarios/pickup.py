@@ -11,7 +11,8 @@ slot and the figure is the pickup alone:
 * llmq: ``queue_ms`` of ``GET /v1/requests/{id}`` (worker start - API accept),
   for requests submitted through the native API.
 
-Both run against the same Redis; their keys do not overlap.
+Both run against the same Redis; their keys do not overlap. ``--policies prefix``
+(or another routing policy) runs llmq's side under that ``LLMQ_ROUTING``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.stats import describe_ms, median_of, paired_ratios
 from bench.stock_arq import JOB
+from llmq.protocol.routing import POLICIES
 
 WAITS_KEY = "bench:pickup:waits"
 WARM_KEY = "bench:pickup:warm"
@@ -117,8 +119,10 @@ def _figures(waits_ms: list[float]) -> dict[str, Any]:
 
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
-    with Stack(ctx.log_dir) as stack:
-        stack.scale(1, {})
+    routing = [p for p in ctx.policies if p in POLICIES]
+    env = {"LLMQ_ROUTING": routing[0]} if routing else {}
+    with Stack(ctx.log_dir, api_env=env) as stack:
+        stack.scale(1, env)
         arq = BenchProcess(
             "stock-arq", ["bench.stock_arq", stack.redis.url], clean_env(), ctx.log_dir
         )

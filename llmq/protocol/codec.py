@@ -8,7 +8,11 @@ the Lua side reads or writes the same text.
 - parked terms (``llmq:parked-terms:{m:<model>}``): ``"free|budget|idle|lease ms|in-progress
   ms"``, written and read by Lua only (claim.lua, enqueue.lua);
 - hand-off message (``llmq:handoff:{m:<model>}:<worker>``): ``"id|score|cost|try|job"``;
-- claim reply: ``[id, score, cost, job, try, more, expired..., "|", cancelled...]``;
+- claim reply: ``[id, score, cost, job, try, more, retry ms, expired..., "|", cancelled...]``;
+- route hint (``llmq:routes:{m:<model>}``): ``"arrival ms|priority|session|b1,b2,..."``
+  (:class:`RouteHint`), read by claim.lua and enqueue.lua (``lua/affinity.lua``);
+- worker load (``llmq:loads:{m:<model>}``): ``"running|capacity"`` (:func:`load`);
+- routing counters (``llmq:routing:{m:<model>}``): :data:`ROUTING_COUNTERS`;
 - renew reply: one of ``ok``/``lost``/``cancelled`` per (id, attempt) pair sent;
 - reap reply: ``[id, attempt, id, attempt, ...]``;
 - publish arguments and reply (see :func:`publish_args`).
@@ -74,6 +78,9 @@ class Claim:
     cancelled: list[str] = field(default_factory=list)
     #: The queue still held requests after this claim: worth claiming again.
     more: bool = False
+    #: A routed claim left requests to the workers that hold their prefix: claim
+    #: again in this many ms at the latest, when the first of them is anyone's (0: none).
+    retry_ms: int = 0
 
 
 def parse_handoff(message: bytes | str) -> Claim:
@@ -89,8 +96,8 @@ def parse_handoff(message: bytes | str) -> Claim:
 
 
 def parse_claim(reply: Sequence[Any]) -> Claim:
-    request_id, score, cost, job, job_try, more = reply[:6]
-    rest = [as_str(x) for x in reply[6:]]
+    request_id, score, cost, job, job_try, more, retry_ms = reply[:7]
+    rest = [as_str(x) for x in reply[7:]]
     split = rest.index("|")
     return Claim(
         request_id=as_str(request_id) or None,
@@ -101,7 +108,61 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
         expired=rest[:split],
         cancelled=rest[split + 1 :],
         more=as_str(more) == "1",
+        retry_ms=int(retry_ms),
     )
+
+
+@dataclass(frozen=True)
+class RouteHint:
+    """What a routed claim knows of a queued request: when it arrived (ms, the API's
+    clock), its priority, its session (a hash of ``user`` or ``X-Session-Id``; "" for
+    none) and the names of its prompt's leading KV blocks (:mod:`llmq.model.blocks`)."""
+
+    arrival_ms: int
+    priority: int
+    session: str = ""
+    blocks: tuple[str, ...] = ()
+
+    def encode(self) -> str:
+        return f"{self.arrival_ms}|{self.priority}|{self.session}|{','.join(self.blocks)}"
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> RouteHint:
+        arrival, priority, session, blocks = as_str(raw).split("|", 3)
+        names = tuple(b for b in blocks.split(",") if b)
+        return cls(int(arrival), int(priority), session, names)
+
+
+def load(running: int, capacity: int) -> str:
+    """A worker's load as routed claims read it: ``"running|capacity"``."""
+    return f"{running}|{capacity}"
+
+
+#: The counters of ``llmq:routing:{m:<model>}`` (HINCRBY by claim.lua and enqueue.lua):
+#: ``affinity``, a claim took a request other than the first it could take, for its
+#: cache or session; ``held``, a claim left a request to the worker that holds it;
+#: ``handoff_affinity``, a hand-off went to a parked worker other than the first, for
+#: its cache; ``handoff_held``, an arriving request was queued for a busy holder rather
+#: than handed to a parked worker; and one per guard that made a claim take a request
+#: affinity would have left: ``guard_wait`` (waited past the bound), ``guard_overtakes``
+#: (overtaken too often), ``guard_load`` (the holder was far busier), and
+#: ``guard_priority`` (a more urgent request ahead kept a cached one out of the window).
+ROUTING_COUNTERS = (
+    "affinity",
+    "held",
+    "handoff_affinity",
+    "handoff_held",
+    "guard_wait",
+    "guard_overtakes",
+    "guard_load",
+    "guard_priority",
+)
+
+
+def parse_routing_stats(raw: Mapping[Any, Any]) -> dict[str, int]:
+    """The routing counters, every one present (0 if never counted)."""
+    found = {as_str(k): int(v) for k, v in raw.items()}
+    return {name: found.get(name, 0) for name in ROUTING_COUNTERS}
 
 
 #: What a renewal says about one held request.

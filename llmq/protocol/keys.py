@@ -143,6 +143,57 @@ def parked_terms(model: str) -> str:
     return _in_model("parked-terms", model)
 
 
+def routes(model: str) -> str:
+    """Hash of queued request id -> its route hint (:class:`llmq.protocol.codec.RouteHint`:
+    arrival, priority, session, leading block names), for cache-aware routing; written
+    with the queue entry, gone when the request leaves the queue."""
+    return _in_model("routes", model)
+
+
+def overtaken(model: str) -> str:
+    """Hash of queued request id -> how many later requests a routed claim took before
+    it (the overtaking guard of :mod:`llmq.protocol.routing`)."""
+    return _in_model("overtaken", model)
+
+
+def held(model: str) -> str:
+    """Hash of queued request id -> when (ms) a routed claim or hand-off first left it
+    for the worker holding its prefix: the wait guard counts from there."""
+    return _in_model("held", model)
+
+
+def loads(model: str) -> str:
+    """Hash of worker id -> "running|capacity" (:func:`llmq.protocol.codec.load`), set at
+    each routed claim and routing beat: the load guard of :mod:`llmq.protocol.routing`."""
+    return _in_model("loads", model)
+
+
+def cache_prefix(model: str) -> str:
+    return _in_model("cache", model) + ":"
+
+
+def cache(worker_id: str, model: str) -> str:
+    """Set of the KV block names (:func:`llmq.model.blocks.block_hashes`) that a worker's
+    cache holds for ``model``, with the TTL of its registry entry, renewed at each beat."""
+    return f"{cache_prefix(model)}{worker_id}"
+
+
+def session_prefix(model: str) -> str:
+    return _in_model("session", model) + ":"
+
+
+def session(session_id: str, model: str) -> str:
+    """The worker that last took a request of the session (a hashed ``user`` or
+    ``X-Session-Id``), with a TTL: session affinity."""
+    return f"{session_prefix(model)}{session_id}"
+
+
+def routing_stats(model: str) -> str:
+    """Hash of counters of routed claims and hand-offs: how often affinity chose and
+    how often each guard fired (:data:`llmq.protocol.codec.ROUTING_COUNTERS`)."""
+    return _in_model("routing", model)
+
+
 def cancel_flag_prefix(model: str) -> str:
     return _in_model("cancelled", model) + ":"
 

@@ -33,6 +33,7 @@ from redis.asyncio.client import Pipeline
 from llmq import metrics
 from llmq.protocol import codec, keys
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
+from llmq.protocol.routing import FIFO, Routing
 from llmq.protocol.scripts import run_pipelined, scripts_for
 from llmq.protocol.streams import add_event, add_lifecycle, add_record, unstarted_end
 from llmq.schema import JobPayload, Lifecycle, RequestRecord
@@ -92,6 +93,8 @@ class Enqueue:
     record: dict[str, str]
     lifecycle: Lifecycle
     attach_to: str | None = None
+    #: The route hint (:class:`codec.RouteHint`, encoded; "" when not routed).
+    route: str = ""
 
     @classmethod
     def of(
@@ -101,6 +104,7 @@ class Enqueue:
         priority_step_ms: int,
         owner: str | None = None,
         attach_to: str | None = None,
+        route: str = "",
     ) -> Enqueue:
         """Everything enqueued for a validated job: its arq job record, its score
         (:func:`effective_score`), its cost (prompt + max_tokens, what token-aware
@@ -133,6 +137,7 @@ class Enqueue:
                 prompt_tokens=payload.prompt_tokens,
             ),
             attach_to=attach_to,
+            route=route,
         )
 
 
@@ -158,8 +163,11 @@ class Queue:
         ttl_seconds: int,
         recorder: metrics.Recorder | None = None,
         lifecycle_maxlen: int = 100_000,
+        routing: Routing = FIFO,
     ) -> None:
         self.redis = redis
+        #: The routing policy of claims and hand-offs (:mod:`llmq.protocol.routing`).
+        self.routing = routing
         self.lifecycle_maxlen = lifecycle_maxlen
         #: Counts the outcome of requests that end without starting (cancelled, timeout).
         self.recorder = recorder
@@ -295,6 +303,7 @@ class Queue:
     def _enqueue_call(self, call: Enqueue, max_depth: int) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the enqueue script for one request (all in the model's slot)."""
         request_id, model = call.request_id, call.model
+        route_keys, route_args = self.routing.enqueue_call(model, call.route)
         return [
             keys.queue(model),
             keys.job(request_id, model),
@@ -306,6 +315,7 @@ class Queue:
             keys.leases(model),
             keys.clock(model),
             keys.beats(model),
+            *route_keys,
         ], [
             request_id,
             call.score,
@@ -319,6 +329,7 @@ class Queue:
             keys.in_progress_prefix(model),
             keys.retry_prefix(model),
             RETRY_TTL_SECONDS,
+            *route_args,
         ]
 
     async def claim(
@@ -331,6 +342,7 @@ class Queue:
         idle: bool,
         worker_id: str = "",
         free_slots: int = 0,
+        capacity: int = 0,
         end_dropped: bool = False,
     ) -> Claim:
         """Claim the next request for ``worker_id``, which has ``free_slots`` free.
@@ -340,8 +352,15 @@ class Queue:
         The script drops the requests it finds past their queue deadline or with
         their cancel flag set; ``end_dropped`` (a worker's claims) also ends them
         (:meth:`end_unstarted`: ``timeout``, ``cancelled``), so that their clients
-        get a terminal event although no worker ran them.
+        get a terminal event although no worker ran them. Under a routing policy
+        (:attr:`routing`) the worker, of ``capacity`` slots, takes the request it
+        wants most among the queue's head (``llmq/protocol/lua/claim.lua``); the claim
+        says when to try again if it left requests to other workers
+        (:attr:`Claim.retry_ms`).
         """
+        route_keys, route_args = self.routing.claim_call(
+            model, running=max(capacity - free_slots, 0), capacity=capacity
+        )
         reply = await self.scripts.claim(
             keys=[
                 keys.queue(model),
@@ -352,6 +371,7 @@ class Queue:
                 keys.parked(model),
                 keys.parked_terms(model),
                 keys.clock(model),
+                *route_keys,
             ],
             args=[
                 now_ms(),
@@ -367,6 +387,7 @@ class Queue:
                 worker_id,
                 free_slots,
                 PARK_TTL_MS,
+                *route_args,
             ],
         )
         claim = codec.parse_claim(reply)
@@ -474,6 +495,52 @@ class Queue:
         pairs = [x for rid, attempt in due for x in (rid, attempt)]
         return codec.parse_reaped(await self.scripts.reap(keys=keys_, args=[*args, *pairs]))
 
+    async def route_beat(
+        self,
+        model: str,
+        worker_id: str,
+        *,
+        running: int,
+        capacity: int,
+        ttl_ms: int,
+        stored: list[str],
+        evicted: list[str],
+        cache_size: int,
+        full: bool = False,
+    ) -> bool:
+        """Publish a worker's load and what its KV cache gained (``stored``) and lost
+        (``evicted``) since the last beat (``llmq/protocol/lua/route_beat.lua``); with
+        ``full``, ``stored`` is the whole cache. False: the published set is gone
+        while it should hold ``cache_size`` blocks already (it expired, or Redis lost
+        it): nothing was applied; send the cache whole."""
+        done = await self.scripts.route_beat(
+            keys=[keys.cache(worker_id, model), keys.loads(model), keys.beats(model)],
+            args=[
+                worker_id,
+                running,
+                capacity,
+                ttl_ms,
+                "1" if full else "0",
+                cache_size,
+                len(stored),
+                *stored,
+                *evicted,
+            ],
+        )
+        return bool(done)
+
+    async def forget_worker(self, model: str, worker_id: str) -> None:
+        """A stopping worker's cache and load stop counting for routing."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(keys.cache(worker_id, model))
+        pipe.hdel(keys.loads(model), worker_id)
+        await pipe.execute()
+
+    async def routing_stats(self, model: str) -> dict[str, int]:
+        """How often routed claims chose by affinity and each guard fired (counters)."""
+        raw = await cast("Awaitable[Any]", self.redis.hgetall(keys.routing_stats(model)))
+        return codec.parse_routing_stats(raw)
+
     async def api_beat(self, process_id: str, grace_seconds: float) -> None:
         """Renew an API process's liveness lease: dead ``grace_seconds`` of lease time
         from now (a stall of Redis does not make it look dead)."""
@@ -495,6 +562,9 @@ class Queue:
                 keys.deadlines(model),
                 keys.job(request_id, model),
                 keys.cancel_flag(request_id, model),
+                keys.routes(model),
+                keys.overtaken(model),
+                keys.held(model),
             ],
             args=[request_id, self.ttl * 1000, keys.cancel_channel(model)],
         )
@@ -531,7 +601,14 @@ class Queue:
         expired: list[str] = []
         for model in sorted(self.models | {as_str(m) for m in known}):
             reply = await self.scripts.sweep(
-                keys=[keys.deadlines(model), keys.queue(model), keys.costs(model)],
+                keys=[
+                    keys.deadlines(model),
+                    keys.queue(model),
+                    keys.costs(model),
+                    keys.routes(model),
+                    keys.overtaken(model),
+                    keys.held(model),
+                ],
                 args=[now_ms(), limit, keys.job_prefix(model)],
             )
             expired += [as_str(x) for x in reply]

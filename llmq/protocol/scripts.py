@@ -36,6 +36,10 @@ from redis.exceptions import NoScriptError
 #: Prepended to every script.
 HELPERS = "clock"
 
+#: Prepended as well to the scripts that route (and to those that embed one).
+ROUTING_HELPERS = "affinity"
+ROUTED = frozenset({"claim", "enqueue", "enqueue_batch"})
+
 NAMES = (
     "enqueue",
     "claim",
@@ -53,6 +57,7 @@ NAMES = (
     "record",
     "unrecord",
     "fence",
+    "route_beat",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -65,6 +70,8 @@ def source(name: str) -> str:
     """A script's text, helpers included."""
     folder = resources.files("llmq.protocol") / "lua"
     helpers = (folder / f"{HELPERS}.lua").read_text()
+    if name in ROUTED:
+        helpers += "\n" + (folder / f"{ROUTING_HELPERS}.lua").read_text()
     embedded = ""
     if name in EMBEDS:
         function, body = EMBEDS[name]
@@ -96,6 +103,7 @@ class Scripts:
     record: AsyncScript
     unrecord: AsyncScript
     fence: AsyncScript
+    route_beat: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()

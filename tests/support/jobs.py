@@ -31,6 +31,7 @@ async def enqueue_costing(
     deadline_ms: int = 2**50,
     *,
     job: bytes | None = None,
+    route: str = "",
 ) -> Admission:
     """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget,
     the way the API admits one (:meth:`Queue.admit`)."""
@@ -43,6 +44,7 @@ async def enqueue_costing(
         deadline_ms=deadline_ms,
         record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
         lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+        route=route,
     )
     if not await queue.admit([call], max_depth=100):
         return Admission.FULL

@@ -6,6 +6,9 @@ local costs_key = KEYS[2]
 local deadlines_key = KEYS[3]
 local job_key = KEYS[4]
 local flag_key = KEYS[5]
+local routes_key = KEYS[6]
+local overtaken_key = KEYS[7]
+local held_key = KEYS[8]
 
 local id = ARGV[1]
 local flag_ttl_ms = ARGV[2]
@@ -15,6 +18,11 @@ if redis.call('ZREM', queue_key, id) == 1 then
   redis.call('HDEL', costs_key, id)
   redis.call('ZREM', deadlines_key, id)
   redis.call('DEL', job_key)
+  if routes_key then
+    redis.call('HDEL', routes_key, id)
+    redis.call('HDEL', overtaken_key, id)
+    redis.call('HDEL', held_key, id)
+  end
   return 1
 end
 redis.call('SET', flag_key, '1', 'PX', flag_ttl_ms)

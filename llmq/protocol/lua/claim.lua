@@ -6,7 +6,19 @@
 -- then hands it the next request directly. Parked terms: "free|budget|idle|lease
 -- ms|in-progress ms"; the parked set is ordered by when the worker parked (each
 -- newcomer, or a worker handed a request, goes to the back: workers take turns).
--- Reply: llmq.protocol.codec.ClaimReply.
+-- Reply: llmq.protocol.codec.parse_claim.
+--
+-- Routed (a mode in ARGV[14], llmq.protocol.routing; KEYS 9-13 given): instead of the
+-- head, the worker takes from the queue's first `window` requests the one it wants
+-- most (lua/affinity.lua: its cached prefix, its session, its load, its hash), and
+-- leaves a request that another live worker wants more, unless a guard says the
+-- request is anyone's now: it was left for another `max_wait_ms` ago (held_key: when
+-- a claim or hand-off first left it), `max_overtakes` later requests
+-- were taken before it, or it has no hint. A worker busier than this one by more
+-- than `imbalance` running requests wants nothing here, and no request overtakes a
+-- more urgent one (lower priority number) when the priority guard is on. A worker
+-- that takes nothing is parked and told when the first request it left becomes
+-- anyone's (the reply's retry ms).
 local queue_key = KEYS[1]
 local running_key = KEYS[2]
 local costs_key = KEYS[3]
@@ -30,13 +42,47 @@ local worker_id = ARGV[11]
 local free_slots = tonumber(ARGV[12])
 local park_ttl_ms = ARGV[13]
 
+local mode = ARGV[14] or ''
+local routed = mode ~= ''
+local routes_key, overtaken_key, loads_key, beats_key, stats_key, held_key
+local window, max_wait_ms, max_overtakes, imbalance, priority_guard
+local running, capacity, session_ttl_ms, route
+if routed then
+  routes_key = KEYS[9]
+  overtaken_key = KEYS[10]
+  loads_key = KEYS[11]
+  beats_key = KEYS[12]
+  stats_key = KEYS[13]
+  held_key = KEYS[14]
+  window = tonumber(ARGV[15])
+  max_wait_ms = tonumber(ARGV[16])
+  max_overtakes = tonumber(ARGV[17])
+  imbalance = tonumber(ARGV[18])
+  priority_guard = ARGV[19] == '1'
+  running = tonumber(ARGV[20])
+  capacity = tonumber(ARGV[21])
+  session_ttl_ms = ARGV[24]
+  route = {mode = mode, cache_prefix = ARGV[22], session_prefix = ARGV[23],
+    loads_key = loads_key, beats_key = beats_key, live_ms = tonumber(ARGV[25]),
+    max_workers = tonumber(ARGV[26])}
+end
+
 local now = lease_now(clock_key)
+if routed then
+  route.now = now
+end
 local expired, cancelled = {}, {}
+local retry_ms = 0
 
 local function drop(id)
   redis.call('ZREM', queue_key, id)
   redis.call('ZREM', deadlines_key, id)
   redis.call('HDEL', costs_key, id)
+  if routed then
+    redis.call('HDEL', routes_key, id)
+    redis.call('HDEL', overtaken_key, id)
+    redis.call('HDEL', held_key, id)
+  end
 end
 
 local function park(free, left, is_idle)
@@ -57,11 +103,159 @@ end
 
 local function reply(id, score, cost, job, try)
   local more = redis.call('ZCARD', queue_key) > 0
-  local out = {id, score, cost, job or '', try or 0, more and '1' or '0'}
+  local out = {id, score, cost, job or '', try or 0, more and '1' or '0', retry_ms}
   for _, x in ipairs(expired) do table.insert(out, x) end
   table.insert(out, '|')
   for _, x in ipairs(cancelled) do table.insert(out, x) end
   return out
+end
+
+local function take(id, score, cost)
+  drop(id)
+  local job = redis.call('GET', job_prefix .. id)
+  local try = redis.call('INCR', retry_prefix .. id)
+  redis.call('EXPIRE', retry_prefix .. id, retry_ttl)
+  redis.call('ZADD', running_key, ms(now + lease_ms), id)
+  redis.call('HSET', leases_key, id, score .. ':' .. cost .. ':' .. try)
+  redis.call('SET', in_progress_prefix .. id, '1', 'PX', in_progress_ms)
+  if redis.call('ZCARD', queue_key) == 0 then
+    park(free_slots - 1, budget < 0 and -1 or math.max(budget - cost, 0), '0')
+  else
+    park(0)
+  end
+  return reply(id, score, cost, job, try)
+end
+
+-- The routed choice among the window (see the top). Returns the position to take or
+-- nil, the window's ids and scores, and the hint of each.
+local function choose()
+  local raw = redis.call('ZRANGE', queue_key, 0, window - 1, 'WITHSCORES')
+  local ids, scores = {}, {}
+  for i = 1, #raw, 2 do
+    ids[#ids + 1] = raw[i]
+    scores[#scores + 1] = raw[i + 1]
+  end
+  local hints = redis.call('HMGET', routes_key, unpack(ids))
+  local overtakes = redis.call('HMGET', overtaken_key, unpack(ids))
+  local held_since = redis.call('HMGET', held_key, unpack(ids))
+  local live, loads = live_workers(route)
+  local mine = {running, capacity}
+  local others, busy = {}, {}
+  for _, w in ipairs(live) do
+    if w ~= worker_id then
+      if loads[w][1] - running > imbalance then
+        table.insert(busy, w)
+      else
+        table.insert(others, w)
+      end
+    end
+  end
+  local chosen, gain, why = nil, -1, nil
+  local urgent = nil
+  local held, outranked_wanted = false, false
+  for i, id in ipairs(ids) do
+    local hint = parse_hint(hints[i])
+    local forced = nil
+    local want, best, best_busy = 0, nil, nil
+    if not hint then
+      forced = 'none'
+    else
+      if held_since[i] and deadline_now - tonumber(held_since[i]) >= max_wait_ms then
+        forced = 'guard_wait'
+      elseif tonumber(overtakes[i] or '0') >= max_overtakes then
+        forced = 'guard_overtakes'
+      end
+      local last = session_worker(route, hint)
+      want = rank(route, worker_id, hint, last, mine)
+      for _, w in ipairs(others) do
+        local r = rank(route, w, hint, last, loads[w])
+        if best == nil or r > best then best = r end
+      end
+      for _, w in ipairs(busy) do
+        local r = rank(route, w, hint, last, loads[w])
+        if best_busy == nil or r > best_busy then best_busy = r end
+      end
+    end
+    if priority_guard and hint and urgent and hint.priority > urgent then
+      -- would overtake a more urgent request: not a candidate
+      if mode == 'prefix' and want > gain and want > 0 then outranked_wanted = true end
+    else
+      local wanted = best == nil or want >= best
+      if wanted or forced then
+        local g = (mode == 'prefix' and wanted) and want or 0
+        if chosen == nil or g > gain then
+          chosen, gain = i, g
+          why = nil
+          if not wanted then
+            why = forced
+          elseif best_busy ~= nil and best_busy > want then
+            why = 'guard_load'
+          end
+        end
+        if forced then
+          break  -- nothing after a request that is anyone's may overtake it
+        end
+      else
+        held = true
+        local since = tonumber(held_since[i] or '0')
+        if since == 0 then
+          since = deadline_now
+          redis.call('HSET', held_key, id, ms(since))
+        end
+        local left = since + max_wait_ms - deadline_now
+        if retry_ms == 0 or left < retry_ms then retry_ms = math.max(left, 1) end
+      end
+    end
+    if hint and (urgent == nil or hint.priority < urgent) then
+      urgent = hint.priority
+    end
+  end
+  if held then
+    redis.call('HINCRBY', stats_key, 'held', 1)
+  end
+  if outranked_wanted then
+    redis.call('HINCRBY', stats_key, 'guard_priority', 1)
+  end
+  if chosen ~= nil and why ~= nil and why ~= 'none' then
+    redis.call('HINCRBY', stats_key, why, 1)
+  end
+  return chosen, ids, scores, hints
+end
+
+local function routed_claim()
+  local i, ids, scores, hints = choose()
+  if i == nil then
+    redis.call('HSET', loads_key, worker_id, running .. '|' .. capacity)
+    park(free_slots, budget, idle)
+    return reply('', '0', '0')
+  end
+  local id = ids[i]
+  local deadline = redis.call('ZSCORE', deadlines_key, id)
+  if redis.call('EXISTS', cancel_prefix .. id) == 1 then
+    drop(id)
+    redis.call('DEL', job_prefix .. id)
+    table.insert(cancelled, id)
+    return nil
+  elseif deadline and tonumber(deadline) <= deadline_now then
+    drop(id)
+    redis.call('DEL', job_prefix .. id)
+    table.insert(expired, id)
+    return nil
+  end
+  local cost = redis.call('HGET', costs_key, id) or '0'
+  if i > 1 then
+    if budget >= 0 and idle ~= '1' and tonumber(cost) > budget then
+      i, id, cost = 1, ids[1], redis.call('HGET', costs_key, ids[1]) or '0'
+    else
+      redis.call('HINCRBY', stats_key, 'affinity', 1)
+      for j = 1, i - 1 do
+        redis.call('HINCRBY', overtaken_key, ids[j], 1)
+      end
+    end
+  end
+  remember(route, parse_hint(hints[i]), worker_id, session_ttl_ms)
+  redis.call('HSET', loads_key, worker_id, (running + 1) .. '|' .. capacity)
+  return take(id, scores[i], cost)
 end
 
 for _ = 1, 100 do
@@ -86,19 +280,13 @@ for _ = 1, 100 do
       park(0)
       return reply('', '0', '0')
     end
-    drop(id)
-    local job = redis.call('GET', job_prefix .. id)
-    local try = redis.call('INCR', retry_prefix .. id)
-    redis.call('EXPIRE', retry_prefix .. id, retry_ttl)
-    redis.call('ZADD', running_key, ms(now + lease_ms), id)
-    redis.call('HSET', leases_key, id, head[2] .. ':' .. cost .. ':' .. try)
-    redis.call('SET', in_progress_prefix .. id, '1', 'PX', in_progress_ms)
-    if redis.call('ZCARD', queue_key) == 0 then
-      park(free_slots - 1, budget < 0 and -1 or math.max(budget - cost, 0), '0')
-    else
-      park(0)
+    if not routed then
+      return take(id, head[2], cost)
     end
-    return reply(id, head[2], cost, job, try)
+    local out = routed_claim()
+    if out then
+      return out
+    end
   end
 end
 return reply('', '0', '0')

@@ -12,6 +12,14 @@
 -- worker cut off from Redis, so a parked worker whose heartbeat (in lease
 -- time: the model's beats, bumped by renew.lua) is older than its lease is skipped
 -- and unparked too: it could not renew the lease it would be handed.
+--
+-- Routed (a mode in ARGV[13], llmq.protocol.routing; KEYS 11-14 given): the request's
+-- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
+-- parked worker that wants it most (lua/affinity.lua), first parked on a tie; if a
+-- live worker that is not parked wants it more (it holds the prefix) and is not
+-- busier than that parked worker by more than `imbalance`, the request is queued for
+-- it instead (when `max_wait_ms` > 0): the holder claims it when a slot frees, anyone
+-- once it waited `max_wait_ms`.
 local queue_key = KEYS[1]
 local job_key = KEYS[2]
 local costs_key = KEYS[3]
@@ -36,6 +44,25 @@ local in_progress_prefix = ARGV[10]
 local retry_prefix = ARGV[11]
 local retry_ttl = ARGV[12]
 
+local mode = ARGV[13] or ''
+local routed = mode ~= ''
+local routes_key, loads_key, stats_key, held_key, hint_text, hint, session_ttl_ms, imbalance, max_wait_ms
+local route
+if routed then
+  routes_key = KEYS[11]
+  loads_key = KEYS[12]
+  stats_key = KEYS[13]
+  held_key = KEYS[14]
+  hint_text = ARGV[14]
+  hint = parse_hint(hint_text)
+  session_ttl_ms = ARGV[17]
+  imbalance = tonumber(ARGV[18])
+  max_wait_ms = tonumber(ARGV[20])
+  route = {mode = mode, cache_prefix = ARGV[15], session_prefix = ARGV[16],
+    loads_key = loads_key, beats_key = beats_key, live_ms = tonumber(ARGV[21]),
+    max_workers = tonumber(ARGV[19])}
+end
+
 if redis.call('ZCARD', queue_key) >= max_depth then
   return 0
 end
@@ -46,42 +73,120 @@ local function unpark(w)
   redis.call('HDEL', terms_key, w)
 end
 
+-- Claim the request for parked worker w and publish it on w's channel; false if
+-- nobody listens there (w is unparked).
+local function hand_to(w, now, free, budget, lease, held)
+  local message = id .. '|' .. score .. '|' .. cost .. '|1|' .. job
+  if redis.call('PUBLISH', handoff_prefix .. w, message) == 0 then
+    unpark(w)
+    return false
+  end
+  redis.call('ZADD', running_key, ms(now + tonumber(lease)), id)
+  redis.call('HSET', leases_key, id, score .. ':' .. cost .. ':1')
+  redis.call('SET', in_progress_prefix .. id, '1', 'PX', held)
+  redis.call('SET', retry_prefix .. id, '1', 'EX', retry_ttl)
+  if tonumber(free) > 1 then
+    local left = tonumber(budget) < 0 and -1 or math.max(tonumber(budget) - tonumber(cost), 0)
+    redis.call('HSET', terms_key, w,
+      (free - 1) .. '|' .. left .. '|0|' .. lease .. '|' .. held)
+    local last = redis.call('ZRANGE', parked_key, -1, -1, 'WITHSCORES')
+    redis.call('ZADD', parked_key, ms(math.max(now, tonumber(last[2]) + 1)), w)
+  else
+    unpark(w)
+  end
+  return true
+end
+
+-- Parked worker w's terms {w, free, budget, lease, held} if it could take the request
+-- now; nil if not, and a stale or malformed entry is unparked.
+local function taker(w, now)
+  local terms = redis.call('HGET', terms_key, w)
+  local free, budget, idle, lease, held
+  if terms then
+    free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
+  end
+  local beat = tonumber(redis.call('ZSCORE', beats_key, w) or '0')
+  if not free or now - beat > tonumber(lease) then
+    unpark(w)
+  elseif idle == '1' or tonumber(budget) < 0 or tonumber(cost) <= tonumber(budget) then
+    return {w, free, budget, lease, held}
+  end
+  return nil
+end
+
+-- Routed: the takers by how much each wants the request (stable), or none if a busy
+-- live worker wants it more (see the top).
+local function routed_order(now, found)
+  route.now = now
+  local live, loads = live_workers(route)
+  local last = session_worker(route, hint)
+  local parked_here, ranks = {}, {}
+  for i, t in ipairs(found) do
+    parked_here[t[1]] = true
+    ranks[i] = {rank(route, t[1], hint, last, loads[t[1]] or {0, 0}), i, t}
+  end
+  table.sort(ranks, function(a, b)
+    if a[1] ~= b[1] then return a[1] > b[1] end
+    return a[2] < b[2]
+  end)
+  local top = ranks[1]
+  if max_wait_ms > 0 and mode ~= 'load' then
+    local top_load = (loads[top[3][1]] or {0, 0})[1]
+    for _, w in ipairs(live) do
+      if not parked_here[w] and loads[w][1] - top_load <= imbalance
+          and rank(route, w, hint, last, loads[w]) > top[1] then
+        redis.call('HINCRBY', stats_key, 'handoff_held', 1)
+        redis.call('HSET', held_key, id, ARGV[22])
+        redis.call('PEXPIRE', held_key, ttl_ms)
+        return {}
+      end
+    end
+  end
+  if top[2] ~= 1 then
+    redis.call('HINCRBY', stats_key, 'handoff_affinity', 1)
+  end
+  local out = {}
+  for i, r in ipairs(ranks) do out[i] = r[3] end
+  return out
+end
+
 if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 then
   local now = lease_now(clock_key)
-  local n_cost = tonumber(cost)
-  for _, w in ipairs(redis.call('ZRANGE', parked_key, 0, 15)) do
-    local terms = redis.call('HGET', terms_key, w)
-    local free, budget, idle, lease, held
-    if terms then
-      free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
+  if not (routed and hint) then
+    for _, w in ipairs(redis.call('ZRANGE', parked_key, 0, 15)) do
+      local t = taker(w, now)
+      if t and hand_to(w, now, t[2], t[3], t[4], t[5]) then
+        return 2
+      end
     end
-    local beat = tonumber(redis.call('ZSCORE', beats_key, w) or '0')
-    if not free or now - beat > tonumber(lease) then
-      unpark(w)
-    elseif idle == '1' or tonumber(budget) < 0 or n_cost <= tonumber(budget) then
-      local message = id .. '|' .. score .. '|' .. cost .. '|1|' .. job
-      if redis.call('PUBLISH', handoff_prefix .. w, message) > 0 then
-        redis.call('ZADD', running_key, ms(now + tonumber(lease)), id)
-        redis.call('HSET', leases_key, id, score .. ':' .. cost .. ':1')
-        redis.call('SET', in_progress_prefix .. id, '1', 'PX', held)
-        redis.call('SET', retry_prefix .. id, '1', 'EX', retry_ttl)
-        if tonumber(free) > 1 then
-          local left = tonumber(budget) < 0 and -1 or math.max(tonumber(budget) - n_cost, 0)
-          redis.call('HSET', terms_key, w,
-            (free - 1) .. '|' .. left .. '|0|' .. lease .. '|' .. held)
-          local last = redis.call('ZRANGE', parked_key, -1, -1, 'WITHSCORES')
-          redis.call('ZADD', parked_key, ms(math.max(now, tonumber(last[2]) + 1)), w)
-        else
-          unpark(w)
+  else
+    local found = {}
+    for _, w in ipairs(redis.call('ZRANGE', parked_key, 0, 15)) do
+      local t = taker(w, now)
+      if t then table.insert(found, t) end
+    end
+    if #found > 0 then
+      found = routed_order(now, found)
+    end
+    for _, t in ipairs(found) do
+      if hand_to(t[1], now, t[2], t[3], t[4], t[5]) then
+        remember(route, hint, t[1], session_ttl_ms)
+        local load = redis.call('HGET', loads_key, t[1])
+        local running, capacity = string.match(load or '', '^(%d+)|(%d+)$')
+        if running then
+          redis.call('HSET', loads_key, t[1], (tonumber(running) + 1) .. '|' .. capacity)
         end
         return 2
       end
-      unpark(w)
     end
   end
 end
 redis.call('ZADD', queue_key, score, id)
 redis.call('HSET', costs_key, id, cost)
 redis.call('ZADD', deadlines_key, deadline_ms, id)
+if routed and hint then
+  redis.call('HSET', routes_key, id, hint_text)
+  redis.call('PEXPIRE', routes_key, ttl_ms)
+end
 redis.call('PUBLISH', wake_channel, id)
 return 1
