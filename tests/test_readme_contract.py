@@ -236,14 +236,16 @@ async def test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval(
         rid = await post_request(client, "nobody runs this")  # no worker: the stream stays idle
         started = time.monotonic()
         comments: list[float] = []
-        async with asyncio.timeout(3), client.stream("GET", f"/v1/requests/{rid}/events") as r:
+        async with asyncio.timeout(10), client.stream("GET", f"/v1/requests/{rid}/events") as r:
             async for line in r.aiter_lines():
                 if line.startswith(":"):
                     comments.append(time.monotonic() - started)
                 if len(comments) == 3:
                     break
-    gaps = [b - a for a, b in zip([0.0, *comments], comments, strict=False)]
-    assert all(0.15 < gap < 0.6 for gap in gaps), gaps
+    # Three comments, each an interval after the one before: never much sooner than three
+    # intervals; the upper bound (the 15 s default would give none) is only a loaded
+    # machine's margin. Single gaps are not bounded: a late comment shortens the next.
+    assert 3 * 0.2 * 0.9 <= comments[-1] < 5, comments
 
 
 class Stubborn:
