@@ -120,7 +120,7 @@ async def test_partitioned_api_host_its_openai_requests_are_cancelled_by_the_sur
         rid = lines[0]["id"]
         stack.cluster.cut("api1")
         lines = await run.finish(timeout=20)
-        assert lines[-1]["error"] == "APITimeoutError", lines[-1]
+        assert lines[-1].get("error") == "APITimeoutError", lines[-3:]
 
         async def cancelled() -> bool:
             return bool((await record(stack, rid))["status"] == "cancelled")
