@@ -303,7 +303,7 @@ async def test_the_job_timeout_ends_a_request_that_runs_longer(
     A 1 s timeout leaves the run 0.2 s to write its end, which a loaded machine needs."""
     await start_worker(job_timeout_seconds=1.0, model_tokens_per_second=50, max_tries=1)
     ran, message = await _ended_at_the_job_timeout(await start_api(), redis)
-    assert ran < 2.5
+    assert ran < 5.0  # the request alone would run 10 s; the rest is a loaded machine's margin
     assert message == "generation stopped before the job timeout of 1 s"
 
 
