@@ -107,7 +107,8 @@ async def test_the_sentinel_pool_is_bounded_and_blocks(sentinel: tuple[EmbeddedR
         # exhaustion is overload, told apart from an outage (429, not 503)
         with pytest.raises(PoolExhausted):
             await pool.get_connection()
-        assert 0.25 < time.monotonic() - began < 2
+        # it waited its 0.3 s, then gave up (the upper bound: a loaded machine's margin)
+        assert 0.25 < time.monotonic() - began < 10
         releasing = asyncio.create_task(pool.get_connection())
         await pool.release(held.pop())
         held.append(await asyncio.wait_for(releasing, 2))

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import statistics
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -60,6 +59,7 @@ async def test_chat_stream_is_openai_shaped_and_paced(floor_url: str) -> None:
     texts: list[str] = []
     finish: list[str | None] = []
     usage = None
+    started = time.monotonic()
     stream = await client.chat.completions.create(
         model="mock",
         messages=[{"role": "user", "content": "Tell me a story"}],
@@ -84,9 +84,11 @@ async def test_chat_stream_is_openai_shaped_and_paced(floor_url: str) -> None:
     assert usage is not None and usage.completion_tokens == 20 and usage.prompt_tokens == 5
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     interval = 1.0 / TOKENS_PER_SECOND
-    # On the model's schedule: neither batched (gaps near 0) nor slower than the model.
-    assert 0.75 * interval <= statistics.median(gaps) <= 1.5 * interval
-    assert arrivals[-1] - arrivals[0] >= 19 * interval * 0.9
+    # On the model's schedule: no token sooner than its deadline (a loaded machine only
+    # delays them, and one it delayed is followed by quicker ones, so single gaps are
+    # not bounded), and not batched: the tokens came at many moments, not at one.
+    assert all(at - started >= (k + 1) * interval * 0.9 for k, at in enumerate(arrivals))
+    assert sum(gap > 0.001 for gap in gaps) >= 5, gaps
 
 
 async def test_completion_without_stream(floor_url: str) -> None:

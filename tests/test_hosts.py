@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -120,21 +119,20 @@ async def test_partitioned_api_host_its_openai_requests_are_cancelled_by_the_sur
         lines = await run.wait(lambda ls: len(ls) >= 5, timeout=30, what="five chunks")
         rid = lines[0]["id"]
         stack.cluster.cut("api1")
-        cut_at = time.time()
         lines = await run.finish(timeout=20)
-        assert lines[-1]["error"] == "APITimeoutError", lines[-1]
+        assert lines[-1].get("error") == "APITimeoutError", lines[-3:]
 
         async def cancelled() -> bool:
             return bool((await record(stack, rid))["status"] == "cancelled")
 
+        # grace 2 s after the last beat (0.5 s), then a sweep (0.25 s) and a cancel
+        # message; the wait's bound is a loaded machine's margin (without the orphan
+        # sweep the request would run its 400 tokens, 8 s)
         await wait_until(cancelled, timeout=15, what="the orphaned request to be cancelled")
-        took = time.time() - cut_at
         await nothing_running(redis)
         final = await record(stack, rid)
     finally:
         stack.cluster.heal("api1")
-    # grace 2 s after the last beat (0.5 s), then a sweep (0.25 s) and a cancel message
-    assert took < API["orphan_grace_seconds"] + 2.5, took
     assert final["completion_tokens"] < 400
     await wait_api_ready(stack, "api1")
 

@@ -133,8 +133,9 @@ async def run_failover(stack: Stack) -> Failover:
 async def test_every_process_follows_a_failover_and_acknowledged_requests_survive(
     stack: Stack, failover: Failover
 ) -> None:
-    # target: the failover time + 2 s (plus headroom for this shared machine)
-    assert failover.stall_s < failover.failover_s + 2.0 + 1.5, failover
+    # target: the failover time + 2 s; the bound adds a loaded machine's margin (the
+    # figure itself is the host_faults benchmark's: failover_stall_beyond_s)
+    assert failover.stall_s < failover.failover_s + 2.0 + 5.0, failover
     assert failover.acked_accepted >= 5
     assert failover.missing["acked"] == [], "requests acknowledged after a replica's WAIT were lost"
     for proc in [*stack.apis.values(), *stack.workers.values()]:

@@ -99,14 +99,19 @@ async def test_in_process_run_reports_model_timings() -> None:
     assert result.target == "in_process"
     assert s["completed"] == 6 and s["failed"] == 0
     # TTFT = prefill (20 x 1 ms) + one decode step (10 ms); TPOT = 10 ms; E2E = 20 + 5 x 10.
-    assert 0.027 <= s["ttft_ms_median"] / 1000 <= 0.06
+    # The mock's schedule is a floor no machine can beat; a loaded one only delays, so
+    # the upper bounds are its margin (and would still catch a model ten times slower).
     # The mock keeps its step schedule: a step delayed by a busy machine is followed by
-    # quicker ones, which shortens every request's TPOT at once (they share the steps);
-    # most gaps between tokens stay one step.
-    assert s["itl_ms_median"] == pytest.approx(10.0, rel=0.25)
-    assert s["tpot_ms_median"] == pytest.approx(10.0, rel=0.4)
-    assert s["e2el_ms_median"] == pytest.approx(70.0, rel=0.4)
+    # quicker ones, so single gaps between tokens are not bounded below.
+    assert 0.027 <= s["ttft_ms_median"] / 1000 < 0.3
+    assert 0 < s["itl_ms_median"] < 100
+    assert 0 < s["tpot_ms_median"] < 100
+    assert 70 * 0.9 <= s["e2el_ms_median"] < 700
     assert all(r.output_tokens == 5 and len(r.itl_s) == 4 for r in result.records)
+    for r in result.records:  # the figures agree with each other
+        assert r.ttft_s is not None and r.e2e_s is not None and r.tpot_s is not None
+        assert r.ttft_s + sum(r.itl_s) <= r.e2e_s + 1e-9  # the last token, then the end
+        assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 4)
     assert [r.index for r in result.records] == list(range(6))
 
 
@@ -124,13 +129,16 @@ async def test_closed_loop_keeps_n_users_in_flight_and_warmup_is_excluded() -> N
     s = result.summary()
     assert s["completed"] == 6 and s["peak_in_flight"] == 2
     assert s["warmup"] == 2 and len(result.warmup_records) == 2
-    assert all(r.lag_s < 0.01 for r in result.records)
+    # a user sends its next request as soon as one ends (sent when scheduled: the bound
+    # is only a loaded machine's margin, the figure is the benchmarks' to measure)
+    assert all(r.lag_s < 0.5 for r in result.records)
 
 
 async def test_duration_bounds_a_closed_loop() -> None:
     result = await run_load(_config(concurrency=2, num_requests=None, duration=0.2))
     assert 2 <= len(result.records) <= 12  # ~70 ms per request, two users, 0.2 s
-    assert all(r.sent_s < 0.2 for r in result.records)
+    # nothing is started after the duration (when it left is up to a loaded machine)
+    assert all(r.scheduled_s < 0.2 for r in result.records)
 
 
 async def test_timeouts_are_classified_and_free_the_server() -> None:
@@ -145,7 +153,7 @@ class _BlockingTarget:
 
     async def send(self, spec: RequestSpec, clock: StreamClock) -> None:
         clock.sent()
-        time.sleep(0.03)  # the injected fault: CPU work holding the loop
+        time.sleep(0.1)  # the injected fault: CPU work holding the loop
         clock.content()
 
     async def prepare(self) -> None:
@@ -156,15 +164,20 @@ class _BlockingTarget:
 
 
 async def test_a_lagging_generator_is_flagged() -> None:
-    config = LoadConfig(request_rate=200.0, num_requests=10, seed=1)
+    """A send that holds the loop 100 ms at 200 requests/s: the last sends are most of a
+    second late. The threshold here is above what a loaded machine's own stalls
+    delay a calm run by (the default, 10 ms, is for a benchmark's quiet machine)."""
+    threshold = 250.0
+    config = LoadConfig(request_rate=200.0, num_requests=10, seed=1, lag_threshold_ms=threshold)
     result = await run_load(config, target=_BlockingTarget())
     s = result.summary()
-    assert s["lagged"] is True and s["lag_ms_p99"] > 10.0
+    assert s["lagged"] is True and s["lag_ms_p99"] > threshold
     calm = await run_load(
         LoadConfig(
             request_rate=200.0,
             num_requests=10,
             seed=1,
+            lag_threshold_ms=threshold,
             in_process=True,
             tokens_per_second=1000.0,
             output_tokens=(2, 2),

@@ -54,12 +54,14 @@ async def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
 async def test_timing_prefill_then_one_token_per_interval() -> None:
     model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.001)
     _, times = await collect(model, request(10, prompt_tokens=50))
-    # prefill 50 ms, then a token every 10 ms: the 10th at about 150 ms
+    # prefill 50 ms, then a token every 10 ms: the 10th at about 150 ms, never sooner
+    # (a loaded machine only delays); the upper bound is a loaded machine's margin
     assert times[0] >= 0.058
     assert times[-1] >= 0.148
-    assert times[-1] < 0.5
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert min(gaps) > 0.003
+    assert times[-1] < 1.0
+    # each token on its own deadline, never before it (single gaps are not bounded: a
+    # step a loaded machine delayed is followed by a quicker one)
+    assert all(t >= 0.05 + 0.01 * (k + 1) - 0.002 for k, t in enumerate(times)), times
 
 
 async def test_stop_probability_ends_early() -> None:
@@ -107,17 +109,18 @@ async def test_resumed_run_after_max_tokens_yields_nothing() -> None:
 
 
 async def test_resumed_run_prefills_the_generated_tokens_and_does_not_regenerate_them() -> None:
-    model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.001)
+    model = MockModel(tokens_per_second=20, prefill_seconds_per_token=0.001)
     full, _ = await collect(MockModel(tokens_per_second=1e6), request(50, seed=9))
     rest, times = await collect(
         model, request(50, seed=9, prompt_tokens=10, generated=tuple(full[:40]))
     )
     assert rest == full[40:]
-    # prefill of 10 + 40 tokens (50 ms), then 10 tokens at 10 ms: about 150 ms;
-    # generating the 40 again at model speed would have taken 400 ms more
-    assert times[0] >= 0.058
-    assert times[-1] >= 0.148
-    assert times[-1] < 0.4
+    # prefill of 10 + 40 tokens (50 ms), then 10 tokens at 50 ms: about 550 ms;
+    # generating the 40 again at model speed would take 2 s more (the bound between
+    # the two leaves a loaded machine a second)
+    assert times[0] >= 0.098
+    assert times[-1] >= 0.548
+    assert times[-1] < 1.5
 
 
 async def run_stepped(
@@ -146,8 +149,9 @@ async def test_the_step_loop_keeps_each_streams_timing_and_output_and_shares_its
         times = [at - start for at, _ in out]
         assert times[0] >= interval - 0.002
         # on absolute deadlines one interval apart (the first gap up to a step more):
-        # the last token 20 intervals after the start, give or take a loaded machine
-        assert 20 * interval - 0.002 <= times[-1] <= 20 * interval + 0.05
+        # the last token 20 intervals after the start, never sooner; the upper bound
+        # is a loaded machine's margin
+        assert 20 * interval - 0.002 <= times[-1] <= 20 * interval + 0.5
     # a wake-up is a cluster of tokens emitted together
     moments = sorted(at for out in outs for at, _ in out)
     wakeups = 1 + sum(b - a > 0.0005 for a, b in itertools.pairwise(moments))

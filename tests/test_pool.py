@@ -40,8 +40,9 @@ async def test_exhausted_pool_answers_429_not_503(
     assert busy.headers["retry-after"] == "1"
     assert busy.json()["error"]["code"] == "server_busy"
     assert busy.json()["error"]["type"] == "rate_limit_error"
-    # It waited for a connection within the bound, then answered, at once.
-    assert POOL_TIMEOUT * 0.9 <= took < POOL_TIMEOUT + 2.0
+    # It waited for a connection for the bound, then answered (the upper bound is only a
+    # loaded machine's margin: the answer comes after the wait, not never).
+    assert POOL_TIMEOUT * 0.9 <= took < POOL_TIMEOUT + 10.0
     # The refusal left nothing behind, and the process serves again once a connection frees.
     assert after_refusal == before and await redis.zcard(keys.queue("mock")) == 0
     assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 2

@@ -248,14 +248,16 @@ async def test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval(
         rid = await post_request(client, "nobody runs this")  # no worker: the stream stays idle
         started = time.monotonic()
         comments: list[float] = []
-        async with asyncio.timeout(3), client.stream("GET", f"/v1/requests/{rid}/events") as r:
+        async with asyncio.timeout(10), client.stream("GET", f"/v1/requests/{rid}/events") as r:
             async for line in r.aiter_lines():
                 if line.startswith(":"):
                     comments.append(time.monotonic() - started)
                 if len(comments) == 3:
                     break
-    gaps = [b - a for a, b in zip([0.0, *comments], comments, strict=False)]
-    assert all(0.15 < gap < 0.6 for gap in gaps), gaps
+    # Three comments, each an interval after the one before: never much sooner than three
+    # intervals; the upper bound (the 15 s default would give none) is only a loaded
+    # machine's margin. Single gaps are not bounded: a late comment shortens the next.
+    assert 3 * 0.2 * 0.9 <= comments[-1] < 5, comments
 
 
 class Stubborn:
@@ -313,7 +315,7 @@ async def test_the_job_timeout_ends_a_request_that_runs_longer(
     A 1 s timeout leaves the run 0.2 s to write its end, which a loaded machine needs."""
     await start_worker(job_timeout_seconds=1.0, model_tokens_per_second=50, max_tries=1)
     ran, message = await _ended_at_the_job_timeout(await start_api(), redis)
-    assert ran < 2.5
+    assert ran < 5.0  # the request alone would run 10 s; the rest is a loaded machine's margin
     assert message == "generation stopped before the job timeout of 1 s"
 
 

@@ -216,7 +216,9 @@ async def test_a_cancel_sent_while_the_worker_is_not_subscribed_still_stops_it(
         stopped = await wait_status(client, rid, "cancelled", "done", timeout=10)
         took = time.monotonic() - t0
     assert stopped["status"] == "cancelled" and stopped["completion_tokens"] < 1000
-    assert took < 0.2 + 0.8  # one heartbeat, plus margin for a loaded machine
+    # one renewal (0.2 s) on a quiet machine; the bound is a loaded machine's margin,
+    # well short of the 5 s the request would run if nothing stopped it
+    assert took < 3.0, took
     # Redis: the slot is free, and the stream ends with the cancel, counting what it holds
     await wait_until(
         lambda: no_running(redis), timeout=5, what="the cancelled request's lease to go"

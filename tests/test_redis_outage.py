@@ -67,16 +67,16 @@ async def test_a_worker_logs_an_outage_once_and_claims_promptly_after_it(
     start_worker: StartWorker,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Redis away for 4 s: the claim loop and the wake-up listener each warn once (not
+    """Redis away for 6 s: the claim loop and the wake-up listener each warn once (not
     on every retry), and a request sent once Redis is back runs within the shared
-    backoff's cap (0.5 s) plus a reconnect, not after a delay grown to 2 s."""
+    backoff's cap (0.5 s) plus a reconnect, not after a doubling delay grown to 4 s."""
     await start_worker(redis_url=own_redis.url, **FAST_FAIL)
     api = await start_api(redis_url=own_redis.url, relay_block_ms=500, **FAST_FAIL)
     async with api.client(timeout=10) as c:
         await wait_ready(c)
         with caplog.at_level(logging.INFO, logger="worker"):
             own_redis.kill()
-            await asyncio.sleep(4.0)  # the fault: Redis is away this long
+            await asyncio.sleep(6.0)  # the fault: Redis is away this long
             await asyncio.to_thread(own_redis.start)
             back = time.monotonic()
             accepted: list[str] = []
@@ -92,8 +92,9 @@ async def test_a_worker_logs_an_outage_once_and_claims_promptly_after_it(
             took = time.monotonic() - back
         messages = [r.getMessage() for r in caplog.records if r.name.startswith("worker")]
     assert done["status"] == "done"
-    # measured 0.7 s (restart to done, the API's own reconnect included); with the
-    # former doubling delays (2 s by then) 2.2 s
-    assert took < 1.5, took
+    # measured 0.7 s (restart to done, the API's own reconnect included); the bound is
+    # a loaded machine's margin; with a doubling delay (from 40 ms: attempts at 5.1 s,
+    # then 10.2 s) the claim would come about 4 s after the restart
+    assert took < 3.0, took
     assert sum("claiming failed" in m for m in messages) == 1, messages
     assert sum("wake-up listener lost" in m for m in messages) == 1, messages

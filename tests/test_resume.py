@@ -72,7 +72,7 @@ def assert_resumed(before: list[TokensEvent], after: list[TokensEvent], expected
 async def test_rerun_after_a_killed_worker_resumes_after_the_published_tokens(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:
-    max_tokens, seed, tps = 120, 23, 50
+    max_tokens, seed, tps = 160, 23, 50
     expected = await undisturbed(max_tokens, seed)
     procs = await spawn_workers(2, concurrency=1, model_tokens_per_second=tps, lease_seconds=1)
     api = await start_api()
@@ -98,7 +98,7 @@ async def test_rerun_after_a_killed_worker_resumes_after_the_published_tokens(
                 for choice in chunk["choices"]:
                     text += choice.get("text") or ""
                     finish = choice.get("finish_reason") or finish
-                if not victim_worker and len(text.split()) >= 40:
+                if not victim_worker and len(text.split()) >= 80:
                     victim_worker = (await record(client, rid))["worker"]
                     victim = next(p for p in procs if f"-{p.pid}-" in victim_worker)
                     victim.signal(signal.SIGKILL)
@@ -114,11 +114,12 @@ async def test_rerun_after_a_killed_worker_resumes_after_the_published_tokens(
     events = await stream_events(redis, rid)
     before, after = split_at_rerun(events)
     sent_before = assert_resumed(before, [e for _, e in after], expected)
-    assert sent_before >= 40
+    assert sent_before >= 80
     # the first new token came after a prefill, not after generating sent_before
-    # tokens again at model speed (which would take sent_before / tps seconds)
+    # tokens again at model speed (which would take sent_before / tps seconds, 1.6 s
+    # or more: no machine does that sooner, and a loaded one gets all of it as margin)
     rerun_at = next(at for at, e in events if isinstance(e, StartedEvent) and e.attempt == 2)
-    assert after[0][0] - rerun_at < 0.5 * sent_before / tps
+    assert after[0][0] - rerun_at < sent_before / tps
     done = events[-1][1]
     assert isinstance(done, DoneEvent)
     assert done.usage.completion_tokens == max_tokens and done.finish_reason == "length"

@@ -19,7 +19,9 @@ Faults: Redis SIGTERM + restart on the same port and directory (1 s down); a sta
 mid-stream (a replacement is started afterwards); the workers' pub/sub connections
 killed (three times, so the listener stays away) and a ``DELETE`` sent meanwhile
 (time until the request is cancelled); two busy loops holding both cores while
-streams run.
+streams run. With nothing at fault, a ``DELETE`` of a running request: the time
+until it is cancelled and the tokens written after the ``DELETE`` was answered (the
+figure the tests count in tokens, ``tests/test_cancel_latency.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from bench.stats import median
 from llmq.embedded import EmbeddedRedis
 from llmq.model.interface import GenerationRequest
 from llmq.protocol import keys
+from llmq.protocol.streams import published_tokens
 from llmq.settings import WorkerSettings
 from loadgen.sse import DONE, frames
 from worker.mock import MockModel
@@ -209,8 +212,9 @@ async def _one_rep(
     }
 
 
-async def _cancel_rep(stack: Stack, redis_url: str) -> dict[str, Any]:
-    """Kill the workers' pub/sub connections three times, then DELETE a running request."""
+async def _cancel_rep(stack: Stack, redis_url: str, drop_pubsub: bool) -> dict[str, Any]:
+    """DELETE a running request; with ``drop_pubsub``, after killing the workers' pub/sub
+    connections three times (the cancel message is lost)."""
     redis = Redis.from_url(redis_url, decode_responses=True)
     async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
         body = {"model": "mock", "prompt": "cancel me", "max_tokens": 1000}
@@ -221,7 +225,7 @@ async def _cancel_rep(stack: Stack, redis_url: str) -> dict[str, Any]:
             return status == "running"
 
         await _poll(running, 30, "the request to run")
-        for _ in range(3):
+        for _ in range(3 if drop_pubsub else 0):
 
             async def subscribed() -> bool:
                 return len(await redis.client_list(_type="pubsub")) >= 2
@@ -230,6 +234,7 @@ async def _cancel_rep(stack: Stack, redis_url: str) -> dict[str, Any]:
             await redis.client_kill_filter(_type="pubsub")
         t0 = time.monotonic()
         await c.delete(f"/v1/requests/{rid}")
+        before = len(await published_tokens(redis, rid))
         missed = len(await redis.client_list(_type="pubsub")) < 2
 
         async def cancelled() -> bool:
@@ -242,10 +247,12 @@ async def _cancel_rep(stack: Stack, redis_url: str) -> dict[str, Any]:
         except BenchError:
             stuck = 1
         took = time.monotonic() - t0
-        status = (await c.get(f"/v1/requests/{rid}")).json()["status"]
+        final = (await c.get(f"/v1/requests/{rid}")).json()
+        status = final["status"]
     await redis.aclose()
     return {
         "cancel_s": took,
+        "tokens_after": final["completion_tokens"] - before,
         "missed_message": missed,
         "stuck": stuck,
         "not_cancelled": int(status != "cancelled"),
@@ -307,7 +314,7 @@ def _injector(stack: Stack, fault: str, redis_url: str) -> Injector:
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"reps": len(runs)}
-    for key in ("stall_s", "after_back_s", "cancel_s"):
+    for key in ("stall_s", "after_back_s", "cancel_s", "tokens_after"):
         values = [r[key] for r in runs if r.get(key) is not None]
         if values:
             out[f"{key}_median"] = median(values)
@@ -349,8 +356,11 @@ def run(ctx: Context) -> ScenarioResult:
                     stack.workers = [w for w in stack.workers if w.running()]
                     stack.scale(2)
             results[fault] = _summary(runs)
+        ctx.say(f"  cancel x{reps}")
+        cancels = [asyncio.run(_cancel_rep(stack, stack.redis.url, False)) for _ in range(reps)]
+        results["cancel"] = _summary(cancels)
         ctx.say(f"  fault pubsub-drop+cancel x{reps}")
-        cancels = [asyncio.run(_cancel_rep(stack, stack.redis.url)) for _ in range(reps)]
+        cancels = [asyncio.run(_cancel_rep(stack, stack.redis.url, True)) for _ in range(reps)]
         results["pubsub-drop+cancel"] = _summary(cancels)
     return _result(results)
 
@@ -363,6 +373,8 @@ def _result(results: dict[str, dict[str, Any]]) -> ScenarioResult:
             f"{fmt(r.get('stall_s_median'), 2)} / {fmt(r.get('stall_s_max'), 2)}"
             if "stall_s_median" in r
             else f"cancel {fmt(r.get('cancel_s_median'), 2)} / {fmt(r.get('cancel_s_max'), 2)}"
+            f" ({fmt(r.get('tokens_after_median'), 0)} / {fmt(r.get('tokens_after_max'), 0)}"
+            " tokens after)"
         )
         rows.append(
             [

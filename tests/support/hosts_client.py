@@ -41,6 +41,13 @@ def run_openai(url: str, body: dict[str, Any]) -> None:
     except openai.APIError as exc:
         emit(error=type(exc).__name__, message=str(exc))
         return
+    except Exception as exc:
+        # A read timeout once the stream has begun comes unwrapped from the SDK's HTTP
+        # library (httpx or, in openai 3, httpx2): the SDK's timeout all the same.
+        if not any(c.__name__ == "TimeoutException" for c in type(exc).__mro__):
+            raise
+        emit(error=openai.APITimeoutError.__name__, message=str(exc))
+        return
     emit(end=True)
 
 
