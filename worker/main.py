@@ -31,6 +31,7 @@ from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
 from llmq.tasks import cancel_and_wait, run_periodically
 from worker.claimed import ClaimingRedis
+from worker.leases import LeaseClock
 from worker.mock import MockModel
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
@@ -133,6 +134,7 @@ async def _heartbeat(
             heartbeat_at=time.time(),
             capabilities=capabilities_of(runner.model),
         )
+        produced, sent_at = runner.produced(), asyncio.get_running_loop().time()
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
         for rid, renewal in news.items():
@@ -140,8 +142,25 @@ async def _heartbeat(
                 runner.fence(rid)
             elif renewal == "cancelled":
                 runner.cancel(rid)
+            if renewal != "lost" and runner.leases is not None and rid in produced:
+                runner.leases.renewed(rid, sent_at, produced[rid])
 
     await run_periodically(beat, settings.heartbeat_seconds, what="heartbeat", logger=log)
+
+
+#: How often the worker checks its leases against its own clock.
+LEASE_CHECK_SECONDS = 0.05
+
+
+async def _expire_leases(runner: RequestRunner, settings: WorkerSettings) -> NoReturn:
+    """Stop runs whose lease would have expired by this process's clock; apart from
+    the heartbeat, which may be stuck on a Redis that does not answer."""
+
+    async def check() -> None:
+        runner.expire_leases()
+
+    interval = min(LEASE_CHECK_SECONDS, settings.heartbeat_seconds)
+    await run_periodically(check, interval, what="lease expiry", logger=log)
 
 
 async def serve(
@@ -189,6 +208,11 @@ async def serve(
         model_name=settings.model,
         max_tries=settings.max_tries,
         job_timeout=settings.job_timeout_seconds,
+        leases=LeaseClock(
+            settings.lease_seconds,
+            settings.lease_margin_seconds,
+            enabled=settings.lease_self_expiry,
+        ),
     )
     queue = Queue(
         store,
@@ -218,6 +242,7 @@ async def serve(
             sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
         ),
         asyncio.create_task(metrics.flush_forever(recorder, store), name="metrics-flush"),
+        asyncio.create_task(_expire_leases(runner, settings), name="lease-expiry"),
     ]
     main = asyncio.create_task(worker.main(), name="claim-loop")
     log.info(

@@ -71,6 +71,7 @@ from llmq.schema import (
     ToolCallEvent,
     Usage,
 )
+from worker.leases import LeaseClock
 from worker.publisher import Fenced, StreamPublisher
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,8 @@ class RequestRunner:
     tokens, outcomes); ``model_name`` labels those of jobs too malformed to name one.
     ``redis`` reads a re-run's stream back; by default, the publisher's client.
     ``job_timeout`` is arq's limit on one run (None: none); see :func:`job_time_limit`.
+    ``leases`` times each run's lease by this process's clock (None: only Redis's
+    answers end a run that lost its lease); see :mod:`worker.leases`.
     """
 
     worker_id: str
@@ -148,7 +151,9 @@ class RequestRunner:
     max_tries: int = 3
     redis: Redis | None = None
     job_timeout: float | None = None
+    leases: LeaseClock | None = None
     running: dict[str, float] = field(default_factory=dict)
+    _progress: dict[str, _Progress] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
     #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
@@ -169,13 +174,16 @@ class RequestRunner:
         task.cancel()
         return True
 
-    def fence(self, request_id: str) -> None:
+    def fence(self, request_id: str, why: str = "this worker lost its lease") -> None:
         """This worker lost a running request: stop it, and write nothing more for it."""
         if request_id not in self.running or request_id in self.fenced:
             return
+        progress = self._progress.get(request_id)
         log.warning(
-            "request %s: this worker lost its lease; stopping it without writing",
+            "request %s: %s; stopping it without writing (at %d tokens)",
             request_id,
+            why,
+            0 if progress is None else progress.produced,
             extra={"request_id": request_id},
         )
         self.fenced.add(request_id)
@@ -183,12 +191,26 @@ class RequestRunner:
         if task is not None:
             task.cancel()
 
+    def produced(self) -> dict[str, int]:
+        """Tokens produced so far (resumed ones included) by each running request."""
+        return {rid: p.produced for rid, p in self._progress.items()}
+
+    def expire_leases(self) -> None:
+        """Stop the runs whose lease would have expired by this process's clock: no
+        renewal has answered for them for a lease (see :mod:`worker.leases`)."""
+        if self.leases is None:
+            return
+        for rid in self.leases.due(asyncio.get_running_loop().time()):
+            self.fence(rid, "its lease would have expired by this worker's clock")
+
     async def run(self, payload: JobPayload, attempt: int) -> None:
         rid = payload.request_id
         started = time.time()
         self.running[rid] = started
         self.publisher.own(rid, attempt, self.fence)
-        progress = _Progress()
+        progress = self._progress[rid] = _Progress()
+        if self.leases is not None:
+            self.leases.start(rid, asyncio.get_running_loop().time())
         if self.job_timeout is not None:
             progress.deadline = asyncio.get_running_loop().time() + job_time_limit(self.job_timeout)
         try:
@@ -204,6 +226,25 @@ class RequestRunner:
             self.publisher.disown(rid)
             self.running.pop(rid, None)
             self._cancelled.pop(rid, None)
+            self._progress.pop(rid, None)
+            if rid in self.fenced:
+                self._count_lost(payload, progress)
+            if self.leases is not None:
+                self.leases.forget(rid)
+
+    def _count_lost(self, payload: JobPayload, progress: _Progress) -> None:
+        """The tokens a fenced run produced after its last successful renewal: work
+        nobody reads (the re-run generates them again unless they landed)."""
+        renewed = self.leases.tokens_at_renewal(payload.request_id) if self.leases else None
+        lost = progress.produced - max(renewed or 0, progress.resumed)
+        log.info(
+            "request %s: fenced run stopped at %d tokens, %d since its last lease renewal",
+            payload.request_id,
+            progress.produced,
+            lost,
+            extra={"request_id": payload.request_id},
+        )
+        self.metrics.inc(metrics.LEASE_LOST_TOKENS, payload.model, amount=max(lost, 0))
 
     async def end_unfinished(self, request_id: str) -> None:
         """End a run that arq finished without its terminal event (its job timeout
