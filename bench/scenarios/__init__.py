@@ -8,6 +8,7 @@ from bench.scenario import Context, ScenarioResult
 from bench.scenarios import (
     autoscale,
     capacity,
+    chaos,
     choices,
     cluster,
     light,
@@ -36,4 +37,5 @@ SCENARIOS: dict[str, Callable[[Context], ScenarioResult]] = {
 ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "multihost-failovers": multihost.run_failovers,
     "cluster": cluster.run,
+    "chaos": chaos.run,
 }
