@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from bisect import bisect_left
 from collections import defaultdict
@@ -37,6 +38,8 @@ from llmq.tasks import run_periodically
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 1.0
+#: How long a flush's marker says it was applied (a failed flush is checked at the next).
+FLUSH_MARKER_SECONDS = 600
 #: Per-second totals are kept this long (the rate window is at most this).
 WINDOW_KEEP_SECONDS = 120
 
@@ -186,6 +189,10 @@ class Recorder:
     def __init__(self) -> None:
         self._deltas: defaultdict[_Key, float] = defaultdict(float)
         self._bounds = {h.name: h.bounds for h in HISTOGRAMS}
+        self._id = secrets.token_hex(6)
+        self._flushes = 0
+        #: A failed flush that may have been applied all the same: its marker, deltas.
+        self._unsure: tuple[str, dict[_Key, float]] | None = None
 
     def observe(self, family: Histogram, value: float, *labels: str) -> None:
         bound = self._bounds[family.name][bisect_left(family.buckets, value)]
@@ -208,10 +215,26 @@ class Recorder:
             self._deltas[key] += value
 
     async def flush(self, redis: Redis) -> None:
-        """Write the pending deltas to Redis in one transaction; on failure keep them."""
+        """Write the pending deltas to Redis in one transaction; on failure keep them.
+
+        A failure does not say whether the transaction was applied: a read that timed
+        out (Redis stalled) or a connection cut after the send may leave it applied,
+        and sending its deltas again would count them twice. So each flush also sets
+        a marker, and the deltas of a failed one go out again only once the marker is
+        found missing. The check runs on a new connection after the failure; Redis
+        serves it only after what the old connection had delivered.
+        """
+        if self._unsure is not None:
+            marker, unsure = self._unsure
+            applied = await redis.exists(marker)  # raises while Redis is away
+            self._unsure = None
+            if not applied:
+                self.give_back(unsure)
         deltas = self.take()
         if not deltas:
             return
+        self._flushes += 1
+        marker = keys.metrics_flush(self._id, self._flushes)
         second = int(time.time())
         per_second: defaultdict[str, float] = defaultdict(float)
         pipe = redis.pipeline(transaction=True)
@@ -224,12 +247,13 @@ class Recorder:
             for name, value in per_second.items():
                 pipe.hincrbyfloat(window, name, value)
             pipe.expire(window, WINDOW_KEEP_SECONDS)
+        pipe.set(marker, "1", ex=FLUSH_MARKER_SECONDS)
         try:
             await pipe.execute()
         except Exception:
             # Not on cancellation: the EXEC may have been applied, and counting a
             # second twice is worse than missing it.
-            self.give_back(deltas)
+            self._unsure = (marker, deltas)
             raise
 
 

@@ -110,11 +110,16 @@ class Clients:
         await asyncio.sleep(r.spec.cancel_after)
         while r.outcome is None:
             url = rng.choice(list(self.apis))
-            with contextlib.suppress(httpx.HTTPError):
+            # Set before sending: the request may end cancelled before the answer comes.
+            r.cancelled = True
+            try:
                 response = await http.delete(f"{url}/v1/requests/{r.request_id}")
                 if response.status_code == 200:
-                    r.cancelled = True
                     return
+            except httpx.ConnectError:
+                r.cancelled = False  # it never left
+            except httpx.HTTPError:
+                pass  # it may have been applied: the request may end cancelled
             await asyncio.sleep(RECONNECT_PAUSE)
 
     async def _native(self, http: httpx.AsyncClient, r: Request, rng: random.Random) -> None:
