@@ -196,12 +196,19 @@ class RequestRunner:
         return {rid: p.produced for rid, p in self._progress.items()}
 
     def expire_leases(self) -> None:
-        """Stop the runs whose lease would have expired by this process's clock: no
-        renewal has answered for them for a lease (see :mod:`worker.leases`)."""
+        """Stop the generations whose lease would have expired by this process's clock:
+        no renewal has answered for them for a lease (see :mod:`worker.leases`).
+
+        Only while the model generates: that is the work to save. A run whose
+        generation ended is writing its terminal event, which the publisher's fence
+        lands or refuses by the lease Redis holds; fencing it here would drop the
+        lease's release while the event lands, and the request would run again.
+        """
         if self.leases is None:
             return
         for rid in self.leases.due(asyncio.get_running_loop().time()):
-            self.fence(rid, "its lease would have expired by this worker's clock")
+            if rid in self._generations:
+                self.fence(rid, "its lease would have expired by this worker's clock")
 
     async def run(self, payload: JobPayload, attempt: int) -> None:
         rid = payload.request_id

@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from bench.chaos.checker import TERMINAL, Violation, check
 from bench.chaos.clients import Clients
 from bench.chaos.history import History, Kind, Process, Request, Spec, to_json
-from bench.chaos.nemesis import Nemesis, Rig
+from bench.chaos.nemesis import KINDS, Nemesis, Rig
 from bench.scenarios.host_faults import _redis
 from llmq.metrics import FLUSH_SECONDS
 from llmq.model.interface import GenerationRequest
@@ -64,6 +64,10 @@ class Plan:
     cancel_share: float = 0.2
     #: Every request must have ended this long after the faults stopped.
     bound: float = 60.0
+    #: The workers' ``lease_self_expiry`` (off: to measure what it saves).
+    self_expiry: bool = True
+    #: Fault kinds to draw from, by name (empty: every one).
+    kinds: tuple[str, ...] = ()
 
 
 def replay_command(plan: Plan) -> str:
@@ -110,16 +114,17 @@ def run(plan: Plan, say: Callable[[str], None], keep_logs: Path) -> tuple[Histor
     and the history (JSON) are copied to ``keep_logs``."""
     with Cluster() as cluster:
         say("chaos: starting Redis (AOF, Sentinels), 2 APIs, 3 workers on netns hosts")
+        worker = {**WORKER, "lease_self_expiry": plan.self_expiry}
         stack = start_stack(
             cluster,
             sentinel=True,
             api=API,
-            worker=WORKER,
+            worker=worker,
             aof=True,
             debug=True,
             down_after_ms=DOWN_AFTER_MS,
         )
-        rig = Rig(stack, WORKER, API)
+        rig = Rig(stack, worker, API)
         history = asyncio.run(_drive(plan, rig, say))
         history.processes = [
             Process(
@@ -147,7 +152,8 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     history = History(plan.seed, plan.duration, started_unix=time.time(), bound=plan.bound)
     history.flush_seconds = FLUSH_SECONDS
     clients = Clients([rig.stack.api_url(h) for h in API_HOSTS], rig.started)
-    nemesis = Nemesis(rig, plan.seed)
+    kinds = [k for k in KINDS if not plan.kinds or k.name in plan.kinds]
+    nemesis = Nemesis(rig, plan.seed, kinds=kinds)
     history.faults = nemesis.faults
     faults = asyncio.create_task(nemesis.run(until=plan.duration))
     tasks: list[asyncio.Task[None]] = []

@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from bench.chaos.history import Fault
 from bench.scenarios.host_faults import _primary, _replica_ready
 from rigs.hosts import API_HOSTS, WORKER_HOSTS, Stack
-from rigs.netns import REDIS_PORT, SENTINEL_MASTER, SENTINEL_PORT, HostProcess
+from rigs.netns import REDIS_PORT, HostProcess
 
 
 @dataclass
@@ -308,29 +308,37 @@ class Partition:
 
 @dataclass(frozen=True)
 class Failover:
-    """``SENTINEL FAILOVER``: a replica is promoted, the old primary made its replica."""
+    """The primary dies for good: the Sentinels promote its replica (after their
+    down-after), and the old primary comes back as the new one's replica.
+
+    Not ``SENTINEL FAILOVER`` with the old primary up: Sentinel demotes it only at
+    its next check (up to 10 s later), and until then processes whose connections
+    still point at it write to it, and those writes vanish when it resyncs
+    (docs/chaos.md)."""
 
     name: str = "sentinel-failover"
 
     async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
         old = await rig.primary()
-        cluster = rig.stack.cluster
-        sentinel = Redis(host=cluster.hosts["redis3"].address, port=SENTINEL_PORT)
-        try:
-            await sentinel.execute_command("SENTINEL", "FAILOVER", SENTINEL_MASTER)  # type: ignore[no-untyped-call]
-        finally:
-            await sentinel.aclose()
-        deadline = time.monotonic() + 30
-        while await rig.primary() == old:
+        rig.end(rig.stack.redis[old], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (new := await _answered_primary(rig)) in (old, None):
             if time.monotonic() > deadline:
-                raise TimeoutError("the Sentinels did not promote a replica within 30 s")
-            await asyncio.sleep(0.1)
-        new = await rig.primary()
+                raise TimeoutError("the Sentinels did not promote a replica within 60 s")
+            await asyncio.sleep(0.2)
         fault.targets, fault.detail["promoted"] = [old], new
+        await rig.restart_redis(old, replica_of=new)
         while not await _replica_ready(rig.stack, old):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{old} did not become a replica of {new} within 30 s")
+                raise TimeoutError(f"{old} did not become a replica of {new} within 60 s")
             await asyncio.sleep(0.2)
+
+
+async def _answered_primary(rig: Rig) -> str | None:
+    try:
+        return await rig.primary()
+    except RuntimeError:  # no Sentinel answered this time
+        return None
 
 
 #: Every fault kind the nemesis draws from.

@@ -15,10 +15,8 @@ import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench.chaos.campaign import Plan, replay_command
-from bench.chaos.campaign import run as run_campaign
 from bench.chaos.checker import Violation
 from bench.chaos.history import History
 from bench.report import fmt, table
@@ -30,7 +28,13 @@ DEFAULT_SECONDS = 300.0
 QUICK_SECONDS = 60.0
 
 
+if TYPE_CHECKING:
+    from bench.chaos.campaign import Plan
+
+
 def plan_for(ctx: Context) -> Plan:
+    from bench.chaos.campaign import Plan
+
     duration = ctx.duration or (QUICK_SECONDS if ctx.quick else DEFAULT_SECONDS)
     return Plan(seed=DEFAULT_SEED if ctx.seed is None else ctx.seed, duration=duration)
 
@@ -39,6 +43,10 @@ def run(ctx: Context) -> ScenarioResult:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         note = "skipped: network namespaces need root and iproute2"
         return ScenarioResult("chaos", "Fault campaign", {"skipped": note}, note, [])
+    # here, not at the top: the campaign uses other scenarios' helpers (host_faults)
+    from bench.chaos.campaign import replay_command
+    from bench.chaos.campaign import run as run_campaign
+
     plan = plan_for(ctx)
     kept = Path(tempfile.gettempdir()) / f"llmq-chaos-{plan.seed}-{os.getpid()}"
     history, violations = run_campaign(plan, ctx.say, kept)
@@ -56,6 +64,8 @@ def run(ctx: Context) -> ScenarioResult:
 
 def summary(history: History, violations: list[Violation], plan: Plan) -> dict[str, Any]:
     """The campaign's figures, for the JSON and the markdown."""
+    from bench.chaos.campaign import replay_command
+
     accepted = [r for r in history.requests if r.request_id is not None]
     stalls = [r.stall * 1000 for r in accepted if r.outcome == "done"]
     return {
