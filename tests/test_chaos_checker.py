@@ -132,6 +132,10 @@ CASES: dict[str, tuple[str, Callable[[], History]]] = {
     "left running": ("settled", lambda: history(native(), running=2)),
     "counted twice": ("metrics", lambda: history(native(), counters={"length": 2.0})),
     "not counted": ("metrics", lambda: history(native(), counters={})),
+    "a fault never healed": (
+        "nemesis",
+        lambda: history(native(), nemesis_error="TimeoutError: no replica promoted"),
+    ),
     "crashed": (
         "crashes",
         lambda: history(native(), processes=[Process("worker1", 7, 1, by_nemesis=False)]),

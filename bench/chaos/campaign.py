@@ -161,13 +161,16 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     for at, spec in specs(plan):
         await asyncio.sleep(max(0.0, at - rig.now()))
         if faults.done():
-            break  # the nemesis failed: stop here and report it
+            break  # the nemesis failed: stop the clients and report it
         request = Request(spec, submitted_at=rig.now())
         history.requests.append(request)
         rng = random.Random(f"client:{plan.seed}:{spec.n}")
         tasks.append(asyncio.create_task(clients.run(request, rng)))
     try:
         await faults
+    except Exception as exc:  # a fault that could not be healed: a finding, not a crash
+        history.nemesis_error = f"{type(exc).__name__}: {exc}"
+        say(f"chaos: the nemesis failed: {history.nemesis_error}")
     finally:
         await rig.heal_all()
     history.quiet_at = rig.now()

@@ -21,7 +21,9 @@ produces (the mock model for its seed, computed in-process; see
   records say, and below it by no more than the requests that ended within a
   flush interval before a process was killed (its unflushed counts die with it),
   plus submissions whose answer was lost;
-- ``crashes``: no process exited unless the nemesis stopped it.
+- ``crashes``: no process exited unless the nemesis stopped it;
+- ``nemesis``: every fault was healed (a failover that never completes, a process
+  that does not come back ready, is the system's failure too).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def check(history: History, reference: Reference) -> list[Violation]:
         else:
             mine += _openai(request, ref)
         found += [Violation(v.rule, v.request, f"{v.message} ({_describe(request)})") for v in mine]
+    if history.nemesis_error:
+        found.append(Violation("nemesis", None, f"a fault did not heal: {history.nemesis_error}"))
     found += _settled(history)
     found += _metrics(history)
     found += _crashes(history)

@@ -115,6 +115,8 @@ class History:
     lease_lost_tokens: float = 0.0
     #: How long a process may hold a count before flushing it (lost if it is killed).
     flush_seconds: float = 1.0
+    #: A fault the nemesis could not inject or heal (the system did not come back).
+    nemesis_error: str = ""
 
 
 def to_json(history: History) -> str:

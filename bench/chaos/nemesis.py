@@ -101,11 +101,16 @@ class Rig:
         await asyncio.to_thread(self.stack.cluster.wait_port, host, REDIS_PORT, 30.0)
 
     async def heal_all(self) -> None:
-        """Every link up, every process resumed and running: the end of the faults."""
+        """Every link up, every process resumed and running: the end of the faults
+        (after a fault that failed half-way too)."""
         for host in list(self.cut):
             self.heal(host)
         for proc in list(self.paused.values()):
             self.resume(proc)
+        for host, proc in list(self.stack.redis.items()):
+            if not proc.running():
+                primary = await _answered_primary(self)
+                await self.restart_redis(host, None if primary in (host, None) else primary)
         for host, proc in self.stack.workers.items():
             if not proc.running():
                 self.stack.start_worker(host, **self.worker_settings)
