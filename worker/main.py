@@ -142,8 +142,10 @@ async def _heartbeat(
                 runner.fence(rid)
             elif renewal == "cancelled":
                 runner.cancel(rid)
-            if renewal != "lost" and runner.leases is not None and rid in produced:
-                runner.leases.renewed(rid, sent_at, produced[rid])
+            if renewal == "ok":
+                if runner.leases is not None and rid in produced:
+                    runner.leases.renewed(rid, sent_at, produced[rid])
+                runner.resume(rid)  # a generation paused by the lease clock goes on
 
     await run_periodically(beat, settings.heartbeat_seconds, what="heartbeat", logger=log)
 

@@ -113,6 +113,10 @@ class _Progress:
     by_job_timeout: bool = False
     #: The terminal event is posted: the run is over, whatever happens to it now.
     ended: bool = False
+    #: The tokens so far (resumed ones included), to resume a paused generation.
+    texts: list[str] = field(default_factory=list)
+    #: The generation's deadline (loop time), kept across a pause.
+    generation_deadline: float | None = None
     #: What the backend reported (:class:`~llmq.model.interface.Report`): the prompt's
     #: token count by its own tokenizer, the cached part of it, why it stopped.
     prompt_tokens: int | None = None
@@ -154,6 +158,9 @@ class RequestRunner:
     leases: LeaseClock | None = None
     running: dict[str, float] = field(default_factory=dict)
     _progress: dict[str, _Progress] = field(default_factory=dict)
+    #: Generations paused by the lease clock, until a renewal says resume (True) or
+    #: the run is lost or cancelled (False).
+    _paused: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
     #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
@@ -168,6 +175,7 @@ class RequestRunner:
         for rid, at in list(self._cancelled.items()):
             if now - at > CANCEL_MEMORY_SECONDS:
                 del self._cancelled[rid]
+        self._unpause(request_id, resume=False)
         task = self._generations.get(request_id)
         if task is None:
             return False
@@ -187,6 +195,7 @@ class RequestRunner:
             extra={"request_id": request_id},
         )
         self.fenced.add(request_id)
+        self._unpause(request_id, resume=False)
         task = self._generations.get(request_id)
         if task is not None:
             task.cancel()
@@ -196,19 +205,78 @@ class RequestRunner:
         return {rid: p.produced for rid, p in self._progress.items()}
 
     def expire_leases(self) -> None:
-        """Stop the generations whose lease would have expired by this process's clock:
-        no renewal has answered for them for a lease (see :mod:`worker.leases`).
+        """Pause the generations whose lease would have expired by this process's
+        clock: no renewal has answered for them for a lease (see :mod:`worker.leases`).
 
+        The model stops at once (its task is cancelled); the run then waits for Redis.
+        A renewal that answers ``ok`` (Redis was only stalled: its lease clock did not
+        run meanwhile) resumes the generation from the tokens produced so far, as a
+        re-run would (:meth:`resume`); ``lost`` fences the run, ``cancelled`` ends it.
         Only while the model generates: that is the work to save. A run whose
         generation ended is writing its terminal event, which the publisher's fence
-        lands or refuses by the lease Redis holds; fencing it here would drop the
-        lease's release while the event lands, and the request would run again.
+        lands or refuses by the lease Redis holds.
         """
         if self.leases is None:
             return
         for rid in self.leases.due(asyncio.get_running_loop().time()):
-            if rid in self._generations:
-                self.fence(rid, "its lease would have expired by this worker's clock")
+            task = self._generations.get(rid)
+            if task is None or rid in self._paused or rid in self.fenced:
+                continue
+            progress = self._progress.get(rid)
+            log.warning(
+                "request %s: its lease would have expired by this worker's clock; "
+                "generation paused at %d tokens until Redis answers",
+                rid,
+                0 if progress is None else progress.produced,
+                extra={"request_id": rid},
+            )
+            self._paused[rid] = asyncio.get_running_loop().create_future()
+            task.cancel()
+
+    def resume(self, request_id: str) -> None:
+        """A renewal answered ``ok``: a generation paused by the lease clock goes on,
+        unless that renewal was sent so long ago that the lease is due again (one sent
+        before a stall, answered after it): the next renewal decides."""
+        if self.leases is not None:
+            expires = self.leases.expires_at(request_id)
+            if expires is not None and expires <= asyncio.get_running_loop().time():
+                return
+        self._unpause(request_id, resume=True)
+
+    def _unpause(self, request_id: str, *, resume: bool) -> None:
+        waiting = self._paused.get(request_id)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(resume)
+
+    async def _through_pauses(
+        self, payload: JobPayload, progress: _Progress, generation: asyncio.Task[FinishReason]
+    ) -> FinishReason:
+        """The generation's outcome; a pause by the lease clock (:meth:`expire_leases`)
+        waits for Redis's verdict, then resumes with a new generation task, or ends
+        with the cancellation (the run was fenced or cancelled meanwhile)."""
+        rid = payload.request_id
+        while True:
+            try:
+                return await generation
+            except asyncio.CancelledError:
+                waiting = self._paused.get(rid)
+                current = asyncio.current_task()
+                if waiting is None or (current is not None and current.cancelling()):
+                    raise
+                try:
+                    resume = await waiting
+                finally:
+                    self._paused.pop(rid, None)
+                if not resume:
+                    raise
+            log.info(
+                "request %s: Redis answered and the lease holds; generation resumes at %d",
+                rid,
+                progress.produced,
+                extra={"request_id": rid},
+            )
+            generation = asyncio.create_task(self._generate(payload, progress, progress.texts))
+            self._generations[rid] = generation
 
     async def run(self, payload: JobPayload, attempt: int) -> None:
         rid = payload.request_id
@@ -359,6 +427,7 @@ class RequestRunner:
         announces itself once the model is started, so that prefill waits for nothing."""
         rid = payload.request_id
         progress.produced = progress.resumed = len(generated)
+        progress.texts = list(generated)
         generation = asyncio.create_task(self._generate(payload, progress, generated))
         self._generations[rid] = generation
         if rid in self._cancelled:
@@ -385,7 +454,7 @@ class RequestRunner:
             await asyncio.sleep(0)  # the model's first step (prefill) starts before this
             self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
             self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
-            finish = await generation
+            finish = await self._through_pauses(payload, progress, generation)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -451,7 +520,7 @@ class RequestRunner:
             tool_choice=params.tool_choice,
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
-        token = self.publisher.token
+        token, texts = self.publisher.token, progress.texts
         loop = asyncio.get_running_loop()
 
         def take(out: str) -> None:
@@ -465,6 +534,7 @@ class RequestRunner:
                 token(rid, progress.produced, str(out), out.logprob)
             else:
                 token(rid, progress.produced, out)
+            texts.append(str(out))
             now = time.time()
             progress.produced += 1
             if progress.first_at is None:
@@ -478,8 +548,11 @@ class RequestRunner:
                 observe(itl, now - progress.last_at, model)
             progress.last_at = now
 
-        # The generation timeout, or the job timeout's deadline if that comes first.
-        deadline = loop.time() + payload.generation_timeout
+        # The generation timeout, or the job timeout's deadline if that comes first;
+        # a generation resumed after a pause keeps the first one's.
+        if progress.generation_deadline is None:
+            progress.generation_deadline = loop.time() + payload.generation_timeout
+        deadline = progress.generation_deadline
         if progress.deadline is not None and progress.deadline < deadline:
             deadline, progress.by_job_timeout = progress.deadline, True
         try:
