@@ -23,6 +23,10 @@ raised the fence) is *fenced*: the publisher's script refuses its writes and say
 so, or the lease renewal reports it ``lost``; the runner then stops the generation
 at once and writes nothing more: no terminal event, no record, no lifecycle note,
 no outcome metric (outcomes are counted only once their terminal write landed).
+A run that cannot hear from Redis does not wait for that answer to stop its model:
+when its lease would have expired by this process's clock, the generation pauses
+(:meth:`RequestRunner.expire_leases`), and the next renewal's answer resumes it
+(the lease held: Redis was only stalled) or fences the run.
 
 A re-run (``attempt`` > 1: the previous worker died or stopped, or the model
 raised) resumes instead of starting over: once its ``started`` event is written,
