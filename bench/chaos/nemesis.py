@@ -100,6 +100,16 @@ class Rig:
         self.stack.start_redis_on(host, replica_of=replica_of)
         await asyncio.to_thread(self.stack.cluster.wait_port, host, REDIS_PORT, 30.0)
 
+    async def replicas_ready(self, timeout: float = 60.0) -> None:
+        """Every Redis other than the primary replicates it, as the Sentinels see."""
+        deadline = time.monotonic() + timeout
+        primary = await self.primary()
+        for host in self.stack.redis:
+            while host != primary and not await _replica_ready(self.stack, host):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{host} did not resync with {primary} in {timeout:g} s")
+                await asyncio.sleep(0.2)
+
     async def heal_all(self) -> None:
         """Every link up, every process resumed and running: the end of the faults
         (after a fault that failed half-way too)."""
@@ -236,6 +246,9 @@ class RedisKill:
         rig.end(rig.stack.redis[host], signal.SIGKILL)
         await asyncio.sleep(rng.uniform(0.2, 1.5))
         await rig.restart_redis(host)
+        # healed once the replica has resynced: a primary lost before that (the next
+        # fault) would take with it everything since the restart
+        await rig.replicas_ready()
 
 
 @dataclass(frozen=True)
