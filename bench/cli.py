@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--levels", default="", help="comma-separated stream counts (capacity; default: its own)"
     )
+    parser.add_argument("--seed", type=int, default=None, help="chaos: the campaign's seed")
+    parser.add_argument(
+        "--duration", type=float, default=None, help="chaos: seconds of faults (default 300)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     return parser
 
@@ -161,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policies=_names(args.policies),
         systems=_names(args.systems),
         levels=_levels(args.levels),
+        seed=args.seed,
+        duration=args.duration,
     )
     info = machine_info()
     info["redis_version"] = _redis_version()
@@ -198,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "policies": list(ctx.policies),
             "systems": list(ctx.systems),
             "levels": list(ctx.levels),
+            "seed": ctx.seed,
+            "duration": ctx.duration,
         },
         "machine": info,
         "interrupted": interrupted,

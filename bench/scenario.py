@@ -22,7 +22,7 @@ class Context:
     ``traces``/``policies``: a subset of a scenario's traces or policies to run (empty:
     all), for iterating on one part without the whole run (the autoscale scenario reads
     them); ``systems``/``levels``: likewise the compared systems and the load levels
-    (the capacity scenario reads them)."""
+    (the capacity scenario reads them); ``seed``/``duration``: the chaos campaign's."""
 
     repeats: int
     quick: bool
@@ -31,6 +31,9 @@ class Context:
     policies: tuple[str, ...] = ()
     systems: tuple[str, ...] = ()
     levels: tuple[int, ...] = ()
+    #: The chaos campaign's seed and length (seconds); None: its defaults.
+    seed: int | None = None
+    duration: float | None = None
     started: float = field(default_factory=time.monotonic)
 
     def say(self, message: str) -> None:

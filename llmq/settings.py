@@ -309,6 +309,17 @@ class WorkerSettings(CommonSettings):
         description="A running request whose worker has not renewed its lease for this "
         "long goes back to the queue (the worker is presumed dead).",
     )
+    lease_self_expiry: bool = Field(
+        True,
+        description="A worker that cannot renew a running request's lease stops generating "
+        "it when the lease would expire by its own clock (from its last successful renewal, "
+        "minus lease_margin_seconds), without waiting for Redis to say it is lost.",
+    )
+    lease_margin_seconds: float = Field(
+        0.1,
+        ge=0,
+        description="How much earlier than the lease a worker that cannot renew gives up.",
+    )
     job_timeout_seconds: float = Field(
         600.0, gt=0, description="Hard limit on one request's run time in a worker."
     )
@@ -389,6 +400,8 @@ class WorkerSettings(CommonSettings):
         # A stall or restart of Redis costs a lease up to the lease clock's cap (0.3 s).
         if self.lease_seconds <= self.heartbeat_seconds + 0.3:
             raise ValueError("lease_seconds must exceed heartbeat_seconds by more than 0.3")
+        if self.lease_seconds - self.lease_margin_seconds <= self.heartbeat_seconds:
+            raise ValueError("lease_seconds - lease_margin_seconds must exceed heartbeat_seconds")
         return self
 
 

@@ -42,6 +42,10 @@ class Stack:
 
     cluster: Cluster
     sentinel: bool
+    #: Redis with its append-only file and ``DEBUG``; Sentinels' down-after (ms).
+    aof: bool = False
+    debug: bool = False
+    down_after_ms: int = 1000
     redis: dict[str, HostProcess] = field(default_factory=dict)
     sentinels: dict[str, HostProcess] = field(default_factory=dict)
     apis: dict[str, HostProcess] = field(default_factory=dict)
@@ -57,12 +61,20 @@ class Stack:
     def api_url(self, host: str) -> str:
         return f"http://{self.cluster.hosts[host].address}:{API_PORT}"
 
+    def start_redis_on(self, host: str, replica_of: str | None = None) -> HostProcess:
+        """(Re)start the Redis of ``host`` with the stack's options."""
+        proc = self.cluster.start_redis(host, replica_of=replica_of, aof=self.aof, debug=self.debug)
+        self.redis[host] = proc
+        return proc
+
     def start_redis(self) -> None:
-        self.redis["redis1"] = self.cluster.start_redis("redis1")
+        self.start_redis_on("redis1")
         if self.sentinel:
-            self.redis["redis2"] = self.cluster.start_redis("redis2", replica_of="redis1")
+            self.start_redis_on("redis2", replica_of="redis1")
             for host in REDIS_HOSTS:
-                self.sentinels[host] = self.cluster.start_sentinel(host, primary="redis1")
+                self.sentinels[host] = self.cluster.start_sentinel(
+                    host, primary="redis1", down_after_ms=self.down_after_ms
+                )
         for host in self.redis:
             self.cluster.wait_port(host, REDIS_PORT)
         for host in self.sentinels:
@@ -135,9 +147,11 @@ def start_stack(
     worker: dict[str, Any] | None = None,
     api_hosts: Sequence[str] = API_HOSTS,
     worker_hosts: Sequence[str] = WORKER_HOSTS,
+    **redis: Any,
 ) -> Stack:
-    """Redis (primary, plus replica and three Sentinels with ``sentinel``), APIs, workers."""
-    stack = Stack(cluster, sentinel)
+    """Redis (primary, plus replica and three Sentinels with ``sentinel``), APIs, workers;
+    ``redis``: the :class:`Stack`'s Redis options (``aof``, ``debug``, ``down_after_ms``)."""
+    stack = Stack(cluster, sentinel, **redis)
     stack.start_redis()
     for host in worker_hosts:
         stack.start_worker(host, **(worker or {}))

@@ -252,8 +252,12 @@ class Cluster:
     def redis_url(self, host: str = "redis1") -> str:
         return f"redis://:{self.password}@{self.hosts[host].address}:{REDIS_PORT}/0"
 
-    def start_redis(self, host: str, *, replica_of: str | None = None) -> HostProcess:
-        """A password-protected ``redis-server`` bound to the host's address and loopback."""
+    def start_redis(
+        self, host: str, *, replica_of: str | None = None, aof: bool = False, debug: bool = False
+    ) -> HostProcess:
+        """A password-protected ``redis-server`` bound to the host's address and loopback;
+        ``aof``: with its append-only file (a restart keeps what was acknowledged);
+        ``debug``: accepting ``DEBUG`` (``DEBUG SLEEP`` stalls it) from any client."""
         directory = self.workdir / f"redis-{host}"
         directory.mkdir(exist_ok=True)
         argv = [
@@ -271,8 +275,10 @@ class Cluster:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if aof else "no",
         ]
+        if debug:
+            argv += ["--enable-debug-command", "yes"]
         if replica_of is not None:
             argv += ["--replicaof", self.hosts[replica_of].address, str(REDIS_PORT)]
         return self.run(host, argv, name=f"{host}-redis")

@@ -1,9 +1,11 @@
 """A partitioned worker: its link is cut mid-stream with its processes left running.
 
 Its lease expires, the request re-runs on another host and the client's text is
-that of an undisturbed run. When the link heals, the old worker is fenced: it
-learns it lost the lease and stops, and nothing it writes afterwards reaches the
-request's stream, record, metrics or lifecycle.
+that of an undisturbed run. The cut-off worker stops generating on its own when
+the lease would expire by its clock (``lease_self_expiry``), while still cut off:
+it spends at most about a lease's worth of tokens nobody reads. When the link
+heals, nothing it wrote afterwards reaches the request's stream, record, metrics
+or lifecycle.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ WORKER = {
     "model_mean_tokens": 0,
 }
 TOKENS = 300
+RATE = WORKER["model_tokens_per_second"]
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,19 @@ async def native_replay(stack: Stack, rid: str) -> list[dict[str, Any]]:
     return events
 
 
+async def stored(redis: Redis, rid: str) -> list[dict[str, Any]]:
+    return [json.loads(f["data"]) for _, f in await redis.xrange(keys.stream(rid))]
+
+
+def stopped_at(log: str, rid: str) -> int | None:
+    """How many tokens the worker had produced when it stopped ``rid`` by its own clock."""
+    pattern = (
+        rf"request {rid}: its lease would have expired by this worker's clock.*at (\d+) tokens"
+    )
+    found = re.search(pattern, log)
+    return int(found.group(1)) if found else None
+
+
 def token_indices(events: list[dict[str, Any]]) -> list[int]:
     return [
         i
@@ -106,6 +122,7 @@ async def test_a_partitioned_worker_is_replaced_then_fenced_when_its_link_heals(
     rid = lines[0]["id"]
     old = stack.worker_host((await record(stack, rid))["worker"])
     assert old is not None
+    at_cut = len(token_indices(await stored(redis, rid)))
     stack.cluster.cut(old)
     try:
 
@@ -114,9 +131,19 @@ async def test_a_partitioned_worker_is_replaced_then_fenced_when_its_link_heals(
             return found["attempts"] == 2 and stack.worker_host(found["worker"]) != old
 
         await wait_until(rerun_elsewhere, timeout=15, what="the lease to expire and a re-run")
+
+        def stopped_while_cut() -> bool:
+            return stopped_at(stack.workers[old].output(), rid) is not None
+
+        # still cut off, nothing from Redis: it stops by its own clock
+        await wait_until(stopped_while_cut, timeout=10, what="the cut-off worker to stop itself")
     finally:
-        # heal while the old worker still runs its attempt: it must notice and stop
         stack.cluster.heal(old)
+    produced = stopped_at(stack.workers[old].output(), rid)
+    assert produced is not None
+    # it generated about a lease's worth after the cut, not the rest of the request
+    bound = RATE * (WORKER["lease_seconds"] + WORKER["heartbeat_seconds"]) + 25
+    assert produced - at_cut <= bound, (produced, at_cut)
 
     async def old_stopped() -> bool:
         # it stops its attempt (and reports running 0), or stops altogether
@@ -132,10 +159,10 @@ async def test_a_partitioned_worker_is_replaced_then_fenced_when_its_link_heals(
     assert final["completion_tokens"] == TOKENS
     assert stack.worker_host(final["worker"]) != old
     # the stream holds each index once: the old attempt's writes after the reap never landed
-    stored = [json.loads(f["data"]) for _, f in await redis.xrange(keys.stream(rid))]
-    assert sorted(token_indices(stored)) == list(range(TOKENS))
-    assert [e["attempt"] for e in stored if e["type"] == "started"] == [1, 2]
-    assert [e["type"] for e in stored].count("done") == 1 and stored[-1]["type"] == "done"
+    events = await stored(redis, rid)
+    assert sorted(token_indices(events)) == list(range(TOKENS))
+    assert [e["attempt"] for e in events if e["type"] == "started"] == [1, 2]
+    assert [e["type"] for e in events].count("done") == 1 and events[-1]["type"] == "done"
     replay = await native_replay(stack, rid)
     assert token_indices(replay) == list(range(TOKENS)), "duplicate or out-of-order index"
     lifecycle = [

@@ -10,11 +10,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.exposition import GAUGES, Scrape, render
 from api.summary import cluster_summary, estimate_quantile, estimated_percentiles, window_rates
 from api.totals import read_totals
 from llmq import metrics
+from llmq.embedded import EmbeddedRedis
 from llmq.protocol import keys
 from tests.support.exposition import samples, value
 from tests.support.servers import SpawnWorkers, StartApi
@@ -92,6 +94,29 @@ async def test_failed_flush_keeps_the_deltas(redis_url: str) -> None:
     await recorder.flush(alive)
     totals = await read_totals(alive)
     await alive.aclose()
+    assert totals.counters["llmq_requests"][("m1", "stop")] == 1
+
+
+async def test_a_flush_applied_though_its_reply_was_lost_is_not_counted_twice(
+    own_redis: EmbeddedRedis,
+) -> None:
+    """Redis stalls (``DEBUG SLEEP``) past the flush's read timeout, then applies it:
+    the next flush finds its marker and does not send the deltas again."""
+    recorder = metrics.Recorder()
+    recorder.inc(metrics.REQUESTS, "m1", "stop")
+    admin = Redis.from_url(own_redis.url, decode_responses=True)
+    impatient = Redis.from_url(own_redis.url, socket_timeout=0.2)
+    await impatient.ping()  # connected: the stall catches the flush's own reply
+    stalled = await admin.connection_pool.get_connection()
+    await stalled.send_command("DEBUG", "SLEEP", "0.6")  # Redis stalls from now
+    with pytest.raises(RedisTimeoutError):
+        await recorder.flush(impatient)
+    await impatient.aclose()
+    await stalled.read_response()
+    await admin.connection_pool.release(stalled)
+    await recorder.flush(admin)
+    totals = await read_totals(admin)
+    await admin.aclose()
     assert totals.counters["llmq_requests"][("m1", "stop")] == 1
 
 

@@ -28,7 +28,10 @@ in the order a worker's life and a request's run go:
    round trip of its own.
 4. **Lease renewal**: every heartbeat renews the leases of the requests the worker
    holds, together with its registry entry; a request reported ``lost`` is fenced
-   (stopped without writing), one reported ``cancelled`` is cancelled. Under a
+   (stopped without writing), one reported ``cancelled`` is cancelled. A worker
+   that cannot renew times each lease by its own clock (``leases.py``) and pauses
+   the generation when it would expire, so a cut-off worker stops spending its
+   model on tokens nobody will read. Under a
    routing policy the beat also publishes the worker's load and what its KV cache
    gained and lost (``cache_report.py``), which routed claims and hand-offs read.
 5. **Run** (``runner.py``): the model's tokens become events on the request's

@@ -42,6 +42,7 @@ from worker.backends.openai import OpenAIUpstream
 from worker.backends.watch import UpstreamWatch
 from worker.cache_report import CacheReport
 from worker.claimed import ClaimingRedis
+from worker.leases import LeaseClock
 from worker.publisher import StreamPublisher
 from worker.queue_worker import QueueWorker
 from worker.runner import RequestRunner
@@ -153,6 +154,7 @@ async def _heartbeat(
             context_length=context_length_of(runner.model),
             ready=watch is None or watch.ready,
         )
+        produced, sent_at = runner.produced(), asyncio.get_running_loop().time()
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
         if worker.queue.routing.routed:
@@ -169,8 +171,27 @@ async def _heartbeat(
                 runner.fence(rid)
             elif renewal == "cancelled":
                 runner.cancel(rid)
+            if renewal == "ok":
+                if runner.leases is not None and rid in produced:
+                    runner.leases.renewed(rid, sent_at, produced[rid])
+                runner.resume(rid)  # a generation paused by the lease clock goes on
 
     await run_periodically(beat, settings.heartbeat_seconds, what="heartbeat", logger=log)
+
+
+#: How often the worker checks its leases against its own clock.
+LEASE_CHECK_SECONDS = 0.05
+
+
+async def _expire_leases(runner: RequestRunner, settings: WorkerSettings) -> NoReturn:
+    """Stop runs whose lease would have expired by this process's clock; apart from
+    the heartbeat, which may be stuck on a Redis that does not answer."""
+
+    async def check() -> None:
+        runner.expire_leases()
+
+    interval = min(LEASE_CHECK_SECONDS, settings.heartbeat_seconds)
+    await run_periodically(check, interval, what="lease expiry", logger=log)
 
 
 async def serve(
@@ -229,6 +250,11 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         model_name=settings.model,
         max_tries=settings.max_tries,
         job_timeout=settings.job_timeout_seconds,
+        leases=LeaseClock(
+            settings.lease_seconds,
+            settings.lease_margin_seconds,
+            enabled=settings.lease_self_expiry,
+        ),
     )
     queue = Queue(
         store,
@@ -266,6 +292,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
             sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
         ),
         asyncio.create_task(metrics.flush_forever(recorder, store), name="metrics-flush"),
+        asyncio.create_task(_expire_leases(runner, settings), name="lease-expiry"),
     ]
     if watch is not None:
         tasks.append(asyncio.create_task(watch.run(), name="upstream-watch"))

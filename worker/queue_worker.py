@@ -51,6 +51,9 @@ from worker.runner import RequestRunner
 
 log = logging.getLogger(__name__)
 
+#: How long a new claim waits for this process's own older attempt of it to end.
+OLDER_ATTEMPT_SECONDS = 5.0
+
 
 async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
     """The arq job: validate the payload and hand it to the runner."""
@@ -175,9 +178,38 @@ class QueueWorker(Worker):
 
     async def _take(self, claim: Claim) -> None:
         assert claim.request_id is not None
+        if not await self._older_attempt_ended(claim):
+            return
         await self.sem.acquire()  # never waits: job_counter < max_jobs
         self._reads[claim.request_id] = ClaimedJob(claim.request_id, claim.job, claim.job_try)
         self._start(claim.request_id, claim.score, claim.cost, claim.job_try)
+
+    async def _older_attempt_ended(self, claim: Claim) -> bool:
+        """End this process's own older attempt of ``claim``'s request, if one still runs.
+
+        It happens when this worker was stopped (SIGSTOP, a long pause) while it held
+        the request: the lease ran out, the request was requeued, and this worker
+        claimed it again. The older attempt is fenced already (the reaper raised its
+        fence), and runs are keyed by request id here and in arq: both at once would
+        overwrite each other's state. So the older one is stopped and awaited first;
+        if it does not end in time, the new claim goes back to the queue.
+        """
+        rid = claim.request_id
+        assert rid is not None
+        older = self.tasks.get(rid)
+        if older is None or older.done():
+            return True
+        self.runner.fence(rid, "this worker claimed a later attempt of it")
+        await asyncio.wait({older}, timeout=OLDER_ATTEMPT_SECONDS)
+        if older.done():
+            return True
+        await self.queue.requeue(self.model, rid, claim.job_try)
+        log.warning(
+            "request %s handed back: an older attempt still runs here",
+            rid,
+            extra={"request_id": rid},
+        )
+        return False
 
     async def take_handoff(self, claim: Claim) -> None:
         """Run a request claimed for this worker by the enqueue script.

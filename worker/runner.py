@@ -25,6 +25,10 @@ raised the fence) is *fenced*: the publisher's script refuses its writes and say
 so, or the lease renewal reports it ``lost``; the runner then stops the generation
 at once and writes nothing more: no terminal event, no record, no lifecycle note,
 no outcome metric (outcomes are counted only once their terminal write landed).
+A run that cannot hear from Redis does not wait for that answer to stop its model:
+when its lease would have expired by this process's clock, the generation pauses
+(:meth:`RequestRunner.expire_leases`), and the next renewal's answer resumes it
+(the lease held: Redis was only stalled) or fences the run.
 
 A re-run (``attempt`` > 1: the previous worker died or stopped, or the model
 raised) resumes instead of starting over: once its ``started`` event is written,
@@ -79,6 +83,7 @@ from llmq.schema import (
     ToolCallEvent,
     Usage,
 )
+from worker.leases import LeaseClock
 from worker.publisher import Fenced, StreamPublisher
 
 log = logging.getLogger(__name__)
@@ -123,6 +128,10 @@ class _Progress:
     by_job_timeout: bool = False
     #: The terminal event is posted: the run is over, whatever happens to it now.
     ended: bool = False
+    #: The tokens so far (resumed ones included), to resume a paused generation.
+    texts: list[str] = field(default_factory=list)
+    #: The generation's deadline (loop time), kept across a pause.
+    generation_deadline: float | None = None
     #: What the backend reported (:class:`~llmq.model.interface.Report`): the prompt's
     #: token count by its own tokenizer, the cached part of it, why it stopped.
     prompt_tokens: int | None = None
@@ -149,6 +158,8 @@ class RequestRunner:
     tokens, outcomes); ``model_name`` labels those of jobs too malformed to name one.
     ``redis`` reads a re-run's stream back; by default, the publisher's client.
     ``job_timeout`` is arq's limit on one run (None: none); see :func:`job_time_limit`.
+    ``leases`` times each run's lease by this process's clock (None: only Redis's
+    answers end a run that lost its lease); see :mod:`worker.leases`.
     """
 
     worker_id: str
@@ -159,9 +170,14 @@ class RequestRunner:
     max_tries: int = 3
     redis: Redis | None = None
     job_timeout: float | None = None
+    leases: LeaseClock | None = None
     running: dict[str, float] = field(default_factory=dict)
     #: What embeds an embedding request's inputs (None: the worker serves none).
     embedder: Embedder | None = None
+    _progress: dict[str, _Progress] = field(default_factory=dict)
+    #: Generations paused by the lease clock, until a renewal says resume (True) or
+    #: the run is lost or cancelled (False).
+    _paused: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
     _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
     _cancelled: dict[str, float] = field(default_factory=dict)
     #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
@@ -181,6 +197,7 @@ class RequestRunner:
         for rid, at in list(self._cancelled.items()):
             if now - at > CANCEL_MEMORY_SECONDS:
                 del self._cancelled[rid]
+        self._unpause(request_id, resume=False)
         task = self._generations.get(request_id)
         if task is None:
             return False
@@ -196,26 +213,110 @@ class RequestRunner:
             self._handing_back.add(request_id)
             task.cancel()
 
-    def fence(self, request_id: str) -> None:
+    def fence(self, request_id: str, why: str = "this worker lost its lease") -> None:
         """This worker lost a running request: stop it, and write nothing more for it."""
         if request_id not in self.running or request_id in self.fenced:
             return
+        progress = self._progress.get(request_id)
         log.warning(
-            "request %s: this worker lost its lease; stopping it without writing",
+            "request %s: %s; stopping it without writing (at %d tokens)",
             request_id,
+            why,
+            0 if progress is None else progress.produced,
             extra={"request_id": request_id},
         )
         self.fenced.add(request_id)
+        self._unpause(request_id, resume=False)
         task = self._generations.get(request_id)
         if task is not None:
             task.cancel()
+
+    def produced(self) -> dict[str, int]:
+        """Tokens produced so far (resumed ones included) by each running request."""
+        return {rid: p.produced for rid, p in self._progress.items()}
+
+    def expire_leases(self) -> None:
+        """Pause the generations whose lease would have expired by this process's
+        clock: no renewal has answered for them for a lease (see :mod:`worker.leases`).
+
+        The model stops at once (its task is cancelled); the run then waits for Redis.
+        A renewal that answers ``ok`` (Redis was only stalled: its lease clock did not
+        run meanwhile) resumes the generation from the tokens produced so far, as a
+        re-run would (:meth:`resume`); ``lost`` fences the run, ``cancelled`` ends it.
+        Only while the model generates: that is the work to save. A run whose
+        generation ended is writing its terminal event, which the publisher's fence
+        lands or refuses by the lease Redis holds.
+        """
+        if self.leases is None:
+            return
+        for rid in self.leases.due(asyncio.get_running_loop().time()):
+            task = self._generations.get(rid)
+            if task is None or rid in self._paused or rid in self.fenced:
+                continue
+            progress = self._progress.get(rid)
+            log.warning(
+                "request %s: its lease would have expired by this worker's clock; "
+                "generation paused at %d tokens until Redis answers",
+                rid,
+                0 if progress is None else progress.produced,
+                extra={"request_id": rid},
+            )
+            self._paused[rid] = asyncio.get_running_loop().create_future()
+            task.cancel()
+
+    def resume(self, request_id: str) -> None:
+        """A renewal answered ``ok``: a generation paused by the lease clock goes on,
+        unless that renewal was sent so long ago that the lease is due again (one sent
+        before a stall, answered after it): the next renewal decides."""
+        if self.leases is not None:
+            expires = self.leases.expires_at(request_id)
+            if expires is not None and expires <= asyncio.get_running_loop().time():
+                return
+        self._unpause(request_id, resume=True)
+
+    def _unpause(self, request_id: str, *, resume: bool) -> None:
+        waiting = self._paused.get(request_id)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(resume)
+
+    async def _through_pauses(
+        self, payload: JobPayload, progress: _Progress, generation: asyncio.Task[FinishReason]
+    ) -> FinishReason:
+        """The generation's outcome; a pause by the lease clock (:meth:`expire_leases`)
+        waits for Redis's verdict, then resumes with a new generation task, or ends
+        with the cancellation (the run was fenced or cancelled meanwhile)."""
+        rid = payload.request_id
+        while True:
+            try:
+                return await generation
+            except asyncio.CancelledError:
+                waiting = self._paused.get(rid)
+                current = asyncio.current_task()
+                if waiting is None or (current is not None and current.cancelling()):
+                    raise
+                try:
+                    resume = await waiting
+                finally:
+                    self._paused.pop(rid, None)
+                if not resume:
+                    raise
+            log.info(
+                "request %s: Redis answered and the lease holds; generation resumes at %d",
+                rid,
+                progress.produced,
+                extra={"request_id": rid},
+            )
+            generation = asyncio.create_task(self._generate(payload, progress, progress.texts))
+            self._generations[rid] = generation
 
     async def run(self, payload: JobPayload, attempt: int) -> None:
         rid = payload.request_id
         started = time.time()
         self.running[rid] = started
         self.publisher.own(rid, attempt, self.fence)
-        progress = _Progress()
+        progress = self._progress[rid] = _Progress()
+        if self.leases is not None:
+            self.leases.start(rid, asyncio.get_running_loop().time())
         if self.job_timeout is not None:
             progress.deadline = asyncio.get_running_loop().time() + job_time_limit(self.job_timeout)
         try:
@@ -231,6 +332,25 @@ class RequestRunner:
             self.publisher.disown(rid)
             self.running.pop(rid, None)
             self._cancelled.pop(rid, None)
+            self._progress.pop(rid, None)
+            if rid in self.fenced:
+                self._count_lost(payload, progress)
+            if self.leases is not None:
+                self.leases.forget(rid)
+
+    def _count_lost(self, payload: JobPayload, progress: _Progress) -> None:
+        """The tokens a fenced run produced after its last successful renewal: work
+        nobody reads (the re-run generates them again unless they landed)."""
+        renewed = self.leases.tokens_at_renewal(payload.request_id) if self.leases else None
+        lost = progress.produced - max(renewed or 0, progress.resumed)
+        log.info(
+            "request %s: fenced run stopped at %d tokens, %d since its last lease renewal",
+            payload.request_id,
+            progress.produced,
+            lost,
+            extra={"request_id": payload.request_id},
+        )
+        self.metrics.inc(metrics.LEASE_LOST_TOKENS, payload.model, amount=max(lost, 0))
 
     async def end_unfinished(self, request_id: str) -> None:
         """End a run that arq finished without its terminal event (its job timeout
@@ -380,6 +500,7 @@ class RequestRunner:
         announces itself once the model is started, so that prefill waits for nothing."""
         rid = payload.request_id
         progress.produced = progress.resumed = len(generated)
+        progress.texts = list(generated)
         generation = asyncio.create_task(self._generate(payload, progress, generated))
         self._generations[rid] = generation
         if rid in self._cancelled:
@@ -406,7 +527,7 @@ class RequestRunner:
             await asyncio.sleep(0)  # the model's first step (prefill) starts before this
             self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
             self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
-            finish = await generation
+            finish = await self._through_pauses(payload, progress, generation)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -482,7 +603,7 @@ class RequestRunner:
             messages=payload.messages or (),
         )
         observe, itl, model = self.metrics.observe, metrics.ITL, payload.model
-        token = self.publisher.token
+        token, texts = self.publisher.token, progress.texts
         loop = asyncio.get_running_loop()
 
         def take(out: str) -> None:
@@ -496,6 +617,7 @@ class RequestRunner:
                 token(rid, progress.produced, str(out), out.logprob)
             else:
                 token(rid, progress.produced, out)
+            texts.append(str(out))
             now = time.time()
             progress.produced += 1
             if progress.first_at is None:
@@ -509,8 +631,11 @@ class RequestRunner:
                 observe(itl, now - progress.last_at, model)
             progress.last_at = now
 
-        # The generation timeout, or the job timeout's deadline if that comes first.
-        deadline = loop.time() + payload.generation_timeout
+        # The generation timeout, or the job timeout's deadline if that comes first;
+        # a generation resumed after a pause keeps the first one's.
+        if progress.generation_deadline is None:
+            progress.generation_deadline = loop.time() + payload.generation_timeout
+        deadline = progress.generation_deadline
         if progress.deadline is not None and progress.deadline < deadline:
             deadline, progress.by_job_timeout = progress.deadline, True
         try:

@@ -8,6 +8,7 @@ from bench.scenario import Context, ScenarioResult
 from bench.scenarios import (
     autoscale,
     capacity,
+    chaos,
     choices,
     cluster,
     light,
@@ -40,4 +41,5 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "cluster": cluster.run,
     "upstream": upstream.run,
     "routing": routing.run,
+    "chaos": chaos.run,
 }

@@ -35,7 +35,13 @@ from llmq.protocol import codec, keys
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.protocol.routing import FIFO, Routing
 from llmq.protocol.scripts import run_pipelined, scripts_for
-from llmq.protocol.streams import add_event, add_lifecycle, add_record, unstarted_end
+from llmq.protocol.streams import (
+    add_event,
+    add_lifecycle,
+    add_record,
+    published_tokens,
+    unstarted_end,
+)
 from llmq.schema import JobPayload, Lifecycle, RequestRecord
 
 #: The arq function name of every llmq job.
@@ -616,15 +622,17 @@ class Queue:
         return expired
 
     async def end_unstarted(self, request_ids: list[str], reason: str) -> None:
-        """Write the terminal event and record of requests that never started."""
+        """Write the terminal event and record of requests ended in the queue: never
+        started, or requeued after a run (their usage counts the tokens it published)."""
         if not request_ids:
             return
         read = self.redis.pipeline(transaction=False)
         for rid in request_ids:
-            read.hmget(keys.request(rid), ["created_at", "prompt_tokens", "model"])
+            read.hmget(keys.request(rid), ["created_at", "prompt_tokens", "model", "started_at"])
         found = await read.execute()
         write = self.redis.pipeline(transaction=False)
-        for rid, (created, prompt_tokens, model) in zip(request_ids, found, strict=True):
+        for rid, (created, prompt_tokens, model, started) in zip(request_ids, found, strict=True):
+            published = len(await published_tokens(self.redis, rid)) if started else 0
             if self.recorder is not None:
                 label = as_str(model) if model else ""
                 self.recorder.inc(metrics.REQUESTS, label, reason)
@@ -633,6 +641,7 @@ class Queue:
                 reason,
                 queued_since=float(as_str(created)) if created else None,
                 prompt_tokens=int(as_str(prompt_tokens)) if prompt_tokens else 0,
+                completion_tokens=published,
             )
             add_event(write, rid, event, maxlen=self.stream_maxlen, ttl=self.ttl)
             add_record(write, rid, record, ttl=self.ttl)
@@ -642,7 +651,7 @@ class Queue:
                 model=as_str(model) if model else "",
                 ts=time.time(),
                 finish_reason=event.finish_reason,  # type: ignore[union-attr]
-                completion_tokens=0,
+                completion_tokens=published,
             )
             add_lifecycle(write, note, maxlen=self.lifecycle_maxlen)
         await write.execute()

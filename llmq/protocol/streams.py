@@ -108,12 +108,23 @@ def contiguous_tokens(events: Iterable[Event | None]) -> list[str]:
 
 
 def unstarted_end(
-    request_id: str, reason: str, *, queued_since: float | None, prompt_tokens: int = 0
+    request_id: str,
+    reason: str,
+    *,
+    queued_since: float | None,
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
 ) -> tuple[Event, dict[str, str]]:
-    """The terminal event and record fields of a request that never started."""
+    """The terminal event and record fields of a request ended in the queue: one that
+    never started, or one requeued after a run that published ``completion_tokens``
+    (its usage counts what its stream holds)."""
     now = time.time()
     queue_ms = round((now - queued_since) * 1000, 3) if queued_since else 0.0
-    usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+    usage = Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
     event: Event
     if reason == "cancelled":
         event = DoneEvent(
@@ -134,7 +145,7 @@ def unstarted_end(
         "status": status,
         "finished_at": str(now),
         "finish_reason": event.finish_reason,
-        "completion_tokens": "0",
+        "completion_tokens": str(completion_tokens),
     }
     if isinstance(event, ErrorEvent):
         record["error"] = event.message
