@@ -34,6 +34,7 @@ from bench.scenarios.host_faults import _redis
 from llmq.metrics import FLUSH_SECONDS
 from llmq.model.interface import GenerationRequest
 from llmq.protocol import keys
+from llmq.settings import WorkerSettings
 from rigs.hosts import API_HOSTS, start_stack
 from rigs.netns import Cluster
 from worker.mock import MockModel
@@ -75,8 +76,10 @@ def replay_command(plan: Plan) -> str:
 
 
 async def reference(spec: Spec) -> list[str]:
-    """The tokens of an undisturbed run: the mock for the seed, without its waits."""
-    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
+    """The tokens of an undisturbed run: the mock for the seed, without its waits, with
+    the workers' chance to stop (its draws shape the tokens even under ``ignore_eos``)."""
+    stop = WorkerSettings(**WORKER).mock_stop_probability()
+    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0, stop_probability=stop)
     request = GenerationRequest(
         prompt=spec.prompt,
         max_tokens=spec.max_tokens,
