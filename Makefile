@@ -30,7 +30,9 @@ format: install
 
 # The compose stack test needs a Docker engine: one is started for the run (and
 # stopped after) unless one is up already (scripts/dockerd.sh; root).
+# llama.cpp's server for the upstream tests: built once (minutes), then cached.
 test: install lint
+	PYTHON=$(BIN)/python bash scripts/llama-server.sh >/dev/null
 	bash scripts/dockerd.sh run $(BIN)/pytest
 
 bench: install
