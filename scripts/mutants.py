@@ -61,8 +61,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "admission-budget-script",
         "the claim script skips a request over the budget left",
         "llmq/protocol/lua/claim.lua",
-        "if budget >= 0 and idle ~= '1' and tonumber(cost) > budget then",
-        "if false then",
+        "    if budget >= 0 and idle ~= '1' and tonumber(cost) > budget then\n      park(0)",
+        "    if false then\n      park(0)",
         ("tests/test_claim.py",),
     ),
     Mutant(
@@ -145,8 +145,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "queue-deadline",
         "a request still queued at its deadline never starts",
         "llmq/protocol/lua/claim.lua",
-        "elseif deadline and tonumber(deadline) <= deadline_now then",
-        "elseif false then",
+        "    table.insert(cancelled, id)\n  elseif deadline and tonumber(deadline) <= deadline_now",
+        "    table.insert(cancelled, id)\n  elseif false",
         ("tests/test_claim.py::test_the_claim_drops_a_request_past_its_queue_deadline",),
     ),
     Mutant(
@@ -566,8 +566,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "claim-drops-cancelled",
         "a request cancelled while queued is dropped by the claim, never run",
         "llmq/protocol/lua/claim.lua",
-        "if redis.call('EXISTS', cancel_prefix .. id) == 1 then",
-        "if false then",
+        "  local id = head[1]\n  local deadline = redis.call('ZSCORE', deadlines_key, id)\n"
+        "  if redis.call('EXISTS', cancel_prefix .. id) == 1 then",
+        "  local id = head[1]\n  local deadline = redis.call('ZSCORE', deadlines_key, id)\n"
+        "  if false then",
         ("tests/test_scripts.py::test_a_claim_drops_and_reports_a_cancelled_request_on_its_way",),
     ),
     Mutant(
