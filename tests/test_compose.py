@@ -8,15 +8,13 @@ reading the YAML in every case. ``test_compose_stack.py`` runs it on an engine.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from cli.main import build_parser
+from tests.support.compose import needs_docker_compose, resolved
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -85,17 +83,6 @@ def test_compose_file_statically() -> None:
     check(yaml.safe_load(COMPOSE.read_text()))
 
 
-@pytest.mark.skipif(
-    shutil.which("docker-compose") is None,
-    reason="docker-compose is not installed (Debian package docker-compose; .ci/run installs it)",
-)
+@needs_docker_compose
 def test_docker_compose_config() -> None:
-    result = subprocess.run(
-        ["docker-compose", "-f", str(COMPOSE), "config"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    check(yaml.safe_load(result.stdout))
+    check(resolved(COMPOSE))

@@ -5,17 +5,15 @@ every file there). Each worker must drive its own server, with real settings."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
 import yaml
 
 from cli.main import build_parser
 from llmq.settings import WorkerSettings
+from tests.support.compose import needs_docker_compose, resolved
 from worker.backends import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,20 +58,9 @@ def test_compose_llamacpp_statically() -> None:
     check_compose(yaml.safe_load(COMPOSE.read_text()))
 
 
-@pytest.mark.skipif(
-    shutil.which("docker-compose") is None,
-    reason="docker-compose is not installed (Debian package docker-compose; .ci/run installs it)",
-)
+@needs_docker_compose
 def test_compose_llamacpp_config() -> None:
-    result = subprocess.run(
-        ["docker-compose", "-f", str(COMPOSE), "config"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    check_compose(yaml.safe_load(result.stdout))
+    check_compose(resolved(COMPOSE))
 
 
 def test_vllm_worker_drives_the_engine_in_its_pod() -> None:
