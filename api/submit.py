@@ -145,9 +145,7 @@ def _plan(
         priority_step_ms=settings.priority_step_ms,
         owner=owner,
         attach_to=state.process_id if attach else None,
-        route=state.queue.routing.hint(
-            choice.prompt, int(now * 1000), common.priority, session or params.user
-        ),
+        route=state.queue.routing.hint(choice.prompt, common.priority, session or params.user),
     )
     sub = Submitted(
         rid,

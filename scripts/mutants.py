@@ -145,8 +145,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "queue-deadline",
         "a request still queued at its deadline never starts",
         "llmq/protocol/lua/claim.lua",
-        "    table.insert(cancelled, id)\n  elseif deadline and tonumber(deadline) <= deadline_now",
-        "    table.insert(cancelled, id)\n  elseif false",
+        "    into = cancelled\n  elseif deadline and tonumber(deadline) <= deadline_now then",
+        "    into = cancelled\n  elseif false then",
         ("tests/test_claim.py::test_the_claim_drops_a_request_past_its_queue_deadline",),
     ),
     Mutant(
@@ -566,10 +566,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "claim-drops-cancelled",
         "a request cancelled while queued is dropped by the claim, never run",
         "llmq/protocol/lua/claim.lua",
-        "  local id = head[1]\n  local deadline = redis.call('ZSCORE', deadlines_key, id)\n"
-        "  if redis.call('EXISTS', cancel_prefix .. id) == 1 then",
-        "  local id = head[1]\n  local deadline = redis.call('ZSCORE', deadlines_key, id)\n"
-        "  if false then",
+        "  if redis.call('EXISTS', cancel_prefix .. id) == 1 then\n    into = cancelled",
+        "  if false then\n    into = cancelled",
         ("tests/test_scripts.py::test_a_claim_drops_and_reports_a_cancelled_request_on_its_way",),
     ),
     Mutant(

@@ -69,7 +69,7 @@ async def enqueue(
     score: int | None = None,
 ) -> Admission:
     arrival = now_ms() - age_ms
-    hint = queue.routing.hint(prompt, arrival, priority, session)
+    hint = queue.routing.hint(prompt, priority, session)
     return await enqueue_costing(queue, rid, score=score or arrival, route=hint)
 
 
@@ -255,6 +255,44 @@ async def test_the_hand_off_goes_to_the_parked_worker_holding_the_prefix(
             while message is None:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
             assert message["channel"] == keys.handoff(taker, "mock"), policy
+
+
+async def handed_to(redis: Redis, queue: Queue, rid: str, prompt: str, *workers: str) -> str:
+    """Enqueue ``rid`` while ``workers`` are parked: the one it was handed to."""
+    async with redis.pubsub() as pubsub:
+        await pubsub.subscribe(*(keys.handoff(w, "mock") for w in workers))
+        assert await enqueue(queue, rid, prompt) == Admission.HANDED_OFF
+        message = None
+        while message is None:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+        return str(message["channel"]).removeprefix(keys.handoff_prefix("mock"))
+
+
+async def test_the_hand_off_prefers_the_least_loaded_among_equals(redis: Redis) -> None:
+    """Nobody holds the prompt (or all hold it alike): the parked worker running fewest
+    takes it, not the first parked (fifo: the first parked)."""
+    for policy, taker in (("prefix", "B"), ("fifo", "A")):
+        await redis.flushall()
+        queue = queue_of(redis, routing(policy))
+        await worker(queue, "A", running=2)
+        await worker(queue, "B")
+        assert (await claim(queue, "A", running=2, free=2)).request_id is None  # parks first
+        assert (await claim(queue, "B")).request_id is None
+        assert await handed_to(redis, queue, "r", SYSTEM_A, "A", "B") == taker, policy
+
+
+async def test_load_guard_a_far_busier_parked_holder_is_not_handed_the_request(
+    redis: Redis,
+) -> None:
+    for imbalance, taker in ((2, "A"), (NEVER, "B")):
+        await redis.flushall()
+        queue = queue_of(redis, routing(imbalance=imbalance))
+        await worker(queue, "A")
+        await worker(queue, "B", running=3, cached=SYSTEM_B)
+        assert (await claim(queue, "A")).request_id is None
+        assert (await claim(queue, "B", running=3, free=1)).request_id is None
+        assert await handed_to(redis, queue, "r", SYSTEM_B, "A", "B") == taker, imbalance
+        assert (await stats(queue))["guard_load"] == (1 if taker == "A" else 0)
 
 
 async def test_an_arrival_waits_for_a_busy_holder_rather_than_a_parked_stranger(

@@ -9,7 +9,7 @@ the Lua side reads or writes the same text.
   ms"``, written and read by Lua only (claim.lua, enqueue.lua);
 - hand-off message (``llmq:handoff:{m:<model>}:<worker>``): ``"id|score|cost|try|job"``;
 - claim reply: ``[id, score, cost, job, try, more, retry ms, expired..., "|", cancelled...]``;
-- route hint (``llmq:routes:{m:<model>}``): ``"arrival ms|priority|session|b1,b2,..."``
+- route hint (``llmq:routes:{m:<model>}``): ``"priority|session|b1,b2,..."``
   (:class:`RouteHint`), read by claim.lua and enqueue.lua (``lua/affinity.lua``);
 - worker load (``llmq:loads:{m:<model>}``): ``"running|capacity"`` (:func:`load`);
 - routing counters (``llmq:routing:{m:<model>}``): :data:`ROUTING_COUNTERS`;
@@ -114,23 +114,22 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
 
 @dataclass(frozen=True)
 class RouteHint:
-    """What a routed claim knows of a queued request: when it arrived (ms, the API's
-    clock), its priority, its session (a hash of ``user`` or ``X-Session-Id``; "" for
-    none) and the names of its prompt's leading KV blocks (:mod:`llmq.model.blocks`)."""
+    """What a routed claim knows of a queued request: its priority, its session (a hash
+    of ``user`` or ``X-Session-Id``; "" for none) and the names of its prompt's leading
+    KV blocks (:mod:`llmq.model.blocks`)."""
 
-    arrival_ms: int
     priority: int
     session: str = ""
     blocks: tuple[str, ...] = ()
 
     def encode(self) -> str:
-        return f"{self.arrival_ms}|{self.priority}|{self.session}|{','.join(self.blocks)}"
+        return f"{self.priority}|{self.session}|{','.join(self.blocks)}"
 
     @classmethod
     def decode(cls, raw: bytes | str) -> RouteHint:
-        arrival, priority, session, blocks = as_str(raw).split("|", 3)
+        priority, session, blocks = as_str(raw).split("|", 2)
         names = tuple(b for b in blocks.split(",") if b)
-        return cls(int(arrival), int(priority), session, names)
+        return cls(int(priority), session, names)
 
 
 def load(running: int, capacity: int) -> str:
@@ -141,10 +140,10 @@ def load(running: int, capacity: int) -> str:
 #: The counters of ``llmq:routing:{m:<model>}`` (HINCRBY by claim.lua and enqueue.lua):
 #: ``affinity``, a claim took a request other than the first it could take, for its
 #: cache or session; ``held``, a claim left a request to the worker that holds it;
-#: ``handoff_affinity``, a hand-off went to a parked worker other than the first, for
-#: its cache; ``handoff_held``, an arriving request was queued for a busy holder rather
-#: than handed to a parked worker; and one per guard that made a claim take a request
-#: affinity would have left: ``guard_wait`` (waited past the bound), ``guard_overtakes``
+#: ``handoff_affinity``, a hand-off went to a parked worker that wants it more than the
+#: first parked, for its cache; ``handoff_held``, an arriving request was queued for a
+#: busy holder rather than handed to a parked worker; and one per guard that made a
+#: claim (or a hand-off, for ``guard_load``) pass over the worker affinity preferred: ``guard_wait`` (waited past the bound), ``guard_overtakes``
 #: (overtaken too often), ``guard_load`` (the holder was far busier), and
 #: ``guard_priority`` (a more urgent request ahead kept a cached one out of the window).
 ROUTING_COUNTERS = (

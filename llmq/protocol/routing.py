@@ -150,14 +150,14 @@ class Routing:
     def routed(self) -> bool:
         return bool(self.policy.mode)
 
-    def hint(self, prompt: str, arrival_ms: int, priority: int, session: str | None) -> str:
+    def hint(self, prompt: str, priority: int, session: str | None) -> str:
         """The route hint of a request ("" under ``fifo``)."""
         if not self.routed:
             return ""
         wanted = self.policy.blocks(self.max_blocks)
         names = block_hashes(self.tokenizer.tokens(prompt), limit=wanted) if wanted else []
         sid = session_id(session) if session and self.policy.sessions else ""
-        return codec.RouteHint(arrival_ms, priority, sid, tuple(names)).encode()
+        return codec.RouteHint(priority, sid, tuple(names)).encode()
 
     def claim_call(self, model: str, *, running: int, capacity: int) -> tuple[list[str], list[Any]]:
         """The keys and arguments a routed claim adds to claim.lua's (none for fifo)."""

@@ -1,26 +1,25 @@
 -- Routing helpers (llmq.protocol.routing), prepended to the scripts that route: claim.lua
 -- (which queued request a worker takes) and enqueue.lua (which parked worker is handed
--- an arriving one). A route hint is "arrival ms|priority|session|b1,b2,..."
+-- an arriving one). A route hint is "priority|session|b1,b2,..."
 -- (llmq.protocol.codec.RouteHint); a worker's load "running|capacity"
 -- (llmq.protocol.codec.load). A route is a table of what the calling script was given:
 -- mode ('prefix', 'load' or 'hash'), cache_prefix, session_prefix, loads_key,
 -- beats_key, now (lease time), live_ms, max_workers.
 
--- A hint as a table {arrival, priority, session, blocks}; nil if absent or malformed.
+-- A hint as a table {priority, session, blocks}; nil if absent or malformed.
 local function parse_hint(value)
   if not value then
     return nil
   end
-  local arrival, priority, session, names = string.match(value, '^(%d+)|(-?%d+)|([^|]*)|(.*)$')
-  if not arrival then
+  local priority, session, names = string.match(value, '^(-?%d+)|([^|]*)|(.*)$')
+  if not priority then
     return nil
   end
   local blocks = {}
   for name in string.gmatch(names, '[^,]+') do
     blocks[#blocks + 1] = name
   end
-  return {arrival = tonumber(arrival), priority = tonumber(priority), session = session,
-    blocks = blocks}
+  return {priority = tonumber(priority), session = session, blocks = blocks}
 end
 
 -- How many of `blocks` (a prompt's chained block names) from the first on the set

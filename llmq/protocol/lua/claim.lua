@@ -85,6 +85,24 @@ local function drop(id)
   end
 end
 
+-- Drops a request that was cancelled or is past its deadline, and reports it in the
+-- reply; true if it did. The head of the queue and a routed choice are both checked.
+local function gone(id)
+  local deadline = redis.call('ZSCORE', deadlines_key, id)
+  local into
+  if redis.call('EXISTS', cancel_prefix .. id) == 1 then
+    into = cancelled
+  elseif deadline and tonumber(deadline) <= deadline_now then
+    into = expired
+  else
+    return false
+  end
+  drop(id)
+  redis.call('DEL', job_prefix .. id)
+  table.insert(into, id)
+  return true
+end
+
 local function park(free, left, is_idle)
   if free > 0 and worker_id ~= '' then
     redis.call('HSET', terms_key, worker_id,
@@ -230,16 +248,7 @@ local function routed_claim()
     return reply('', '0', '0')
   end
   local id = ids[i]
-  local deadline = redis.call('ZSCORE', deadlines_key, id)
-  if redis.call('EXISTS', cancel_prefix .. id) == 1 then
-    drop(id)
-    redis.call('DEL', job_prefix .. id)
-    table.insert(cancelled, id)
-    return nil
-  elseif deadline and tonumber(deadline) <= deadline_now then
-    drop(id)
-    redis.call('DEL', job_prefix .. id)
-    table.insert(expired, id)
+  if gone(id) then
     return nil
   end
   local cost = redis.call('HGET', costs_key, id) or '0'
@@ -261,20 +270,14 @@ end
 for _ = 1, 100 do
   local head = redis.call('ZRANGE', queue_key, 0, 0, 'WITHSCORES')
   if #head == 0 then
+    if routed then
+      redis.call('HSET', loads_key, worker_id, running .. '|' .. capacity)
+    end
     park(free_slots, budget, idle)
     return reply('', '0', '0')
   end
   local id = head[1]
-  local deadline = redis.call('ZSCORE', deadlines_key, id)
-  if redis.call('EXISTS', cancel_prefix .. id) == 1 then
-    drop(id)
-    redis.call('DEL', job_prefix .. id)
-    table.insert(cancelled, id)
-  elseif deadline and tonumber(deadline) <= deadline_now then
-    drop(id)
-    redis.call('DEL', job_prefix .. id)
-    table.insert(expired, id)
-  else
+  if not gone(id) then
     local cost = redis.call('HGET', costs_key, id) or '0'
     if budget >= 0 and idle ~= '1' and tonumber(cost) > budget then
       park(0)

@@ -15,7 +15,9 @@
 --
 -- Routed (a mode in ARGV[13], llmq.protocol.routing; KEYS 11-14 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
--- parked worker that wants it most (lua/affinity.lua), first parked on a tie; if a
+-- parked worker that wants it most (lua/affinity.lua), the least loaded then the first
+-- parked on a tie, and not a parked one busier than the least loaded by more than
+-- `imbalance` for its cache; if a
 -- live worker that is not parked wants it more (it holds the prefix) and is not
 -- busier than that parked worker by more than `imbalance`, the request is queued for
 -- it instead (when `max_wait_ms` > 0): the holder claims it when a slot frees, anyone
@@ -114,22 +116,39 @@ local function taker(w, now)
   return nil
 end
 
--- Routed: the takers by how much each wants the request (stable), or none if a busy
--- live worker wants it more (see the top).
+-- Routed: the takers by how much each wants the request, then by load (fewer running
+-- first), then in parked order; or none if a busy live worker wants it more (see the
+-- top). A parked worker running more than `imbalance` beyond the least loaded parked
+-- one is not preferred for its cache or session (the load guard, as in a claim).
 local function routed_order(now, found)
   route.now = now
   local live, loads = live_workers(route)
   local last = session_worker(route, hint)
   local parked_here, ranks = {}, {}
-  for i, t in ipairs(found) do
+  local least = nil
+  for _, t in ipairs(found) do
     parked_here[t[1]] = true
-    ranks[i] = {rank(route, t[1], hint, last, loads[t[1]] or {0, 0}), i, t}
+    local load = (loads[t[1]] or {0, 0})[1]
+    if least == nil or load < least then least = load end
+  end
+  local demoted = false
+  for i, t in ipairs(found) do
+    local load = (loads[t[1]] or {0, 0})[1]
+    local r = rank(route, t[1], hint, last, loads[t[1]] or {0, 0})
+    if mode ~= 'load' and r > 0 and load - least > imbalance then
+      r, demoted = 0, true
+    end
+    ranks[i] = {r, i, t, load}
   end
   table.sort(ranks, function(a, b)
     if a[1] ~= b[1] then return a[1] > b[1] end
+    if a[4] ~= b[4] then return a[4] < b[4] end
     return a[2] < b[2]
   end)
   local top = ranks[1]
+  if demoted and top[1] == 0 then
+    redis.call('HINCRBY', stats_key, 'guard_load', 1)
+  end
   if max_wait_ms > 0 and mode ~= 'load' then
     local top_load = (loads[top[3][1]] or {0, 0})[1]
     for _, w in ipairs(live) do
@@ -142,7 +161,11 @@ local function routed_order(now, found)
       end
     end
   end
-  if top[2] ~= 1 then
+  local first = nil
+  for _, r in ipairs(ranks) do
+    if r[2] == 1 then first = r[1] end
+  end
+  if top[1] > first then
     redis.call('HINCRBY', stats_key, 'handoff_affinity', 1)
   end
   local out = {}
