@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis, RedisCluster
 from starlette.types import Receive, Scope, Send
 
-from api import errors, openapi, sse
+from api import errors, event_stream, openapi
 from api.catalog import Catalog
 from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
@@ -49,11 +49,11 @@ class _App(FastAPI):
     """FastAPI that hands the server's own ``send`` to the streaming responses.
 
     A stream's chunks then skip the middleware wrappers around ``send``, which only
-    watch a response's start (see :class:`api.sse.EventStream`).
+    watch a response's start (see :class:`api.event_stream.EventStream`).
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[sse.SERVER_SEND] = send
+        scope[event_stream.SERVER_SEND] = send
         await super().__call__(scope, receive, send)
 
 

@@ -33,7 +33,7 @@ for both (``target`` takes any :class:`loadgen.runner.Target` instead).
 Modules: :mod:`~loadgen.config` (settings), :mod:`~loadgen.arrivals` (schedule),
 :mod:`~loadgen.workload` (prompts), :mod:`~loadgen.sse` and :mod:`~loadgen.client`
 (HTTP target), :mod:`~loadgen.baseline` (in-process target), :mod:`~loadgen.records`
-(measurement), :mod:`~loadgen.runner` (driving), :mod:`~loadgen.metrics`,
+(measurement), :mod:`~loadgen.runner` (driving), :mod:`~loadgen.figures`,
 :mod:`~loadgen.report`, :mod:`~loadgen.plots`, :mod:`~loadgen.cli`.
 """
 

@@ -1,6 +1,6 @@
 """PNG plots of a run, drawn with matplotlib's object API and the Agg canvas.
 
-No ``pyplot``: figures are plain :class:`~matplotlib.figure.Figure` objects, so
+No ``pyplot``: plots are plain :class:`~matplotlib.figure.Figure` objects, so
 nothing touches global state or needs a display, and plotting is safe inside a
 server process or a test run.
 
@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from loadgen.metrics import metric_values
+from loadgen.figures import metric_values
 from loadgen.records import RequestMeasurement
 from loadgen.result import RunResult
 

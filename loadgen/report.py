@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from loadgen.metrics import percentile_key
+from loadgen.figures import percentile_key
 from loadgen.result import RunResult
 
 WIDTH = 50

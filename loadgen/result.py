@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.config import LoadConfig
-from loadgen.metrics import summarize
+from loadgen.figures import summarize
 from loadgen.records import RequestMeasurement
 
 ALWAYS_PERCENTILES = (50.0, 90.0, 99.0)  # in every summary, whatever the table shows
@@ -32,7 +32,7 @@ class RunResult:
     _summary: dict[str, Any] | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, Any]:
-        """The figures (see :mod:`loadgen.metrics`), computed once.
+        """The figures (see :mod:`loadgen.figures`), computed once.
 
         The p50/p90/p99 keys are always present so callers can rely on them; other
         percentiles come from ``config.percentiles``.

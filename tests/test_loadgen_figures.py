@@ -16,7 +16,7 @@ from loadgen.config import (
     parse_priority_mix,
     parse_range,
 )
-from loadgen.metrics import describe, meets_slos, peak_in_flight, percentile, summarize
+from loadgen.figures import describe, meets_slos, peak_in_flight, percentile, summarize
 from loadgen.records import RequestFailed, RequestMeasurement, StreamClock
 from loadgen.report import format_summary, write_json
 from loadgen.result import RunResult
