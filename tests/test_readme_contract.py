@@ -152,7 +152,7 @@ async def test_context_length_exceeded_and_model_not_found(start_api: StartApi, 
 async def test_a_non_streaming_model_error_is_a_500_with_model_error(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:
-    await start_worker(model=Flaky(), max_tries=1)
+    await start_worker(backend=Flaky(), max_tries=1)
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)

@@ -111,8 +111,8 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
     await worker.take_handoff(claim)
 
 
-def _kv_usage(model: Model) -> float | None:
-    return round(model.kv_usage(), 4) if isinstance(model, KVCacheUsage) else None
+def _kv_usage(backend: Model) -> float | None:
+    return round(backend.kv_usage(), 4) if isinstance(backend, KVCacheUsage) else None
 
 
 async def _heartbeat(
@@ -147,11 +147,11 @@ async def _heartbeat(
             started_at=started_at,
             heartbeat_at=time.time(),
             capabilities=runner.capabilities(),
-            kv_cache_usage=_kv_usage(runner.model),
+            kv_cache_usage=_kv_usage(runner.backend),
             prefix_cache_queries=runner.cache_queries,
             prefix_cache_hits=runner.cache_hits,
-            tokenizer=tokenizer_of(runner.model),
-            context_length=context_length_of(runner.model),
+            tokenizer=tokenizer_of(runner.backend),
+            context_length=context_length_of(runner.backend),
             ready=watch is None or watch.ready,
         )
         produced, sent_at = runner.produced(), asyncio.get_running_loop().time()
@@ -195,7 +195,7 @@ async def _expire_leases(runner: RequestRunner, settings: WorkerSettings) -> NoR
 
 
 async def serve(
-    settings: WorkerSettings, *, stop: asyncio.Event | None = None, model: Model | None = None
+    settings: WorkerSettings, *, stop: asyncio.Event | None = None, backend: Model | None = None
 ) -> None:
     """Run a worker until ``stop`` is set (or SIGTERM/SIGINT arrives)."""
     stop = stop or asyncio.Event()
@@ -205,16 +205,16 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     if not await _load(settings, stop):
         return
-    model = model or backends.build_model(settings)
+    backend = backend or backends.build_backend(settings)
     try:
-        if await backends.connect(model, stop):
-            await _serve(settings, stop, model)
+        if await backends.connect(backend, stop):
+            await _serve(settings, stop, backend)
     finally:
-        await backends.close(model)
+        await backends.close(backend)
 
 
-async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) -> None:
-    """The worker's resources and tasks around ``model`` (connected), until ``stop``."""
+async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) -> None:
+    """The worker's resources and tasks around ``backend`` (connected), until ``stop``."""
     worker_id = new_worker_id()
     # On a Redis Cluster the arq pool and the pub/sub listener talk to the node that
     # owns the model's slot (where the enqueue script publishes hand-offs), while
@@ -240,14 +240,14 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     recorder = metrics.Recorder()
-    cache = CacheReport(model)
+    cache = CacheReport(backend)
     runner = RequestRunner(
         worker_id,
-        model,
+        backend,
         publisher,
-        embedder=backends.embedder_for(model, settings),
+        embedder=backends.embedder_for(backend, settings),
         metrics=recorder,
-        model_name=settings.model,
+        model=settings.model,
         max_tries=settings.max_tries,
         job_timeout=settings.job_timeout_seconds,
         leases=LeaseClock(
@@ -272,15 +272,15 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         queue=queue,
         token_budget=settings.worker_token_budget,
         max_tries=settings.max_tries,
-        max_jobs=backends.concurrency(model, settings),
+        max_jobs=backends.concurrency(backend, settings),
         poll_seconds=settings.poll_seconds,
         job_timeout=settings.job_timeout_seconds,
         lease_seconds=settings.lease_seconds,
     )
     watch = None
-    if isinstance(model, OpenAIUpstream):
+    if isinstance(backend, OpenAIUpstream):
         watch = UpstreamWatch(
-            model, worker, queue, interval=settings.upstream_probe_seconds, stop=stop
+            backend, worker, queue, interval=settings.upstream_probe_seconds, stop=stop
         )
     publisher.start()
     tasks = [
