@@ -30,7 +30,7 @@ from llmq.protocol.queue import Queue
 from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
-from llmq.tasks import cancel_and_wait, run_periodically
+from llmq.tasks import run_periodically, stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +110,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         try:
             yield
         finally:
-            await cancel_and_wait(tasks, timeout=5)
+            await stop_tasks(tasks, timeout=5)
             # disconnect-triggered cancels are short Redis calls: let them finish
             if state.background:
                 await asyncio.wait(state.background, timeout=5)
-            await cancel_and_wait(state.background, timeout=2)
+            await stop_tasks(state.background, timeout=2)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
                     await state.queue.api_gone(process_id)

@@ -160,7 +160,7 @@ class _Run:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 group.create_task(self.execute(spec, at, slot))
-        return self._finish()
+        return self._measured()
 
     async def closed_loop(self, workload: Workload) -> list[RequestMeasurement]:
         users = self.config.concurrency or 1
@@ -182,7 +182,7 @@ class _Run:
         async with asyncio.TaskGroup() as group:
             for _ in range(users):
                 group.create_task(user())
-        return self._finish()
+        return self._measured()
 
     async def burst(
         self, specs: Sequence[RequestSpec], slots: int | None
@@ -193,9 +193,9 @@ class _Run:
         async with asyncio.TaskGroup() as group:
             for spec in specs:
                 group.create_task(self.execute(spec, self.start, slot))
-        return self._finish()
+        return self._measured()
 
-    def _finish(self) -> list[RequestMeasurement]:
+    def _measured(self) -> list[RequestMeasurement]:
         self.duration_s = time.perf_counter() - self.start
         return sorted(self.records, key=lambda r: r.index)
 

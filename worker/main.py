@@ -36,7 +36,7 @@ from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
-from llmq.tasks import cancel_and_wait, run_periodically
+from llmq.tasks import run_periodically, stop_tasks
 from worker import backends
 from worker.backends.openai import OpenAIUpstream
 from worker.backends.watch import UpstreamWatch
@@ -319,7 +319,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) 
                 if queue.routing.routed:
                     await queue.forget_worker(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
-        await cancel_and_wait([main, *tasks], timeout=5)
+        await stop_tasks([main, *tasks], timeout=5)
         await metrics.final_flush(recorder, store)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
@@ -349,4 +349,4 @@ async def _drain(worker: QueueWorker, seconds: float) -> None:
     if running and seconds > 0:
         await asyncio.wait(running, timeout=seconds)
     # once: arq's run_job hands the request back to the queue after the cancel
-    await cancel_and_wait(running, timeout=10, recancel=False)
+    await stop_tasks(running, timeout=10, repeat=False)

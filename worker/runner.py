@@ -146,8 +146,9 @@ class _Unfinished:
     payload: JobPayload
     attempt: int
     produced: int
-    #: Cancelled from outside (arq's job timeout, or the worker stopping).
-    cancelled: bool
+    #: Interrupted from outside: its task was cancelled (arq's job timeout, or the
+    #: worker stopping).
+    interrupted: bool
 
 
 @dataclass
@@ -327,8 +328,8 @@ class RequestRunner:
             self.fence(rid)
         except BaseException as exc:
             if not progress.ended and rid not in self.fenced:
-                cancelled = isinstance(exc, asyncio.CancelledError)
-                self.unfinished[rid] = _Unfinished(payload, attempt, progress.produced, cancelled)
+                interrupted = isinstance(exc, asyncio.CancelledError)
+                self.unfinished[rid] = _Unfinished(payload, attempt, progress.produced, interrupted)
             raise
         finally:
             self.publisher.disown(rid)
@@ -364,7 +365,7 @@ class RequestRunner:
         finish: FinishReason = "timeout"
         limit = f" of {self.job_timeout:g} s" if self.job_timeout is not None else ""
         code, message = "generation_timeout", f"the run stopped at the job timeout{limit}"
-        if not run.cancelled:  # the runner raised: a bug, not the model
+        if not run.interrupted:  # the runner raised: a bug, not the model
             finish, code, message = "error", "worker_error", "the worker failed to run the request"
         self.publisher.own(request_id, run.attempt, self.fence)
         try:

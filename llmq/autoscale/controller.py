@@ -29,7 +29,7 @@ from llmq.connection import connect
 from llmq.protocol.streams import add_lifecycle
 from llmq.schema import Lifecycle, ScaleState
 from llmq.settings import AutoscaleSettings, ControllerSettings
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Controller:
                     async with asyncio.timeout(self.settings.scale_interval_seconds):
                         await stop.wait()
         finally:
-            await cancel_and_wait([flusher], timeout=2)
+            await stop_tasks([flusher], timeout=2)
             await metrics.final_flush(self.recorder, self.redis)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
