@@ -18,7 +18,7 @@ from llmq.sse import DONE as DONE
 from llmq.sse import Frame as Frame
 from llmq.sse import SSEDecoder as SSEDecoder
 from llmq.sse import frames as frames
-from loadgen.records import RequestFailed
+from loadgen.measurements import RequestFailed
 
 
 @dataclass(frozen=True)

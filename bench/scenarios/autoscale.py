@@ -289,7 +289,7 @@ async def _drive(url: str, trace: Trace, s: Sizes, seed: int) -> list[dict[str, 
                 "output_tokens": r.output_tokens,
                 "phase": i,
             }
-            for r in result.records
+            for r in result.measurements
         ]
 
     parts = await asyncio.gather(
