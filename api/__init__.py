@@ -7,7 +7,7 @@ client. Read it in the order a request meets it:
 
 0. **The process** (``main.py``: uvicorn serving the app, one process or several on
    one port; ``app.py``: the FastAPI app, whose lifespan opens and closes every
-   resource of ``state.py`` (Redis clients, relay, catalog, metrics recorder,
+   resource of ``state.py`` (Redis clients, relay, catalog, metrics tally,
    background tasks) and keeps this process's liveness lease, on which its attached
    requests depend).
 1. **Body and auth** (``limits.py``: a middleware that answers 413 to a body over

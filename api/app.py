@@ -76,7 +76,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             relay = StreamRelay(
                 blocking, keys.control(process_id), block_ms=settings.relay_block_ms
             )
-        recorder = metrics.Recorder()
+        tally = metrics.Tally()
         state = AppState(
             settings=settings,
             process_id=process_id,
@@ -87,13 +87,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 redis,
                 stream_maxlen=settings.stream_maxlen,
                 ttl_seconds=settings.request_ttl_seconds,
-                recorder=recorder,
+                tally=tally,
                 lifecycle_maxlen=settings.lifecycle_maxlen,
                 routing=routing_from(settings),
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),
-            metrics=recorder,
+            metrics=tally,
         )
         await relay.start()
         # The first beat before serving, so the process is known before it attaches requests.

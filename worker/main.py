@@ -239,14 +239,14 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) 
         max_event_tokens=settings.max_event_tokens,
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
-    recorder = metrics.Recorder()
+    tally = metrics.Tally()
     cache = CacheReport(backend)
     runner = RequestRunner(
         worker_id,
         backend,
         publisher,
         embedder=backends.embedder_for(backend, settings),
-        metrics=recorder,
+        metrics=tally,
         model=settings.model,
         max_tries=settings.max_tries,
         job_timeout=settings.job_timeout_seconds,
@@ -260,7 +260,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) 
         store,
         stream_maxlen=settings.stream_maxlen,
         ttl_seconds=settings.request_ttl_seconds,
-        recorder=recorder,
+        tally=tally,
         lifecycle_maxlen=settings.lifecycle_maxlen,
         routing=routing_from(settings),
     )
@@ -291,7 +291,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) 
         asyncio.create_task(
             sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
         ),
-        asyncio.create_task(metrics.flush_forever(recorder, store), name="metrics-flush"),
+        asyncio.create_task(metrics.flush_forever(tally, store), name="metrics-flush"),
         asyncio.create_task(_expire_leases(runner, settings), name="lease-expiry"),
     ]
     if watch is not None:
@@ -320,7 +320,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) 
                     await queue.forget_worker(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
         await stop_tasks([main, *tasks], timeout=5)
-        await metrics.final_flush(recorder, store)
+        await metrics.final_flush(tally, store)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await registry.unregister(store, worker_id)

@@ -54,7 +54,7 @@ from arq.worker import Retry
 from redis.asyncio import Redis
 
 from llmq import metrics
-from llmq.metrics import Recorder
+from llmq.metrics import Tally
 from llmq.model.interface import (
     CacheReporting,
     Embedder,
@@ -168,7 +168,7 @@ class RequestRunner:
     worker_id: str
     backend: Model
     publisher: StreamPublisher
-    metrics: Recorder = field(default_factory=Recorder)
+    metrics: Tally = field(default_factory=Tally)
     model: str = ""
     max_tries: int = 3
     redis: Redis | None = None

@@ -132,7 +132,7 @@ class Queue:
         *,
         stream_maxlen: int,
         ttl_seconds: int,
-        recorder: metrics.Recorder | None = None,
+        tally: metrics.Tally | None = None,
         lifecycle_maxlen: int = 100_000,
         routing: Routing = FIFO,
     ) -> None:
@@ -141,7 +141,7 @@ class Queue:
         self.routing = routing
         self.lifecycle_maxlen = lifecycle_maxlen
         #: Counts the outcome of requests that end without starting (cancelled, timeout).
-        self.recorder = recorder
+        self.tally = tally
         self.stream_maxlen = stream_maxlen
         self.ttl = ttl_seconds
         self.scripts = scripts_for(redis)
@@ -598,9 +598,9 @@ class Queue:
         write = self.redis.pipeline(transaction=False)
         for rid, (created, prompt_tokens, model, started) in zip(request_ids, found, strict=True):
             published = len(await published_tokens(self.redis, rid)) if started else 0
-            if self.recorder is not None:
+            if self.tally is not None:
                 label = as_str(model) if model else ""
-                self.recorder.inc(metrics.REQUESTS, label, reason)
+                self.tally.inc(metrics.REQUESTS, label, reason)
             event, record = unstarted_end(
                 rid,
                 reason,
