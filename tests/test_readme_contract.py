@@ -324,6 +324,6 @@ async def test_arqs_job_timeout_ends_a_run_that_did_not_stop_itself(
 ) -> None:
     """The backstop: the generation goes on past its own stop, arq's timeout cancels
     the run, and the worker still writes the request's end."""
-    await start_worker(job_timeout_seconds=0.5, max_tries=1, model=Stubborn())
+    await start_worker(job_timeout_seconds=0.5, max_tries=1, backend=Stubborn())
     _, message = await _ended_at_the_job_timeout(await start_api(), redis)
     assert message == "the run stopped at the job timeout of 0.5 s"
