@@ -7,7 +7,7 @@ client. Read it in the order a request meets it:
 
 0. **The process** (``main.py``: uvicorn serving the app, one process or several on
    one port; ``app.py``: the FastAPI app, whose lifespan opens and closes every
-   resource of ``state.py`` (Redis clients, relay, catalog, metrics recorder,
+   resource of ``state.py`` (Redis clients, relay, catalog, metrics tally,
    background tasks) and keeps this process's liveness lease, on which its attached
    requests depend).
 1. **Body and auth** (``limits.py``: a middleware that answers 413 to a body over
@@ -20,7 +20,7 @@ client. Read it in the order a request meets it:
    cancel; ``routes/health.py`` and ``routes/metrics.py`` for probes and scrapers);
    ``openapi.py`` makes the OpenAPI document list the statuses each route answers.
 3. **Validation and admission**: the body is checked strictly against
-   ``schemas.py``; ``extras.py`` reads what it asks beyond plain text (structured
+   ``bodies.py``; ``extras.py`` reads what it asks beyond plain text (structured
    output, tools, log-probabilities) and the capability each needs; ``submit.py``
    checks everything that can refuse it before anything is written: the limits
    that are settings, and the model, against ``catalog.py`` (the models live
@@ -40,8 +40,8 @@ client. Read it in the order a request meets it:
    request it runs (``responses_input.py``), followed by ``responses_relay.py``,
    shaped into Response objects and typed events (``responses_format.py``) and
    kept for ``previous_response_id`` (``responses_store.py``).
-6. **Framing**: ``sse.py`` frames Server-Sent Events and writes the stream to the
-   client; ``openai_format.py`` shapes events into OpenAI's chunks and bodies
+6. **Framing**: ``event_stream.py`` frames Server-Sent Events and writes the stream
+   to the client; ``openai_format.py`` shapes events into OpenAI's chunks and bodies
    (the native route writes the events as they are, with their stream ids);
    ``timing.py`` records TTFT and latency as the client sees them.
 7. **Cancel on disconnect** (``cancel.py``): a client that leaves an OpenAI route

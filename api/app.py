@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis, RedisCluster
 from starlette.types import Receive, Scope, Send
 
-from api import errors, openapi, sse
+from api import errors, event_stream, openapi
 from api.catalog import Catalog
 from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
@@ -30,7 +30,7 @@ from llmq.protocol.queue import Queue
 from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
-from llmq.tasks import cancel_and_wait, run_periodically
+from llmq.tasks import run_periodically, stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,11 @@ class _App(FastAPI):
     """FastAPI that hands the server's own ``send`` to the streaming responses.
 
     A stream's chunks then skip the middleware wrappers around ``send``, which only
-    watch a response's start (see :class:`api.sse.EventStream`).
+    watch a response's start (see :class:`api.event_stream.EventStream`).
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[sse.SERVER_SEND] = send
+        scope[event_stream.SERVER_SEND] = send
         await super().__call__(scope, receive, send)
 
 
@@ -76,7 +76,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             relay = StreamRelay(
                 blocking, keys.control(process_id), block_ms=settings.relay_block_ms
             )
-        recorder = metrics.Recorder()
+        tally = metrics.Tally()
         state = AppState(
             settings=settings,
             process_id=process_id,
@@ -87,13 +87,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 redis,
                 stream_maxlen=settings.stream_maxlen,
                 ttl_seconds=settings.request_ttl_seconds,
-                recorder=recorder,
+                tally=tally,
                 lifecycle_maxlen=settings.lifecycle_maxlen,
                 routing=routing_from(settings),
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),
-            metrics=recorder,
+            metrics=tally,
         )
         await relay.start()
         # The first beat before serving, so the process is known before it attaches requests.
@@ -110,11 +110,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         try:
             yield
         finally:
-            await cancel_and_wait(tasks, timeout=5)
+            await stop_tasks(tasks, timeout=5)
             # disconnect-triggered cancels are short Redis calls: let them finish
             if state.background:
                 await asyncio.wait(state.background, timeout=5)
-            await cancel_and_wait(state.background, timeout=2)
+            await stop_tasks(state.background, timeout=2)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
                     await state.queue.api_gone(process_id)

@@ -25,7 +25,7 @@ from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.schemas import UNSUPPORTED
+from api.bodies import UNSUPPORTED
 from llmq.connection import PoolExhausted
 
 log = logging.getLogger(__name__)

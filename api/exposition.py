@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from api.totals import Totals, read_totals
 from llmq import metrics, registry
 from llmq.autoscale.state import autoscaled
-from llmq.protocol.queue import queue_depth, queued_by_priority
+from llmq.protocol.depth import queue_depth, queued_by_priority
 from llmq.schema import ScaleState, WorkerInfo
 
 QUEUE_DEPTH = "llmq_queue_depth"

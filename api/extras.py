@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from api.bodies import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from api.errors import InvalidRequest, Unsupported
-from api.schemas import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from llmq.model.json_subset import unsupported
 
 ToolChoice = Literal["auto", "required", "none"]

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Sequence
 from api.follow import Batch, follow
 from api.state import AppState
 from api.submit import Submitted
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import stop_tasks
 
 Item = Batch | None
 
@@ -54,4 +54,4 @@ async def merged(
             else:
                 yield index, got
     finally:
-        await cancel_and_wait(tasks, timeout=2)
+        await stop_tasks(tasks, timeout=2)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from api import sse
+from api import event_stream
 from api.submit import Submitted
 from llmq.schema import PromptTokensDetails, TokenLogprob, Usage
 
@@ -104,13 +104,13 @@ class CompletionFormat:
         self._offsets: dict[int, int] = {}
 
     def delta_frame(self, text: str, index: int = 0) -> bytes:
-        """``sse.data(self.delta(text, index))``, byte for byte, without re-encoding the
+        """``event_stream.data(self.delta(text, index))``, byte for byte, without re-encoding the
         envelope for every token: it is encoded once around a placeholder, and only
         the text is encoded per chunk (the hot path of every stream)."""
         frame = self._frames.get(index)
         if frame is None:
             placeholder = "\x00text\x00"
-            whole = sse.data(self.delta(placeholder, index))
+            whole = event_stream.data(self.delta(placeholder, index))
             prefix, _, suffix = whole.partition(json.dumps(placeholder).encode())
             frame = self._frames[index] = (prefix, suffix)
         prefix, suffix = frame

@@ -29,7 +29,7 @@ from api.entries import entry_event
 from api.resp import bulk, xread
 from api.subscription import StreamId, Subscription, parse_id
 from llmq.outage import Outage
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +96,14 @@ class StreamRelay(Subscribing):
         cancel is only the fallback if Redis does not answer.
         """
         if self._nudger is not None:
-            await cancel_and_wait([self._nudger], timeout=2)
+            await stop_tasks([self._nudger], timeout=2)
         if self._task:
             self._stopping = True
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
                     await self._nudge()
             await asyncio.wait({self._task}, timeout=2)
-            await cancel_and_wait([self._task], timeout=5)
+            await stop_tasks([self._task], timeout=5)
             self._task = None
         with contextlib.suppress(Exception):
             await self._redis.delete(self._control)

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
+from api.bodies import ChatCompletionRequest, GenerationParams, _Body
 from api.errors import InvalidRequest, Unsupported
-from api.schemas import ChatCompletionRequest, GenerationParams, _Body
 
 #: Content part types of a message item that carry text.
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})

@@ -15,7 +15,7 @@ from api.catalog import Catalog
 from api.grouped_relay import GroupedRelay
 from api.relay import StreamRelay
 from api.subscription import Subscription
-from llmq.metrics import Recorder
+from llmq.metrics import Tally
 from llmq.protocol.queue import Queue
 from llmq.settings import ApiSettings
 
@@ -34,7 +34,7 @@ class AppState:
     api_keys: frozenset[str] = frozenset()
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     #: This process's not-yet-flushed metrics (see :mod:`llmq.metrics`).
-    metrics: Recorder = field(default_factory=Recorder)
+    metrics: Tally = field(default_factory=Tally)
     #: The subscriptions of the streams being relayed, ended cleanly at shutdown.
     following: set[Subscription] = field(default_factory=set)
 

@@ -19,10 +19,10 @@ from typing import Annotated
 
 from fastapi import Header
 
+from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
-from api.schemas import EmbeddingRequest, GenerationParams
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves

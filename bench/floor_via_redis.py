@@ -44,7 +44,7 @@ from redis.asyncio import Redis
 
 from bench.floor import FloorApp, serve
 from llmq.model.interface import GenerationRequest
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import stop_tasks
 from worker.mock import MockModel
 
 Role = Literal["both", "api", "model"]
@@ -89,7 +89,7 @@ class Background:
 
     async def stop(self) -> None:
         if self._task is not None:
-            await cancel_and_wait([self._task], timeout=5)
+            await stop_tasks([self._task], timeout=5)
             self._task = None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.metrics import percentile
+from loadgen.figures import percentile
 
 
 def _numbers(values: Iterable[Any]) -> list[float]:

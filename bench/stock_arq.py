@@ -19,10 +19,10 @@ from arq.connections import RedisSettings
 from arq.worker import Worker
 
 #: The function name that the benchmark enqueues.
-JOB = "record_start"
+JOB = "push_wait"
 
 
-async def record_start(ctx: dict[str, Any], key: str, enqueued_at: float) -> None:
+async def push_wait(ctx: dict[str, Any], key: str, enqueued_at: float) -> None:
     started = time.time()
     await ctx["redis"].rpush(key, repr(started - enqueued_at))
 
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m bench.stock_arq REDIS_URL", file=sys.stderr)
         return 2
     asyncio.set_event_loop(asyncio.new_event_loop())
-    worker = Worker(functions=[record_start], redis_settings=RedisSettings.from_dsn(argv[0]))
+    worker = Worker(functions=[push_wait], redis_settings=RedisSettings.from_dsn(argv[0]))
     worker.run()
     return 0
 

@@ -80,15 +80,17 @@ def figures(result: RunResult) -> dict[str, Any]:
 
 def rejected(result: RunResult, kind: str = "http_429") -> list[float]:
     """Latency (ms) of the answers that refused a request: send to end of the response."""
-    return [(r.end_s - r.sent_s) * 1000.0 for r in result.records if r.failure == kind and r.end_s]
+    return [
+        (r.end_s - r.sent_s) * 1000.0 for r in result.measurements if r.failure == kind and r.end_s
+    ]
 
 
 def first_errors(result: RunResult, limit: int = 3) -> list[str]:
-    """A few failure messages, to explain a failed level without reading every record."""
+    """A few failure messages, to explain a failed level without reading every measurement."""
     seen: list[str] = []
-    for record in result.records:
-        if record.error and f"{record.failure}: {record.error}" not in seen:
-            seen.append(f"{record.failure}: {record.error}"[:300])
+    for measurement in result.measurements:
+        if measurement.error and f"{measurement.failure}: {measurement.error}" not in seen:
+            seen.append(f"{measurement.failure}: {measurement.error}"[:300])
         if len(seen) >= limit:
             break
     return seen
@@ -102,7 +104,7 @@ def steady_throughput(result: RunResult, start_s: float, end_s: float) -> dict[s
     ramp and before the last send measures the sustained rate.
     """
     span = end_s - start_s
-    done = [r for r in result.records if r.ok and start_s <= r.end_s < end_s]
+    done = [r for r in result.measurements if r.ok and start_s <= r.end_s < end_s]
     tokens = sum(r.output_tokens for r in done)
     return {
         "window_s": span,

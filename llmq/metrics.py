@@ -1,6 +1,6 @@
 """Cluster-wide metrics: families, in-process aggregation, and deltas flushed to Redis.
 
-Every process (API or worker) records into its own :class:`Recorder`: an
+Every process (API or worker) counts into its own :class:`Tally`: an
 observation is one dict increment, with no I/O, so a per-token observation costs
 next to nothing. :func:`flush_forever` moves the accumulated deltas to Redis every
 ``FLUSH_SECONDS`` with ``HINCRBYFLOAT`` in one ``MULTI`` (one hash per family), and
@@ -193,7 +193,7 @@ def parse_field(raw: str) -> tuple[str, tuple[str, ...]] | None:
     return value[0], tuple(value[1:])
 
 
-class Recorder:
+class Tally:
     """One process's not-yet-flushed deltas; every method is synchronous and I/O-free."""
 
     def __init__(self) -> None:
@@ -215,7 +215,7 @@ class Recorder:
         self._deltas[(family.name, "", labels)] += amount
 
     def take(self) -> dict[_Key, float]:
-        """The pending deltas, which the caller now owns (the recorder starts afresh)."""
+        """The pending deltas, which the caller now owns (the tally starts afresh)."""
         taken, self._deltas = self._deltas, defaultdict(float)
         return dict(taken)
 
@@ -267,21 +267,19 @@ class Recorder:
             raise
 
 
-async def flush_forever(recorder: Recorder, redis: Redis, interval: float = FLUSH_SECONDS) -> None:
+async def flush_forever(tally: Tally, redis: Redis, interval: float = FLUSH_SECONDS) -> None:
     """Flush every ``interval`` seconds until cancelled; a failed flush keeps its deltas
     for the next one."""
-    await run_periodically(
-        lambda: recorder.flush(redis), interval, what="metrics flush", logger=log
-    )
+    await run_periodically(lambda: tally.flush(redis), interval, what="metrics flush", logger=log)
 
 
-async def final_flush(recorder: Recorder, redis: Redis, timeout: float = 2.0) -> None:
+async def final_flush(tally: Tally, redis: Redis, timeout: float = 2.0) -> None:
     """The shutdown flush, after the flusher task stopped and before Redis is closed.
 
     Best effort: if Redis is away at shutdown, the last second's deltas are lost.
     """
     try:
         async with asyncio.timeout(timeout):
-            await recorder.flush(redis)
+            await tally.flush(redis)
     except Exception as exc:
         log.warning("final metrics flush failed: %s", exc)

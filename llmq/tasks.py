@@ -7,7 +7,7 @@ at every run.
 
 A single ``Task.cancel()`` is not always enough: a cancellation that races with a
 timeout inside a library (a Redis read under ``asyncio.timeout``, say) can be
-absorbed, and a ``while True`` loop then carries on. :func:`cancel_and_wait`
+absorbed, and a ``while True`` loop then carries on. :func:`stop_tasks`
 repeats the cancel until the tasks are done or the deadline passes, and logs the
 stack of any task that would not stop instead of hanging shutdown.
 """
@@ -24,7 +24,8 @@ from llmq.outage import Outage
 
 log = logging.getLogger(__name__)
 
-RECANCEL_SECONDS = 0.1
+#: How often :func:`stop_tasks` cancels again a task that has not stopped yet.
+REPEAT_SECONDS = 0.1
 
 
 async def run_periodically(
@@ -61,12 +62,12 @@ def _literal(text: str) -> str:
     return text.replace("%", "%%")
 
 
-async def cancel_and_wait(
-    tasks: Iterable[asyncio.Task[Any]], timeout: float, *, recancel: bool = True
+async def stop_tasks(
+    tasks: Iterable[asyncio.Task[Any]], timeout: float, *, repeat: bool = True
 ) -> None:
-    """Cancel and await ``tasks`` for at most ``timeout`` seconds.
+    """Stop ``tasks``: cancel them and await them for at most ``timeout`` seconds.
 
-    ``recancel=False`` cancels once: for tasks that clean up (shielded) after a
+    ``repeat=False`` cancels once: for tasks that clean up (shielded) after a
     cancel and must not be interrupted while doing so.
     """
     pending = {t for t in tasks if not t.done()}
@@ -75,11 +76,11 @@ async def cancel_and_wait(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while pending and loop.time() < deadline:
-        if recancel:
+        if repeat:
             for task in pending:
                 task.cancel()
         _, pending = await asyncio.wait(
-            pending, timeout=min(RECANCEL_SECONDS, deadline - loop.time())
+            pending, timeout=min(REPEAT_SECONDS, deadline - loop.time())
         )
     for task in pending:
         out = io.StringIO()

@@ -12,8 +12,8 @@ Programmatic use (the benchmark suite)::
 ``config.base_url`` or, with ``in_process=True``, to the seed-style baseline server
 in this process (:mod:`loadgen.baseline`), the same arrivals, prompts and lengths
 for both (``target`` takes any :class:`loadgen.runner.Target` instead).
-:class:`RunResult` holds ``config``, ``records`` (one
-:class:`RequestMeasurement` per measured request, index order), ``warmup_records``,
+:class:`RunResult` holds ``config``, ``measurements`` (one
+:class:`RequestMeasurement` per measured request, index order), ``warmup_measurements``,
 ``duration_s``, ``started_at`` (Unix time), ``target`` (``"http"`` or
 ``"in_process"``), ``lagged`` and:
 
@@ -28,17 +28,17 @@ for both (``target`` takes any :class:`loadgen.runner.Target` instead).
   99.9), ``lagged``, ``lag_threshold_ms``, ``by_priority`` ({"0": {...}, ...}
   with completed, failed, ttft/e2el median and p99), ``target``, ``warmup``,
   ``max_concurrency``;
-* ``to_json() -> dict``: settings, summary, ``lagged`` and every record.
+* ``to_json() -> dict``: settings, summary, ``lagged`` and every measurement.
 
 Modules: :mod:`~loadgen.config` (settings), :mod:`~loadgen.arrivals` (schedule),
 :mod:`~loadgen.workload` (prompts), :mod:`~loadgen.sse` and :mod:`~loadgen.client`
-(HTTP target), :mod:`~loadgen.baseline` (in-process target), :mod:`~loadgen.records`
-(measurement), :mod:`~loadgen.runner` (driving), :mod:`~loadgen.metrics`,
+(HTTP target), :mod:`~loadgen.baseline` (in-process target), :mod:`~loadgen.measurements`
+(measurement), :mod:`~loadgen.runner` (driving), :mod:`~loadgen.figures`,
 :mod:`~loadgen.report`, :mod:`~loadgen.plots`, :mod:`~loadgen.cli`.
 """
 
 from loadgen.config import LoadConfig
-from loadgen.records import FAILURE_KINDS, RequestMeasurement
+from loadgen.measurements import FAILURE_KINDS, RequestMeasurement
 from loadgen.result import RunResult
 from loadgen.runner import run_load
 

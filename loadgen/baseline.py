@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from llmq.model.interface import GenerationRequest, Model, Report, seed_for
 from loadgen.config import LoadConfig
-from loadgen.records import StreamClock
+from loadgen.measurements import StreamClock
 from loadgen.workload import RequestSpec
 from worker.mock import MockModel
 

@@ -5,7 +5,7 @@ figure it reports, and aiohttp's is the smaller (on a 2-core machine it needs ab
 half httpx's CPU per streamed token, and less time before a request reaches the
 server). One session holds every connection, without a limit, so requests
 never queue inside the client, which would show up as server latency. Failures are
-classified (see :data:`loadgen.records.FAILURE_KINDS`):
+classified (see :data:`loadgen.measurements.FAILURE_KINDS`):
 
 * a non-200 status: ``http_429`` (rejected by admission control), ``http_4xx``,
   ``http_5xx`` (other statuses count as ``other``);
@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from loadgen.config import LoadConfig
-from loadgen.records import FailureKind, RequestFailed, StreamClock
+from loadgen.measurements import FailureKind, RequestFailed, StreamClock
 from loadgen.sse import frames, parse_chunk
 from loadgen.workload import RequestSpec
 

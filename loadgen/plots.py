@@ -1,6 +1,6 @@
 """PNG plots of a run, drawn with matplotlib's object API and the Agg canvas.
 
-No ``pyplot``: figures are plain :class:`~matplotlib.figure.Figure` objects, so
+No ``pyplot``: plots are plain :class:`~matplotlib.figure.Figure` objects, so
 nothing touches global state or needs a display, and plotting is safe inside a
 server process or a test run.
 
@@ -19,8 +19,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from loadgen.metrics import metric_values
-from loadgen.records import RequestMeasurement
+from loadgen.figures import metric_values
+from loadgen.measurements import RequestMeasurement
 from loadgen.result import RunResult
 
 BINS = 40
@@ -45,7 +45,7 @@ def latency_cdfs(result: RunResult, path: Path) -> Path:
     titles = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
     for number, (metric, title) in enumerate(titles.items(), start=1):
         ax = fig.add_subplot(2, 2, number)
-        values = metric_values(result.records, metric)
+        values = metric_values(result.measurements, metric)
         _cdf(ax, values)
         ax.set_title(f"{title} CDF (n={len(values)})")
         ax.set_xlabel("ms")
@@ -57,9 +57,9 @@ def latency_cdfs(result: RunResult, path: Path) -> Path:
 def ttft_over_time(result: RunResult, path: Path) -> Path:
     fig = Figure(figsize=(10, 4))
     ax = fig.add_subplot(1, 1, 1)
-    ok = [r for r in result.records if r.ok and r.ttft_s is not None]
+    ok = [r for r in result.measurements if r.ok and r.ttft_s is not None]
     ax.scatter([r.sent_s for r in ok], [(r.ttft_s or 0.0) * 1000 for r in ok], s=6, alpha=0.6)
-    failed = [r for r in result.records if not r.ok]
+    failed = [r for r in result.measurements if not r.ok]
     if failed:
         ax.scatter(
             [r.sent_s for r in failed],
@@ -88,13 +88,13 @@ def throughput_over_time(result: RunResult, path: Path) -> Path:
     width = float(edges[1] - edges[0])
     token_times: list[float] = []
     token_weights: list[float] = []
-    for r in result.records:
+    for r in result.measurements:
         times = r.chunk_times() if r.ok else []
         if times:
             token_times.extend(times)
             token_weights.extend([r.output_tokens / len(times)] * len(times))
     tokens, _ = np.histogram(token_times, bins=edges, weights=token_weights)
-    done, _ = np.histogram([r.end_s for r in result.records if r.ok], bins=edges)
+    done, _ = np.histogram([r.end_s for r in result.measurements if r.ok], bins=edges)
     mids = (edges[:-1] + edges[1:]) / 2
     ax.plot(mids, tokens / width, label="output tokens/s")
     ax.set_xlabel("time (s since start)")
@@ -113,7 +113,7 @@ def ttft_by_priority(result: RunResult, path: Path) -> Path:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot(1, 1, 1)
     groups: dict[int | None, list[RequestMeasurement]] = {}
-    for r in result.records:
+    for r in result.measurements:
         groups.setdefault(r.priority, []).append(r)
     for priority in sorted(groups, key=lambda p: (p is None, p or 0)):
         values = metric_values(groups[priority], "ttft")

@@ -18,7 +18,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from loadgen.records import RequestMeasurement
+from loadgen.measurements import RequestMeasurement
 
 
 class RunProgress:
@@ -54,10 +54,10 @@ class RunProgress:
         if self._progress is not None:
             self._progress.stop()
 
-    def done(self, record: RequestMeasurement) -> None:
+    def done(self, measurement: RequestMeasurement) -> None:
         if self._progress is None:
             return
-        if not record.ok:
+        if not measurement.ok:
             self._failed += 1
             description = f"{self._label} ({self._failed} failed)"
             self._progress.update(self._task, advance=1, description=description)

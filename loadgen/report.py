@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from loadgen.metrics import percentile_key
+from loadgen.figures import percentile_key
 from loadgen.result import RunResult
 
 WIDTH = 50
@@ -106,7 +106,7 @@ def _pair(fig: dict[str, Any]) -> str:
 
 
 def write_json(result: RunResult, path: str | Path) -> Path:
-    """Write settings, figures and every record to ``path`` (parents created)."""
+    """Write settings, figures and every measurement to ``path`` (parents created)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")

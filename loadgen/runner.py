@@ -1,4 +1,4 @@
-"""Drives the traffic: schedules requests, caps concurrency, and collects records.
+"""Drives the traffic: schedules requests, caps concurrency, and collects measurements.
 
 Open loop: one scheduler coroutine sleeps until each precomputed due time and
 starts the request as a task; it never waits for answers, so a slow server gets
@@ -34,8 +34,8 @@ import numpy as np
 
 from loadgen.arrivals import arrival_times
 from loadgen.config import LoadConfig
+from loadgen.measurements import RequestFailed, RequestMeasurement, StreamClock
 from loadgen.progress import RunProgress
-from loadgen.records import RequestFailed, RequestMeasurement, StreamClock
 from loadgen.result import RunResult
 from loadgen.workload import RequestSpec, Workload
 
@@ -84,7 +84,7 @@ def make_target(config: LoadConfig) -> Target:
 
 
 async def run_load(config: LoadConfig, target: Target | None = None) -> RunResult:
-    """Send the configured traffic (warmup first) and return every record with the figures.
+    """Send the configured traffic (warmup first) and return every measurement with the figures.
 
     ``target`` overrides the one ``config`` selects (the caller then owns it; it is
     not closed here).
@@ -120,16 +120,16 @@ async def run_load(config: LoadConfig, target: Target | None = None) -> RunResul
             run = _Run(config, chosen, progress)
             started_at = time.time()
             if config.closed_loop:
-                records = await run.closed_loop(workload)
+                measurements = await run.closed_loop(workload)
             else:
-                records = await run.open_loop(specs, due)
+                measurements = await run.open_loop(specs, due)
         return RunResult(
             config=config,
-            records=records,
+            measurements=measurements,
             duration_s=run.duration_s,
             started_at=started_at,
             target=chosen.name,
-            warmup_records=warmup,
+            warmup_measurements=warmup,
         )
     finally:
         if owned:
@@ -137,7 +137,7 @@ async def run_load(config: LoadConfig, target: Target | None = None) -> RunResul
 
 
 class _Run:
-    """One batch of requests sharing a start time, a target and a record list."""
+    """One batch of requests sharing a start time, a target and a measurement list."""
 
     def __init__(self, config: LoadConfig, target: Target, progress: RunProgress) -> None:
         self.config = config
@@ -145,7 +145,7 @@ class _Run:
         self.progress = progress
         self.start = time.perf_counter()
         self.duration_s = 0.0
-        self.records: list[RequestMeasurement] = []
+        self.measurements: list[RequestMeasurement] = []
 
     async def open_loop(
         self, specs: Sequence[RequestSpec], due: Sequence[float]
@@ -160,7 +160,7 @@ class _Run:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 group.create_task(self.execute(spec, at, slot))
-        return self._finish()
+        return self._measured()
 
     async def closed_loop(self, workload: Workload) -> list[RequestMeasurement]:
         users = self.config.concurrency or 1
@@ -182,7 +182,7 @@ class _Run:
         async with asyncio.TaskGroup() as group:
             for _ in range(users):
                 group.create_task(user())
-        return self._finish()
+        return self._measured()
 
     async def burst(
         self, specs: Sequence[RequestSpec], slots: int | None
@@ -193,17 +193,17 @@ class _Run:
         async with asyncio.TaskGroup() as group:
             for spec in specs:
                 group.create_task(self.execute(spec, self.start, slot))
-        return self._finish()
+        return self._measured()
 
-    def _finish(self) -> list[RequestMeasurement]:
+    def _measured(self) -> list[RequestMeasurement]:
         self.duration_s = time.perf_counter() - self.start
-        return sorted(self.records, key=lambda r: r.index)
+        return sorted(self.measurements, key=lambda r: r.index)
 
     async def execute(
         self, spec: RequestSpec, due: float, slot: asyncio.Semaphore | None
     ) -> RequestMeasurement:
-        """Send one request; never raises (failures become the record's ``failure``)."""
-        record = RequestMeasurement(
+        """Send one request; never raises (failures become the measurement's ``failure``)."""
+        measurement = RequestMeasurement(
             index=spec.index,
             priority=spec.priority,
             prompt_tokens=spec.prompt_tokens,
@@ -222,12 +222,12 @@ class _Run:
         finally:
             if slot is not None:
                 slot.release()
-        clock.fill(record, run_start=self.start, ended_at=ended, failure=failure)
-        record.slot_wait_s = wait
-        record.lag_s = record.sent_s - record.scheduled_s - wait
-        self.records.append(record)
-        self.progress.done(record)
-        return record
+        clock.fill(measurement, run_start=self.start, ended_at=ended, failure=failure)
+        measurement.slot_wait_s = wait
+        measurement.lag_s = measurement.sent_s - measurement.scheduled_s - wait
+        self.measurements.append(measurement)
+        self.progress.done(measurement)
+        return measurement
 
     async def _send(self, spec: RequestSpec, clock: StreamClock) -> RequestFailed | None:
         timeout = self.config.timeout

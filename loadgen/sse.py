@@ -1,16 +1,11 @@
-"""Server-sent events, decoded incrementally, and OpenAI stream chunks parsed from them.
+"""OpenAI stream chunks, parsed from the events of the project's one SSE reader.
 
-The SSE reader itself is :mod:`llmq.sse` (the worker reads its upstream through
-it too), re-exported here: the load generator, the benchmarks and the tests read
-streams through these names. Network reads cut the stream anywhere: inside
-a UTF-8 character, between ``\\r`` and ``\\n``, in the middle of a ``data:``
-line. :class:`SSEDecoder` is fed raw bytes as they arrive and returns only
-complete events, per the SSE spec (lines end in ``\\n``, ``\\r\\n`` or ``\\r``;
-a blank line dispatches the event; lines starting with ``:`` are comments such as
-keep-alives; multi-line ``data`` joins with ``\\n``; an event without ``data``
-is not dispatched). :func:`frames` does the same over any async iterable of bytes
-(``httpx``'s ``aiter_bytes()``, ``aiohttp``'s ``content.iter_any()``), and
-:func:`parse_chunk` reads one event's data the OpenAI way.
+The reader itself is :mod:`llmq.sse` (the worker reads its upstream through it
+too); its names are re-exported here, so the load generator, the benchmarks and
+the tests read llmq's streams through one module: :func:`frames` (events from
+any async iterable of bytes), :class:`SSEDecoder`, :class:`Frame` and
+:data:`DONE`. What this module adds is :func:`parse_chunk`, which reads one
+event's data the OpenAI way.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from llmq.sse import DONE as DONE
 from llmq.sse import Frame as Frame
 from llmq.sse import SSEDecoder as SSEDecoder
 from llmq.sse import frames as frames
-from loadgen.records import RequestFailed
+from loadgen.measurements import RequestFailed
 
 
 @dataclass(frozen=True)

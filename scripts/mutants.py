@@ -77,8 +77,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "mid-stream-error",
         "a stream failing mid-way ends with an error chunk, then [DONE]",
         "api/routes/openai.py",
-        'yield sse.data(error_body(message, "server_error", None, "stream_failed"))\n'
-        "        yield sse.DONE",
+        'yield event_stream.data(error_body(message, "server_error", None, "stream_failed"))\n'
+        "        yield event_stream.DONE",
         "raise",
         ("tests/test_stream_failure.py",),
     ),
@@ -395,7 +395,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "strict-types",
         'request fields are type-checked strictly (true is no integer, "yes" no boolean)',
-        "api/schemas.py",
+        "api/bodies.py",
         'model_config = ConfigDict(extra="ignore", strict=True)',
         'model_config = ConfigDict(extra="ignore", strict=False)',
         ("tests/test_validation.py::test_bad_completion_requests",),

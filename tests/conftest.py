@@ -104,8 +104,9 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     """Start real workers in this event loop; each is stopped at teardown."""
     workers: list[RunningWorker] = []
 
-    async def start(model: Model | None = None, **overrides: Any) -> RunningWorker:
-        """``model``: run this model instead of the settings' mock (e.g. one that fails)."""
+    async def start(backend: Model | None = None, **overrides: Any) -> RunningWorker:
+        """``backend``: run this model object instead of the settings' mock (e.g. one
+        that fails)."""
         chosen: dict[str, Any] = {
             "redis_url": redis_url,
             "heartbeat_seconds": 0.2,
@@ -115,7 +116,7 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
         }
         settings = WorkerSettings(**chosen)
         stop = asyncio.Event()
-        task = asyncio.create_task(serve(settings, stop=stop, model=model))
+        task = asyncio.create_task(serve(settings, stop=stop, backend=backend))
         running = RunningWorker(settings, stop, task)
         workers.append(running)
         return running

@@ -38,7 +38,7 @@ def controller_settings(redis_url: str, **overrides: Any) -> ControllerSettings:
     return ControllerSettings(**chosen)
 
 
-class RecordingDriver(PublishDriver):
+class ListingDriver(PublishDriver):
     """Acts on nothing; notes who acted and whom the lease in Redis named right then."""
 
     def __init__(self, redis: Redis, me: str, acts: list[tuple[str, str | None]]) -> None:
@@ -62,7 +62,7 @@ async def test_two_controllers_never_both_act(redis_url: str, redis: Redis) -> N
             redis,
             settings,
             ["mock"],
-            RecordingDriver(redis, name, acts),
+            ListingDriver(redis, name, acts),
             bounds=(0, 4),
             concurrency=2,
             lease=lease,

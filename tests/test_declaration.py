@@ -21,7 +21,7 @@ class CharsModel(MockModel):
 async def test_prompts_are_counted_with_the_declared_tokenizer(
     start_worker: StartWorker, start_api: StartApi
 ) -> None:
-    await start_worker(model=CharsModel(tokens_per_second=500))
+    await start_worker(backend=CharsModel(tokens_per_second=500))
     api = await start_api()
     async with api.client() as client:
         entry = (await client.get("/v1/workers")).json()["data"][0]

@@ -14,7 +14,7 @@ import yaml
 from cli.main import build_parser
 from llmq.settings import WorkerSettings
 from tests.support.compose import needs_docker_compose, resolved
-from worker.backends import build_model
+from worker.backends import build_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "deploy" / "compose" / "llamacpp.yml"
@@ -26,7 +26,7 @@ def worker_settings(env: dict[str, str]) -> WorkerSettings:
     fields: dict[str, Any] = {k.removeprefix("LLMQ_").lower(): v for k, v in env.items()}
     settings = WorkerSettings(**fields)
     assert settings.backend == "openai"
-    build_model(settings)  # an upstream model, not yet contacted
+    build_backend(settings)  # an upstream model, not yet contacted
     return settings
 
 

@@ -147,7 +147,7 @@ async def test_refused_without_the_capability(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:
     """Switched off (a model that does not declare embeddings): refused, never faked."""
-    await start_worker(model=MockModel(capabilities=CAPABILITIES - {"embeddings"}))
+    await start_worker(backend=MockModel(capabilities=CAPABILITIES - {"embeddings"}))
     api = await start_api()
     async with api.client() as http:
         await wait_ready(http)
@@ -181,7 +181,7 @@ class FailingEmbedder(MockModel):
 async def test_an_embedder_that_fails_is_a_server_error(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:
-    await start_worker(model=FailingEmbedder())
+    await start_worker(backend=FailingEmbedder())
     api = await start_api()
     async with api.client() as http:
         await wait_ready(http)

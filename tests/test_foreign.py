@@ -8,7 +8,8 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
-from llmq.protocol.queue import Queue, serialize_job
+from llmq.protocol.arq_job import serialize_job
+from llmq.protocol.queue import Queue
 from tests.support.jobs import enqueue_raw
 from tests.support.native import post_request, record, wait_status
 from tests.support.processes import alive

@@ -12,7 +12,7 @@ import pytest
 from llmq.model.interface import GenerationRequest
 from loadgen import LoadConfig, run_load
 from loadgen.baseline import InferenceRequest, InferenceServer
-from loadgen.records import StreamClock
+from loadgen.measurements import StreamClock
 from loadgen.workload import RequestSpec
 from worker.mock import MockModel
 
@@ -107,18 +107,18 @@ async def test_in_process_run_reports_model_timings() -> None:
     assert 0 < s["itl_ms_median"] < 100
     assert 0 < s["tpot_ms_median"] < 100
     assert 70 * 0.9 <= s["e2el_ms_median"] < 700
-    assert all(r.output_tokens == 5 and len(r.itl_s) == 4 for r in result.records)
-    for r in result.records:  # the figures agree with each other
+    assert all(r.output_tokens == 5 and len(r.itl_s) == 4 for r in result.measurements)
+    for r in result.measurements:  # the figures agree with each other
         assert r.ttft_s is not None and r.e2e_s is not None and r.tpot_s is not None
         assert r.ttft_s + sum(r.itl_s) <= r.e2e_s + 1e-9  # the last token, then the end
         assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 4)
-    assert [r.index for r in result.records] == list(range(6))
+    assert [r.index for r in result.measurements] == list(range(6))
 
 
 async def test_one_slot_makes_requests_wait_their_turn() -> None:
     result = await run_load(_config(baseline_concurrency=1, num_requests=3))
-    ttfts = sorted(r.ttft_s or 0.0 for r in result.records)
-    e2e = min(r.e2e_s or 0.0 for r in result.records)
+    ttfts = sorted(r.ttft_s or 0.0 for r in result.measurements)
+    e2e = min(r.e2e_s or 0.0 for r in result.measurements)
     # The second admitted request cannot get a token before the first one finishes.
     assert ttfts[1] > e2e
     assert ttfts[2] > 2 * e2e * 0.9
@@ -128,17 +128,17 @@ async def test_closed_loop_keeps_n_users_in_flight_and_warmup_is_excluded() -> N
     result = await run_load(_config(concurrency=2, num_requests=6, warmup=2))
     s = result.summary()
     assert s["completed"] == 6 and s["peak_in_flight"] == 2
-    assert s["warmup"] == 2 and len(result.warmup_records) == 2
+    assert s["warmup"] == 2 and len(result.warmup_measurements) == 2
     # a user sends its next request as soon as one ends (sent when scheduled: the bound
     # is only a loaded machine's margin, the figure is the benchmarks' to measure)
-    assert all(r.lag_s < 0.5 for r in result.records)
+    assert all(r.lag_s < 0.5 for r in result.measurements)
 
 
 async def test_duration_bounds_a_closed_loop() -> None:
     result = await run_load(_config(concurrency=2, num_requests=None, duration=0.2))
-    assert 2 <= len(result.records) <= 12  # ~70 ms per request, two users, 0.2 s
+    assert 2 <= len(result.measurements) <= 12  # ~70 ms per request, two users, 0.2 s
     # nothing is started after the duration (when it left is up to a loaded machine)
-    assert all(r.scheduled_s < 0.2 for r in result.records)
+    assert all(r.scheduled_s < 0.2 for r in result.measurements)
 
 
 async def test_timeouts_are_classified_and_free_the_server() -> None:

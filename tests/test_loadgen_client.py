@@ -163,12 +163,16 @@ async def test_completions_stream_is_measured(server: Running) -> None:
     result = await run_load(config)
     s = result.summary()
     assert s["completed"] == 4 and s["failed"] == 0 and result.target == "http"
-    for record in result.records:
-        assert record.output_tokens == 5  # from usage, although only 3 content chunks came
-        assert len(record.itl_s) == 2
-        assert record.ttft_s is not None and record.ttft_s > 0 and record.e2e_s is not None
-        assert record.tpot_s == pytest.approx((record.e2e_s - record.ttft_s) / 4)
-        assert record.priority == 2
+    for measurement in result.measurements:
+        assert measurement.output_tokens == 5  # from usage, although only 3 content chunks came
+        assert len(measurement.itl_s) == 2
+        assert (
+            measurement.ttft_s is not None
+            and measurement.ttft_s > 0
+            and measurement.e2e_s is not None
+        )
+        assert measurement.tpot_s == pytest.approx((measurement.e2e_s - measurement.ttft_s) / 4)
+        assert measurement.priority == 2
     sent = server.stub.requests[0]
     assert sent["path"] == "/v1/completions"
     assert sent["headers"]["authorization"] == "Bearer k3y"
@@ -185,7 +189,7 @@ async def test_chat_stream_ignores_the_role_chunk(server: Running) -> None:
     assert sent["path"] == "/v1/chat/completions"
     assert sent["body"]["messages"][0]["role"] == "user"
     assert "priority" not in sent["body"]
-    assert all(len(r.itl_s) == 2 and r.output_tokens == 5 for r in result.records)
+    assert all(len(r.itl_s) == 2 and r.output_tokens == 5 for r in result.measurements)
 
 
 @pytest.mark.parametrize(
@@ -204,8 +208,8 @@ async def test_failures_are_classified(server: Running, scenario: str, kind: str
     result = await run_load(_config(server.url, model=scenario, num_requests=2, timeout=0.5))
     s = result.summary()
     assert s["completed"] == 0
-    assert s["failures"][kind] == 2, [r.error for r in result.records]
-    assert all(r.error for r in result.records)
+    assert s["failures"][kind] == 2, [r.error for r in result.measurements]
+    assert all(r.error for r in result.measurements)
 
 
 async def test_connection_refused_is_a_connection_failure() -> None:
@@ -222,7 +226,7 @@ async def test_max_concurrency_caps_in_flight_requests(server: Running) -> None:
     result = await run_load(_config(server.url, num_requests=8, max_concurrency=2))
     assert result.summary()["completed"] == 8
     assert server.stub.peak == 2
-    assert sum(r.slot_wait_s > 0.001 for r in result.records) >= 4
+    assert sum(r.slot_wait_s > 0.001 for r in result.measurements) >= 4
     assert result.summary()["lagged"] is False  # waiting for a slot is not lag
 
 
@@ -251,11 +255,11 @@ async def test_http_and_in_process_get_the_same_traffic(server: Running) -> None
     http = await run_load(_config(server.url, **shape))
     local = await run_load(_config(server.url, in_process=True, tokens_per_second=500.0, **shape))
 
-    def traffic(records: list[Any]) -> list[tuple[int, int | None, int, int]]:
-        return [(r.index, r.priority, r.prompt_tokens, r.max_tokens) for r in records]
+    def traffic(measurements: list[Any]) -> list[tuple[int, int | None, int, int]]:
+        return [(r.index, r.priority, r.prompt_tokens, r.max_tokens) for r in measurements]
 
-    assert traffic(http.records) == traffic(local.records)
-    due = [r.scheduled_s for r in local.records]
-    assert [r.scheduled_s for r in http.records] == pytest.approx(due, abs=1e-9)
+    assert traffic(http.measurements) == traffic(local.measurements)
+    due = [r.scheduled_s for r in local.measurements]
+    assert [r.scheduled_s for r in http.measurements] == pytest.approx(due, abs=1e-9)
     prompts = [len(req["body"]["prompt"].split()) for req in server.stub.requests]
-    assert sorted(prompts) == sorted(r.prompt_tokens for r in local.records)
+    assert sorted(prompts) == sorted(r.prompt_tokens for r in local.measurements)

@@ -38,7 +38,7 @@ async def test_parses_our_stream_and_counts_429s(
     )
     result = await run_load(config)
     summary = result.summary()
-    ok = [r for r in result.records if r.ok]
+    ok = [r for r in result.measurements if r.ok]
     assert summary["failures"]["http_429"] > 0
     assert summary["completed"] == len(ok) >= 2
     assert summary["completed"] + summary["failures"]["http_429"] == 20
@@ -74,7 +74,7 @@ async def test_a_connection_dropped_mid_stream_is_a_drop(
         api.stop()
     failures = result.summary()["failures"]
     assert (failures["dropped"], failures["connection"]) == (3, 0)
-    assert all(r.ttft_s is not None for r in result.records)  # each had seen a token
+    assert all(r.ttft_s is not None for r in result.measurements)  # each had seen a token
 
 
 async def streams_with_tokens(redis: Redis, n: int) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from loadgen.records import RequestFailed
+from loadgen.measurements import RequestFailed
 from loadgen.sse import Frame, SSEDecoder, frames, parse_chunk
 
 

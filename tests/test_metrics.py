@@ -42,16 +42,16 @@ def test_quantile_edge_cases() -> None:
 
 
 async def test_recorder_flushes_deltas_that_exposition_renders(redis: Redis) -> None:
-    recorder = metrics.Recorder()
+    tally = metrics.Tally()
     for v in (0.003, 0.003, 0.03, 0.3, 3000.0):
-        recorder.observe(metrics.TTFT, v, "m1")
-    recorder.inc(metrics.REQUESTS, "m1", "stop", amount=4)
-    recorder.inc(metrics.REQUESTS, "m1", "rejected")
-    recorder.inc(metrics.GENERATION_TOKENS, "m1", amount=40)
-    await recorder.flush(redis)
-    assert recorder.take() == {}, "a flush leaves nothing pending"
-    recorder.inc(metrics.REQUESTS, "m1", "stop")  # a second flush adds to the totals
-    await recorder.flush(redis)
+        tally.observe(metrics.TTFT, v, "m1")
+    tally.inc(metrics.REQUESTS, "m1", "stop", amount=4)
+    tally.inc(metrics.REQUESTS, "m1", "rejected")
+    tally.inc(metrics.GENERATION_TOKENS, "m1", amount=40)
+    await tally.flush(redis)
+    assert tally.take() == {}, "a flush leaves nothing pending"
+    tally.inc(metrics.REQUESTS, "m1", "stop")  # a second flush adds to the totals
+    await tally.flush(redis)
     fields = await redis.hkeys(keys.metric(metrics.TTFT.name))  # type: ignore[misc]
     assert len(fields) == 6  # 4 buckets + sum + count
 
@@ -84,14 +84,14 @@ async def test_recorder_flushes_deltas_that_exposition_renders(redis: Redis) -> 
 
 
 async def test_failed_flush_keeps_the_deltas(redis_url: str) -> None:
-    recorder = metrics.Recorder()
-    recorder.inc(metrics.REQUESTS, "m1", "stop")
+    tally = metrics.Tally()
+    tally.inc(metrics.REQUESTS, "m1", "stop")
     dead = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
     with pytest.raises(Exception):  # noqa: B017 - any connection error
-        await recorder.flush(dead)
+        await tally.flush(dead)
     await dead.aclose()
     alive = Redis.from_url(redis_url, decode_responses=True)
-    await recorder.flush(alive)
+    await tally.flush(alive)
     totals = await read_totals(alive)
     await alive.aclose()
     assert totals.counters["llmq_requests"][("m1", "stop")] == 1
@@ -102,19 +102,19 @@ async def test_a_flush_applied_though_its_reply_was_lost_is_not_counted_twice(
 ) -> None:
     """Redis stalls (``DEBUG SLEEP``) past the flush's read timeout, then applies it:
     the next flush finds its marker and does not send the deltas again."""
-    recorder = metrics.Recorder()
-    recorder.inc(metrics.REQUESTS, "m1", "stop")
+    tally = metrics.Tally()
+    tally.inc(metrics.REQUESTS, "m1", "stop")
     admin = Redis.from_url(own_redis.url, decode_responses=True)
     impatient = Redis.from_url(own_redis.url, socket_timeout=0.2)
     await impatient.ping()  # connected: the stall catches the flush's own reply
     stalled = await admin.connection_pool.get_connection()
     await stalled.send_command("DEBUG", "SLEEP", "0.6")  # Redis stalls from now
     with pytest.raises(RedisTimeoutError):
-        await recorder.flush(impatient)
+        await tally.flush(impatient)
     await impatient.aclose()
     await stalled.read_response()
     await admin.connection_pool.release(stalled)
-    await recorder.flush(admin)
+    await tally.flush(admin)
     totals = await read_totals(admin)
     await admin.aclose()
     assert totals.counters["llmq_requests"][("m1", "stop")] == 1

@@ -10,7 +10,7 @@ from llmq.model.interface import GenerationRequest
 from llmq.settings import WorkerSettings
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
-from worker.backends import mock_model
+from worker.backends import mock_backend
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -26,7 +26,7 @@ def request(seed: int, **kw: object) -> GenerationRequest:
 
 
 async def lengths(settings: WorkerSettings, seeds: range, **kw: object) -> list[int]:
-    model = mock_model(settings)
+    model = mock_backend(settings)
     found = []
     for seed in seeds:
         found.append(len([t async for t in model.generate(request(seed, **kw))]))

@@ -13,7 +13,7 @@ from llmq.model.interface import CacheReporting, GenerationRequest, KVCacheUsage
 from llmq.model.tokenizer import WHITESPACE
 from llmq.settings import WorkerSettings
 from tests.support.waiting import wait_until
-from worker.backends import mock_model
+from worker.backends import mock_backend
 from worker.engine.profiles import PROFILES
 from worker.mock import MockModel
 
@@ -107,11 +107,11 @@ def test_the_calibrated_profile_makes_prefill_cost_more_than_a_decode_step() -> 
 
 def test_the_worker_builds_its_mock_from_the_profile_and_explicit_settings() -> None:
     settings = WorkerSettings(model_profile="llama3-70b-h100x2")
-    calibrated = mock_model(settings)
+    calibrated = mock_backend(settings)
     assert calibrated == MockModel.from_profile(
         PROFILES["llama3-70b-h100x2"], stop_probability=settings.mock_stop_probability()
     )
-    tuned = mock_model(
+    tuned = mock_backend(
         WorkerSettings(
             model_profile="llama3-70b-h100x2", model_tokens_per_second=10, model_kv_blocks=7
         )
@@ -119,6 +119,6 @@ def test_the_worker_builds_its_mock_from_the_profile_and_explicit_settings() -> 
     assert tuned.tokens_per_second == 10 and tuned.kv_blocks == 7
     assert tuned.prefill_seconds_per_token == PROFILES["llama3-70b-h100x2"].prefill_token_seconds
     # the default profile's speeds are the settings', as they always were
-    assert mock_model(WorkerSettings(model_tokens_per_second=80)).tokens_per_second == 80
+    assert mock_backend(WorkerSettings(model_tokens_per_second=80)).tokens_per_second == 80
     with pytest.raises(ValueError, match="unknown model_profile 'h200'"):
-        mock_model(WorkerSettings(model_profile="h200"))
+        mock_backend(WorkerSettings(model_profile="h200"))

@@ -14,7 +14,7 @@ from tests.support.sse import openai_chunks
 async def test_model_error_ends_the_request_not_the_worker(
     start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
-    await start_worker(model=Flaky())
+    await start_worker(backend=Flaky())
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api import sse
+from api import event_stream
 from api.openai_format import ChatFormat, CompletionFormat
 from api.submit import Submitted
 
@@ -31,5 +31,5 @@ def test_delta_frames_are_the_encoded_delta_chunks(
 ) -> None:
     sub = Submitted("abc", "mock", 1, 3, 5, 0.0)
     fmt = fmt_class([sub], usage)
-    assert fmt.delta_frame(text) == sse.data(fmt.delta(text))
-    assert fmt.delta_frame(text) == sse.data(fmt.delta(text))  # from the cached parts
+    assert fmt.delta_frame(text) == event_stream.data(fmt.delta(text))
+    assert fmt.delta_frame(text) == event_stream.data(fmt.delta(text))  # from the cached parts

@@ -152,7 +152,7 @@ async def test_context_length_exceeded_and_model_not_found(start_api: StartApi, 
 async def test_a_non_streaming_model_error_is_a_500_with_model_error(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:
-    await start_worker(model=Flaky(), max_tries=1)
+    await start_worker(backend=Flaky(), max_tries=1)
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
@@ -324,6 +324,6 @@ async def test_arqs_job_timeout_ends_a_run_that_did_not_stop_itself(
 ) -> None:
     """The backstop: the generation goes on past its own stop, arq's timeout cancels
     the run, and the worker still writes the request's end."""
-    await start_worker(job_timeout_seconds=0.5, max_tries=1, model=Stubborn())
+    await start_worker(job_timeout_seconds=0.5, max_tries=1, backend=Stubborn())
     _, message = await _ended_at_the_job_timeout(await start_api(), redis)
     assert message == "the run stopped at the job timeout of 0.5 s"

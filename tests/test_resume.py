@@ -164,7 +164,7 @@ async def test_rerun_after_a_model_error_resumes_after_the_published_tokens(
     max_tokens, seed, fail_at = 60, 8, 25
     expected = await undisturbed(max_tokens, seed)
     model = FailsOnce(fail_at)
-    await start_worker(model=model)
+    await start_worker(backend=model)
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)

@@ -51,7 +51,7 @@ async def test_a_resume_from_the_final_event_ends_at_once(
     if ending == "done":
         await start_worker()
     else:
-        await start_worker(model=Flaky(), max_tries=1)
+        await start_worker(backend=Flaky(), max_tries=1)
     api = await start_api(sse_keepalive_seconds=0.1)
     async with api.client() as client:
         rid = await post_request(client, "please explode", max_tokens=8)

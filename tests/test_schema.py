@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from llmq.protocol.queue import deserialize, effective_score, serialize_job
+from llmq.protocol.arq_job import deserialize, serialize_job
+from llmq.protocol.queue import effective_score
 from llmq.schema import (
     DoneEvent,
     ErrorEvent,

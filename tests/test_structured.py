@@ -380,7 +380,7 @@ class TextOnly:
 async def test_a_backend_without_a_capability_answers_400(
     start_api: StartApi, start_worker: StartWorker, redis: Redis, extra: dict[str, Any], param: str
 ) -> None:
-    await start_worker(model=TextOnly())
+    await start_worker(backend=TextOnly())
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
@@ -432,7 +432,7 @@ async def test_a_worker_refuses_what_it_cannot_honour_when_the_api_could_not_tel
         await wait_until(
             lambda: redis.exists(keys.queue("mock")), timeout=10, what="the request to queue"
         )
-        await start_worker(model=TextOnly())
+        await start_worker(backend=TextOnly())
         r = await pending
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "unsupported_parameter"

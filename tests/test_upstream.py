@@ -303,7 +303,7 @@ async def test_the_load_generator_reads_the_server_directly(start_llama: StartLl
     )
     result = await run_load(config)
     summary = result.summary()
-    errors = [r.error for r in result.records if r.error]
+    errors = [r.error for r in result.measurements if r.error]
     assert (summary["completed"], summary["failed"]) == (12, 0), errors
 
 

@@ -7,15 +7,15 @@ in the order a worker's life and a request's run go:
 
 1. **Start-up and registration** (``main.py``): :func:`~worker.main.serve` owns
    every resource and task it starts: the Redis pool (on a Redis Cluster, to the
-   node of the model's slot), the model (``backends/``: the factory that
-   ``LLMQ_BACKEND`` picks from, and the adapter to an OpenAI-compatible inference
-   server with its health watch; ``mock.py``: the mock, timing without a
-   GPU, running on a small engine model, ``engine/``: continuous batching and a KV
-   prefix cache; ``structured.py``: its schema-valid JSON, tool arguments and
-   log-probabilities; ``embedding.py``: its deterministic embedding vectors), the
-   publisher, the runner and the queue worker. After the model's load time its
-   heartbeat registers the worker, with the capabilities its model declares, in
-   :mod:`llmq.registry`, where the API's catalog finds it.
+   node of the model's slot), the backend, the model object it runs (``backends/``:
+   the factory that ``LLMQ_BACKEND`` picks from, and the adapter to an
+   OpenAI-compatible inference server with its health watch; ``mock.py``: the mock,
+   timing without a GPU, running on a small engine model, ``engine/``: continuous
+   batching and a KV prefix cache; ``structured.py``: its schema-valid JSON, tool
+   arguments and log-probabilities; ``embedding.py``: its deterministic embedding
+   vectors), the publisher, the runner and the queue worker. After the model's load
+   time its heartbeat registers the worker, with the capabilities its model
+   declares, in :mod:`llmq.registry`, where the API's catalog finds it.
 2. **Wake-up, park, hand-off**: one pub/sub connection per worker, the listener
    that ``serve`` starts, hears wake-ups, cancels and hand-offs. The claim loop of
    ``queue_worker.py`` waits for a wake-up (or a slot that freed; polling is the

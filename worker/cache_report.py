@@ -32,14 +32,14 @@ RESYNC_SECONDS = 30.0
 class CacheReport:
     """The blocks the backend's cache holds, and what changed since the last beat."""
 
-    def __init__(self, model: object) -> None:
+    def __init__(self, backend: object) -> None:
         self.held: set[str] = set()
         self._stored: set[str] = set()
         self._evicted: set[str] = set()
         self._full = True
         self._synced = time.monotonic()
-        if isinstance(model, CacheReporting):
-            model.watch_cache(self.heard)
+        if isinstance(backend, CacheReporting):
+            backend.watch_cache(self.heard)
 
     def heard(self, stored: Sequence[str], evicted: Sequence[str]) -> None:
         """The backend's listener: blocks that became cached, then those evicted."""

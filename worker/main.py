@@ -36,7 +36,7 @@ from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
-from llmq.tasks import cancel_and_wait, run_periodically
+from llmq.tasks import run_periodically, stop_tasks
 from worker import backends
 from worker.backends.openai import OpenAIUpstream
 from worker.backends.watch import UpstreamWatch
@@ -111,8 +111,8 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
     await worker.take_handoff(claim)
 
 
-def _kv_usage(model: Model) -> float | None:
-    return round(model.kv_usage(), 4) if isinstance(model, KVCacheUsage) else None
+def _kv_usage(backend: Model) -> float | None:
+    return round(backend.kv_usage(), 4) if isinstance(backend, KVCacheUsage) else None
 
 
 async def _heartbeat(
@@ -147,11 +147,11 @@ async def _heartbeat(
             started_at=started_at,
             heartbeat_at=time.time(),
             capabilities=runner.capabilities(),
-            kv_cache_usage=_kv_usage(runner.model),
+            kv_cache_usage=_kv_usage(runner.backend),
             prefix_cache_queries=runner.cache_queries,
             prefix_cache_hits=runner.cache_hits,
-            tokenizer=tokenizer_of(runner.model),
-            context_length=context_length_of(runner.model),
+            tokenizer=tokenizer_of(runner.backend),
+            context_length=context_length_of(runner.backend),
             ready=watch is None or watch.ready,
         )
         produced, sent_at = runner.produced(), asyncio.get_running_loop().time()
@@ -195,7 +195,7 @@ async def _expire_leases(runner: RequestRunner, settings: WorkerSettings) -> NoR
 
 
 async def serve(
-    settings: WorkerSettings, *, stop: asyncio.Event | None = None, model: Model | None = None
+    settings: WorkerSettings, *, stop: asyncio.Event | None = None, backend: Model | None = None
 ) -> None:
     """Run a worker until ``stop`` is set (or SIGTERM/SIGINT arrives)."""
     stop = stop or asyncio.Event()
@@ -205,16 +205,16 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     if not await _load(settings, stop):
         return
-    model = model or backends.build_model(settings)
+    backend = backend or backends.build_backend(settings)
     try:
-        if await backends.connect(model, stop):
-            await _serve(settings, stop, model)
+        if await backends.connect(backend, stop):
+            await _serve(settings, stop, backend)
     finally:
-        await backends.close(model)
+        await backends.close(backend)
 
 
-async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) -> None:
-    """The worker's resources and tasks around ``model`` (connected), until ``stop``."""
+async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) -> None:
+    """The worker's resources and tasks around ``backend`` (connected), until ``stop``."""
     worker_id = new_worker_id()
     # On a Redis Cluster the arq pool and the pub/sub listener talk to the node that
     # owns the model's slot (where the enqueue script publishes hand-offs), while
@@ -239,15 +239,15 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         max_event_tokens=settings.max_event_tokens,
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
-    recorder = metrics.Recorder()
-    cache = CacheReport(model)
+    tally = metrics.Tally()
+    cache = CacheReport(backend)
     runner = RequestRunner(
         worker_id,
-        model,
+        backend,
         publisher,
-        embedder=backends.embedder_for(model, settings),
-        metrics=recorder,
-        model_name=settings.model,
+        embedder=backends.embedder_for(backend, settings),
+        metrics=tally,
+        model=settings.model,
         max_tries=settings.max_tries,
         job_timeout=settings.job_timeout_seconds,
         leases=LeaseClock(
@@ -260,7 +260,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         store,
         stream_maxlen=settings.stream_maxlen,
         ttl_seconds=settings.request_ttl_seconds,
-        recorder=recorder,
+        tally=tally,
         lifecycle_maxlen=settings.lifecycle_maxlen,
         routing=routing_from(settings),
     )
@@ -272,15 +272,15 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         queue=queue,
         token_budget=settings.worker_token_budget,
         max_tries=settings.max_tries,
-        max_jobs=backends.concurrency(model, settings),
+        max_jobs=backends.concurrency(backend, settings),
         poll_seconds=settings.poll_seconds,
         job_timeout=settings.job_timeout_seconds,
         lease_seconds=settings.lease_seconds,
     )
     watch = None
-    if isinstance(model, OpenAIUpstream):
+    if isinstance(backend, OpenAIUpstream):
         watch = UpstreamWatch(
-            model, worker, queue, interval=settings.upstream_probe_seconds, stop=stop
+            backend, worker, queue, interval=settings.upstream_probe_seconds, stop=stop
         )
     publisher.start()
     tasks = [
@@ -291,7 +291,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
         asyncio.create_task(
             sweep_forever(queue, settings.sweep_seconds, reap=(settings.model,)), name="sweep"
         ),
-        asyncio.create_task(metrics.flush_forever(recorder, store), name="metrics-flush"),
+        asyncio.create_task(metrics.flush_forever(tally, store), name="metrics-flush"),
         asyncio.create_task(_expire_leases(runner, settings), name="lease-expiry"),
     ]
     if watch is not None:
@@ -319,8 +319,8 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, model: Model) ->
                 if queue.routing.routed:
                     await queue.forget_worker(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
-        await cancel_and_wait([main, *tasks], timeout=5)
-        await metrics.final_flush(recorder, store)
+        await stop_tasks([main, *tasks], timeout=5)
+        await metrics.final_flush(tally, store)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await registry.unregister(store, worker_id)
@@ -349,4 +349,4 @@ async def _drain(worker: QueueWorker, seconds: float) -> None:
     if running and seconds > 0:
         await asyncio.wait(running, timeout=seconds)
     # once: arq's run_job hands the request back to the queue after the cancel
-    await cancel_and_wait(running, timeout=10, recancel=False)
+    await stop_tasks(running, timeout=10, repeat=False)

@@ -41,7 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from llmq.outage import Outage
 from llmq.protocol.streams import publish_calls, publish_script
 from llmq.schema import Event, Lifecycle, TokenLogprob, tokens_event
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class StreamPublisher:
         """Stop the flusher, then write what is still pending, retrying for up to
         ``timeout`` seconds (Redis may be away); what cannot land then is logged."""
         if self._task:
-            await cancel_and_wait([self._task], timeout=5)
+            await stop_tasks([self._task], timeout=5)
             self._task = None
         try:
             await self._flush_until(time.monotonic() + timeout)

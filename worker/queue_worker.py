@@ -44,7 +44,8 @@ from arq.worker import Worker, func
 
 from llmq.outage import OUTAGE, Outage
 from llmq.protocol import keys
-from llmq.protocol.queue import JOB_FUNCTION, Claim, Queue, deserialize, serialize
+from llmq.protocol.arq_job import JOB_FUNCTION, deserialize, serialize
+from llmq.protocol.queue import Claim, Queue
 from llmq.schema import JobPayload
 from worker.claimed import ClaimedJob, ClaimingRedis, carry
 from worker.runner import RequestRunner

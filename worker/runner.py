@@ -54,7 +54,7 @@ from arq.worker import Retry
 from redis.asyncio import Redis
 
 from llmq import metrics
-from llmq.metrics import Recorder
+from llmq.metrics import Tally
 from llmq.model.interface import (
     CacheReporting,
     Embedder,
@@ -146,16 +146,19 @@ class _Unfinished:
     payload: JobPayload
     attempt: int
     produced: int
-    #: Cancelled from outside (arq's job timeout, or the worker stopping).
-    cancelled: bool
+    #: Interrupted from outside: its task was cancelled (arq's job timeout, or the
+    #: worker stopping).
+    interrupted: bool
 
 
 @dataclass
 class RequestRunner:
-    """Runs requests for one worker process; ``running`` maps id -> start time.
+    """Runs requests for one worker process on ``backend``; ``running`` maps id ->
+    start time.
 
     ``metrics`` receives the worker-side figures (queue, prefill, decode, ITL, TPOT,
-    tokens, outcomes); ``model_name`` labels those of jobs too malformed to name one.
+    tokens, outcomes); ``model`` (the served model's name) labels those of jobs too
+    malformed to name one.
     ``redis`` reads a re-run's stream back; by default, the publisher's client.
     ``job_timeout`` is arq's limit on one run (None: none); see :func:`job_time_limit`.
     ``leases`` times each run's lease by this process's clock (None: only Redis's
@@ -163,10 +166,10 @@ class RequestRunner:
     """
 
     worker_id: str
-    model: Model
+    backend: Model
     publisher: StreamPublisher
-    metrics: Recorder = field(default_factory=Recorder)
-    model_name: str = ""
+    metrics: Tally = field(default_factory=Tally)
+    model: str = ""
     max_tries: int = 3
     redis: Redis | None = None
     job_timeout: float | None = None
@@ -325,8 +328,8 @@ class RequestRunner:
             self.fence(rid)
         except BaseException as exc:
             if not progress.ended and rid not in self.fenced:
-                cancelled = isinstance(exc, asyncio.CancelledError)
-                self.unfinished[rid] = _Unfinished(payload, attempt, progress.produced, cancelled)
+                interrupted = isinstance(exc, asyncio.CancelledError)
+                self.unfinished[rid] = _Unfinished(payload, attempt, progress.produced, interrupted)
             raise
         finally:
             self.publisher.disown(rid)
@@ -362,7 +365,7 @@ class RequestRunner:
         finish: FinishReason = "timeout"
         limit = f" of {self.job_timeout:g} s" if self.job_timeout is not None else ""
         code, message = "generation_timeout", f"the run stopped at the job timeout{limit}"
-        if not run.cancelled:  # the runner raised: a bug, not the model
+        if not run.interrupted:  # the runner raised: a bug, not the model
             finish, code, message = "error", "worker_error", "the worker failed to run the request"
         self.publisher.own(request_id, run.attempt, self.fence)
         try:
@@ -404,7 +407,7 @@ class RequestRunner:
     def capabilities(self) -> tuple[str, ...]:
         """What this worker honours: its model's declaration, with ``embeddings`` only
         where it has an embedder."""
-        declared = set(capabilities_of(self.model)) - {"embeddings"}
+        declared = set(capabilities_of(self.backend)) - {"embeddings"}
         if self.embedder is not None:
             declared.add("embeddings")
         return tuple(sorted(declared))
@@ -640,12 +643,12 @@ class RequestRunner:
             deadline, progress.by_job_timeout = progress.deadline, True
         try:
             async with asyncio.timeout_at(deadline):
-                if isinstance(self.model, SteppedModel):
+                if isinstance(self.backend, SteppedModel):
                     # Tokens arrive by callback from the model's step loop: no wake-up
                     # of this task per token.
-                    await self.model.generate_into(request, take)
+                    await self.backend.generate_into(request, take)
                 else:
-                    async for out in self.model.generate(request):
+                    async for out in self.backend.generate(request):
                         take(out)
         except TimeoutError:
             return "timeout"
@@ -784,7 +787,7 @@ class RequestRunner:
                 "error": message,
             },
         )
-        self.metrics.inc(metrics.REQUESTS, self.model_name, "error")
+        self.metrics.inc(metrics.REQUESTS, self.model, "error")
 
     def _count(
         self, payload: JobPayload, produced: int, finish: FinishReason, usage: Usage
@@ -794,7 +797,7 @@ class RequestRunner:
         one: it reports its hits, so no report is a miss."""
         m, model = self.metrics, payload.model
         details = usage.prompt_tokens_details
-        if details is not None or isinstance(self.model, CacheReporting):
+        if details is not None or isinstance(self.backend, CacheReporting):
             cached = details.cached_tokens if details is not None else 0
             m.inc(metrics.PREFIX_CACHE_QUERIES, model, amount=usage.prompt_tokens)
             m.inc(metrics.PREFIX_CACHE_HITS, model, amount=cached)

@@ -19,12 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.auth import Caller
+from api.bodies import EmbeddingRequest
 from api.cancel import release_later, unless_disconnected
 from api.errors import ApiError, json_error
 from api.fanin import merged
 from api.openapi import GENERATION_RESPONSES
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
-from api.schemas import EmbeddingRequest
 from api.state import AppState, state_of
 from api.submit import Submitted, submit_embedding
 from llmq.protocol import keys

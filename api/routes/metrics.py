@@ -1,7 +1,9 @@
-"""Cluster-wide metrics: ``/metrics`` for Prometheus, ``/v1/metrics/summary`` as JSON.
+"""The routes ``/metrics`` (for Prometheus) and ``/v1/metrics/summary`` (JSON).
 
-Both read what every process flushed to Redis, so they are the same on any API
-replica, and at most about one flush interval (1 s) behind.
+Named by its path, like the other routes; the metric families, the tally and
+the flush to Redis are :mod:`llmq.metrics`. Both routes serve cluster-wide
+figures: they read what every process flushed to Redis, so they are the same on
+any API replica, and at most about one flush interval (1 s) behind.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query
 
-from api import sse
+from api import event_stream
 from api.auth import Caller
+from api.bodies import NativeRequest
 from api.cancel import cancel
 from api.errors import InvalidRequest, NotFound
 from api.follow import IDLE, follow
 from api.openapi import EVENT_STREAM, error_responses
-from api.schemas import NativeRequest
 from api.state import AppState, State
 from api.submit import SessionHeader, submit
 from api.subscription import valid_id
@@ -82,7 +82,7 @@ async def _events(state: AppState, record: RequestRecord, last_id: str) -> Async
     timer = RelayTimer.since(state, record.model, record.created_at) if last_id == "0-0" else None
     async for batch in follow(state, record.id, last_id):
         if batch is IDLE:
-            yield sse.KEEPALIVE
+            yield event_stream.KEEPALIVE
             continue
         frames = []
         for stream_id, event in batch:
@@ -91,7 +91,7 @@ async def _events(state: AppState, record: RequestRecord, last_id: str) -> Async
                     timer.tokens()
                 elif is_terminal(event):
                     timer.end()
-            frames.append(sse.event(stream_id, event.type, event.model_dump_json()))
+            frames.append(event_stream.event(stream_id, event.type, event.model_dump_json()))
         yield b"".join(frames)  # what arrived together leaves in one send
 
 
@@ -121,7 +121,7 @@ async def events(
     owner: Caller,
     last_event_id: Annotated[str | None, Header()] = None,
     last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
-) -> sse.EventStream:
+) -> event_stream.EventStream:
     resume = last_event_id or last_event_id_query or "0-0"
     if not valid_id(resume):
         raise InvalidRequest(
@@ -130,4 +130,4 @@ async def events(
             code="invalid_value",
         )
     record = await _record(state, request_id, owner)
-    return sse.EventStream(_events(state, record, resume))
+    return event_stream.EventStream(_events(state, record, resume))

@@ -24,8 +24,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import sse
+from api import event_stream
 from api.auth import Caller
+from api.bodies import ChatCompletionRequest, CompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.errors import ApiError, NotFound, error_body, json_error
 from api.extras import chat_extras, completion_extras
@@ -33,7 +34,6 @@ from api.fanin import Item, merged
 from api.follow import IDLE, Batch, TokenCursor
 from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
 from api.openapi import GENERATION_RESPONSES, error_responses
-from api.schemas import ChatCompletionRequest, CompletionRequest
 from api.state import AppState, State, state_of
 from api.submit import SessionHeader, Submitted, submit_choices
 from api.timing import RelayTimer
@@ -104,11 +104,11 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
     usage = UsageSum()
     try:
         for chunk in fmt.opening():
-            yield sse.data(chunk)
+            yield event_stream.data(chunk)
         async with contextlib.aclosing(merged(state, fmt.subs)) as events:
             async for index, batch in events:
                 if batch is IDLE:
-                    yield sse.KEEPALIVE
+                    yield event_stream.KEEPALIVE
                     continue
                 frames, ended = _batch_frames(fmt, choices[index], batch, usage, timer)
                 if frames:  # what arrived together leaves in one send
@@ -117,15 +117,15 @@ async def _stream(state: AppState, fmt: CompletionFormat, arrived: float) -> Asy
                     break  # one choice failed: the others are cancelled below
             else:
                 if fmt.include_usage:
-                    yield sse.data(fmt.usage_chunk(usage.total()))
+                    yield event_stream.data(fmt.usage_chunk(usage.total()))
         timer.end()
-        yield sse.DONE
+        yield event_stream.DONE
     except Exception as exc:
         # The status line is sent: end the stream the way OpenAI does, not truncated.
         log.exception("stream of request %s failed", fmt.sub.id, extra={"request_id": fmt.sub.id})
         message = f"the stream failed: {type(exc).__name__}"
-        yield sse.data(error_body(message, "server_error", None, "stream_failed"))
-        yield sse.DONE
+        yield event_stream.data(error_body(message, "server_error", None, "stream_failed"))
+        yield event_stream.DONE
     finally:
         for c in choices.values():
             release_later(state, c.sub.model, c.sub.id, cancel=not c.finished)
@@ -165,20 +165,20 @@ def _frames(
         return _token_frames(fmt, choice, event), False
     if isinstance(event, ToolCallEvent):
         opened = fmt.tool_start(index, event.id, event.name) if choice.tool(event) else None
-        return ([sse.data(opened)] if opened is not None else []), False
+        return ([event_stream.data(opened)] if opened is not None else []), False
     if isinstance(event, DoneEvent):
         choice.finished = True
         usage.add(choice.sub, event.usage)
         tool_called = choice.tool_from is not None
-        return [sse.data(fmt.closing(event.finish_reason, index, tool_called))], False
+        return [event_stream.data(fmt.closing(event.finish_reason, index, tool_called))], False
     if isinstance(event, ErrorEvent):
         choice.finished = True
         frames = []
         if event.code == "generation_timeout":
-            frames.append(sse.data(fmt.closing(event.finish_reason, index)))
-        frames.append(sse.data(error_of(event)))
+            frames.append(event_stream.data(fmt.closing(event.finish_reason, index)))
+        frames.append(event_stream.data(error_of(event)))
         if fmt.include_usage and event.usage and len(fmt.subs) == 1:
-            frames.append(sse.data(fmt.usage_chunk(event.usage)))
+            frames.append(event_stream.data(fmt.usage_chunk(event.usage)))
         return frames, True
     return [], False
 
@@ -192,9 +192,9 @@ def _token_frames(fmt: CompletionFormat, choice: RelayedChoice, event: TokensEve
             frames.append(fmt.delta_frame("".join(text), index))
         else:
             pairs = list(zip(text, logprobs, strict=False))
-            frames.append(sse.data(fmt.delta("".join(text), index, pairs)))
+            frames.append(event_stream.data(fmt.delta("".join(text), index, pairs)))
     if arguments:
-        frames.append(sse.data(fmt.tool_arguments(index, "".join(arguments))))
+        frames.append(event_stream.data(fmt.tool_arguments(index, "".join(arguments))))
     return frames
 
 
@@ -260,7 +260,7 @@ async def _respond(
     request: Request, state: AppState, fmt: CompletionFormat, stream: bool, arrived: float
 ) -> Response:
     if stream:
-        return sse.EventStream(_stream(state, fmt, arrived))
+        return event_stream.EventStream(_stream(state, fmt, arrived))
     response = None
     try:
         response = await unless_disconnected(request, _collect(state, fmt, arrived))

@@ -19,8 +19,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import responses_store, sse
+from api import event_stream, responses_store
 from api.auth import Caller
+from api.bodies import ChatCompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.errors import ApiError, InvalidRequest, NotFound, json_error
 from api.extras import Extras, chat_extras
@@ -32,7 +33,6 @@ from api.responses_input import ResponsesRequest, chat_request, conversation_mes
 from api.responses_relay import ResponseRelay
 from api.responses_store import StoredResponse
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
-from api.schemas import ChatCompletionRequest
 from api.state import AppState, State, state_of
 from api.submit import Submitted, submit
 from api.timing import RelayTimer
@@ -103,7 +103,7 @@ async def create_response(body: ResponsesRequest, request: Request, owner: Calle
     fmt = ResponseFormat(body, sub.id, sub.created, sub.model)
     turn = _Turn(state, fmt, sub, owner, conversation_messages(chat, body.instructions))
     if body.stream:
-        return sse.EventStream(turn.stream(arrived))
+        return event_stream.EventStream(turn.stream(arrived))
     relay = None
     try:
         relay = await unless_disconnected(request, turn.collect(arrived))
@@ -165,7 +165,7 @@ class _Turn:
             async with contextlib.aclosing(merged(self.state, [self.sub])) as events:
                 async for _, batch in events:
                     if batch is IDLE:
-                        yield sse.KEEPALIVE
+                        yield event_stream.KEEPALIVE
                         continue
                     frames: list[bytes] = []
                     for _, event in batch:

@@ -237,7 +237,9 @@ class Run:
     samples: list[tuple[float, int, int]] = field(default_factory=list)  # t, ready, processes
 
 
-class RecordingDriver(LocalDriver):
+class ListingDriver(LocalDriver):
+    """The local driver, listing each scaling action in the run's ``actions``."""
+
     def __init__(self, supervisor: Supervisor, spawn: Callable[[], Any], run: Run, t0: float):
         super().__init__(supervisor, spawn)
         self.run, self.t0 = run, t0
@@ -289,7 +291,7 @@ async def _drive(url: str, trace: Trace, s: Sizes, seed: int) -> list[dict[str, 
                 "output_tokens": r.output_tokens,
                 "phase": i,
             }
-            for r in result.records
+            for r in result.measurements
         ]
 
     parts = await asyncio.gather(
@@ -322,7 +324,7 @@ async def _one(
 
     run = Run()
     t0 = time.monotonic()
-    driver = RecordingDriver(supervisor, spawn, run, t0)
+    driver = ListingDriver(supervisor, spawn, run, t0)
     initial = rule if isinstance(rule, int) else provision(trace.start_rate, s)
     await driver.scale("mock", initial, ())
     while len(await registry.live_workers(redis, 5.0)) < initial:

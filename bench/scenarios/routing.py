@@ -38,7 +38,7 @@ from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median
 from llmq.protocol.queue import Queue
-from loadgen.metrics import percentile
+from loadgen.figures import percentile
 from loadgen.sse import DONE, frames
 
 POLICIES = ("fifo", "least-loaded", "hash", "prefix")

@@ -29,7 +29,7 @@ from llmq.connection import connect
 from llmq.protocol.streams import add_lifecycle
 from llmq.schema import Lifecycle, ScaleState
 from llmq.settings import AutoscaleSettings, ControllerSettings
-from llmq.tasks import cancel_and_wait
+from llmq.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Controller:
         self.driver = driver
         self.concurrency = concurrency
         self.lease = lease or LeaderLease(redis, settings.autoscaler_lease_seconds)
-        self.recorder = metrics.Recorder()
+        self.tally = metrics.Tally()
         self.laws = {m: make_policy(law_settings(settings, bounds)) for m in models}
         self.probes = {
             m: ClusterProbe(redis, m, worker_ttl=settings.worker_ttl_seconds) for m in models
@@ -78,7 +78,7 @@ class Controller:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Control until ``stop`` is set; then release the lease for a standby to take."""
-        flusher = asyncio.create_task(metrics.flush_forever(self.recorder, self.redis))
+        flusher = asyncio.create_task(metrics.flush_forever(self.tally, self.redis))
         try:
             while not stop.is_set():
                 try:
@@ -92,8 +92,8 @@ class Controller:
                     async with asyncio.timeout(self.settings.scale_interval_seconds):
                         await stop.wait()
         finally:
-            await cancel_and_wait([flusher], timeout=2)
-            await metrics.final_flush(self.recorder, self.redis)
+            await stop_tasks([flusher], timeout=2)
+            await metrics.final_flush(self.tally, self.redis)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
                     await self.lease.release()
@@ -138,7 +138,7 @@ class Controller:
                 log.warning("autoscaler lease expired before acting; skipping this period")
                 return Decision(signals.ready + starting, decision.desired, "none", "lease")
             await self.driver.scale(model, decision.target, live)
-            await self._record(model, decision, signals)
+            await self._note_action(model, decision, signals)
         expires = time.time() + max(3 * self.settings.scale_interval_seconds, 3.0)
         await publish(
             self.redis,
@@ -156,7 +156,8 @@ class Controller:
         )
         return decision
 
-    async def _record(self, model: str, decision: Decision, s: Signals) -> None:
+    async def _note_action(self, model: str, decision: Decision, s: Signals) -> None:
+        """Log a scaling action, count it, and write its ``scaled`` lifecycle note."""
         ordered = s.ready + s.starting
         log.info(
             "scale %s %s: %d -> %d workers (%s; queued %d, running %d, arrivals %.2f/s "
@@ -174,7 +175,7 @@ class Controller:
             s.ready,
             s.starting,
         )
-        self.recorder.inc(metrics.AUTOSCALER_ACTIONS, model, decision.direction, decision.reason)
+        self.tally.inc(metrics.AUTOSCALER_ACTIONS, model, decision.direction, decision.reason)
         note = Lifecycle(
             event="scaled",
             request_id="",

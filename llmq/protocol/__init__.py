@@ -14,7 +14,8 @@ every value a script and Python exchange is encoded and decoded in
    request, all or none, :meth:`Queue.enqueue_all`). The request's record and its
    ``queued`` lifecycle note go first, in the request's slot (``record.lua``). Then
    the model's slot admits or refuses it (``enqueue.lua``, ``enqueue_batch.lua``):
-   admission is the queue bound; the job record, the cost (prompt + max_tokens) and
+   admission is the queue bound; the job record (arq's format, which llmq writes
+   itself: :mod:`llmq.protocol.arq_job` says why), the cost (prompt + max_tokens) and
    the queue deadline are written with the queue entry, scored by effective time
    (:func:`queue.effective_score`: arrival shifted by priority). If the queue was
    empty and a worker is *parked*, the script claims the request for that worker at
@@ -68,5 +69,6 @@ every value a script and Python exchange is encoded and decoded in
 A step that writes two slots is two calls, ordered so that a crash between them
 leaves nothing anyone sees or something the next sweep repairs; the methods'
 docstrings argue each. Not a step of a request: ``worker_beat.lua``, the worker
-registry's heartbeat (:mod:`llmq.registry`).
+registry's heartbeat (:mod:`llmq.registry`), and the queue's depth, read for the
+metrics endpoint (:mod:`llmq.protocol.depth`).
 """

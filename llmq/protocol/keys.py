@@ -363,10 +363,10 @@ def metrics_second(unix_second: int) -> str:
     return f"{PREFIX}:metrics-second:{unix_second}"
 
 
-def metrics_flush(recorder: str, seq: int) -> str:
+def metrics_flush(tally: str, seq: int) -> str:
     """Marker written with one flush of a process's metrics (short TTL): whether a
     flush whose reply was lost was applied."""
-    return f"{PREFIX}:metrics-flush:{recorder}:{seq}"
+    return f"{PREFIX}:metrics-flush:{tally}:{seq}"
 
 
 #: The autoscaler's leader lease: the id of the one controller that may act (PX TTL).

@@ -8,7 +8,8 @@ priorities are first-in first-out and a lower priority waits at most
 the model's running set (scored by lease expiry), so running requests never sit
 at the head of the queue the way they do in stock arq. The scripts themselves are
 in ``llmq/protocol/lua/`` (loaded by :mod:`llmq.protocol.scripts`); the values they exchange with
-Python are encoded in :mod:`llmq.protocol.codec`.
+Python are encoded in :mod:`llmq.protocol.codec`, and the job record each queue entry
+points to is arq's (:mod:`llmq.protocol.arq_job`).
 
 Leases (running requests, API processes) are set and judged in *lease time*, a
 clock kept in Redis that follows Redis's own clock but advances at most 300 ms per
@@ -21,7 +22,6 @@ the fence in the same script that makes it (``publish.lua``).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
@@ -32,6 +32,7 @@ from redis.asyncio.client import Pipeline
 
 from llmq import metrics
 from llmq.protocol import codec, keys
+from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.protocol.routing import FIFO, Routing
 from llmq.protocol.scripts import run_pipelined, scripts_for
@@ -43,34 +44,6 @@ from llmq.protocol.streams import (
     unstarted_end,
 )
 from llmq.schema import JobPayload, Lifecycle, RequestRecord
-
-#: The arq function name of every llmq job.
-JOB_FUNCTION = "generate"
-
-#: Lifetime of a job's try counter, as arq sets it.
-RETRY_TTL_SECONDS = 88400
-
-
-def serialize_job(payload: dict[str, Any], enqueue_ms: int) -> bytes:
-    """An arq job record (arq's own field names), as JSON rather than arq's pickle."""
-    data: dict[str, Any] = {
-        "t": None,
-        "f": JOB_FUNCTION,
-        "a": [],
-        "k": {"payload": payload},
-        "et": enqueue_ms,
-    }
-    return serialize(data)
-
-
-def serialize(data: dict[str, Any]) -> bytes:
-    """arq's serializer hook: JSON, readable by any Redis consumer and safe to load."""
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
-def deserialize(raw: bytes) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(raw)
-    return data
 
 
 def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
@@ -147,14 +120,6 @@ class Enqueue:
         )
 
 
-def job_fields(payload: JobPayload) -> dict[str, Any]:
-    """The payload as JSON, sampling parameters left at their defaults omitted: a
-    plain request stays readable by workers that predate the newer parameters."""
-    job = payload.model_dump(mode="json")
-    job["params"] = payload.params.model_dump(mode="json", exclude_defaults=True)
-    return job
-
-
 __all__ = ["Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
 
 
@@ -167,7 +132,7 @@ class Queue:
         *,
         stream_maxlen: int,
         ttl_seconds: int,
-        recorder: metrics.Recorder | None = None,
+        tally: metrics.Tally | None = None,
         lifecycle_maxlen: int = 100_000,
         routing: Routing = FIFO,
     ) -> None:
@@ -176,7 +141,7 @@ class Queue:
         self.routing = routing
         self.lifecycle_maxlen = lifecycle_maxlen
         #: Counts the outcome of requests that end without starting (cancelled, timeout).
-        self.recorder = recorder
+        self.tally = tally
         self.stream_maxlen = stream_maxlen
         self.ttl = ttl_seconds
         self.scripts = scripts_for(redis)
@@ -633,9 +598,9 @@ class Queue:
         write = self.redis.pipeline(transaction=False)
         for rid, (created, prompt_tokens, model, started) in zip(request_ids, found, strict=True):
             published = len(await published_tokens(self.redis, rid)) if started else 0
-            if self.recorder is not None:
+            if self.tally is not None:
                 label = as_str(model) if model else ""
-                self.recorder.inc(metrics.REQUESTS, label, reason)
+                self.tally.inc(metrics.REQUESTS, label, reason)
             event, record = unstarted_end(
                 rid,
                 reason,
@@ -655,25 +620,3 @@ class Queue:
             )
             add_lifecycle(write, note, maxlen=self.lifecycle_maxlen)
         await write.execute()
-
-
-async def queue_depth(redis: Redis, model: str) -> int:
-    return cast(int, await redis.zcard(keys.queue(model)))
-
-
-async def queued_by_priority(redis: Redis, model: str, limit: int = 10_000) -> dict[int, int]:
-    """How many of the model's queued requests have each priority (first ``limit``).
-
-    Read from the job payloads at scrape time, so the hot path keeps no extra state.
-    """
-    ids = await redis.zrange(keys.queue(model), 0, limit - 1)
-    if not ids:
-        return {}
-    counts: dict[int, int] = {}
-    for raw in await redis.mget([keys.job(as_str(i), model) for i in ids]):
-        try:
-            priority = int(deserialize(raw)["k"]["payload"]["priority"])
-        except (TypeError, ValueError, KeyError):
-            continue  # gone meanwhile, or not an llmq job
-        counts[priority] = counts.get(priority, 0) + 1
-    return counts

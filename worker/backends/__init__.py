@@ -1,4 +1,4 @@
-"""The model behind a worker, chosen by ``LLMQ_BACKEND`` in one factory.
+"""A worker's backend (the model object it runs), chosen by ``LLMQ_BACKEND`` in one factory.
 
 ``mock`` is the mock model (:mod:`worker.mock`); ``openai`` an OpenAI-compatible
 inference server beside the worker (``openai.py``), its engine's extras in
@@ -24,7 +24,7 @@ from worker.mock import MockModel
 log = logging.getLogger(__name__)
 
 
-def mock_model(settings: WorkerSettings) -> MockModel:
+def mock_backend(settings: WorkerSettings) -> MockModel:
     """The mock with its profile's figures; the default profile's speeds are the
     settings', and any speed setting given explicitly overrides a named profile's."""
     profile = PROFILES.get(settings.model_profile)
@@ -47,11 +47,11 @@ def mock_model(settings: WorkerSettings) -> MockModel:
     return MockModel.from_profile(profile, **figures)
 
 
-def embedder_for(model: Model, settings: WorkerSettings) -> Embedder | None:
-    """What embeds for ``model``: its own embedder, else the mock's for the mock."""
-    if isinstance(model, Embedder):
-        return model
-    if isinstance(model, MockModel) and "embeddings" in capabilities_of(model):
+def embedder_for(backend: Model, settings: WorkerSettings) -> Embedder | None:
+    """What embeds for ``backend``: its own embedder, else the mock's for the mock."""
+    if isinstance(backend, Embedder):
+        return backend
+    if isinstance(backend, MockModel) and "embeddings" in capabilities_of(backend):
         return HashEmbedder(dimensions=settings.model_embedding_dimensions)
     return None
 
@@ -73,10 +73,10 @@ def upstream_capabilities(text: str) -> frozenset[str]:
     return names
 
 
-def build_model(settings: WorkerSettings) -> Model:
-    """The model the settings name; an upstream is not contacted yet (:func:`connect`)."""
+def build_backend(settings: WorkerSettings) -> Model:
+    """The backend the settings pick; an upstream is not contacted yet (:func:`connect`)."""
     if settings.backend == "mock":
-        return mock_model(settings)
+        return mock_backend(settings)
     if not settings.upstream_url:
         raise ValueError("LLMQ_BACKEND=openai needs LLMQ_UPSTREAM_URL")
     # httpx logs every request at INFO: one line per generation, on the hot path
@@ -94,10 +94,10 @@ def build_model(settings: WorkerSettings) -> Model:
     )
 
 
-async def connect(model: Model, stop: asyncio.Event) -> bool:
+async def connect(backend: Model, stop: asyncio.Event) -> bool:
     """Wait until an upstream answers what it serves (False if stopped meanwhile);
     the mock is ready at once. The worker registers only after this."""
-    if not isinstance(model, OpenAIUpstream):
+    if not isinstance(backend, OpenAIUpstream):
         return True
     outage = Outage(
         log,
@@ -106,29 +106,29 @@ async def connect(model: Model, stop: asyncio.Event) -> bool:
     )
     while not stop.is_set():
         try:
-            await model.connect()
+            await backend.connect()
         except UpstreamDown as exc:
             await outage.failed(exc)
             continue
         outage.recovered()
         log.info(
             "upstream %s serves %r: %s slots, context %s tokens",
-            model.url,
-            model.model,
-            model.slots or "unknown",
-            model.context_length or "unknown",
+            backend.url,
+            backend.model,
+            backend.slots or "unknown",
+            backend.context_length or "unknown",
         )
         return True
     return False
 
 
-def concurrency(model: Model, settings: WorkerSettings) -> int:
+def concurrency(backend: Model, settings: WorkerSettings) -> int:
     """The worker's cap: the upstream's slots where known, else ``LLMQ_CONCURRENCY``."""
-    slots = getattr(model, "slots", None)
+    slots = getattr(backend, "slots", None)
     return int(slots) if slots else settings.concurrency
 
 
-async def close(model: Model) -> None:
-    if isinstance(model, OpenAIUpstream):
+async def close(backend: Model) -> None:
+    if isinstance(backend, OpenAIUpstream):
         with contextlib.suppress(Exception):
-            await model.aclose()
+            await backend.aclose()

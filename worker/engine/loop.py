@@ -175,7 +175,7 @@ class EngineLoop:
             return
         self._step = step
         self._step_end = at + self.costs.of(step)
-        self._loop.call_at(self._step_end - TIMER_RESOLUTION, self._finish, step)
+        self._loop.call_at(self._step_end - TIMER_RESOLUTION, self._end_step, step)
 
     def _fail(self, step: Step) -> None:
         for state, problem in step.failed:
@@ -183,7 +183,7 @@ class EngineLoop:
             if owner is not None:
                 owner.end(problem)
 
-    def _finish(self, step: Step) -> None:
+    def _end_step(self, step: Step) -> None:
         owners = self._owners
         for state in self.scheduler.complete(step):
             owner = owners.get(state)

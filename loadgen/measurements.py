@@ -1,4 +1,4 @@
-"""The per-request record and the clock that fills it, shared by every target.
+"""The per-request measurement and the clock that fills it, shared by every target.
 
 Both targets (HTTP and the in-process baseline) measure through
 :class:`StreamClock`, so TTFT, ITL, TPOT and E2E mean the same thing for both,
@@ -119,25 +119,27 @@ class StreamClock:
 
     def fill(
         self,
-        record: RequestMeasurement,
+        measurement: RequestMeasurement,
         *,
         run_start: float,
         ended_at: float,
         failure: RequestFailed | None,
     ) -> RequestMeasurement:
-        """Write the measurements into ``record`` and return it."""
-        record.sent_s = self.sent_at - run_start
-        record.end_s = ended_at - run_start
+        """Write what this clock timed into ``measurement`` and return it."""
+        measurement.sent_s = self.sent_at - run_start
+        measurement.end_s = ended_at - run_start
         if self.chunk_at:
-            record.ttft_s = self.chunk_at[0] - self.sent_at
-            record.itl_s = [b - a for a, b in zip(self.chunk_at, self.chunk_at[1:], strict=False)]
+            measurement.ttft_s = self.chunk_at[0] - self.sent_at
+            measurement.itl_s = [
+                b - a for a, b in zip(self.chunk_at, self.chunk_at[1:], strict=False)
+            ]
         tokens = self.usage_tokens if self.usage_tokens is not None else len(self.chunk_at)
-        record.output_tokens = tokens
+        measurement.output_tokens = tokens
         if failure is not None:
-            record.failure, record.error = failure.kind, failure.message
-            return record
+            measurement.failure, measurement.error = failure.kind, failure.message
+            return measurement
         e2e = ended_at - self.sent_at
-        record.e2e_s = e2e
-        if record.ttft_s is not None and tokens > 1:
-            record.tpot_s = (e2e - record.ttft_s) / (tokens - 1)
-        return record
+        measurement.e2e_s = e2e
+        if measurement.ttft_s is not None and tokens > 1:
+            measurement.tpot_s = (e2e - measurement.ttft_s) / (tokens - 1)
+        return measurement

@@ -1,4 +1,4 @@
-"""Figures from records: percentiles, goodput, throughput, failures, lag, report and JSON."""
+"""Figures from measurements: percentiles, goodput, throughput, failures, lag, report and JSON."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from loadgen.config import (
     parse_priority_mix,
     parse_range,
 )
-from loadgen.metrics import describe, meets_slos, peak_in_flight, percentile, summarize
-from loadgen.records import RequestFailed, RequestMeasurement, StreamClock
+from loadgen.figures import describe, meets_slos, peak_in_flight, percentile, summarize
+from loadgen.measurements import RequestFailed, RequestMeasurement, StreamClock
 from loadgen.report import format_summary, write_json
 from loadgen.result import RunResult
 
@@ -49,10 +49,10 @@ def _ok(
 
 
 def _failed(index: int, kind: str) -> RequestMeasurement:
-    record = RequestMeasurement(index=index, priority=None, prompt_tokens=5, max_tokens=10)
-    record.failure = kind  # type: ignore[assignment]
-    record.error = "x"
-    return record
+    measurement = RequestMeasurement(index=index, priority=None, prompt_tokens=5, max_tokens=10)
+    measurement.failure = kind  # type: ignore[assignment]
+    measurement.error = "x"
+    return measurement
 
 
 def test_percentiles_interpolate_linearly() -> None:
@@ -85,19 +85,19 @@ def test_goodput_counts_requests_meeting_every_slo() -> None:
     one_token = _ok(4, ttft=0.05, tpot=None, tokens=1)  # no TPOT: that SLO cannot fail
     exactly = _ok(5, ttft=0.1, tpot=0.02, e2e=2.0)  # limits are inclusive
     failed = _failed(6, "http_5xx")
-    records = [good, slow_first, slow_decode, slow_total, one_token, exactly, failed]
-    assert [meets_slos(r, slos) for r in records] == [1, 0, 0, 0, 1, 1, 0]
-    summary = summarize(records, duration_s=2.0, slos_ms=slos)
+    measurements = [good, slow_first, slow_decode, slow_total, one_token, exactly, failed]
+    assert [meets_slos(r, slos) for r in measurements] == [1, 0, 0, 0, 1, 1, 0]
+    summary = summarize(measurements, duration_s=2.0, slos_ms=slos)
     assert summary["good_requests"] == 3
     assert summary["goodput"] == pytest.approx(1.5)
-    assert summarize(records, duration_s=2.0)["goodput"] is None
-    assert summarize(records, duration_s=2.0, slos_ms={"ttft": 150.0})["good_requests"] == 5
+    assert summarize(measurements, duration_s=2.0)["goodput"] is None
+    assert summarize(measurements, duration_s=2.0, slos_ms={"ttft": 150.0})["good_requests"] == 5
 
 
 def test_summary_throughput_failures_and_latency_keys() -> None:
-    records = [_ok(i, ttft=0.01 * (i + 1), tokens=10) for i in range(10)]
-    records += [_failed(10, "http_429"), _failed(11, "http_429"), _failed(12, "timeout")]
-    s = summarize(records, duration_s=4.0, percentiles=(50, 90, 99))
+    measurements = [_ok(i, ttft=0.01 * (i + 1), tokens=10) for i in range(10)]
+    measurements += [_failed(10, "http_429"), _failed(11, "http_429"), _failed(12, "timeout")]
+    s = summarize(measurements, duration_s=4.0, percentiles=(50, 90, 99))
     assert (s["requests"], s["completed"], s["failed"]) == (13, 10, 3)
     assert s["failures"]["http_429"] == 2 and s["failures"]["timeout"] == 1
     assert s["failures"]["connection"] == 0
@@ -122,10 +122,10 @@ def test_lag_flag_follows_the_p99_threshold() -> None:
 
 
 def test_peak_in_flight_and_priority_breakdown() -> None:
-    records = [_ok(0, ttft=0.1, e2e=3.0, priority=0), _ok(1, ttft=0.2, e2e=0.5, priority=5)]
-    records.append(_ok(3, ttft=0.3, e2e=1.0, priority=0))  # starts when 0 ends at 3.0
-    assert peak_in_flight(records) == 2
-    by = summarize(records, duration_s=4.0)["by_priority"]
+    measurements = [_ok(0, ttft=0.1, e2e=3.0, priority=0), _ok(1, ttft=0.2, e2e=0.5, priority=5)]
+    measurements.append(_ok(3, ttft=0.3, e2e=1.0, priority=0))  # starts when 0 ends at 3.0
+    assert peak_in_flight(measurements) == 2
+    by = summarize(measurements, duration_s=4.0)["by_priority"]
     assert list(by) == ["0", "5"]
     assert by["0"]["completed"] == 2 and by["0"]["ttft_ms_median"] == pytest.approx(200.0)
 
@@ -135,16 +135,16 @@ def test_stream_clock_follows_vllm_definitions() -> None:
     clock.sent_at = 100.0
     clock.chunk_at = [100.2, 100.25, 100.35]
     clock.usage(5)  # e.g. coalesced chunks: 5 tokens in 3 chunks
-    record = RequestMeasurement(index=0, priority=None, prompt_tokens=3, max_tokens=5)
-    record.scheduled_s = 0.5
-    clock.fill(record, run_start=99.0, ended_at=100.6, failure=None)
-    assert record.sent_s == pytest.approx(1.0) and record.end_s == pytest.approx(1.6)
-    assert record.ttft_s == pytest.approx(0.2)
-    assert record.itl_s == pytest.approx([0.05, 0.1])
-    assert record.e2e_s == pytest.approx(0.6)
-    assert record.output_tokens == 5
-    assert record.tpot_s == pytest.approx((0.6 - 0.2) / 4)
-    assert record.chunk_times() == pytest.approx([1.2, 1.25, 1.35])
+    measurement = RequestMeasurement(index=0, priority=None, prompt_tokens=3, max_tokens=5)
+    measurement.scheduled_s = 0.5
+    clock.fill(measurement, run_start=99.0, ended_at=100.6, failure=None)
+    assert measurement.sent_s == pytest.approx(1.0) and measurement.end_s == pytest.approx(1.6)
+    assert measurement.ttft_s == pytest.approx(0.2)
+    assert measurement.itl_s == pytest.approx([0.05, 0.1])
+    assert measurement.e2e_s == pytest.approx(0.6)
+    assert measurement.output_tokens == 5
+    assert measurement.tpot_s == pytest.approx((0.6 - 0.2) / 4)
+    assert measurement.chunk_times() == pytest.approx([1.2, 1.25, 1.35])
 
     no_usage = StreamClock()
     no_usage.sent_at, no_usage.chunk_at = 0.0, [0.1, 0.2]
@@ -154,14 +154,14 @@ def test_stream_clock_follows_vllm_definitions() -> None:
     assert bad.e2e_s is None and bad.tpot_s is None and not bad.ok
 
 
-def _result(records: list[RequestMeasurement], **overrides: object) -> RunResult:
-    config = LoadConfig(num_requests=len(records), **overrides)  # type: ignore[arg-type]
-    return RunResult(config, records, duration_s=10.0, started_at=0.0, target="http")
+def _result(measurements: list[RequestMeasurement], **overrides: object) -> RunResult:
+    config = LoadConfig(num_requests=len(measurements), **overrides)  # type: ignore[arg-type]
+    return RunResult(config, measurements, duration_s=10.0, started_at=0.0, target="http")
 
 
 def test_summary_table_has_the_vllm_layout() -> None:
-    records = [_ok(i, ttft=0.01 * (i + 1)) for i in range(10)] + [_failed(10, "server_error")]
-    text = format_summary(_result(records, goodput={"ttft": 50.0}, max_concurrency=4))
+    measurements = [_ok(i, ttft=0.01 * (i + 1)) for i in range(10)] + [_failed(10, "server_error")]
+    text = format_summary(_result(measurements, goodput={"ttft": 50.0}, max_concurrency=4))
     lines = text.splitlines()
     assert lines[0] == "============ Serving Benchmark Result ============"
     assert "---------------Time to First Token----------------" in lines
@@ -185,8 +185,8 @@ def test_summary_table_has_the_vllm_layout() -> None:
 
 
 def test_lagged_run_warns_and_marks_the_json(tmp_path: Path) -> None:
-    records = [_ok(i, ttft=0.01, lag=0.03) for i in range(20)]
-    result = _result(records)
+    measurements = [_ok(i, ttft=0.01, lag=0.03) for i in range(20)]
+    result = _result(measurements)
     assert "WARNING: the load generator lagged" in format_summary(result)
     data = json.loads(write_json(result, tmp_path / "out" / "r.json").read_text())
     assert data["lagged"] is True and data["summary"]["lagged"] is True
@@ -240,9 +240,9 @@ def test_parsers_and_validation() -> None:
 
 
 def test_summary_always_has_the_usual_percentiles() -> None:
-    records = [_ok(i, ttft=0.01 * (i + 1)) for i in range(10)]
-    summary = _result(records, percentiles=(75.0,)).summary()
+    measurements = [_ok(i, ttft=0.01 * (i + 1)) for i in range(10)]
+    summary = _result(measurements, percentiles=(75.0,)).summary()
     for key in ("ttft_ms_p50", "ttft_ms_p75", "ttft_ms_p90", "ttft_ms_p99", "e2el_ms_p99"):
         assert summary[key] is not None
-    assert "P75 TTFT (ms):" in format_summary(_result(records, percentiles=(75.0,)))
+    assert "P75 TTFT (ms):" in format_summary(_result(measurements, percentiles=(75.0,)))
     assert LoadConfig().request_limit == 100

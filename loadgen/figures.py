@@ -1,4 +1,4 @@
-"""The run's figures, computed from its request records as ``vllm bench serve`` does.
+"""The run's figures, computed from its request measurements as ``vllm bench serve`` does.
 
 * Throughputs divide by the benchmark duration (start of the measured run to the
   end of its last request): completed requests, output tokens, input+output
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.records import FAILURE_KINDS, RequestMeasurement
+from loadgen.measurements import FAILURE_KINDS, RequestMeasurement
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
@@ -64,9 +64,9 @@ def describe(values_s: Sequence[float], percentiles: Iterable[float]) -> dict[st
     return out
 
 
-def metric_values(records: Iterable[RequestMeasurement], metric: str) -> list[float]:
-    """The values in seconds of one latency metric over the successful records."""
-    ok = [r for r in records if r.ok]
+def metric_values(measurements: Iterable[RequestMeasurement], metric: str) -> list[float]:
+    """The values in seconds of one latency metric over the successful measurements."""
+    ok = [r for r in measurements if r.ok]
     if metric == "ttft":
         return [r.ttft_s for r in ok if r.ttft_s is not None]
     if metric == "tpot":
@@ -78,25 +78,25 @@ def metric_values(records: Iterable[RequestMeasurement], metric: str) -> list[fl
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def meets_slos(record: RequestMeasurement, slos_ms: dict[str, float]) -> bool:
+def meets_slos(measurement: RequestMeasurement, slos_ms: dict[str, float]) -> bool:
     """Whether a request succeeded and met every SLO (milliseconds) in ``slos_ms``."""
-    if not record.ok:
+    if not measurement.ok:
         return False
     for metric, limit_ms in slos_ms.items():
         if metric == "tpot":
-            if record.tpot_s is not None and record.tpot_s * 1000.0 > limit_ms:
+            if measurement.tpot_s is not None and measurement.tpot_s * 1000.0 > limit_ms:
                 return False
             continue
-        value = record.ttft_s if metric == "ttft" else record.e2e_s
+        value = measurement.ttft_s if metric == "ttft" else measurement.e2e_s
         if value is None or value * 1000.0 > limit_ms:
             return False
     return True
 
 
-def peak_in_flight(records: Iterable[RequestMeasurement]) -> int:
+def peak_in_flight(measurements: Iterable[RequestMeasurement]) -> int:
     """The most requests in flight at once, from their send and end times."""
     events = sorted(
-        [(r.sent_s, 1) for r in records] + [(r.end_s, -1) for r in records],
+        [(r.sent_s, 1) for r in measurements] + [(r.end_s, -1) for r in measurements],
         key=lambda e: (e[0], e[1]),  # an end before a send at the same instant
     )
     peak = current = 0
@@ -107,7 +107,7 @@ def peak_in_flight(records: Iterable[RequestMeasurement]) -> int:
 
 
 def summarize(
-    records: Sequence[RequestMeasurement],
+    measurements: Sequence[RequestMeasurement],
     *,
     duration_s: float,
     percentiles: Sequence[float] = (50.0, 90.0, 99.0),
@@ -123,9 +123,9 @@ def summarize(
     ``peak_in_flight``, ``lagged``, ``lag_threshold_ms`` and ``by_priority``
     (priority as a string -> completed, failed, ttft/e2el median and p99).
     """
-    ok = [r for r in records if r.ok]
+    ok = [r for r in measurements if r.ok]
     failures = {kind: 0 for kind in FAILURE_KINDS}
-    for r in records:
+    for r in measurements:
         if r.failure is not None:
             failures[r.failure] += 1
     input_tokens = sum(r.prompt_tokens for r in ok)
@@ -133,9 +133,9 @@ def summarize(
     per_s = 1.0 / duration_s if duration_s > 0 else 0.0
     good = sum(meets_slos(r, slos_ms) for r in ok) if slos_ms else None
     out: dict[str, Any] = {
-        "requests": len(records),
+        "requests": len(measurements),
         "completed": len(ok),
-        "failed": len(records) - len(ok),
+        "failed": len(measurements) - len(ok),
         "failures": failures,
         "duration_s": duration_s,
         "total_input_tokens": input_tokens,
@@ -146,24 +146,24 @@ def summarize(
         "good_requests": good,
         "goodput": good * per_s if good is not None else None,
         "slos_ms": dict(slos_ms or {}),
-        "peak_in_flight": peak_in_flight(records),
+        "peak_in_flight": peak_in_flight(measurements),
     }
     for metric in METRICS:
-        for stat, value in describe(metric_values(records, metric), percentiles).items():
+        for stat, value in describe(metric_values(measurements, metric), percentiles).items():
             out[f"{metric}_ms_{stat}"] = value
-    lag = describe([r.lag_s for r in records], [*percentiles, 99.0])
+    lag = describe([r.lag_s for r in measurements], [*percentiles, 99.0])
     for stat, value in lag.items():
         out[f"lag_ms_{stat}"] = value
     out["lag_threshold_ms"] = lag_threshold_ms
     out["lagged"] = bool(lag["p99"] is not None and lag["p99"] > lag_threshold_ms)
-    out["by_priority"] = by_priority(records)
+    out["by_priority"] = by_priority(measurements)
     return out
 
 
-def by_priority(records: Sequence[RequestMeasurement]) -> dict[str, dict[str, Any]]:
+def by_priority(measurements: Sequence[RequestMeasurement]) -> dict[str, dict[str, Any]]:
     """Per-priority counts and TTFT/E2EL medians and p99s (priority None is ``"none"``)."""
     groups: dict[str, list[RequestMeasurement]] = {}
-    for r in records:
+    for r in measurements:
         groups.setdefault("none" if r.priority is None else str(r.priority), []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for key in sorted(groups, key=_priority_order):
