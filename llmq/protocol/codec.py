@@ -143,7 +143,8 @@ def load(running: int, capacity: int) -> str:
 #: ``handoff_affinity``, a hand-off went to a parked worker that wants it more than the
 #: first parked, for its cache; ``handoff_held``, an arriving request was queued for a
 #: busy holder rather than handed to a parked worker; and one per guard that made a
-#: claim (or a hand-off, for ``guard_load``) pass over the worker affinity preferred: ``guard_wait`` (waited past the bound), ``guard_overtakes``
+#: claim (or a hand-off, for ``guard_load``) pass over the worker affinity preferred:
+#: ``guard_wait`` (waited past the bound), ``guard_overtakes``
 #: (overtaken too often), ``guard_load`` (the holder was far busier), and
 #: ``guard_priority`` (a more urgent request ahead kept a cached one out of the window).
 ROUTING_COUNTERS = (
