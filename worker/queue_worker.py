@@ -40,8 +40,8 @@ a job the way these rely on. What each buys is measured in docs/benchmarks.md
 
 1. ``main`` and ``_claim_free_slots`` instead of arq's poll and ``start_jobs``.
    *Why:* claim by priority within a token budget, under a lease, with park and
-   hand-off; ``start_jobs`` WATCHes keys of two slots (``arq:in-progress:<id>``
-   and the queue), which a Redis Cluster refuses. *Buys:* pickup without the poll,
+   hand-off; ``start_jobs`` reads the queue and the global ``arq:in-progress:<id>``
+   under one WATCH, two slots on a Redis Cluster. *Buys:* pickup without the poll,
    median queue wait 268 ms -> 1.2 ms at light load. *Re-check:* ``run_job``
    needs nothing arq's ``main`` sets up but ``ctx["redis"]``; ``heart_beat``
    still exists.
@@ -54,27 +54,26 @@ a job the way these rely on. What each buys is measured in docs/benchmarks.md
    claim script read the job record and bumped the try counter (the fencing
    token) atomically; ``run_job`` would read them again, and under arq's key
    names, not the model slot's. *Buys:* one Redis round trip between the claim
-   and the model's first step (median queue wait at light load, measured with
-   and without). *Re-check:* ``run_job``'s first pipeline is GET of the job,
+   and the model's first step: median queue wait at light load 2.8 ms -> 1.5 ms
+   (a loaded machine). *Re-check:* ``run_job``'s first pipeline is GET of the job,
    INCR and EXPIRE of its try counter (the stand-in raises on anything else).
-4. ``finish_job`` and ``finish_failed_job``. *Why:* arq's MULTI names
-   ``arq:job:<id>``, the global ``arq:abort`` set and the queue, slots apart,
-   and knows no lease. *Buys:* correctness: a Redis Cluster runs it, a fenced
-   run touches nothing, a handed-back request keeps its score. *Re-check:*
-   ``run_job`` still ends through these two, with these parameters (mypy checks
-   the signatures).
+4. ``finish_job`` and ``finish_failed_job``, replaced, not extended. *Why:*
+   arq's MULTI names ``arq:job:<id>``, the global ``arq:abort`` set and the
+   queue, slots apart, and knows no lease. llmq keeps a request's job, try
+   counter and in-progress marker in its model's slot (:mod:`llmq.protocol.keys`),
+   deleted by :meth:`Queue.finish` in one command of that slot; nothing of llmq
+   is ever in ``arq:abort``, and results are not kept (``keep_result=0``).
+   *Buys:* correctness: a Redis Cluster runs it, a fenced run touches nothing, a
+   request handed back goes back to the queue at its score (arq would leave it
+   in the running set, which the claim moved it to). *Re-check:* ``run_job``
+   still ends through these two, with these parameters (mypy checks the
+   signatures).
 5. The job record written by the enqueue script (:mod:`llmq.protocol`), under
    arq's key prefixes in the model's slot. *Why:* one script queues, admits and
    hands off atomically; ``enqueue_job`` is a WATCH/MULTI of arq's global keys,
    and pickles. *Buys:* admission, priority and hand-off in one step; a record
    any Redis consumer can read. *Re-check:* arq's ``deserialize_job_raw`` still
    reads the fields ``t f a k et``; arq's key prefixes.
-
-arq's own ``finish_job`` and ``finish_failed_job`` are replaced, not extended: llmq
-keeps a request's job, try counter and in-progress marker in its model's slot
-(:mod:`llmq.protocol.keys`), deleted by :meth:`Queue.finish` in one command of that
-slot; nothing of llmq is ever in ``arq:abort``, and results are not kept
-(``keep_result=0``).
 """
 
 from __future__ import annotations
