@@ -1,21 +1,28 @@
-"""The claim script reads the job for arq's run_job, which then skips its own read."""
+"""The claim script reads the job for arq's run_job, which then skips its own read;
+and the arq this worker's bypasses rely on (listed in worker/queue_worker.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from importlib.metadata import version
 
 import pytest
 from redis.asyncio import Redis
 
 from llmq.connection import make_pool
 from llmq.protocol import keys
-from llmq.protocol.queue import Claim, Queue
+from llmq.protocol.queue import Claim, Enqueue, Queue
+from llmq.schema import DoneEvent
 from llmq.settings import WorkerSettings
 from tests.support.jobs import enqueue_raw
 from tests.support.native import post_request, record, wait_status
+from tests.support.runs import payload, stream_events
 from tests.support.servers import RunningApi
-from worker.claimed import ClaimedJob, ClaimingRedis, carry
+from worker.mock import MockModel
+from worker.publisher import StreamPublisher
+from worker.queue_worker import ARQ_CHECKED, ClaimedJob, ClaimingRedis, QueueWorker, carry
+from worker.runner import RequestRunner
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -83,3 +90,50 @@ async def test_a_request_run_once_counts_one_attempt(stack: RunningApi, redis: R
         rid = await post_request(client, max_tokens=2)
         await wait_status(client, rid, "done")
         assert (await record(client, rid))["attempts"] == 1
+
+
+def test_the_installed_arq_is_the_one_the_bypasses_were_checked_against() -> None:
+    assert version("arq") == ARQ_CHECKED, (
+        "arq changed: re-check every bypass listed in worker/queue_worker.py's docstring, "
+        "then set ARQ_CHECKED"
+    )
+
+
+async def test_arqs_own_run_job_takes_the_claim_and_ends_through_llmq(
+    arq_pool: ClaimingRedis, redis: Redis
+) -> None:
+    """arq's unmodified ``run_job``: its read is answered by the claim (arq's own key
+    names never reach Redis) and it ends through the worker's ``finish_job``."""
+    queue = Queue(arq_pool, stream_maxlen=100, ttl_seconds=60)
+    publisher = StreamPublisher(arq_pool, maxlen=100, ttl_seconds=60, max_event_tokens=50)
+    publisher.start()
+    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
+    worker = QueueWorker(
+        model="mock",
+        worker_id="w",
+        runner=RequestRunner("w", model, publisher),
+        redis=arq_pool,
+        queue=queue,
+        max_jobs=2,
+        poll_seconds=60,
+        job_timeout=60,
+        lease_seconds=10,
+    )
+    worker.ctx["redis"] = worker.pool
+    job = payload("once", max_tokens=3, seed=1)
+    assert await queue.enqueue_all([Enqueue.of(job, priority_step_ms=1000)], max_depth=10)
+    try:
+        await worker._claim_free_slots()
+        assert worker.busy_slots == 1
+        await worker.tasks["once"]
+        assert worker.busy_slots == 0
+        _, last = (await stream_events(redis, "once"))[-1]
+        assert isinstance(last, DoneEvent)
+        arqs_names = [
+            p + "once" for p in (keys.JOB_PREFIX, keys.RETRY_PREFIX, keys.IN_PROGRESS_PREFIX)
+        ]
+        assert await redis.exists(*arqs_names) == 0  # arq read nothing, wrote nothing
+        assert await redis.zscore(keys.running("mock"), "once") is None  # llmq's finish ran
+        assert await redis.exists(keys.job("once", "mock"), keys.retry("once", "mock")) == 0
+    finally:
+        await publisher.stop()

@@ -16,7 +16,7 @@ from tests.support.jobs import Admission, enqueue_costing
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
-from worker.claimed import ClaimingRedis
+from worker.queue_worker import ClaimingRedis
 
 pytestmark = pytest.mark.timeout(30)
 

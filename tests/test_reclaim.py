@@ -21,9 +21,8 @@ from llmq.protocol.queue import Enqueue, Queue
 from llmq.schema import DoneEvent, StartedEvent, TokensEvent
 from tests.support.runs import payload, stream_events
 from tests.support.waiting import wait_until
-from worker.claimed import ClaimingRedis
 from worker.publisher import StreamPublisher
-from worker.queue_worker import QueueWorker
+from worker.queue_worker import ClaimingRedis, QueueWorker
 from worker.runner import RequestRunner
 
 pytestmark = pytest.mark.timeout(30)

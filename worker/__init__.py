@@ -24,8 +24,10 @@ in the order a worker's life and a request's run go:
    the worker's own channel.
 3. **Claim**: one request per free slot, lowest score first, within the worker's
    token budget (:meth:`~llmq.protocol.queue.Queue.claim`); the claim already read
-   the job record, which ``claimed.py`` hands to arq's ``run_job`` instead of a
-   round trip of its own.
+   the job record, which ``queue_worker.py`` hands to arq's ``run_job`` instead of
+   a round trip of its own. That module is also where every way the worker goes
+   around arq is listed, with why, what it buys and what an arq upgrade must
+   re-check.
 4. **Lease renewal**: every heartbeat renews the leases of the requests the worker
    holds, together with its registry entry; a request reported ``lost`` is fenced
    (stopped without writing), one reported ``cancelled`` is cancelled. A worker

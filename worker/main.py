@@ -41,10 +41,9 @@ from worker import backends
 from worker.backends.openai import OpenAIUpstream
 from worker.backends.watch import UpstreamWatch
 from worker.cache_report import CacheReport
-from worker.claimed import ClaimingRedis
 from worker.leases import LeaseClock
 from worker.publisher import StreamPublisher
-from worker.queue_worker import QueueWorker
+from worker.queue_worker import ClaimingRedis, QueueWorker
 from worker.runner import RequestRunner
 
 log = logging.getLogger(__name__)
@@ -162,7 +161,7 @@ async def _heartbeat(
                 worker.queue,
                 settings.model,
                 worker_id,
-                running=worker.job_counter,
+                running=worker.busy_slots,
                 capacity=settings.concurrency,
                 ttl_ms=int(settings.worker_ttl_seconds * 1000),
             )

@@ -1,17 +1,20 @@
-"""An arq worker that claims by priority, on a wake-up signal, one slot at a time.
+"""An arq worker that claims by priority, on a wake-up signal, one slot at a time;
+and the one module where llmq goes around arq.
 
 Stock arq polls every 0.5 s, reads a batch of ids it then starts one by one
 (stale while it waits for slots), and keeps running jobs at the head of its
-queue. This subclass keeps arq's job machinery (``run_job``: tries, timeouts,
-cancellation on shutdown) and replaces how work is found:
+queue. This subclass keeps arq's job machinery (``run_job``: the job function
+looked up by name, tries, the job timeout, a cancelled run handed back) and its
+public switches (``allow_pick_jobs``, ``max_jobs``, ``ctx``, the ``tasks`` of
+running jobs), and replaces how work is found:
 
 - ``main`` waits on a wake-up event (Redis pub/sub from the API, or a slot that
   just freed) and keeps the poll only as a fallback;
-- ``_poll_iteration`` claims one request per free slot (:meth:`Queue.claim`)
+- ``_claim_free_slots`` claims one request per free slot (:meth:`Queue.claim`)
   with an atomic script that takes the lowest score, honours the worker's token
   budget, drops requests that are past their deadline or cancelled, moves the
   claimed one to the running set, and reads its job record for ``run_job`` (see
-  :mod:`worker.claimed`); it stops as soon as the queue is empty, and then the
+  :class:`ClaimingRedis`); it stops as soon as the queue is empty, and then the
   script *parks* the worker;
 - ``take_handoff`` starts a request that the API's enqueue script claimed for
   this parked worker and published on its own channel: at light load a request
@@ -25,21 +28,67 @@ cancellation on shutdown) and replaces how work is found:
   backstop) is ended by the runner first, so that its client is answered and the
   request counted once.
 
-arq's own ``finish_job`` and ``finish_failed_job`` are replaced, not extended: they
-name arq's keys (``arq:job:<id>``, the global ``arq:abort`` set) in one MULTI, which
-a Redis Cluster refuses across slots. llmq keeps a request's job, try counter and
-in-progress marker in its model's slot (:mod:`llmq.protocol.keys`), deleted by
-:meth:`Queue.finish` in one command of that slot; nothing of llmq is ever in
-``arq:abort``, and results are not kept (``keep_result=0``).
+Where llmq goes around arq
+--------------------------
+
+Every bypass of the worker is in this module; the protocol's side (the job record
+and its keys) is named for completeness. Each was checked against arq
+:data:`ARQ_CHECKED`, the version pyproject.toml pins: ``tests/test_claimed.py``
+fails on any other version, and when arq's ``run_job`` stops reading or finishing
+a job the way these rely on. What each buys is measured in docs/benchmarks.md
+("arq bypasses"; the polling it replaces in "Light load, pickup and recovery").
+
+1. ``main`` and ``_claim_free_slots`` instead of arq's poll and ``start_jobs``.
+   *Why:* claim by priority within a token budget, under a lease, with park and
+   hand-off; ``start_jobs`` reads the queue and the global ``arq:in-progress:<id>``
+   under one WATCH, two slots on a Redis Cluster. *Buys:* pickup without the poll,
+   median queue wait 268 ms -> 1.2 ms at light load. *Re-check:* ``run_job``
+   needs nothing arq's ``main`` sets up but ``ctx["redis"]``; ``heart_beat``
+   still exists.
+2. ``busy_slots`` instead of arq's ``job_counter`` and ``sem``. *Why:* a slot is
+   taken by a claim, not by ``start_jobs``, which owns those counters. *Buys:*
+   no figure: it keeps arq's private counters out of llmq. *Re-check:* arq still
+   reads them only in ``start_jobs`` and ``_poll_iteration``, which llmq never
+   calls.
+3. :class:`ClaimingRedis`: the claim answers ``run_job``'s read. *Why:* the
+   claim script read the job record and bumped the try counter (the fencing
+   token) atomically; ``run_job`` would read them again, and under arq's key
+   names, not the model slot's. *Buys:* one Redis round trip between the claim
+   and the model's first step: median queue wait at light load 2.8 ms -> 1.5 ms
+   (a loaded machine). *Re-check:* ``run_job``'s first pipeline is GET of the job,
+   INCR and EXPIRE of its try counter (the stand-in raises on anything else).
+4. ``finish_job`` and ``finish_failed_job``, replaced, not extended. *Why:*
+   arq's MULTI names ``arq:job:<id>``, the global ``arq:abort`` set and the
+   queue, slots apart, and knows no lease. llmq keeps a request's job, try
+   counter and in-progress marker in its model's slot (:mod:`llmq.protocol.keys`),
+   deleted by :meth:`Queue.finish` in one command of that slot; nothing of llmq
+   is ever in ``arq:abort``, and results are not kept (``keep_result=0``).
+   *Buys:* correctness: a Redis Cluster runs it, a fenced run touches nothing, a
+   request handed back goes back to the queue at its score (arq would leave it
+   in the running set, which the claim moved it to). *Re-check:* ``run_job``
+   still ends through these two, with these parameters (mypy checks the
+   signatures).
+5. The job record written by the enqueue script (:mod:`llmq.protocol`), under
+   arq's key prefixes in the model's slot. *Why:* one script queues, admits and
+   hands off atomically; ``enqueue_job`` is a WATCH/MULTI of arq's global keys,
+   and pickles. *Buys:* admission, priority and hand-off in one step; a record
+   any Redis consumer can read. *Re-check:* arq's ``deserialize_job_raw`` still
+   reads the fields ``t f a k et``; arq's key prefixes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
+from arq.connections import ArqRedis
+from arq.constants import job_key_prefix, retry_key_prefix
 from arq.worker import Worker, func
 
 from llmq.outage import OUTAGE, Outage
@@ -47,10 +96,12 @@ from llmq.protocol import keys
 from llmq.protocol.arq_job import JOB_FUNCTION, deserialize, serialize
 from llmq.protocol.queue import Claim, Queue
 from llmq.schema import JobPayload
-from worker.claimed import ClaimedJob, ClaimingRedis, carry
 from worker.runner import RequestRunner
 
 log = logging.getLogger(__name__)
+
+#: The arq release every bypass of this module was checked against (the pin).
+ARQ_CHECKED = "0.28.0"
 
 #: How long a new claim waits for this process's own older attempt of it to end.
 OLDER_ATTEMPT_SECONDS = 5.0
@@ -68,6 +119,89 @@ async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
             await runner.fail(rid, "invalid_job", "the job payload is malformed")
         return
     await runner.run(job, attempt=int(ctx.get("job_try", 1)))
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What the claim script read for arq: the job record and the bumped try number."""
+
+    request_id: str
+    job: bytes | None
+    job_try: int
+
+
+#: The claim of the job that the current task's ``run_job`` is about to read.
+_CARRIED: ContextVar[ClaimedJob | None] = ContextVar("llmq_claimed_job", default=None)
+
+
+def carry(claimed: ClaimedJob) -> None:
+    """Give the current task's next ``run_job`` read to ``claimed`` (call it in that task)."""
+    _CARRIED.set(claimed)
+
+
+class _ClaimedRead:
+    """Stands in for ``run_job``'s read pipeline; answers from the claim."""
+
+    def __init__(self, claimed: ClaimedJob) -> None:
+        self._claimed = claimed
+        self._queued: list[str] = []
+
+    async def __aenter__(self) -> _ClaimedRead:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    def _expect(self, command: str, key: Any, wanted: str) -> _ClaimedRead:
+        if key != wanted:
+            raise RuntimeError(f"arq's run_job read {command} {key!r}; expected {wanted!r}")
+        self._queued.append(command)
+        return self
+
+    def get(self, key: Any) -> _ClaimedRead:
+        return self._expect("GET", key, job_key_prefix + self._claimed.request_id)
+
+    def incr(self, key: Any) -> _ClaimedRead:
+        return self._expect("INCR", key, retry_key_prefix + self._claimed.request_id)
+
+    def expire(self, key: Any, seconds: Any) -> _ClaimedRead:
+        return self._expect("EXPIRE", key, retry_key_prefix + self._claimed.request_id)
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"arq's run_job queued {name!r}, which the claim did not read")
+
+    async def execute(self) -> list[Any]:
+        if self._queued != ["GET", "INCR", "EXPIRE"]:
+            raise RuntimeError(f"arq's run_job read {self._queued}; the claim read GET/INCR/EXPIRE")
+        return [self._claimed.job, self._claimed.job_try, True]
+
+
+class ClaimingRedis(ArqRedis):
+    """The worker's arq pool: a carried claim answers ``run_job``'s first pipeline.
+
+    arq's ``run_job`` starts by reading the job record and bumping its try counter
+    in one pipeline. The claim script did both in its own atomic step, so the
+    worker runs each ``run_job`` in a context that carries the claim
+    (:func:`carry`), and this pool answers that one pipeline from it. Every other
+    command, and any pipeline of a task that carries no claim, goes to Redis.
+
+    The stand-in accepts exactly the commands arq's ``run_job`` queues (GET of the
+    job, INCR and EXPIRE of its try counter, under arq's own key names) and fails
+    loudly on anything else, so an arq upgrade that changes them cannot silently
+    skip a read. Those names are arq's (``arq:job:<id>``), not where llmq keeps the
+    job (:func:`llmq.protocol.keys.job`, in the model's slot): with every run
+    claimed by the script and :class:`QueueWorker` finishing jobs itself, arq never
+    sends them to Redis.
+    """
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
+        claimed = _CARRIED.get()
+        if claimed is None:
+            return super().pipeline(transaction, shard_hint)
+        _CARRIED.set(None)  # one read only: later pipelines of the task are real
+        return _ClaimedRead(claimed)
 
 
 class QueueWorker(Worker):
@@ -113,7 +247,9 @@ class QueueWorker(Worker):
         #: A routed claim left requests to other workers: claim again this soon (s).
         self._retry_s: float | None = None
         self._claims: dict[str, tuple[int, int]] = {}  # id -> (cost, attempt)
-        self._reads: dict[str, ClaimedJob] = {}  # claimed, not yet read by run_job
+        #: Slots taken: a run started, its task not done yet (arq's ``job_counter``
+        #: belongs to its ``start_jobs``, which this worker never calls).
+        self.busy_slots = 0
 
     @property
     def held(self) -> dict[str, int]:
@@ -135,7 +271,7 @@ class QueueWorker(Worker):
         while True:
             self.wake.clear()
             try:
-                await self._poll_iteration()
+                await self._claim_free_slots()
             except OUTAGE as exc:
                 # Redis is away: keep the running requests, retry claiming with the
                 # backoff every retry uses; one warning per outage, not per retry.
@@ -151,8 +287,8 @@ class QueueWorker(Worker):
                 async with asyncio.timeout(delay):
                     await self.wake.wait()
 
-    async def _poll_iteration(self) -> None:
-        while self.allow_pick_jobs and self.job_counter < self.max_jobs:
+    async def _claim_free_slots(self) -> None:
+        while self.allow_pick_jobs and self.busy_slots < self.max_jobs:
             claim = await self.queue.claim(
                 self.model,
                 lease_ms=self.lease_ms,
@@ -160,7 +296,7 @@ class QueueWorker(Worker):
                 budget_left=self.token_budget - self.tokens_in_use if self.token_budget else None,
                 idle=not self._claims,
                 worker_id=self.worker_id,
-                free_slots=self.max_jobs - self.job_counter,
+                free_slots=self.max_jobs - self.busy_slots,
                 capacity=self.max_jobs,
                 end_dropped=True,
             )
@@ -181,9 +317,7 @@ class QueueWorker(Worker):
         assert claim.request_id is not None
         if not await self._older_attempt_ended(claim):
             return
-        await self.sem.acquire()  # never waits: job_counter < max_jobs
-        self._reads[claim.request_id] = ClaimedJob(claim.request_id, claim.job, claim.job_try)
-        self._start(claim.request_id, claim.score, claim.cost, claim.job_try)
+        self._start(claim)
 
     async def _older_attempt_ended(self, claim: Claim) -> bool:
         """End this process's own older attempt of ``claim``'s request, if one still runs.
@@ -220,7 +354,7 @@ class QueueWorker(Worker):
         """
         if claim.request_id is None:
             return
-        if self.allow_pick_jobs and self.job_counter < self.max_jobs:
+        if self.allow_pick_jobs and self.busy_slots < self.max_jobs:
             await self._take(claim)
             return
         await self.queue.requeue(self.model, claim.request_id, claim.job_try)
@@ -230,22 +364,20 @@ class QueueWorker(Worker):
             extra={"request_id": claim.request_id},
         )
 
-    def _start(self, job_id: str, score: int, cost: int, attempt: int) -> None:
-        self._claims[job_id] = (cost, attempt)
-        self.job_counter += 1
-        task = self.loop.create_task(self.run_job(job_id, score))
+    def _start(self, claim: Claim) -> None:
+        """Run arq's ``run_job`` for ``claim`` in a task whose read the claim answers."""
+        rid = claim.request_id
+        assert rid is not None
+        self._claims[rid] = (claim.cost, claim.job_try)
+        self.busy_slots += 1
+        context = contextvars.copy_context()  # only this run_job's read sees the claim
+        context.run(carry, ClaimedJob(rid, claim.job, claim.job_try))
+        task = asyncio.create_task(self.run_job(rid, claim.score), context=context)
         task.add_done_callback(self._slot_freed)
-        self.tasks[job_id] = task
-
-    async def run_job(self, job_id: str, score: int) -> None:
-        """arq's run_job, reading the job from the claim rather than from Redis."""
-        claimed = self._reads.pop(job_id, None)
-        if claimed is not None:
-            carry(claimed)  # this task's context: only this run_job's read sees it
-        await super().run_job(job_id, score)
+        self.tasks[rid] = task
 
     def _slot_freed(self, _: asyncio.Task[None]) -> None:
-        self._release_sem_dec_counter_on_complete()
+        self.busy_slots -= 1
         self.wake.set()
 
     async def finish_job(

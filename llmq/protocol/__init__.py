@@ -30,7 +30,7 @@ every value a script and Python exchange is encoded and decoded in
    (:class:`codec.Lease`, in lease time) and its try counter is bumped: that
    attempt is the run's fencing token. The reply carries the job record
    (:func:`codec.parse_claim`), which the worker gives arq without reading it again
-   (``worker/claimed.py``). A worker that leaves the queue empty with a slot free is
+   (``worker/queue_worker.py``). A worker that leaves the queue empty with a slot free is
    parked, for step 1's hand-off.
 3. **Lease** (:meth:`Queue.renew`, ``renew.lua``): every heartbeat renews the leases
    a worker holds and answers per request ``ok``, ``lost`` (another attempt owns it:

@@ -238,7 +238,8 @@ def retry_prefix(model: str) -> str:
 def job(request_id: str, model: str) -> str:
     """The job record (the serialized :class:`~llmq.schema.JobPayload`), under arq's
     prefix but in the model slot: arq's worker never names it (see
-    :mod:`worker.claimed`), so it need not be arq's own ``arq:job:<id>``."""
+    :class:`worker.queue_worker.ClaimingRedis`), so it need not be arq's own
+    ``arq:job:<id>``."""
     return f"{job_prefix(model)}{request_id}"
 
 
