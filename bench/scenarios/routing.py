@@ -57,7 +57,9 @@ class Sizes:
     #: LLMQ_ROUTING_IMBALANCE for workers of 8 slots (AIBrix's 8 is for replicas of
     #: hundreds of sequences; 8 here would never fire).
     imbalance: int = 2
-    requests: int = 200
+    #: Long enough for a steady state: each prompt's first misses (one per worker that
+    #: comes to hold it) are a small part of the trace, as in a long-running service.
+    requests: int = 600
     calibration_s: float = 25.0
     sessions: int = 64
     #: Chat sessions started per second.
