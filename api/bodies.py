@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from llmq.model.interface import message_text
+
 #: Error ``type`` of a validator that refuses what the API understands but cannot
 #: serve; the error handler turns it into the code ``unsupported_parameter``.
 UNSUPPORTED = "unsupported_parameter"
@@ -156,14 +158,23 @@ class ChatMessage(_Body):
     _parts = field_validator("content", mode="before")(_text_only)
 
     def text(self) -> str:
+        return message_text(self.message())
+
+    def message(self) -> dict[str, Any]:
+        """The message as a backend with its own chat template takes it: its text, and
+        an agent's turn (``tool_calls``, ``tool_call_id``) as the chat API has it."""
         if self.content is None:
             text = ""
         elif isinstance(self.content, str):
             text = self.content
         else:
             text = "".join(p.text for p in self.content)
-        calls = [f"{c.function.name}({c.function.arguments})" for c in self.tool_calls or ()]
-        return " ".join([text, *calls]) if calls else text
+        message: dict[str, Any] = {"role": self.role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class FunctionDefinition(_Body):
@@ -207,9 +218,9 @@ class ChatCompletionRequest(StreamingParams):
         lines = [f"{m.role}: {m.text()}" for m in self.messages]
         return "\n".join([*lines, "assistant:"])
 
-    def message_dicts(self) -> tuple[dict[str, str], ...]:
+    def message_dicts(self) -> tuple[dict[str, Any], ...]:
         """The messages as a backend with its own chat template takes them."""
-        return tuple({"role": m.role, "content": m.text()} for m in self.messages)
+        return tuple(m.message() for m in self.messages)
 
     def content_tokens_present(self) -> bool:
         return any(m.text().strip() for m in self.messages)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from api.bodies import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from api.bodies import ChatCompletionRequest, CompletionRequest, ResponseFormat, Tool
 from api.errors import InvalidRequest, Unsupported
 from llmq.model.json_subset import unsupported
 
@@ -77,6 +77,15 @@ def _response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "schema": schema}
 
 
+def _tool(tool: Tool) -> dict[str, Any]:
+    """A tool as the model takes it: its name and parameters, and its description for
+    a model that reads it (an upstream's chat template)."""
+    defined = {"name": tool.function.name, "parameters": tool.function.parameters}
+    if tool.function.description:
+        defined["description"] = tool.function.description
+    return defined
+
+
 def _tools(body: ChatCompletionRequest) -> tuple[tuple[dict[str, Any], ...], ToolChoice]:
     tools = body.tools or []
     choice = body.tool_choice
@@ -84,7 +93,7 @@ def _tools(body: ChatCompletionRequest) -> tuple[tuple[dict[str, Any], ...], Too
         params = tool.function.parameters
         if params is not None and (why := unsupported(params, "parameters")) is not None:
             raise Unsupported(f"tools[{i}].function.{why}", param=f"tools[{i}].function.parameters")
-    defined = [{"name": t.function.name, "parameters": t.function.parameters} for t in tools]
+    defined = [_tool(t) for t in tools]
     if choice is None or choice == "auto" or choice == "none":
         return tuple(defined), choice or "auto"
     if not defined:

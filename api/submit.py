@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Header
 
@@ -121,7 +121,7 @@ def _plan(
     now: float,
     owner: str | None,
     attach: bool,
-    messages: tuple[dict[str, str], ...] | None = None,
+    messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
@@ -326,7 +326,7 @@ async def submit_choices(
     owner: str | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
-    messages: tuple[dict[str, str], ...] | None = None,
+    messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
 ) -> list[Submitted]:
     """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.

@@ -52,7 +52,8 @@ class SamplingParams(_Frozen):
     #: Structured output: ``{"type": "json_object"}`` or ``{"type": "json_schema",
     #: "schema": {...}}``; None for text.
     response_format: dict[str, Any] | None = None
-    #: Function tools the model may call: ``{"name", "parameters"}`` each.
+    #: Function tools the model may call: ``{"name", "parameters"}`` each, and
+    #: ``description`` where the request gave one.
     tools: tuple[dict[str, Any], ...] = ()
     #: ``auto``, ``required`` or ``none`` (a named choice arrives as ``required``
     #: with only that tool in ``tools``).
@@ -108,9 +109,10 @@ class JobPayload(_Frozen):
             return [("embeddings", "input")]
         return self.params.required_capabilities()
 
-    #: A chat request's messages (``role``, ``content``), for a backend that applies the
-    #: model's own chat template; ``prompt`` is their plain rendering. None: a completion.
-    messages: tuple[dict[str, str], ...] | None = None
+    #: A chat request's messages (``role``, ``content``; ``tool_calls`` and
+    #: ``tool_call_id`` in an agent's turns), for a backend that applies the model's own
+    #: chat template; ``prompt`` is their plain rendering. None: a completion.
+    messages: tuple[dict[str, Any], ...] | None = None
 
 
 class PromptTokensDetails(_Frozen):

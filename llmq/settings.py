@@ -371,10 +371,12 @@ class WorkerSettings(CommonSettings):
         "plain rendering of the messages, or its /v1/chat/completions with the messages "
         "themselves (the model's chat template).",
     )
-    upstream_capabilities: str = Field(
-        "",
+    upstream_capabilities: str | None = Field(
+        None,
         description="Comma-separated capabilities the upstream honours (logprobs, "
-        "json_object, json_schema, tools, ignore_eos, min_tokens); passed through to it.",
+        "json_object, json_schema, tools, ignore_eos, min_tokens); passed through to it. "
+        "Unset: what the engine says (llama.cpp: tools where its chat template takes "
+        "them); set, even empty: exactly these.",
     )
     upstream_context_length: int = Field(
         0,

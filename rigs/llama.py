@@ -124,6 +124,36 @@ def write_tiny_gguf(path: Path, shape: TinyModel = TinyModel()) -> Path:
     return path
 
 
+#: A chat template that takes tools, in Functionary v3.2's format (llama-server knows it
+#: by its ``>>>all`` and ``>>>${recipient}``): an answer opens with its recipient after
+#: ``>>>``, ``all`` for text or a function's name for a call, then a newline and the text
+#: or the call's JSON arguments. The model itself has no template (llama-server then
+#: uses plain ChatML, which takes no tools); with this one the server describes the
+#: tools to the model, parses its calls, and constrains them by grammar.
+TOOLS_CHAT_TEMPLATE = """\
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\nAnswer as >>>${recipient}\\n${content}, '
+    + 'the recipient all or a function.\\nFunctions:' }}
+{%- for tool in tools or [] %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{{- '<|eot_id|>' }}
+{%- for message in messages %}
+{%- if message.role != 'assistant' %}
+{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content }}
+{{- '<|eot_id|>' }}
+{%- else %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- if message.content %}{{- '>>>all\\n' + message.content }}{%- endif %}
+{%- for call in message.tool_calls or [] %}
+{{- '>>>' + call.function.name + '\\n' + call.function.arguments }}
+{%- endfor %}
+{{- '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n>>>' }}
+{%- endif %}
+"""
+
+
 class LlamaServerMissing(RuntimeError):
     """No ``llama-server`` binary: run ``scripts/llama-server.sh`` (CI does)."""
 
@@ -155,6 +185,7 @@ def llama_server_argv(
     context: int = 4096,
     threads: int = 1,
     token_by_token: bool = False,
+    chat_template: Path | None = None,
 ) -> list[str]:
     """How the tests and the benchmark run the server: ``slots`` parallel sequences
     sharing ``context`` tokens (so each slot holds ``context / slots``), on loopback,
@@ -166,6 +197,9 @@ def llama_server_argv(
     the uninterrupted run had. With batched prefill the sums are ordered differently
     and a near-tie of the random model can flip (measured: a 600-token run resumed
     anywhere diverged at the same few positions).
+
+    ``chat_template``: a file with the chat template to use instead of the model's
+    (:data:`TOOLS_CHAT_TEMPLATE`, for tools).
     """
     argv = [
         str(llama_server_binary()),
@@ -189,6 +223,8 @@ def llama_server_argv(
     ]
     if token_by_token:
         argv += ["--ubatch-size", "1"]
+    if chat_template is not None:
+        argv += ["--chat-template-file", str(chat_template)]
     return argv
 
 

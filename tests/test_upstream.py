@@ -9,19 +9,22 @@ binary these tests fail, they do not skip (``scripts/llama-server.sh`` builds it
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
+from llmq.schema import StartedEvent, TokensEvent, ToolCallEvent, decode_event
 from loadgen import LoadConfig, run_load
-from rigs.llama import TinyModel, write_tiny_gguf
+from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import record, wait_status
 from tests.support.servers import RunningApi, SpawnWorkers, StartApi
@@ -426,3 +429,196 @@ async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
     async with api.client() as client:
         (key,) = await _requests(redis)
         assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) >= 2
+
+
+#: A function the random model calls as llama-server's grammar lets it. With
+#: ``tool_choice`` "required" the grammar still allows text first (``>>>all``, then a
+#: newline); the model never writes a byte token (a newline, a quote) where a letter is
+#: allowed, so a function whose name goes on from ``all`` with a letter is its only way
+#: on: the call is the model's, and its JSON the grammar's, filled in with the model's
+#: letters. ``note`` is long, so that a call can be cut mid-arguments.
+ALLOCATE: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "allocate_room",
+        "description": "Book a room, with a note.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "room": {"type": "string", "enum": ["blue", "green", "red"]},
+                "note": {"type": "string", "minLength": 300, "maxLength": 300},
+            },
+            "required": ["room", "note"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+BOOK: list[Any] = [{"role": "user", "content": "book me a room"}]
+
+
+@pytest.fixture(scope="session")
+def tools_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "tools.jinja"
+    path.write_text(TOOLS_CHAT_TEMPLATE)
+    return path
+
+
+async def calls(
+    client: openai.AsyncOpenAI, messages: list[Any], *, stream: bool = False
+) -> tuple[list[tuple[str, str, str]], str | None]:
+    """The tool calls (id, name, arguments) of one chat completion that must call
+    ``allocate_room``, read from the stream or from the message, and its finish reason."""
+    body: dict[str, Any] = {
+        "tools": [ALLOCATE],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 1500,
+        "temperature": 0,
+    }
+    if not stream:
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, **body)
+        (choice,) = reply.choices
+        made = [
+            (c.id, c.function.name, c.function.arguments)
+            for c in choice.message.tool_calls or ()
+            if c.type == "function"
+        ]
+        return made, choice.finish_reason
+    parts: dict[int, list[str]] = {}
+    finish = None
+    chunks = await client.chat.completions.create(
+        model=MODEL, messages=messages, stream=True, **body
+    )
+    async for chunk in chunks:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or ():
+                part = parts.setdefault(delta.index, ["", "", ""])
+                part[0] += delta.id or ""
+                if delta.function is not None:
+                    part[1] += delta.function.name or ""
+                    part[2] += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return [(i, n, a) for i, n, a in parts.values()], finish
+
+
+async def test_tools_pass_through_and_the_servers_call_reaches_the_client(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    tools_template: Path,
+) -> None:
+    """A server whose chat template takes tools says so (/props): its worker declares
+    ``tools`` unconfigured, forwards them, and relays the server's own call, streamed
+    and not, as OpenAI's ``tool_calls`` with finish reason ``tool_calls`` (the server
+    goes on to a second call, which llmq does not relay); the next turn (the call and
+    its result) reaches the server as the chat API has it."""
+    server = await start_llama(slots=1, chat_template=tools_template)
+    await spawn_workers(1, **server.worker_settings(upstream_api="chat"))
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with api.client() as client:
+        (entry,) = await _workers(client)
+    assert "tools" in entry["capabilities"]
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        made, _ = await calls(direct_client, BOOK)
+        (_, name, want) = made[0]
+        assert name == "allocate_room"
+        jsonschema.validate(json.loads(want), ALLOCATE["function"]["parameters"])
+        for stream in (False, True):
+            (call,), finish = await calls(through, BOOK, stream=stream)
+            assert call[1:] == ("allocate_room", want) and finish == "tool_calls"
+            assert call[0]
+        call_id = call[0]
+        history = [
+            *BOOK,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "allocate_room", "arguments": want},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": "booked"},
+        ]
+        # the server renders the history with its template: the same prompt, the
+        # same next call, only if the turn reached it as such
+        made, _ = await calls(direct_client, history)
+        ((_, _, after),), _ = await calls(through, history)
+    assert after == made[0][2] != want
+
+
+async def test_a_worker_without_tools_refuses_them(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    tools_template: Path,
+) -> None:
+    """A server whose template takes no tools (the model's own, plain ChatML) makes its
+    worker declare none; a configured list overrides what a server says. ``tools``
+    then gets the API's 400, as with any worker that lacks a capability."""
+    plain = await start_llama(slots=1)
+    able = await start_llama(slots=1, chat_template=tools_template)
+    await spawn_workers(1, **plain.worker_settings(upstream_api="chat"))
+    configured = able.worker_settings(upstream_api="chat", upstream_capabilities="logprobs")
+    await spawn_workers(1, **configured)
+    api = await start_api()
+    await ready_workers(api, 2)
+    async with api.client() as client:
+        declared = sorted(tuple(w["capabilities"] or ()) for w in await _workers(client))
+    assert declared == [(), ("logprobs",)]
+    async with sdk(api.url) as through:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await calls(through, BOOK)
+    assert refused.value.code == "unsupported_parameter"
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "tools"
+
+
+async def test_a_tool_call_cut_by_a_killed_worker_is_replayed_on_the_other(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    redis: Redis,
+    tools_template: Path,
+) -> None:
+    """No engine continues a half-written call: the re-run replays the request from
+    its start and passes on what follows the published tokens, so the client's call
+    equals an uninterrupted one."""
+    servers = [await start_llama(slots=1, chat_template=tools_template) for _ in range(2)]
+    settings = {"upstream_api": "chat", "lease_seconds": 2}
+    procs = [(await spawn_workers(1, **s.worker_settings(**settings)))[0] for s in servers]
+    api = await start_api()
+    await ready_workers(api, 2)
+    async with sdk(servers[0].url) as direct_client:
+        made, _ = await calls(direct_client, BOOK)
+    want = made[0][2]
+
+    async def kill_mid_call() -> bool:
+        """SIGKILL the worker whose server is writing the call's note."""
+        for server, proc in zip(servers, procs, strict=True):
+            if await server.decoded() >= 120:
+                proc.signal(signal.SIGKILL)
+                return True
+        return False
+
+    async with sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_call, timeout=30, what="a worker mid-call", interval=0.002)
+        )
+        (call,), finish = await calls(through, BOOK, stream=True)
+        await killer
+    assert call[1:] == ("allocate_room", want) and finish == "tool_calls"
+    (key,) = await _requests(redis)
+    entries = await redis.xrange(keys.stream(key.rsplit(":", 1)[-1]))
+    events = [decode_event(fields) for _, fields in entries]
+    runs = [i for i, e in enumerate(events) if isinstance(e, StartedEvent)]
+    assert len(runs) >= 2
+    # the first run had published the call's start and part of its arguments: the
+    # replay passed on only the rest
+    first = events[runs[0] : runs[1]]
+    assert any(isinstance(e, ToolCallEvent) for e in first)
+    assert any(isinstance(e, TokensEvent) for e in first)

@@ -31,7 +31,7 @@ the adapters to inference servers) are the worker's.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -163,16 +163,30 @@ class GenerationRequest:
     logprobs: int | None = None
     #: ``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": ...}``.
     response_format: dict[str, Any] | None = None
-    #: Function tools (``{"name", "parameters"}``) and whether to call one.
+    #: Function tools (``{"name", "parameters"}``, ``description`` where given) and
+    #: whether to call one.
     tools: tuple[dict[str, Any], ...] = field(default=())
     tool_choice: Literal["auto", "required", "none"] = "auto"
     #: The chat's last message is a tool's result: with ``tool_choice`` "auto" a model
     #: mostly answers it in text, which is what ends an agent's loop.
     after_tool_result: bool = False
-    #: A chat request's messages (``role``, ``content``); empty for a completion. A
-    #: backend with its own chat template (an inference server's chat API) uses them
-    #: instead of ``prompt``, their plain rendering.
-    messages: tuple[dict[str, str], ...] = field(default=())
+    #: A chat request's messages (``role``, ``content``; an agent's earlier turns with
+    #: ``tool_calls`` and ``tool_call_id`` as the chat API has them); empty for a
+    #: completion. A backend with its own chat template (an inference server's chat
+    #: API) uses them instead of ``prompt``, their plain rendering.
+    messages: tuple[dict[str, Any], ...] = field(default=())
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """A chat message's text as llmq's plain rendering writes it: the tool calls of an
+    assistant's turn follow its text as ``name(arguments)``, for a model that takes
+    no tools."""
+    text = str(message.get("content") or "")
+    calls = [
+        f"{call['function']['name']}({call['function']['arguments']})"
+        for call in message.get("tool_calls") or ()
+    ]
+    return " ".join([text, *calls]) if calls else text
 
 
 class Model(Protocol):

@@ -25,10 +25,13 @@ MODEL = "tiny"
 
 
 class LlamaServer:
-    def __init__(self, model: Path, *, slots: int = 2, context: int = 4096) -> None:
+    def __init__(
+        self, model: Path, *, slots: int = 2, context: int = 4096, chat_template: Path | None = None
+    ) -> None:
         self.model = model
         self.slots = slots
         self.context = context
+        self.chat_template = chat_template
         self.port = free_port()
         self.process: LoggedProcess | None = None
 
@@ -39,7 +42,12 @@ class LlamaServer:
     async def start(self) -> LlamaServer:
         # token by token: a resumed run must reproduce the uninterrupted one exactly
         argv = llama_server_argv(
-            self.model, self.port, slots=self.slots, context=self.context, token_by_token=True
+            self.model,
+            self.port,
+            slots=self.slots,
+            context=self.context,
+            token_by_token=True,
+            chat_template=self.chat_template,
         )
         log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         self.process = LoggedProcess(argv, {}, log, name="llama-server")

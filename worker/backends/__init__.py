@@ -56,8 +56,12 @@ def embedder_for(backend: Model, settings: WorkerSettings) -> Embedder | None:
     return None
 
 
-def upstream_capabilities(text: str) -> frozenset[str]:
-    """``LLMQ_UPSTREAM_CAPABILITIES`` as a set; an unknown name is a settings error."""
+def upstream_capabilities(settings: WorkerSettings) -> frozenset[str] | None:
+    """``LLMQ_UPSTREAM_CAPABILITIES`` as a set (None: unset, the engine's word is taken
+    at :func:`connect`); an unknown name is a settings error."""
+    text = settings.upstream_capabilities
+    if text is None:
+        return None
     names = frozenset(c.strip() for c in text.split(",") if c.strip())
     unknown = names - CAPABILITIES
     if unknown:
@@ -65,10 +69,10 @@ def upstream_capabilities(text: str) -> frozenset[str]:
             f"LLMQ_UPSTREAM_CAPABILITIES: unknown {', '.join(sorted(unknown))}; "
             f"known: {', '.join(sorted(CAPABILITIES))}"
         )
-    if "tools" in names:
+    if "tools" in names and settings.upstream_api != "chat":
         raise ValueError(
-            "LLMQ_UPSTREAM_CAPABILITIES: tools need the upstream's chat API, which the "
-            "worker does not drive yet (it sends the rendered prompt to /v1/completions)"
+            "LLMQ_UPSTREAM_CAPABILITIES: tools need the upstream's chat API "
+            "(LLMQ_UPSTREAM_API=chat); /v1/completions takes no tools"
         )
     return names
 
@@ -88,7 +92,7 @@ def build_backend(settings: WorkerSettings) -> Model:
         api_key=settings.upstream_api_key,
         slots=settings.upstream_slots,
         context_length=settings.upstream_context_length,
-        capabilities=upstream_capabilities(settings.upstream_capabilities),
+        capabilities=upstream_capabilities(settings),
         timeout=settings.upstream_timeout_seconds,
         chat=settings.upstream_api == "chat",
     )
@@ -112,11 +116,12 @@ async def connect(backend: Model, stop: asyncio.Event) -> bool:
             continue
         outage.recovered()
         log.info(
-            "upstream %s serves %r: %s slots, context %s tokens",
+            "upstream %s serves %r: %s slots, context %s tokens, capabilities: %s",
             backend.url,
             backend.model,
             backend.slots or "unknown",
             backend.context_length or "unknown",
+            ", ".join(sorted(backend.capabilities)) or "none",
         )
         return True
     return False

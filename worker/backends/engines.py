@@ -1,13 +1,14 @@
 """What each inference server says beyond the OpenAI API, and where it says it.
 
 Every engine streams ``/v1/completions``; they differ in how they report their
-slots and context length, whether they tokenize, and how they answer a health
-check. Each :class:`Engine` names those endpoints and reads their answers; an
+slots, context length and capabilities, whether they tokenize, and how they answer a
+health check. Each :class:`Engine` names those endpoints and reads their answers; an
 engine that lacks one leaves it to the settings (or to the documented
 approximation). Checked against: vLLM (``/tokenize``, ``/v1/models``
 ``max_model_len``, ``/health``), llama.cpp's ``llama-server`` (``/tokenize``,
-``/props`` ``total_slots`` and ``default_generation_settings.n_ctx``, ``/health``),
-SGLang, TGI and Ollama (``/v1/models`` only, here).
+``/props`` ``total_slots``, ``default_generation_settings.n_ctx`` and
+``chat_template_caps``, ``/health``), SGLang, TGI and Ollama (``/v1/models`` only,
+here).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Discovered:
     model: str | None = None
     slots: int | None = None
     context_length: int | None = None
+    #: Capabilities (:data:`~llmq.model.interface.CAPABILITIES`) the engine says it has.
+    capabilities: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,10 @@ class Engine:
 
 @dataclass(frozen=True)
 class LlamaCpp(Engine):
-    """llama.cpp's ``llama-server``: ``/props`` has the slots and each slot's context."""
+    """llama.cpp's ``llama-server``: ``/props`` has the slots, each slot's context, and
+    what the chat template takes: a template that renders tools and tool calls
+    (``chat_template_caps``) makes ``tools`` a capability (the server parses the
+    model's calls with it, and constrains them for ``tool_choice`` "required")."""
 
     async def discover(self, client: httpx.AsyncClient) -> Discovered:
         found = await super().discover(client)
@@ -67,10 +73,13 @@ class LlamaCpp(Engine):
         props = response.json()
         settings = props.get("default_generation_settings") or {}
         n_ctx = settings.get("n_ctx") or props.get("n_ctx")
+        caps = props.get("chat_template_caps") or {}
+        tools = bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
         return Discovered(
             model=found.model,
             slots=int(props["total_slots"]) if props.get("total_slots") else None,
             context_length=int(n_ctx) if n_ctx else found.context_length,
+            capabilities=frozenset({"tools"}) if tools else frozenset(),
         )
 
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:

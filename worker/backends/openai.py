@@ -19,7 +19,14 @@ assumes only this of the upstream:
 - with ``chat`` (``LLMQ_UPSTREAM_API=chat``), ``/v1/chat/completions`` streams
   ``choices[0].delta.content`` likewise, and continues a final assistant message
   (``continue_final_message``); an engine that echoes the continued text first
-  (llama.cpp) has it dropped.
+  (llama.cpp) has it dropped;
+- with ``tools`` declared, the chat API takes ``tools``, ``tool_choice`` and
+  ``parallel_tool_calls: false`` and streams a call as ``delta.tool_calls``: the
+  first delta of a call has its ``id`` and ``function.name``, the following ones
+  pieces of ``function.arguments`` (one token each, as text). llmq relays one call
+  per choice; a re-run of a request that offers tools replays the sequence from its
+  start rather than continuing it (no engine continues a half-written call), and
+  passes on what follows the published tokens (:func:`_after_published`).
 
 Its tokenizer is declared as ``chars`` (the API's approximation); the upstream
 counts exactly: the prompt's true count comes back in a :class:`Report`, and a
@@ -39,7 +46,14 @@ from typing import Any, Literal
 
 import httpx
 
-from llmq.model.interface import GenerationRequest, Refused, Report, Token
+from llmq.model.interface import (
+    GenerationRequest,
+    Refused,
+    Report,
+    Token,
+    ToolCallStart,
+    message_text,
+)
 from llmq.model.tokenizer import CHARS
 from llmq.schema import TokenLogprob
 from llmq.sse import DONE, frames
@@ -53,6 +67,11 @@ SPARE_CONNECTIONS = 4
 
 class UpstreamDown(Exception):
     """The upstream did not answer as a server should: the attempt fails and is retried."""
+
+
+class ReplayDiverged(Exception):
+    """A re-run's replay wrote other tokens than those already published: the attempt
+    fails (retried up to ``LLMQ_MAX_TRIES``) rather than splice two different outputs."""
 
 
 def _raise_for(status: int, body: bytes) -> None:
@@ -82,9 +101,10 @@ def _raise_for(status: int, body: bytes) -> None:
 class OpenAIUpstream:
     """A :class:`~llmq.model.interface.Model` that streams from an upstream server.
 
-    :meth:`connect` asks the upstream what it serves (model, slots, context length)
-    where the settings leave it open; ``on_down`` hears at once of every failure of
-    the upstream, so that the worker stops claiming before a health probe confirms.
+    :meth:`connect` asks the upstream what it serves (model, slots, context length,
+    capabilities) where the settings leave it open (``capabilities`` None); ``on_down``
+    hears at once of every failure of the upstream, so that the worker stops claiming
+    before a health probe confirms.
     """
 
     tokenizer = "chars"
@@ -98,7 +118,7 @@ class OpenAIUpstream:
         api_key: str = "",
         slots: int = 0,
         context_length: int = 0,
-        capabilities: frozenset[str] = frozenset(),
+        capabilities: frozenset[str] | None = None,
         timeout: float = 30.0,
         chat: bool = False,
     ) -> None:
@@ -107,7 +127,8 @@ class OpenAIUpstream:
         self.model = model
         self.slots = slots or None
         self.context_length = context_length or None
-        self.capabilities = capabilities
+        self.capabilities = capabilities or frozenset()
+        self._discover_capabilities = capabilities is None
         #: Chat requests go to /v1/chat/completions with their messages.
         self.chat = chat
         self.on_down: Callable[[], None] | None = None
@@ -138,6 +159,9 @@ class OpenAIUpstream:
         self.model = self.model or found.model or ""
         self.slots = self.slots or found.slots
         self.context_length = self.context_length or found.context_length
+        if self._discover_capabilities:
+            # tools travel only on the chat API
+            self.capabilities = found.capabilities - (frozenset() if self.chat else {"tools"})
         if self._client is not None and found.slots:
             await self._client.aclose()  # sized by the slots, now known
             self._client = None
@@ -163,26 +187,32 @@ class OpenAIUpstream:
         return CHARS.count(text)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        prompt = request.prompt + "".join(request.generated)
-        remaining = request.max_tokens - len(request.generated)
-        if remaining <= 0:
+        if request.max_tokens <= len(request.generated):
             return
+        chat = self.chat and bool(request.messages)
+        # What the upstream continues after: the published tokens, or nothing for a
+        # request that offers tools (a half-written call cannot be continued: replayed)
+        resumed = () if chat and self._offers_tools(request) else request.generated
+        prompt = request.prompt + "".join(resumed)
+        remaining = request.max_tokens - len(resumed)
         counted = await self._count_if_long(prompt, remaining)
         if counted is not None:
-            yield Report(prompt_tokens=max(1, counted - len(request.generated)))
-        chat = self.chat and bool(request.messages)
+            yield Report(prompt_tokens=max(1, counted - len(resumed)))
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        body = self._body(request, prompt, remaining)
+        body = self._body(request, prompt, remaining, len(resumed))
         echoed = ""
         if chat:
-            body = self._chat_body(request, body)
+            body = self._chat_body(request, body, resumed)
             if self.engine.echoes_prefill:
-                echoed = "".join(request.generated)
+                echoed = "".join(resumed)
         try:
             async with self._http().stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     _raise_for(response.status_code, await response.aread())
-                async for out in self._outputs(response, len(request.generated), echoed):
+                outputs = self._outputs(response, len(resumed), echoed, request.seed)
+                if len(resumed) < len(request.generated):
+                    outputs = _after_published(outputs, request.generated)
+                async for out in outputs:
                     yield out
         except httpx.HTTPError as exc:
             self._down()
@@ -195,7 +225,13 @@ class OpenAIUpstream:
         if self.on_down is not None:
             self.on_down()
 
-    def _body(self, request: GenerationRequest, prompt: str, remaining: int) -> dict[str, Any]:
+    def _offers_tools(self, request: GenerationRequest) -> bool:
+        """Whether the upstream gets ``request``'s tools, and may call one."""
+        return "tools" in self.capabilities and bool(request.tools)
+
+    def _body(
+        self, request: GenerationRequest, prompt: str, remaining: int, resumed: int
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
@@ -213,32 +249,44 @@ class OpenAIUpstream:
             body["response_format"] = request.response_format
         if request.ignore_eos:
             body["ignore_eos"] = True
-        if request.min_tokens > len(request.generated):
-            body["min_tokens"] = request.min_tokens - len(request.generated)
+        if request.min_tokens > resumed:
+            body["min_tokens"] = request.min_tokens - resumed
         return body
 
-    @staticmethod
-    def _chat_body(request: GenerationRequest, body: dict[str, Any]) -> dict[str, Any]:
+    def _chat_body(
+        self, request: GenerationRequest, body: dict[str, Any], resumed: tuple[str, ...]
+    ) -> dict[str, Any]:
         """The chat API's body: the messages, and on a resume the text so far as the
         assistant's final message, which the upstream continues (vLLM's and llama.cpp's
-        ``continue_final_message`` without a new generation prompt)."""
+        ``continue_final_message`` without a new generation prompt). An upstream that
+        takes tools gets the request's tools and an agent's turns as they are; one
+        that does not gets those turns as llmq's plain text."""
         del body["prompt"]
-        messages = list(request.messages)
-        if request.generated:
-            messages.append({"role": "assistant", "content": "".join(request.generated)})
+        if "tools" in self.capabilities:
+            messages = list(request.messages)
+        else:
+            messages = [{"role": m["role"], "content": message_text(m)} for m in request.messages]
+        if resumed:
+            messages.append({"role": "assistant", "content": "".join(resumed)})
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
         body["messages"] = messages
         if request.logprobs is not None:
             body["logprobs"], body["top_logprobs"] = True, request.logprobs
+        if self._offers_tools(request):
+            body["tools"] = [{"type": "function", "function": _function(t)} for t in request.tools]
+            body["tool_choice"] = request.tool_choice
+            # llmq's stream carries one call per choice
+            body["parallel_tool_calls"] = False
         return body
 
     async def _outputs(
-        self, response: httpx.Response, resumed: int, echoed: str = ""
+        self, response: httpx.Response, resumed: int, echoed: str = "", seed: int = 0
     ) -> AsyncIterator[str]:
         """Tokens and reports from the stream; ``echoed``: the continued message's text,
         which the upstream sends back first (dropped: it was published already)."""
         finished = False
+        call = _ToolCall(f"call_{seed:016x}")
         async for frame in frames(response.aiter_bytes()):
             if frame.data.strip() == DONE:
                 break  # a [DONE] without a finish reason is a stream cut short
@@ -246,19 +294,25 @@ class OpenAIUpstream:
             if chunk.get("error"):
                 _raise_for(500, frame.data.encode())
             for choice in chunk.get("choices") or ():
-                text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                delta = choice.get("delta") or {}
+                text = choice.get("text") or delta.get("content") or ""
                 if echoed and text:
                     cut = min(len(echoed), len(text))
                     if text[:cut] == echoed[:cut]:
                         text, echoed = text[cut:], echoed[cut:]
                     else:
                         echoed = ""  # not an echo after all: a continuation
-                if text:
-                    yield _token(text, choice.get("logprobs"))
+                logprobs = choice.get("logprobs")
+                if text and call.started is None:  # text after a call has no place
+                    yield _token(text, logprobs)
+                for out in call.outputs(delta.get("tool_calls") or ()):
+                    yield out if isinstance(out, ToolCallStart) else _token(out, logprobs)
                 reason = choice.get("finish_reason")
-                if reason:
+                if reason or call.ended:
                     finished = True
-                    yield Report(finish_reason=_finish_reason(reason))
+                    yield Report(finish_reason=_finish_reason(reason or "stop"))
+            if call.ended:
+                return  # a second call: closing the stream ends the sequence
             usage = chunk.get("usage")
             if usage:
                 yield _usage_report(usage, resumed)
@@ -293,6 +347,64 @@ class OpenAIUpstream:
                 param="prompt",
             )
         return count
+
+
+class _ToolCall:
+    """The upstream's ``tool_calls`` deltas as llmq's outputs: the call's start (its
+    ``id``, else ``fallback_id``, and name), then the pieces of its arguments. A
+    second call (an engine that ignores ``parallel_tool_calls: false``) ends it."""
+
+    def __init__(self, fallback_id: str) -> None:
+        self.fallback_id = fallback_id
+        #: The upstream's index of the call being relayed (None: none yet).
+        self.started: int | None = None
+        self.ended = False
+
+    def outputs(self, deltas: Any) -> list[str]:
+        outs: list[str] = []
+        for delta in deltas:
+            index = delta.get("index", 0)
+            function = delta.get("function") or {}
+            if self.started is None:
+                name = function.get("name")
+                if not name:
+                    continue  # nothing to call yet
+                self.started = index
+                outs.append(ToolCallStart(str(delta.get("id") or self.fallback_id), str(name)))
+            elif index != self.started:
+                self.ended = True
+                break
+            arguments = function.get("arguments")
+            if arguments:
+                outs.append(arguments if isinstance(arguments, str) else json.dumps(arguments))
+        return outs
+
+
+async def _after_published(
+    outputs: AsyncIterator[str], published: tuple[str, ...]
+) -> AsyncIterator[str]:
+    """A replay's outputs after the tokens already ``published`` (a re-run of a request
+    that offers tools starts over), which it must repeat: a tool call's start among
+    them was published with them; a token that differs raises :class:`ReplayDiverged`."""
+    seen = 0
+    async for out in outputs:
+        if seen == len(published) or isinstance(out, Report):
+            yield out
+        elif isinstance(out, ToolCallStart):
+            continue
+        elif str(out) != published[seen]:
+            raise ReplayDiverged(
+                f"the replay's token {seen} is {str(out)!r}, not the published {published[seen]!r}"
+            )
+        else:
+            seen += 1
+    if seen < len(published):
+        raise ReplayDiverged(f"the replay ended after {seen} of {len(published)} published tokens")
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the chat API defines a function: without parameters where it has none."""
+    return {k: v for k, v in tool.items() if v is not None}
 
 
 def _token(text: str, logprobs: Any) -> str:
