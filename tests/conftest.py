@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import uvicorn
 from redis.asyncio import Redis, RedisCluster
 
 from api.app import create_app
@@ -35,6 +34,7 @@ from tests.support.servers import (
     SpawnWorkers,
     StartApi,
     StartWorker,
+    start_uvicorn,
 )
 from tests.support.waiting import wait_until
 from worker.main import serve
@@ -134,17 +134,8 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
         chosen: dict[str, Any] = {"redis_url": redis_url, "port": free_port(), **overrides}
         settings = ApiSettings(**chosen)
         responses = ResponseLog(create_app(settings))
-        config = uvicorn.Config(
-            responses,
-            host="127.0.0.1",
-            port=settings.port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=2,
-        )
-        server = uvicorn.Server(config)
-        api = RunningApi(settings, server, asyncio.create_task(server.serve()), responses)
+        server, task = start_uvicorn(responses, settings.port, lifespan="on")
+        api = RunningApi(settings, server, task, responses)
         apis.append(api)
         await wait_until(lambda: server.started, timeout=10, what="uvicorn to start")
         return api

@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 
 from loadgen import LoadConfig, run_load
+from tests.support.servers import request_body
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -37,13 +38,7 @@ class Stub:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        body = json.loads(raw)
+        body = json.loads(await request_body(receive))
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.requests.append({"path": scope["path"], "body": body, "headers": headers})
         self.in_flight += 1

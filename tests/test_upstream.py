@@ -26,8 +26,8 @@ from llmq.schema import StartedEvent, TokensEvent, ToolCallEvent, decode_event
 from loadgen import LoadConfig, run_load
 from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
 from tests.support.llama import MODEL, LlamaServer
-from tests.support.native import record, wait_status
-from tests.support.servers import RunningApi, SpawnWorkers, StartApi
+from tests.support.native import ready_workers, record, wait_status, workers
+from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,16 +56,6 @@ async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
 
     yield start
     await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
-
-
-async def ready_workers(api: RunningApi, count: int) -> None:
-    """Until ``count`` workers are registered and ready (each has connected to its server)."""
-
-    async def up() -> bool:
-        async with api.client() as client:
-            return sum(bool(w["ready"]) for w in await _workers(client)) == count
-
-    await wait_until(up, timeout=30, what=f"{count} ready workers")
 
 
 def sdk(url: str) -> openai.AsyncOpenAI:
@@ -224,7 +214,7 @@ async def test_a_killed_server_hands_its_request_to_the_other_workers_server(
 
         async def one_unready() -> bool:
             # the worker of the dead server stays listed, not ready
-            return sorted(w["ready"] for w in await _workers(client)) == [False, True]
+            return sorted(w["ready"] for w in await workers(client)) == [False, True]
 
         await wait_until(one_unready, timeout=30, what="the dead server's worker to be unready")
         ready = (await client.get("/readyz")).json()
@@ -232,14 +222,9 @@ async def test_a_killed_server_hands_its_request_to_the_other_workers_server(
         await dead[0].start()  # the engine comes back on its port: so does its worker
 
         async def all_ready() -> bool:
-            return all(w["ready"] for w in await _workers(client))
+            return all(w["ready"] for w in await workers(client))
 
         await wait_until(all_ready, timeout=30, what="the worker to return with its server")
-
-
-async def _workers(client: httpx.AsyncClient) -> list[dict[str, Any]]:
-    data: list[dict[str, Any]] = (await client.get("/v1/workers")).json()["data"]
-    return data
 
 
 async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
@@ -344,13 +329,13 @@ async def test_a_hung_server_hands_its_request_to_the_other_worker(
         assert text == want and finish == "length"
 
         async def one_unready() -> bool:
-            return sorted(w["ready"] for w in await _workers(client)) == [False, True]
+            return sorted(w["ready"] for w in await workers(client)) == [False, True]
 
         await wait_until(one_unready, timeout=30, what="the hung server's worker to be unready")
         hung[0].pause(False)
 
         async def all_ready() -> bool:
-            return all(w["ready"] for w in await _workers(client))
+            return all(w["ready"] for w in await workers(client))
 
         await wait_until(all_ready, timeout=30, what="the worker to return with its server")
 
@@ -518,7 +503,7 @@ async def test_tools_pass_through_and_the_servers_call_reaches_the_client(
     api = await start_api()
     await ready_workers(api, 1)
     async with api.client() as client:
-        (entry,) = await _workers(client)
+        (entry,) = await workers(client)
     assert "tools" in entry["capabilities"]
     async with sdk(server.url) as direct_client, sdk(api.url) as through:
         made, _ = await calls(direct_client, BOOK)
@@ -569,7 +554,7 @@ async def test_a_worker_without_tools_refuses_them(
     api = await start_api()
     await ready_workers(api, 2)
     async with api.client() as client:
-        declared = sorted(tuple(w["capabilities"] or ()) for w in await _workers(client))
+        declared = sorted(tuple(w["capabilities"] or ()) for w in await workers(client))
     assert declared == [(), ("logprobs",)]
     async with sdk(api.url) as through:
         with pytest.raises(openai.BadRequestError) as refused:

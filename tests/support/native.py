@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.servers import RunningApi
 from tests.support.waiting import wait_until
 
 
@@ -47,3 +48,19 @@ async def wait_ready(client: httpx.AsyncClient, timeout: float = 10, path: str =
             return False
 
     await wait_until(ready, timeout=timeout, what=path)
+
+
+async def workers(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    """The registered workers (``/v1/workers``)."""
+    data: list[dict[str, Any]] = (await client.get("/v1/workers")).json()["data"]
+    return data
+
+
+async def ready_workers(api: RunningApi, count: int) -> None:
+    """Until ``count`` workers are registered and ready (each has connected to its server)."""
+
+    async def up() -> bool:
+        async with api.client() as client:
+            return sum(bool(w["ready"]) for w in await workers(client)) == count
+
+    await wait_until(up, timeout=30, what=f"{count} ready workers")

@@ -3,6 +3,8 @@
 ``start_worker`` and ``start_api`` run real workers and a real uvicorn server in
 the test's event loop; these are their handles, and ``FAST_MODEL`` the mock
 model timings that keep tests quick while tokens still arrive one by one.
+:func:`start_uvicorn` runs any ASGI app so (the API, a stand-in for another
+server).
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
 import uvicorn
 from fastapi import FastAPI
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.state import AppState
 from llmq.settings import ApiSettings, WorkerSettings
@@ -29,6 +31,34 @@ FAST_MODEL = {
     "model_prefill_seconds_per_token": 0.0001,
     "model_mean_tokens": 0,
 }
+
+
+def start_uvicorn(
+    app: ASGIApp, port: int, *, lifespan: Literal["on", "off"] = "off"
+) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+    """A real uvicorn server for ``app`` on ``port``, in this event loop: it has
+    started once ``server.started``; ``should_exit``, then the task, stop it."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan=lifespan,
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    return server, asyncio.create_task(server.serve())
+
+
+async def request_body(receive: Receive) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += bytes(message.get("body", b""))
+        if not message.get("more_body"):
+            return body
 
 
 @dataclass
