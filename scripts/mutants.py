@@ -651,10 +651,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "upstream-resume",
         "a re-run on an inference server continues the published text, not the prompt",
         "worker/backends/openai.py",
-        'prompt = request.prompt + "".join(request.generated)',
+        'prompt = request.prompt + "".join(resumed)',
         "prompt = request.prompt",
         (
             "tests/test_upstream.py::test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken",
+        ),
+    ),
+    Mutant(
+        "upstream-replay-diverged",
+        "a replay that writes other tokens than those published fails, never splices",
+        "worker/backends/openai.py",
+        "elif str(out) != published[seen]:",
+        "elif False:",
+        (
+            "tests/test_upstream_replay.py::test_a_replay_that_writes_another_call_fails_the_request_never_splices",
+        ),
+    ),
+    Mutant(
+        "upstream-replay-published",
+        "a replay passes on only what follows the published tokens",
+        "worker/backends/openai.py",
+        "outputs = _after_published(outputs, request.generated)",
+        "pass",
+        (
+            "tests/test_upstream_replay.py::test_a_replay_that_writes_the_same_call_completes_it_once",
         ),
     ),
     Mutant(
