@@ -268,17 +268,21 @@ async def handed_to(redis: Redis, queue: Queue, rid: str, prompt: str, *workers:
         return str(message["channel"]).removeprefix(keys.handoff_prefix("mock"))
 
 
-async def test_the_hand_off_prefers_the_least_loaded_among_equals(redis: Redis) -> None:
-    """Nobody holds the prompt (or all hold it alike): the parked worker running fewest
-    takes it, not the first parked (fifo: the first parked)."""
-    for policy, taker in (("prefix", "B"), ("fifo", "A")):
+async def test_the_hand_off_prefers_the_least_loaded_among_equal_holders(redis: Redis) -> None:
+    """Both hold the prompt: the parked worker running fewest takes it, not the first
+    parked; a prompt nobody holds goes to the first parked, as under FIFO."""
+    for policy, prompt, taker in (
+        ("prefix", SYSTEM_A, "B"),
+        ("prefix", SYSTEM_B, "A"),
+        ("fifo", SYSTEM_A, "A"),
+    ):
         await redis.flushall()
         queue = queue_of(redis, routing(policy))
-        await worker(queue, "A", running=2)
-        await worker(queue, "B")
+        await worker(queue, "A", running=2, cached=SYSTEM_A)
+        await worker(queue, "B", cached=SYSTEM_A)
         assert (await claim(queue, "A", running=2, free=2)).request_id is None  # parks first
         assert (await claim(queue, "B")).request_id is None
-        assert await handed_to(redis, queue, "r", SYSTEM_A, "A", "B") == taker, policy
+        assert await handed_to(redis, queue, "r", prompt, "A", "B") == taker, (policy, prompt)
 
 
 async def test_load_guard_a_far_busier_parked_holder_is_not_handed_the_request(

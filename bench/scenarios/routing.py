@@ -64,6 +64,10 @@ class Sizes:
     sessions: int = 64
     #: Chat sessions started per second.
     session_rate: float = 2.0
+    #: Each session's own preamble (a system prompt and a document): with a short one
+    #: a miss costs little more than a full hit's floor (a step and the new turn's
+    #: tokens), so no policy could differ much.
+    chat_system_tokens: int = 1000
     distinct_tokens: int = 500
     #: Higher rates (multiples of the base) tried for the sustainable rate.
     levels: tuple[float, ...] = (0.5, 1.5, 2.25)
@@ -255,7 +259,7 @@ def _plan(s: Sizes, rate: float) -> Plan:
     plan = Plan()
     plan.base = {
         "shared": wl.shared(rate, n),
-        "chat": wl.chat(s.session_rate, s.sessions),
+        "chat": wl.chat(s.session_rate, s.sessions, system_tokens=s.chat_system_tokens),
         "distinct": wl.distinct(rate, n, prompt_tokens=s.distinct_tokens),
         "hot": wl.hot(rate, n),
     }
@@ -265,7 +269,10 @@ def _plan(s: Sizes, rate: float) -> Plan:
             for i, m in enumerate(s.levels)
         },
         "chat": {
-            m: wl.chat(s.session_rate * m, s.sessions, seed=20 + i) for i, m in enumerate(s.levels)
+            m: wl.chat(
+                s.session_rate * m, s.sessions, system_tokens=s.chat_system_tokens, seed=20 + i
+            )
+            for i, m in enumerate(s.levels)
         },
     }
     return plan

@@ -15,8 +15,8 @@
 --
 -- Routed (a mode in ARGV[13], llmq.protocol.routing; KEYS 11-14 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
--- parked worker that wants it most (lua/affinity.lua), the least loaded then the first
--- parked on a tie, and not a parked one busier than the least loaded by more than
+-- parked worker that wants it most (lua/affinity.lua), among holders alike the least
+-- loaded, else the first parked, and not a parked one busier than the least loaded by more than
 -- `imbalance` for its cache; if a
 -- live worker that is not parked wants it more (it holds the prefix) and is not
 -- busier than that parked worker by more than `imbalance`, the request is queued for
@@ -116,10 +116,14 @@ local function taker(w, now)
   return nil
 end
 
--- Routed: the takers by how much each wants the request, then by load (fewer running
--- first), then in parked order; or none if a busy live worker wants it more (see the
--- top). A parked worker running more than `imbalance` beyond the least loaded parked
--- one is not preferred for its cache or session (the load guard, as in a claim).
+-- Routed: the takers by how much each wants the request, then (among workers that
+-- want it alike, for their cache or session) by load, fewer running first, then in
+-- parked order: a prompt nobody holds goes where FIFO would send it. None if a busy
+-- live worker wants it more (see the top). A parked worker running more than
+-- `imbalance` beyond the least loaded parked one is not preferred for its cache (the
+-- load guard, as in a claim): a shared prefix can carry any share of the traffic and
+-- spreads; the session's last worker keeps it (a session sends one request at a
+-- time, so following it never piles load up).
 local function routed_order(now, found)
   route.now = now
   local live, loads = live_workers(route)
@@ -135,14 +139,14 @@ local function routed_order(now, found)
   for i, t in ipairs(found) do
     local load = (loads[t[1]] or {0, 0})[1]
     local r = rank(route, t[1], hint, last, loads[t[1]] or {0, 0})
-    if mode ~= 'load' and r > 0 and load - least > imbalance then
+    if mode ~= 'load' and r > 0 and load - least > imbalance and t[1] ~= last then
       r, demoted = 0, true
     end
     ranks[i] = {r, i, t, load}
   end
   table.sort(ranks, function(a, b)
     if a[1] ~= b[1] then return a[1] > b[1] end
-    if a[4] ~= b[4] then return a[4] < b[4] end
+    if a[1] > 0 and a[4] ~= b[4] then return a[4] < b[4] end
     return a[2] < b[2]
   end)
   local top = ranks[1]
