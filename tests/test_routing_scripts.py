@@ -19,7 +19,7 @@ from llmq.connection import connect_cluster
 from llmq.model.blocks import block_hashes
 from llmq.protocol import codec, keys
 from llmq.protocol.queue import Queue, now_ms
-from llmq.protocol.routing import POLICIES, Guards, Routing
+from llmq.protocol.routing import POLICIES, Guards, Routing, session_id
 from llmq.settings import CommonSettings
 from tests.support.cluster import BOTH_BACKENDS
 from tests.support.jobs import Admission, enqueue_costing
@@ -257,11 +257,13 @@ async def test_the_hand_off_goes_to_the_parked_worker_holding_the_prefix(
             assert message["channel"] == keys.handoff(taker, "mock"), policy
 
 
-async def handed_to(redis: Redis, queue: Queue, rid: str, prompt: str, *workers: str) -> str:
+async def handed_to(
+    redis: Redis, queue: Queue, rid: str, prompt: str, *workers: str, session: str | None = None
+) -> str:
     """Enqueue ``rid`` while ``workers`` are parked: the one it was handed to."""
     async with redis.pubsub() as pubsub:
         await pubsub.subscribe(*(keys.handoff(w, "mock") for w in workers))
-        assert await enqueue(queue, rid, prompt) == Admission.HANDED_OFF
+        assert await enqueue(queue, rid, prompt, session=session) == Admission.HANDED_OFF
         message = None
         while message is None:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
@@ -297,6 +299,23 @@ async def test_load_guard_a_far_busier_parked_holder_is_not_handed_the_request(
         assert (await claim(queue, "B", running=3, free=1)).request_id is None
         assert await handed_to(redis, queue, "r", SYSTEM_B, "A", "B") == taker, imbalance
         assert (await stats(queue))["guard_load"] == (1 if taker == "A" else 0)
+
+
+async def test_a_session_keeps_its_busier_parked_worker_where_a_shared_prefix_spreads(
+    redis: Redis,
+) -> None:
+    """The parked load guard moves a shared prefix off a busier worker, not a session:
+    a session sends one request at a time, so following it piles nothing up."""
+    for session, taker in (("alice", "B"), (None, "A")):
+        await redis.flushall()
+        queue = queue_of(redis, routing(imbalance=2))
+        await worker(queue, "A")
+        await worker(queue, "B", running=3, cached=SYSTEM_B)
+        if session:
+            await redis.set(keys.session_prefix("mock") + session_id(session), "B")
+        assert (await claim(queue, "A")).request_id is None
+        assert (await claim(queue, "B", running=3, free=1)).request_id is None
+        assert await handed_to(redis, queue, "r", SYSTEM_B, "A", "B", session=session) == taker
 
 
 async def test_an_arrival_waits_for_a_busy_holder_rather_than_a_parked_stranger(
