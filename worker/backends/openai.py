@@ -287,6 +287,7 @@ class OpenAIUpstream:
         which the upstream sends back first (dropped: it was published already)."""
         finished = False
         call = _ToolCall(f"call_{seed:016x}")
+        echo = _Echo(echoed)
         async for frame in frames(response.aiter_bytes()):
             if frame.data.strip() == DONE:
                 break  # a [DONE] without a finish reason is a stream cut short
@@ -296,18 +297,13 @@ class OpenAIUpstream:
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 text = choice.get("text") or delta.get("content") or ""
-                if echoed and text:
-                    cut = min(len(echoed), len(text))
-                    if text[:cut] == echoed[:cut]:
-                        text, echoed = text[cut:], echoed[cut:]
-                    else:
-                        echoed = ""  # not an echo after all: a continuation
                 logprobs = choice.get("logprobs")
-                if text and call.started is None:  # text after a call has no place
-                    yield _token(text, logprobs)
+                reason = choice.get("finish_reason")
+                for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
+                    if call.started is None:  # text after a call has no place
+                        yield _token(piece, piece_logprobs)
                 for out in call.outputs(delta.get("tool_calls") or ()):
                     yield out if isinstance(out, ToolCallStart) else _token(out, logprobs)
-                reason = choice.get("finish_reason")
                 if reason or call.ended:
                     finished = True
                     yield Report(finish_reason=_finish_reason(reason or "stop"))
@@ -405,6 +401,40 @@ async def _after_published(
 def _function(tool: dict[str, Any]) -> dict[str, Any]:
     """A tool as the chat API defines a function: without parameters where it has none."""
     return {k: v for k, v in tool.items() if v is not None}
+
+
+class _Echo:
+    """The continued message's text, which some engines send back before the new
+    tokens, and some do not (llama.cpp's builds differ): dropped when it comes, since
+    it was published already. New output can start like the published text (a
+    one-character token that equals its first), so chunks that match are held until
+    the whole text has come back (an echo: dropped) or a chunk departs from it (no
+    echo: the held chunks are output after all, in order)."""
+
+    def __init__(self, text: str) -> None:
+        self.left = text
+        self.held: list[tuple[str, Any]] = []
+
+    def feed(self, text: str, logprobs: Any, *, last: bool = False) -> list[tuple[str, Any]]:
+        """What of this chunk (and those held) is output; ``last``: the stream ends
+        with it, so nothing stays held."""
+        if not self.left:
+            return [(text, logprobs)] if text else []
+        if not text:
+            return self._release() if last else []
+        cut = min(len(self.left), len(text))
+        if text[:cut] != self.left[:cut]:
+            return [*self._release(), (text, logprobs)]  # not an echo: a continuation
+        self.left = self.left[cut:]
+        if self.left:
+            self.held.append((text, logprobs))
+            return self._release() if last else []
+        self.held = []  # the whole text came back: an echo
+        return [(text[cut:], logprobs)] if text[cut:] else []
+
+    def _release(self) -> list[tuple[str, Any]]:
+        held, self.held, self.left = self.held, [], ""
+        return held
 
 
 def _token(text: str, logprobs: Any) -> str:
