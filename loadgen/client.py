@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from llmq.stale_connections import STALE_RETRIES, unsent
 from loadgen.config import LoadConfig
 from loadgen.measurements import FailureKind, RequestFailed, StreamClock
 from loadgen.sse import frames, parse_chunk
@@ -132,29 +133,15 @@ class HttpTarget:
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
             raise RequestFailed("timeout", f"{type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientError as exc:
-            if retry_stale and not started and _unsent(exc):
+            if retry_stale and not started and unsent(exc):
                 raise _Stale from exc
             kind: FailureKind = "dropped" if started else "connection"
             raise RequestFailed(kind, f"{type(exc).__name__}: {exc}") from exc
 
 
-#: Sends of one request on connections found closed, before it fails as "connection".
-STALE_RETRIES = 3
-
-
 class _Stale(Exception):
-    """The request was not written: its pooled connection was closed by the server."""
-
-
-def _unsent(exc: aiohttp.ClientError) -> bool:
-    """The request met a kept-alive connection the server had closed without saying so
-    (llama.cpp's server closes one after each streamed response): aiohttp could not
-    write it, or the server hung up before any status line. Sent again on another
-    connection (a server that really hangs up on every try still fails the request);
-    the time it cost stays in the request's TTFT."""
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return True
-    return isinstance(exc, aiohttp.ClientOSError) and "Can not write request body" in str(exc)
+    """The request was not written: its pooled connection was closed by the server
+    (:mod:`llmq.stale_connections`); sent again, the time it cost stays in its TTFT."""
 
 
 async def _consume(response: aiohttp.ClientResponse, clock: StreamClock) -> None:

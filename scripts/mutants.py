@@ -658,6 +658,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "upstream-stale-connection",
+        "a request the upstream hung up on unanswered goes again on a new connection",
+        "worker/backends/openai.py",
+        "                if not unsent(exc):",
+        "                if True:",
+        (
+            "tests/test_upstream_connections.py::test_a_request_the_server_hung_up_on_unanswered_goes_again",
+        ),
+    ),
+    Mutant(
         "upstream-replay-diverged",
         "a replay that writes other tokens than those published fails, never splices",
         "worker/backends/openai.py",

@@ -88,7 +88,7 @@ WITHOUT_LOADGEN_EXTRA = """
 import sys
 from importlib.abc import MetaPathFinder
 
-EXTRA = {"aiohttp", "rich", "matplotlib", "numpy"}
+EXTRA = {"rich", "matplotlib", "numpy"}
 
 class Missing(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):

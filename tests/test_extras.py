@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What only the load generator and the benchmarks use.
-LOADGEN_ONLY = ("aiohttp", "rich", "matplotlib", "numpy")
+LOADGEN_ONLY = ("rich", "matplotlib", "numpy")
 
 
 def test_the_load_generators_dependencies_are_an_extra_not_the_servers() -> None:

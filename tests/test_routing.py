@@ -66,6 +66,17 @@ async def both_parked(redis: Redis) -> None:
     await wait_until(parked, timeout=10, what="both workers to park")
 
 
+async def busy_holder(client: httpx.AsyncClient, redis: Redis, max_tokens: int) -> tuple[str, str]:
+    """The worker holding PREFIX, now running a long request of that prefix (which goes
+    to it), the other worker parked; returns the holder and the long request's id."""
+    holder = (await run(client, PREFIX + " first"))["worker"]
+    await cached(redis, holder, PREFIX)
+    await both_parked(redis)
+    long = await post_request(client, PREFIX + " long", max_tokens=max_tokens, ignore_eos=True)
+    assert (await wait_status(client, long, "running"))["worker"] == holder
+    return holder, long
+
+
 @BOTH_BACKENDS
 async def test_a_request_goes_to_the_worker_holding_its_prefix_though_another_is_parked(
     spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
@@ -86,12 +97,7 @@ async def test_a_request_waits_for_its_busy_holder_within_the_bound(
 ) -> None:
     _, api = await stack(spawn_workers, start_api, routing_max_wait_ms=60_000)
     async with api.client() as client:
-        holder = (await run(client, PREFIX + " first"))["worker"]
-        await cached(redis, holder, PREFIX)
-        await both_parked(redis)
-        # the holder is busy with a long request (of the same prefix: it goes there)
-        long = await post_request(client, PREFIX + " long", max_tokens=300, ignore_eos=True)
-        assert (await wait_status(client, long, "running"))["worker"] == holder
+        holder, long = await busy_holder(client, redis, max_tokens=300)
         follower = await run(client, PREFIX + " next")
         long_done = await record(client, long)
     assert follower["worker"] == holder
@@ -103,11 +109,7 @@ async def test_the_wait_bound_lets_an_idle_worker_take_it(
 ) -> None:
     _, api = await stack(spawn_workers, start_api, routing_max_wait_ms=300)
     async with api.client() as client:
-        holder = (await run(client, PREFIX + " first"))["worker"]
-        await cached(redis, holder, PREFIX)
-        await both_parked(redis)
-        long = await post_request(client, PREFIX + " long", max_tokens=600, ignore_eos=True)
-        assert (await wait_status(client, long, "running"))["worker"] == holder
+        holder, long = await busy_holder(client, redis, max_tokens=600)
         follower = await run(client, PREFIX + " next")
         assert (await record(client, long))["status"] == "running"
     assert follower["worker"] != holder
@@ -120,11 +122,7 @@ async def test_a_saturated_holder_is_not_waited_for(
 ) -> None:
     _, api = await stack(spawn_workers, start_api, routing_max_wait_ms=60_000, routing_imbalance=0)
     async with api.client() as client:
-        holder = (await run(client, PREFIX + " first"))["worker"]
-        await cached(redis, holder, PREFIX)
-        await both_parked(redis)
-        long = await post_request(client, PREFIX + " long", max_tokens=600, ignore_eos=True)
-        assert (await wait_status(client, long, "running"))["worker"] == holder
+        holder, long = await busy_holder(client, redis, max_tokens=600)
         follower = await run(client, PREFIX + " next")
         assert (await record(client, long))["status"] == "running"
     assert follower["worker"] != holder

@@ -21,7 +21,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 from redis.asyncio import Redis
@@ -30,6 +30,9 @@ from bench.chaos.history import Fault
 from bench.scenarios.host_faults import _primary, _replica_ready
 from rigs.hosts import API_HOSTS, WORKER_HOSTS, Stack
 from rigs.netns import REDIS_PORT, HostProcess
+
+#: The processes a fault can signal.
+Role = Literal["worker", "api", "redis"]
 
 
 @dataclass
@@ -69,6 +72,30 @@ class Rig:
     def heal(self, host: str) -> None:
         self.cut.discard(host)
         self.stack.cluster.heal(host)
+
+    async def target(self, role: Role, rng: random.Random) -> str:
+        """The host of a fault on ``role``: a worker or API host drawn from ``rng``, or
+        the Redis primary (nothing drawn)."""
+        if role == "redis":
+            return await self.primary()
+        return rng.choice(WORKER_HOSTS if role == "worker" else API_HOSTS)
+
+    def process(self, role: Role, host: str) -> HostProcess:
+        return {"worker": self.stack.workers, "api": self.stack.apis, "redis": self.stack.redis}[
+            role
+        ][host]
+
+    async def restart(self, role: Role, host: str) -> None:
+        """Start ``host``'s ``role`` again once it has exited; a Redis counts as back
+        once every replica has resynced: a primary lost before that (the next fault)
+        would take with it everything since the restart."""
+        if role == "worker":
+            await self.restart_worker(host)
+        elif role == "api":
+            await self.restart_api(host)
+        else:
+            await self.restart_redis(host)
+            await self.replicas_ready()
 
     async def restart_worker(self, host: str) -> None:
         await _exited(self.stack.workers[host])
@@ -149,45 +176,41 @@ class Kind(Protocol):
 
 
 @dataclass(frozen=True)
-class WorkerKill:
-    """SIGKILL a worker; restart it after a while (its leases run out meanwhile)."""
+class Kill:
+    """End a process with ``sig`` and restart it after ``down`` seconds (drawn; none:
+    at once, once it has exited). SIGKILL: its leases run out meanwhile, its OpenAI
+    streams are cut; SIGTERM (a deploy): it drains, hands the rest back and exits."""
 
-    name: str = "worker-kill"
+    name: str
+    role: Role
+    sig: signal.Signals = signal.SIGKILL
+    down: tuple[float, float] | None = None
 
     async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
-        host = rng.choice(WORKER_HOSTS)
+        host = await rig.target(self.role, rng)
         fault.targets = [host]
-        rig.end(rig.stack.workers[host], signal.SIGKILL)
-        await asyncio.sleep(rng.uniform(0.5, 3.0))
-        await rig.restart_worker(host)
+        rig.end(rig.process(self.role, host), self.sig)
+        if self.down is not None:
+            await asyncio.sleep(rng.uniform(*self.down))
+        await rig.restart(self.role, host)
 
 
 @dataclass(frozen=True)
-class WorkerPause:
-    """SIGSTOP a worker for seconds: it stops renewing, then wakes up fenced."""
+class Pause:
+    """SIGSTOP a process for seconds (a worker stops renewing, then wakes up fenced; the
+    Redis primary for less than the Sentinels' down-after), then SIGCONT."""
 
-    name: str = "worker-pause"
+    name: str
+    role: Role
+    seconds: tuple[float, float]
 
     async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
-        host = rng.choice(WORKER_HOSTS)
+        host = await rig.target(self.role, rng)
         fault.targets = [host]
-        proc = rig.stack.workers[host]
+        proc = rig.process(self.role, host)
         rig.pause(proc)
-        await asyncio.sleep(rng.uniform(1.0, 4.0))
+        await asyncio.sleep(rng.uniform(*self.seconds))
         rig.resume(proc)
-
-
-@dataclass(frozen=True)
-class WorkerTerm:
-    """SIGTERM a worker (a deploy): it drains, hands the rest back, exits; restart it."""
-
-    name: str = "worker-term"
-
-    async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
-        host = rng.choice(WORKER_HOSTS)
-        fault.targets = [host]
-        rig.end(rig.stack.workers[host], signal.SIGTERM)
-        await rig.restart_worker(host)
 
 
 @dataclass(frozen=True)
@@ -203,67 +226,6 @@ class AllWorkersKill:
         await asyncio.sleep(rng.uniform(0.5, 3.0))
         for host in WORKER_HOSTS:
             await rig.restart_worker(host)
-
-
-@dataclass(frozen=True)
-class ApiKill:
-    """SIGKILL an API process: its OpenAI streams are cut, native clients move on."""
-
-    name: str = "api-kill"
-
-    async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
-        host = rng.choice(API_HOSTS)
-        fault.targets = [host]
-        rig.end(rig.stack.apis[host], signal.SIGKILL)
-        await asyncio.sleep(rng.uniform(0.5, 2.0))
-        await rig.restart_api(host)
-
-
-@dataclass(frozen=True)
-class ApiPause:
-    """SIGSTOP an API process for seconds."""
-
-    name: str = "api-pause"
-
-    async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
-        host = rng.choice(API_HOSTS)
-        fault.targets = [host]
-        proc = rig.stack.apis[host]
-        rig.pause(proc)
-        await asyncio.sleep(rng.uniform(1.0, 3.0))
-        rig.resume(proc)
-
-
-@dataclass(frozen=True)
-class RedisKill:
-    """SIGKILL the Redis primary and restart it from its append-only file."""
-
-    name: str = "redis-kill"
-
-    async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
-        host = await rig.primary()
-        fault.targets = [host]
-        rig.end(rig.stack.redis[host], signal.SIGKILL)
-        await asyncio.sleep(rng.uniform(0.2, 1.5))
-        await rig.restart_redis(host)
-        # healed once the replica has resynced: a primary lost before that (the next
-        # fault) would take with it everything since the restart
-        await rig.replicas_ready()
-
-
-@dataclass(frozen=True)
-class RedisPause:
-    """SIGSTOP the Redis primary for seconds (shorter than the Sentinels' down-after)."""
-
-    name: str = "redis-pause"
-
-    async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
-        host = await rig.primary()
-        fault.targets = [host]
-        proc = rig.stack.redis[host]
-        rig.pause(proc)
-        await asyncio.sleep(rng.uniform(0.5, 3.0))
-        rig.resume(proc)
 
 
 @dataclass(frozen=True)
@@ -361,14 +323,14 @@ async def _answered_primary(rig: Rig) -> str | None:
 
 #: Every fault kind the nemesis draws from.
 KINDS: tuple[Kind, ...] = (
-    WorkerKill(),
-    WorkerPause(),
-    WorkerTerm(),
+    Kill("worker-kill", "worker", down=(0.5, 3.0)),
+    Pause("worker-pause", "worker", seconds=(1.0, 4.0)),
+    Kill("worker-term", "worker", signal.SIGTERM),
     AllWorkersKill(),
-    ApiKill(),
-    ApiPause(),
-    RedisKill(),
-    RedisPause(),
+    Kill("api-kill", "api", down=(0.5, 2.0)),
+    Pause("api-pause", "api", seconds=(1.0, 3.0)),
+    Kill("redis-kill", "redis", down=(0.2, 1.5)),
+    Pause("redis-pause", "redis", seconds=(0.5, 3.0)),
     RedisSleep(),
     RedisStallWorkerKill(),
     Partition("worker-partition", WORKER_HOSTS),

@@ -83,8 +83,6 @@ def build_backend(settings: WorkerSettings) -> Model:
         return mock_backend(settings)
     if not settings.upstream_url:
         raise ValueError("LLMQ_BACKEND=openai needs LLMQ_UPSTREAM_URL")
-    # httpx logs every request at INFO: one line per generation, on the hot path
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     return OpenAIUpstream(
         settings.upstream_url,
         ENGINES[settings.upstream_engine],

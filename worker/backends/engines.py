@@ -13,10 +13,12 @@ here).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+#: GET of a path of the upstream, its JSON answer (raises on an error status).
+GetJson = Callable[[str], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,9 @@ class Engine:
     #: A continued chat message comes back with the continued text first (llama.cpp).
     echoes_prefill: bool = False
 
-    async def discover(self, client: httpx.AsyncClient) -> Discovered:
+    async def discover(self, get: GetJson) -> Discovered:
         """The served model's name and context length from ``/v1/models``."""
-        response = await client.get("/v1/models")
-        response.raise_for_status()
-        models = response.json().get("data") or []
+        models = (await get("/v1/models")).get("data") or []
         first: dict[str, Any] = models[0] if models else {}
         length = first.get("max_model_len")  # vLLM, SGLang
         return Discovered(
@@ -66,11 +66,9 @@ class LlamaCpp(Engine):
     (``chat_template_caps``) makes ``tools`` a capability (the server parses the
     model's calls with it, and constrains them for ``tool_choice`` "required")."""
 
-    async def discover(self, client: httpx.AsyncClient) -> Discovered:
-        found = await super().discover(client)
-        response = await client.get("/props")
-        response.raise_for_status()
-        props = response.json()
+    async def discover(self, get: GetJson) -> Discovered:
+        found = await super().discover(get)
+        props = await get("/props")
         settings = props.get("default_generation_settings") or {}
         n_ctx = settings.get("n_ctx") or props.get("n_ctx")
         caps = props.get("chat_template_caps") or {}

@@ -44,7 +44,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 
 from llmq.model.interface import (
     GenerationRequest,
@@ -57,12 +57,17 @@ from llmq.model.interface import (
 from llmq.model.tokenizer import CHARS
 from llmq.schema import TokenLogprob
 from llmq.sse import DONE, frames
+from llmq.stale_connections import STALE_RETRIES, unsent
 from worker.backends.engines import Engine
 
 log = logging.getLogger(__name__)
 
 #: Connections beyond the slots: a probe and a tokenize beside every stream.
 SPARE_CONNECTIONS = 4
+
+#: What a failed exchange with the upstream raises: aiohttp's errors (a refused or
+#: dropped connection, a bad answer) and its timeouts (a stall).
+HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 class UpstreamDown(Exception):
@@ -133,28 +138,48 @@ class OpenAIUpstream:
         self.chat = chat
         self.on_down: Callable[[], None] | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 5.0))
+        # A stall is a read that waits longer than ``timeout``, however long the stream.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=min(timeout, 5.0), sock_read=timeout
+        )
+        self._probe_timeout = aiohttp.ClientTimeout(total=min(timeout, 5.0))
         self._headers = headers
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> aiohttp.ClientSession:
+        """The pooled client, created in the running event loop (aiohttp's, not
+        httpx's: it reads a stream at well under half the CPU per token, which the
+        worker spends beside the engine)."""
         if self._client is None:
             connections = (self.slots or 64) + SPARE_CONNECTIONS
-            self._client = httpx.AsyncClient(
-                base_url=self.url,
+            self._client = aiohttp.ClientSession(
                 headers=self._headers,
                 timeout=self._timeout,
-                limits=httpx.Limits(
-                    max_connections=connections, max_keepalive_connections=connections
-                ),
+                connector=aiohttp.TCPConnector(limit=connections),
             )
         return self._client
+
+    async def _post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST ``body``; sent again on another connection where the pool's one was
+        found closed (:mod:`llmq.stale_connections`). The caller releases the answer."""
+        for _ in range(STALE_RETRIES):
+            try:
+                return await self._http().post(self.url + path, json=body)
+            except aiohttp.ClientError as exc:
+                if not unsent(exc):
+                    raise
+        return await self._http().post(self.url + path, json=body)
+
+    async def _get_json(self, path: str) -> Any:
+        async with self._http().get(self.url + path) as response:
+            response.raise_for_status()
+            return await response.json(content_type=None)
 
     async def connect(self) -> None:
         """Learn what the settings left open; raises :class:`UpstreamDown` if it cannot."""
         try:
-            found = await self.engine.discover(self._http())
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            found = await self.engine.discover(self._get_json)
+        except (*HTTP_ERRORS, ValueError, KeyError) as exc:
             raise UpstreamDown(f"upstream {self.url} did not answer discovery: {exc}") from exc
         self.model = self.model or found.model or ""
         self.slots = self.slots or found.slots
@@ -163,24 +188,21 @@ class OpenAIUpstream:
             # tools travel only on the chat API
             self.capabilities = found.capabilities - (frozenset() if self.chat else {"tools"})
         if self._client is not None and found.slots:
-            await self._client.aclose()  # sized by the slots, now known
+            await self._client.close()  # sized by the slots, now known
             self._client = None
 
     async def probe(self) -> bool:
         """Whether the upstream answers its health check now."""
+        url = self.url + self.engine.health_path
         try:
-            response = await self._http().get(self.engine.health_path, timeout=self._probe_timeout)
-        except httpx.HTTPError:
+            async with self._http().get(url, timeout=self._probe_timeout) as response:
+                return response.status == 200
+        except HTTP_ERRORS:
             return False
-        return response.status_code == 200
-
-    @property
-    def _probe_timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(min(self._timeout.read or 5.0, 5.0))
 
     async def aclose(self) -> None:
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
 
     def count_tokens(self, text: str) -> int:
@@ -206,15 +228,17 @@ class OpenAIUpstream:
             if self.engine.echoes_prefill:
                 echoed = "".join(resumed)
         try:
-            async with self._http().stream("POST", path, json=body) as response:
-                if response.status_code >= 400:
-                    _raise_for(response.status_code, await response.aread())
+            # Leaving the block before the end of the stream closes its connection:
+            # the upstream aborts the sequence and frees its slot.
+            async with await self._post(path, body) as response:
+                if response.status >= 400:
+                    _raise_for(response.status, await response.read())
                 outputs = self._outputs(response, len(resumed), echoed, request.seed)
                 if len(resumed) < len(request.generated):
                     outputs = _after_published(outputs, request.generated)
                 async for out in outputs:
                     yield out
-        except httpx.HTTPError as exc:
+        except HTTP_ERRORS as exc:
             self._down()
             raise UpstreamDown(f"upstream stream failed: {exc!r}") from exc
         except UpstreamDown:
@@ -281,14 +305,14 @@ class OpenAIUpstream:
         return body
 
     async def _outputs(
-        self, response: httpx.Response, resumed: int, echoed: str = "", seed: int = 0
+        self, response: aiohttp.ClientResponse, resumed: int, echoed: str = "", seed: int = 0
     ) -> AsyncIterator[str]:
         """Tokens and reports from the stream; ``echoed``: the continued message's text,
         which the upstream sends back first (dropped: it was published already)."""
         finished = False
         call = _ToolCall(f"call_{seed:016x}")
         echo = _Echo(echoed)
-        async for frame in frames(response.aiter_bytes()):
+        async for frame in frames(response.content.iter_any()):
             if frame.data.strip() == DONE:
                 break  # a [DONE] without a finish reason is a stream cut short
             chunk = json.loads(frame.data)
@@ -328,14 +352,14 @@ class OpenAIUpstream:
         if limit is None or path is None or len(prompt.encode()) + 2 < limit:
             return None
         try:
-            response = await self._http().post(
-                path, json=self.engine.tokenize_body(self.model, prompt)
-            )
-        except httpx.HTTPError as exc:
+            body = self.engine.tokenize_body(self.model, prompt)
+            async with await self._post(path, body) as response:
+                status, content = response.status, await response.read()
+        except HTTP_ERRORS as exc:
             self._down()
             raise UpstreamDown(f"upstream tokenize failed: {exc!r}") from exc
-        _raise_for(response.status_code, response.content)
-        count = self.engine.token_count(response.json())
+        _raise_for(status, content)
+        count = self.engine.token_count(json.loads(content))
         if count >= limit:
             raise Refused(
                 f"the prompt has {count} tokens; the model's context length is {limit}",
