@@ -74,6 +74,8 @@ async def test_prometheus_computes_ttft_quantile(stack: RunningApi, tmp_path: Pa
                     return False  # not listening yet
                 if proc.poll() is not None:
                     raise AssertionError((tmp_path / "prometheus.log").read_text())
+                if r.status_code == 503:
+                    return False  # listening, still starting up ("Service Unavailable")
                 result = r.json().get("data", {}).get("result", [])
                 if not result:
                     return False
