@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -37,9 +37,9 @@ ROUNDS = 10
 REPEATS = 3
 
 
-async def _events(chunks: object) -> int:
+async def _events(chunks: AsyncIterable[bytes]) -> int:
     n = 0
-    async for frame in frames(chunks):  # type: ignore[arg-type]
+    async for frame in frames(chunks):
         if frame.data.strip() == DONE:
             break
         json.loads(frame.data)
