@@ -23,7 +23,7 @@ reads) to whichever node owns one slot now. Every script's keys share a slot
 (:mod:`llmq.protocol.keys`), so the cluster client runs them as they are. Its pipelines
 cannot be transactions: a ``transaction=True`` pipeline runs as a plain one there
 (:class:`ClusterClient`), which only the few multi-key bookkeeping writes use
-(unparking, unregistering, a metrics flush).
+(unparking, unregistering).
 """
 
 from __future__ import annotations

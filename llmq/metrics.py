@@ -3,7 +3,8 @@
 Every process (API or worker) counts into its own :class:`Tally`: an
 observation is one dict increment, with no I/O, so a per-token observation costs
 next to nothing. :func:`flush_forever` moves the accumulated deltas to Redis every
-``FLUSH_SECONDS`` with ``HINCRBYFLOAT`` in one ``MULTI`` (one hash per family), and
+``FLUSH_SECONDS`` with ``HINCRBYFLOAT`` in one script call (``metrics_flush.lua``, one
+hash per family, every key in the metrics slot of :mod:`llmq.protocol.keys`), and
 a last :func:`flush` runs on clean shutdown. Because the totals live in Redis, what
 a process counted survives its restart, its removal or a ``SIGKILL`` (less at most
 the last second), and any API replica can serve ``/metrics`` for the whole cluster.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
+from llmq.protocol.scripts import scripts_for
 from llmq.tasks import run_periodically
 
 log = logging.getLogger(__name__)
@@ -225,9 +227,9 @@ class Tally:
             self._deltas[key] += value
 
     async def flush(self, redis: Redis) -> None:
-        """Write the pending deltas to Redis in one transaction; on failure keep them.
+        """Write the pending deltas to Redis in one script call; on failure keep them.
 
-        A failure does not say whether the transaction was applied: a read that timed
+        A failure does not say whether the call was applied: a read that timed
         out (Redis stalled) or a connection cut after the send may leave it applied,
         and sending its deltas again would count them twice. So each flush also sets
         a marker, and the deltas of a failed one go out again only once the marker is
@@ -247,21 +249,22 @@ class Tally:
         marker = keys.metrics_flush(self._id, self._flushes)
         second = int(time.time())
         per_second: defaultdict[str, float] = defaultdict(float)
-        pipe = redis.pipeline(transaction=True)
+        per_family: defaultdict[str, list[str | float]] = defaultdict(list)
         for (name, kind, labels), value in deltas.items():
-            pipe.hincrbyfloat(keys.metric(name), field(kind, labels), value)
+            per_family[name] += (field(kind, labels), value)
             if kind == "":
                 per_second[name] += value
-        if per_second:
-            window = keys.metrics_second(second)
-            for name, value in per_second.items():
-                pipe.hincrbyfloat(window, name, value)
-            pipe.expire(window, WINDOW_KEEP_SECONDS)
-        pipe.set(marker, "1", ex=FLUSH_MARKER_SECONDS)
+        args: list[str | float] = [FLUSH_MARKER_SECONDS, WINDOW_KEEP_SECONDS, len(per_second)]
+        for name, value in per_second.items():
+            args += (name, value)
+        for pairs in per_family.values():
+            args += (len(pairs) // 2, *pairs)
+        family_keys = [keys.metric(name) for name in per_family]
+        flush = scripts_for(redis).metrics_flush
         try:
-            await pipe.execute()
+            await flush(keys=[marker, keys.metrics_second(second), *family_keys], args=args)
         except Exception:
-            # Not on cancellation: the EXEC may have been applied, and counting a
+            # Not on cancellation: the call may have been applied, and counting a
             # second twice is worse than missing it.
             self._unsure = (marker, deltas)
             raise

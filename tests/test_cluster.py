@@ -17,8 +17,11 @@ import pytest
 from redis.asyncio import Redis, RedisCluster
 from redis.crc import key_slot
 
+from api.summary import window_rates
+from llmq import metrics
 from llmq.protocol import keys
 from tests.support.cluster import BOTH_BACKENDS
+from tests.support.exposition import value
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.processes import Proc, clean_env
 from tests.support.runs import undisturbed
@@ -56,11 +59,26 @@ async def test_the_pipeline(
         assert (await client.delete(f"/v1/requests/{long}")).status_code == 200
         cancelled = await wait_status(client, long, "cancelled", timeout=10)
         done = await record(client, rid)
+
+        # every process's metrics reach Redis (flushed each second) and /metrics
+        async def outcomes() -> tuple[float, float]:
+            text = (await client.get("/metrics")).text
+            return (
+                value(text, "llmq_requests_total", finished_reason="length"),
+                value(text, "llmq_requests_total", finished_reason="cancelled"),
+            )
+
+        async def counted() -> bool:
+            return await outcomes() == (2, 1)
+
+        await wait_until(counted, timeout=10, what="the three requests in /metrics")
+    rates = await window_rates(redis)
     assert chunks[-1]["usage"]["completion_tokens"] == 12
     assert kinds[0] == "started" and kinds[-1] == "done" and kinds.count("done") == 1
     assert done["status"] == "done" and done["completion_tokens"] == 6
     assert cancelled["finish_reason"] == "cancelled"
     assert await redis.ttl(keys.stream(rid)) > 0
+    assert rates[metrics.GENERATION_TOKENS.name] > 0, "per-second totals, for recent rates"
     if backend == "cluster":  # the request and its model's queue are on different slots
         assert key_slot(keys.stream(rid).encode()) != key_slot(keys.queue("mock").encode())
 

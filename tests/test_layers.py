@@ -34,10 +34,11 @@ SHIPPED = {"llmq", "api", "worker", "loadgen", "cli"}
 #: imports them builds values or runs scripts of the protocol itself.
 PIECES = ("llmq.protocol.codec", "llmq.protocol.scripts")
 
-#: The only module outside the protocol package that does: the worker registry
-#: (``worker_beat.lua``), not a step of the claim path. The publisher sends the
-#: calls that :func:`llmq.protocol.streams.publish_calls` builds.
-ASSEMBLERS = {"llmq/registry.py"}
+#: The only modules outside the protocol package that do, neither a step of the claim
+#: path: the worker registry (``worker_beat.lua``) and the metrics flush
+#: (``metrics_flush.lua``). The publisher sends the calls that
+#: :func:`llmq.protocol.streams.publish_calls` builds.
+ASSEMBLERS = {"llmq/registry.py", "llmq/metrics.py"}
 
 
 def imported(path: Path) -> set[str]:

@@ -2,8 +2,8 @@
 
 A Redis Cluster runs a script or transaction only when all its keys hash to one
 slot, and a key's slot is that of its *hash tag* (the text between the first
-``{`` and the next ``}``). Every key here carries one of three tags, chosen so that
-each script touches a single slot (``tests/test_cluster_slots.py`` checks it):
+``{`` and the next ``}``). Every key a script touches carries one of four tags, chosen
+so that each script touches a single slot (``tests/test_cluster_slots.py`` checks it):
 
 - the **model slot** ``{m:<model>}``: the model's queue and everything a claim,
   hand-off, renewal, reap, requeue, cancel or deadline sweep changes with it (costs,
@@ -20,9 +20,13 @@ each script touches a single slot (``tests/test_cluster_slots.py`` checks it):
 - the **global slot** ``{g}``: API processes, attached requests, the worker
   registry and its lease clock, and the set of models that have ever queued
   (the sweep's list).
+- the **metrics slot** ``{metrics}``: the metric totals, the per-second counter
+  totals and the flush markers, so that one process's flush is one script call.
 
-On a single Redis the tags change nothing but the names. Public request ids never
-contain braces: the tag is added by these functions, never by the client.
+The few keys no script touches (the autoscaler's lease and state, a single Redis's
+relay control streams) carry none. On a single Redis the tags change nothing but
+the names. Public request ids never contain braces: the tag is added by these
+functions, never by the client.
 """
 
 from __future__ import annotations
@@ -351,23 +355,25 @@ def group_of(key: str) -> int:
     return int(key[start : key.index("}", start)])
 
 
-METRICS_PREFIX = f"{PREFIX}:metrics:"
+#: The metrics slot's tag: every metric key shares it, so that a flush is one atomic
+#: script call on a Redis Cluster as on a single Redis (``lua/metrics_flush.lua``).
+METRICS = "{metrics}"
 
 
 def metric(family: str) -> str:
     """Hash of a metric family's cluster-wide totals (see :mod:`llmq.metrics`)."""
-    return f"{METRICS_PREFIX}{family}"
+    return f"{PREFIX}:{METRICS}:totals:{family}"
 
 
 def metrics_second(unix_second: int) -> str:
     """Hash of counter totals flushed during one second (short TTL): recent rates."""
-    return f"{PREFIX}:metrics-second:{unix_second}"
+    return f"{PREFIX}:{METRICS}:second:{unix_second}"
 
 
 def metrics_flush(tally: str, seq: int) -> str:
     """Marker written with one flush of a process's metrics (short TTL): whether a
     flush whose reply was lost was applied."""
-    return f"{PREFIX}:metrics-flush:{tally}:{seq}"
+    return f"{PREFIX}:{METRICS}:flush:{tally}:{seq}"
 
 
 #: The autoscaler's leader lease: the id of the one controller that may act (PX TTL).

@@ -58,6 +58,7 @@ NAMES = (
     "unrecord",
     "fence",
     "route_beat",
+    "metrics_flush",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -104,6 +105,7 @@ class Scripts:
     unrecord: AsyncScript
     fence: AsyncScript
     route_beat: AsyncScript
+    metrics_flush: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()
