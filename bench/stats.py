@@ -59,6 +59,18 @@ def ratio(a: Any, b: Any) -> float | None:
     return float(a) / float(b)
 
 
+def paired_differences(
+    a_runs: Sequence[Mapping[str, Any]], b_runs: Sequence[Mapping[str, Any]], key: str
+) -> float | None:
+    """Median over pairs of runs made side by side of ``key``'s a - b."""
+    each = [
+        float(a[key]) - float(b[key])
+        for a, b in zip(a_runs, b_runs, strict=False)
+        if isinstance(a.get(key), int | float) and isinstance(b.get(key), int | float)
+    ]
+    return median(each)
+
+
 def paired_ratios(
     a_runs: Sequence[Mapping[str, Any]], b_runs: Sequence[Mapping[str, Any]], key: str
 ) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
         assert light[system]["ttft_ms_median"] > 0
         assert light[system]["e2el_ms_p99"] > 0
     pickup = results["scenarios"]["pickup"]["medians"]
-    for system in ("llmq", "stock_arq"):
+    for system in ("llmq", "stock_arq", "redis_hop"):
         assert pickup[system]["wait_ms_median"] >= 0
 
     recovery = results["scenarios"]["recovery"]

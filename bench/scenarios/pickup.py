@@ -1,17 +1,22 @@
-"""Queue wait at light load: a stock arq worker against llmq's parked worker.
+"""Queue wait at light load: a stock arq worker and a bare Redis hop against llmq's
+parked worker.
 
 Stock arq finds work by polling every ``poll_delay`` (0.5 s): a job enqueued
 just after a poll waits for the next one. llmq's idle worker is parked, so the
 API's enqueue script claims the request for it and publishes it on the worker's
-own channel: one message, no claim round trip. Both get the same spacing of
-arrivals (uniform 100-300 ms, seeded per repeat), so no job ever waits for a
-slot and the figure is the pickup alone:
+own channel: one message, no claim round trip. That message is a hop no hand-off
+through Redis avoids, so a third system is the hop alone: one PUBLISH to an idle
+subscriber in another process (:mod:`bench.redis_hop`); what llmq takes beyond it
+is its own work (the API's scripts, the worker's start of the run). All three get
+the same spacing of arrivals (uniform 100-300 ms, seeded per repeat), so no job
+ever waits for a slot and the figure is the pickup alone:
 
 * stock arq: ``job start - time.time() just before ArqRedis.enqueue_job``;
+* the bare hop: ``receipt - time.time() just before PUBLISH``;
 * llmq: ``queue_ms`` of ``GET /v1/requests/{id}`` (worker start - API accept),
   for requests submitted through the native API.
 
-Both run against the same Redis; their keys do not overlap. ``--policies prefix``
+All run against the same Redis; their keys do not overlap. ``--policies prefix``
 (or another routing policy) runs llmq's side under that ``LLMQ_ROUTING``.
 """
 
@@ -20,16 +25,18 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
 from arq.connections import ArqRedis, RedisSettings, create_pool
 
+from bench import redis_hop
 from bench.procs import BenchError, BenchProcess, Stack, clean_env
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
-from bench.stats import describe_ms, median_of, paired_ratios
+from bench.stats import describe_ms, median_of, paired_differences, paired_ratios
 from bench.stock_arq import JOB
 from llmq.protocol.routing import POLICIES
 
@@ -56,16 +63,18 @@ def _gaps(s: Sizes, seed: int, count: int) -> list[float]:
     return [rng.uniform(s.gap_low_s, s.gap_high_s) for _ in range(count)]
 
 
-async def _arq_waits(pool: ArqRedis, key: str, gaps: list[float]) -> list[float]:
-    """Enqueue one job per gap, then wait until each has recorded its wait (ms)."""
+async def _waits(
+    pool: ArqRedis, key: str, gaps: list[float], send: Callable[[], Awaitable[Any]], who: str
+) -> list[float]:
+    """Send one job per gap, then wait until each has recorded its wait (ms) in ``key``."""
     await pool.delete(key)
     for gap in gaps:
-        await pool.enqueue_job(JOB, key, time.time())
+        await send()
         await asyncio.sleep(gap)
     deadline = time.monotonic() + 30
     while await pool.llen(key) < len(gaps):  # type: ignore[misc]
         if time.monotonic() > deadline:
-            raise BenchError("the stock arq worker did not run every job within 30 s")
+            raise BenchError(f"{who} did not record every wait within 30 s")
         await asyncio.sleep(0.05)
     values = await pool.lrange(key, 0, -1)  # type: ignore[misc]
     return [float(v) * 1000.0 for v in values]
@@ -73,9 +82,29 @@ async def _arq_waits(pool: ArqRedis, key: str, gaps: list[float]) -> list[float]
 
 async def _stock(redis_url: str, s: Sizes, seed: int) -> list[float]:
     pool = await create_pool(RedisSettings.from_dsn(redis_url))
+
+    def job(key: str) -> Callable[[], Awaitable[Any]]:
+        return lambda: pool.enqueue_job(JOB, key, time.time())
+
     try:
-        await _arq_waits(pool, WARM_KEY, [0.05] * s.warmup)
-        return await _arq_waits(pool, WAITS_KEY, _gaps(s, seed, s.jobs))
+        await _waits(pool, WARM_KEY, [0.05] * s.warmup, job(WARM_KEY), "the stock arq worker")
+        return await _waits(
+            pool, WAITS_KEY, _gaps(s, seed, s.jobs), job(WAITS_KEY), "the stock arq worker"
+        )
+    finally:
+        await pool.aclose()
+
+
+async def _hop(redis_url: str, s: Sizes, seed: int) -> list[float]:
+    pool = await create_pool(RedisSettings.from_dsn(redis_url))
+
+    def send() -> Awaitable[Any]:
+        return pool.publish(redis_hop.CHANNEL, repr(time.time()))
+
+    try:
+        who = "the Redis hop's subscriber"
+        await _waits(pool, redis_hop.WAITS_KEY, [0.05] * s.warmup, send, who)
+        return await _waits(pool, redis_hop.WAITS_KEY, _gaps(s, seed, s.jobs), send, who)
     finally:
         await pool.aclose()
 
@@ -123,48 +152,76 @@ def run(ctx: Context) -> ScenarioResult:
     env = {"LLMQ_ROUTING": routing[0]} if routing else {}
     with Stack(ctx.log_dir, api_env=env) as stack:
         stack.scale(1, env)
-        arq = BenchProcess(
-            "stock-arq", ["bench.stock_arq", stack.redis.url], clean_env(), ctx.log_dir
-        )
+        url = stack.redis.url
+        arq = BenchProcess("stock-arq", ["bench.stock_arq", url], clean_env(), ctx.log_dir)
+        hop = BenchProcess("redis-hop", ["bench.redis_hop", url], clean_env(), ctx.log_dir)
         try:
 
             def stock(i: int) -> dict[str, Any]:
                 if not arq.running():
                     raise BenchError(f"the stock arq worker exited:\n{arq.tail()}")
-                return _figures(asyncio.run(_stock(stack.redis.url, s, i)))
+                return _figures(asyncio.run(_stock(url, s, i)))
+
+            def bare(i: int) -> dict[str, Any]:
+                if not hop.running():
+                    raise BenchError(f"the Redis hop's subscriber exited:\n{hop.tail()}")
+                return _figures(asyncio.run(_hop(url, s, i)))
 
             def ours(i: int) -> dict[str, Any]:
                 return _figures(asyncio.run(_ours(stack.url, s, i)))
 
-            runs = interleave(ctx, ctx.repeats, [("stock_arq", stock), ("llmq", ours)])
+            systems = [("stock_arq", stock), ("redis_hop", bare), ("llmq", ours)]
+            runs = interleave(ctx, ctx.repeats, systems)
         finally:
             arq.stop()
+            hop.stop()
     keys = ("wait_ms_median", "wait_ms_p90", "wait_ms_p99", "wait_ms_max")
     med = {name: {k: median_of(rs, k) for k in keys} for name, rs in runs.items()}
     ratios = {k: paired_ratios(runs["stock_arq"], runs["llmq"], k) for k in keys}
+    above = {k: paired_differences(runs["llmq"], runs["redis_hop"], k) for k in keys}
     ours_median = med["llmq"]["wait_ms_median"]
     target = Target(
         f"llmq median queue wait <= {TARGET_MS:g} ms",
         None if ours_median is None else ours_median <= TARGET_MS,
-        f"llmq {fmt(ours_median, 2)} ms, stock arq {fmt(med['stock_arq']['wait_ms_median'])} ms",
+        f"llmq {fmt(ours_median, 2)} ms, stock arq {fmt(med['stock_arq']['wait_ms_median'])} ms, "
+        f"a bare Redis hop {fmt(med['redis_hop']['wait_ms_median'], 2)} ms",
     )
     rows = [
         [
             k.removeprefix("wait_ms_"),
             fmt(med["stock_arq"][k]),
+            fmt(med["redis_hop"][k], 2),
             fmt(med["llmq"][k], 2),
+            fmt(above[k], 2),
             fmt(ratios[k]["median"], 0) + "x" if ratios[k]["median"] else "—",
         ]
         for k in keys
+    ]
+    head = [
+        "wait (ms)",
+        "stock arq (poll 0.5 s)",
+        "bare Redis hop",
+        "llmq (hand-off)",
+        "llmq - hop",
+        "arq / llmq",
     ]
     md = "\n\n".join(
         [
             f"{s.jobs} jobs per run, arrivals spaced uniformly {s.gap_low_s * 1000:.0f}-"
             f"{s.gap_high_s * 1000:.0f} ms; wait = job start - enqueue (ms); medians of "
-            f"{ctx.repeats} interleaved runs (each statistic is per run, then the median).",
-            table(["wait (ms)", "stock arq (poll 0.5 s)", "llmq (hand-off)", "arq / llmq"], rows),
+            f"{ctx.repeats} interleaved runs (each statistic is per run, then the median; "
+            "llmq - hop: the median of the per-run differences). The bare hop is one "
+            "PUBLISH to an idle subscriber on uvloop (`bench/redis_hop.py`): the floor "
+            "of any hand-off through Redis on this machine.",
+            table(head, rows),
             target_line(target.description, target.met, target.detail),
         ]
     )
-    data = {"settings": asdict(s), "runs": runs, "medians": med, "ratios": ratios}
+    data = {
+        "settings": asdict(s),
+        "runs": runs,
+        "medians": med,
+        "ratios": ratios,
+        "above_hop_ms": above,
+    }
     return ScenarioResult("pickup", "Pickup: queue wait at light load", data, md, [target])
