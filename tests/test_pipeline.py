@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from api import fanin
 from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
+from tests.support.native import post_request, wait_status
 from tests.support.servers import RunningApi, StartApi
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
@@ -156,6 +157,29 @@ async def test_unknown_request_is_404(stack: RunningApi) -> None:
     assert status.status_code == 404 and status.json()["error"]["code"] == "request_not_found"
     assert events.status_code == 404
     assert bad_resume.status_code == 400
+
+
+async def test_a_record_that_lost_its_creation_is_reported_missing(
+    stack: RunningApi, redis: Redis
+) -> None:
+    """A failover can lose the writes that created a record while later ones land:
+    what is left (no id, model, owner, creation time) is 404 with why, never a 500."""
+    async with stack.client() as client:
+        rid = await post_request(client, "a b c", max_tokens=3)
+        await wait_status(client, rid, "done")
+    key = keys.request(rid)
+    left = {"status", "finish_reason", "completion_tokens"}
+    await redis.hdel(key, *(set(await redis.hkeys(key)) - left))  # type: ignore[misc]
+    async with stack.client() as client:
+        answers = [
+            await client.get(f"/v1/requests/{rid}"),
+            await client.get(f"/v1/requests/{rid}/events"),
+            await client.delete(f"/v1/requests/{rid}"),
+        ]
+    for answer in answers:
+        assert answer.status_code == 404, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "request_not_found" and "lost" in error["message"]
 
 
 @pytest.mark.timeout(60)

@@ -7,10 +7,12 @@ gets exactly the events after the last one it saw.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query
+from pydantic import ValidationError
 
 from api import event_stream
 from api.auth import Caller
@@ -25,6 +27,8 @@ from api.subscription import valid_id
 from api.timing import RelayTimer
 from llmq.protocol import keys
 from llmq.schema import TERMINAL_STATUSES, RequestRecord, TokensEvent, is_terminal
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["native"])
 
@@ -55,10 +59,27 @@ async def create(
 
 
 async def _record(state: AppState, request_id: str, owner: str | None) -> RequestRecord:
-    """The request's record; another key's request is reported as missing."""
+    """The request's record; another key's request is reported as missing.
+
+    A record without the fields its creation wrote (a Redis failover can lose them
+    while later writes land on the new primary: only ``status``, ``finish_reason``
+    and the counts are left) says neither whose request it is nor what it was, so
+    it is reported as missing too, with why, rather than failing the call.
+    """
     fields: dict[str, str] = await state.redis.hgetall(keys.request(request_id))  # type: ignore[misc]
-    record = RequestRecord.from_redis(fields) if fields else None
-    if record is None or (owner is not None and record.owner != owner):
+    if not fields:
+        raise NotFound(f"no request '{request_id}'", param="id", code="request_not_found")
+    try:
+        record = RequestRecord.from_redis(fields)
+    except ValidationError:
+        log.warning("request %s: its record is incomplete: %s", request_id, sorted(fields))
+        raise NotFound(
+            f"no request '{request_id}': Redis lost the writes that created its record "
+            "(a failover); what is left does not say whose it is",
+            param="id",
+            code="request_not_found",
+        ) from None
+    if owner is not None and record.owner != owner:
         raise NotFound(f"no request '{request_id}'", param="id", code="request_not_found")
     return record
 
