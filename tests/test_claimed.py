@@ -19,6 +19,7 @@ from tests.support.jobs import enqueue_raw
 from tests.support.native import post_request, record, wait_status
 from tests.support.runs import payload, stream_events
 from tests.support.servers import RunningApi
+from tests.support.waiting import wait_until
 from worker.mock import MockModel
 from worker.publisher import StreamPublisher
 from worker.queue_worker import ARQ_CHECKED, ClaimedJob, ClaimingRedis, QueueWorker, carry
@@ -99,11 +100,10 @@ def test_the_installed_arq_is_the_one_the_bypasses_were_checked_against() -> Non
     )
 
 
-async def test_arqs_own_run_job_takes_the_claim_and_ends_through_llmq(
-    arq_pool: ClaimingRedis, redis: Redis
-) -> None:
-    """arq's unmodified ``run_job``: its read is answered by the claim (arq's own key
-    names never reach Redis) and it ends through the worker's ``finish_job``."""
+def _instant_worker(
+    arq_pool: ClaimingRedis, max_jobs: int
+) -> tuple[Queue, StreamPublisher, QueueWorker]:
+    """A worker in this process on a mock that answers at once (its publisher started)."""
     queue = Queue(arq_pool, stream_maxlen=100, ttl_seconds=60)
     publisher = StreamPublisher(arq_pool, maxlen=100, ttl_seconds=60, max_event_tokens=50)
     publisher.start()
@@ -114,17 +114,26 @@ async def test_arqs_own_run_job_takes_the_claim_and_ends_through_llmq(
         runner=RequestRunner("w", model, publisher),
         redis=arq_pool,
         queue=queue,
-        max_jobs=2,
+        max_jobs=max_jobs,
         poll_seconds=60,
         job_timeout=60,
         lease_seconds=10,
     )
     worker.ctx["redis"] = worker.pool
+    return queue, publisher, worker
+
+
+async def test_arqs_own_run_job_takes_the_claim_and_ends_through_llmq(
+    arq_pool: ClaimingRedis, redis: Redis
+) -> None:
+    """arq's unmodified ``run_job``: its read is answered by the claim (arq's own key
+    names never reach Redis) and it ends through the worker's ``finish_job``."""
+    queue, publisher, worker = _instant_worker(arq_pool, max_jobs=2)
     job = payload("once", max_tokens=3, seed=1)
     assert await queue.enqueue_all([Enqueue.of(job, priority_step_ms=1000)], max_depth=10)
     try:
         await worker._claim_free_slots()
-        assert worker.busy_slots == 1
+        assert set(worker.tasks) == {"once"}
         await worker.tasks["once"]
         assert worker.busy_slots == 0
         _, last = (await stream_events(redis, "once"))[-1]
@@ -136,4 +145,41 @@ async def test_arqs_own_run_job_takes_the_claim_and_ends_through_llmq(
         assert await redis.zscore(keys.running("mock"), "once") is None  # llmq's finish ran
         assert await redis.exists(keys.job("once", "mock"), keys.retry("once", "mock")) == 0
     finally:
+        await publisher.stop()
+
+
+async def test_a_runs_slot_is_free_once_its_model_is_done(
+    arq_pool: ClaimingRedis, redis: Redis
+) -> None:
+    """The slot is the model's (an inference server's), so it is not held through the
+    run's Redis bookkeeping: with one slot, the next request is claimed while the
+    first run's lease release is still on its way."""
+    queue, publisher, worker = _instant_worker(arq_pool, max_jobs=1)
+    release = asyncio.Event()
+    finish = queue.finish
+
+    async def finish_when_told(model: str, request_id: str, attempt: int | None) -> None:
+        if request_id == "first":
+            await release.wait()
+        await finish(model, request_id, attempt)
+
+    queue.finish = finish_when_told  # type: ignore[method-assign]
+    jobs = [payload(rid, max_tokens=3, seed=1) for rid in ("first", "second")]
+    assert await queue.enqueue_all([Enqueue.of(j, priority_step_ms=1000) for j in jobs], 10)
+    try:
+        await worker._claim_free_slots()
+        assert set(worker.tasks) == {"first"}
+        await wait_until(lambda: worker.busy_slots == 0, timeout=10, what="the slot freed")
+        assert not worker.tasks["first"].done(), "the first run still releases its lease"
+        await worker._claim_free_slots()
+        assert set(worker.tasks) == {"first", "second"}
+        release.set()
+        await asyncio.gather(worker.tasks["first"], worker.tasks["second"])
+        assert worker.busy_slots == 0
+        for rid in ("first", "second"):
+            _, last = (await stream_events(redis, rid))[-1]
+            assert isinstance(last, DoneEvent)
+            assert await redis.zscore(keys.running("mock"), rid) is None
+    finally:
+        release.set()
         await publisher.stop()

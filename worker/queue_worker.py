@@ -46,10 +46,13 @@ a job the way these rely on. What each buys is measured in docs/benchmarks.md
    needs nothing arq's ``main`` sets up but ``ctx["redis"]``; ``heart_beat``
    still exists.
 2. ``busy_slots`` instead of arq's ``job_counter`` and ``sem``. *Why:* a slot is
-   taken by a claim, not by ``start_jobs``, which owns those counters. *Buys:*
-   no figure: it keeps arq's private counters out of llmq. *Re-check:* arq still
-   reads them only in ``start_jobs`` and ``_poll_iteration``, which llmq never
-   calls.
+   taken by a claim, not by ``start_jobs``, which owns those counters, and given
+   back when the run's model is done with it, before the run writes its outcome
+   and releases its lease (arq's counters hold it until ``run_job`` returns).
+   *Buys:* arq's private counters stay out of llmq, and an inference server's
+   slot does not sit idle through a run's last Redis round trips. *Re-check:* arq
+   still reads them only in ``start_jobs`` and ``_poll_iteration``, which llmq
+   never calls.
 3. :class:`ClaimingRedis`: the claim answers ``run_job``'s read. *Why:* the
    claim script read the job record and bumped the try counter (the fencing
    token) atomically; ``run_job`` would read them again, and under arq's key
@@ -247,9 +250,18 @@ class QueueWorker(Worker):
         #: A routed claim left requests to other workers: claim again this soon (s).
         self._retry_s: float | None = None
         self._claims: dict[str, tuple[int, int]] = {}  # id -> (cost, attempt)
-        #: Slots taken: a run started, its task not done yet (arq's ``job_counter``
-        #: belongs to its ``start_jobs``, which this worker never calls).
-        self.busy_slots = 0
+        #: The runs holding a slot, by (id, attempt): started, and their model not done
+        #: with them yet (arq's ``job_counter`` belongs to its ``start_jobs``, which this
+        #: worker never calls). A run gives its slot back when its model is done, not
+        #: when its task ends: writing the outcome and releasing the lease take Redis
+        #: round trips the model's slot (an inference server's) would sit idle through.
+        self._slots: set[tuple[str, int]] = set()
+        runner.on_model_done = self._free_slot
+
+    @property
+    def busy_slots(self) -> int:
+        """Slots taken: runs started whose model is not done with them yet."""
+        return len(self._slots)
 
     @property
     def held(self) -> dict[str, int]:
@@ -369,16 +381,19 @@ class QueueWorker(Worker):
         rid = claim.request_id
         assert rid is not None
         self._claims[rid] = (claim.cost, claim.job_try)
-        self.busy_slots += 1
+        slot = (rid, claim.job_try)
+        self._slots.add(slot)
         context = contextvars.copy_context()  # only this run_job's read sees the claim
         context.run(carry, ClaimedJob(rid, claim.job, claim.job_try))
         task = asyncio.create_task(self.run_job(rid, claim.score), context=context)
-        task.add_done_callback(self._slot_freed)
+        task.add_done_callback(lambda _: self._free_slot(*slot))  # if the model never ran
         self.tasks[rid] = task
 
-    def _slot_freed(self, _: asyncio.Task[None]) -> None:
-        self.busy_slots -= 1
-        self.wake.set()
+    def _free_slot(self, request_id: str, attempt: int) -> None:
+        """The run's model is done with it (or its task ended): claim again."""
+        if (request_id, attempt) in self._slots:
+            self._slots.discard((request_id, attempt))
+            self.wake.set()
 
     async def finish_job(
         self,

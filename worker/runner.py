@@ -47,6 +47,7 @@ import contextlib
 import logging
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,6 +193,9 @@ class RequestRunner:
     cache_hits: int = 0
     #: Running requests stopped to go back to the queue (see :meth:`hand_back`).
     _handing_back: set[str] = field(default_factory=set)
+    #: Told (request id, attempt) when a run's model is done with it for good, before
+    #: the run writes its outcome: the model's slot is free from then on.
+    on_model_done: Callable[[str, int], None] | None = None
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
@@ -566,6 +570,8 @@ class RequestRunner:
             return
         finally:
             self._generations.pop(rid, None)
+            if self.on_model_done is not None:
+                self.on_model_done(rid, attempt)
         if rid in self.fenced:
             return
         if finish == "timeout":

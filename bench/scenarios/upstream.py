@@ -9,11 +9,17 @@ every process: llmq's beside the server's).
 
 The server decodes a token in well under a millisecond here, so llmq's own
 costs are not hidden behind a slow model: this is the harshest ratio a real
-(slower) model would show.
+(slower) model would show. Each system runs twice: with every process free to run on
+any CPU (the engine competes with llmq's processes for the cores, which on a
+small machine costs it throughput no GPU engine would lose), and with the engines
+pinned to CPUs of their own (:class:`Placement`), as a GPU engine has its device,
+where llmq's processes and the load generator share the CPUs left (fewer than
+llmq would get beside a GPU). Each target is judged in both.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -47,15 +53,62 @@ class Sizes:
 
 QUICK = Sizes(light_s=2.0, saturated_s=2.0)
 TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
+#: The two placements every run measures (:class:`Placement`).
+SHARED, PINNED = "shared CPUs", "engine pinned"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which CPUs the engines run on and which the rest (llmq, Redis, the load generator).
+
+    A GPU engine has its device to itself; here the engine is a CPU process, and on a
+    machine this small the scheduler otherwise shares its core with llmq's processes,
+    differently from run to run. The pinned runs put the engines on the last CPUs
+    (one each while at least one CPU is left for the rest, else all on the last) and
+    everything else on the others, for the direct runs as through llmq.
+    """
+
+    engines: tuple[int, ...]
+    rest: tuple[int, ...]
+
+    @classmethod
+    def for_engines(cls, count: int) -> Placement | None:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            return None
+        take = count if len(cpus) > count else 1
+        return cls(tuple(cpus[-take:]), tuple(cpus[:-take]))
+
+    def engine(self, i: int) -> int:
+        return self.engines[i % len(self.engines)]
 
 
 @contextmanager
-def _servers(count: int, model: Path, s: Sizes, log_dir: Path) -> Iterator[list[LoggedProcess]]:
+def _placed(placement: Placement | None) -> Iterator[None]:
+    """This process, and so every process it starts (Redis, the API, the workers), on
+    the CPUs left to the rest, until the block ends."""
+    if placement is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, placement.rest)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextmanager
+def _servers(
+    count: int, model: Path, s: Sizes, log_dir: Path, placement: Placement | None = None
+) -> Iterator[list[LoggedProcess]]:
     started: list[LoggedProcess] = []
     try:
         for i in range(count):
             port = free_port()
             argv = llama_server_argv(model, port, slots=s.slots, context=s.slots * 1024)
+            if placement is not None:  # every thread of the server, from its start
+                argv = ["taskset", "--cpu-list", str(placement.engine(i)), *argv]
             server = LoggedProcess(argv, {}, log_dir / f"llama-{i + 1}.log", name=f"llama-{port}")
             started.append(server)
             wait_ready(f"http://127.0.0.1:{port}", server.popen)
@@ -70,7 +123,13 @@ def _url(server: LoggedProcess) -> str:
 
 
 def _once(
-    url: str, pids: dict[str, int], redis_url: str | None, s: Sizes, users: int, seconds: float
+    url: str,
+    pids: dict[str, int],
+    redis_url: str | None,
+    s: Sizes,
+    users: int,
+    seconds: float,
+    seed: int,
 ) -> dict[str, Any]:
     config = LoadConfig(
         base_url=url,
@@ -79,7 +138,7 @@ def _once(
         duration=seconds,
         prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
         output_tokens=(s.output_tokens, s.output_tokens),
-        seed=users,
+        seed=seed,
         timeout=120.0,
     )
     meter = CpuMeter({**pids, "loadgen": os.getpid()}, redis_url).start()
@@ -98,8 +157,16 @@ def _once(
 
 
 def _system(
-    ctx: Context, name: str, servers: list[LoggedProcess], stack: Stack | None, s: Sizes
+    ctx: Context,
+    name: str,
+    servers: list[LoggedProcess],
+    stack: Stack | None,
+    s: Sizes,
+    seeds: Iterator[int],
 ) -> dict[str, Any]:
+    """One system's runs; each draws prompts no run before it sent (``seeds``), so
+    that no run finds its prompts in a server's prompt cache from an earlier one
+    (llama-server keeps finished prompts' KV and reuses any prefix of them)."""
     repeats = 1 if ctx.quick else ctx.repeats
     pids = {"llama" if i == 0 else f"llama-{i}": p.pid for i, p in enumerate(servers)}
     redis_url = None
@@ -110,9 +177,10 @@ def _system(
     light, saturated = [], []
     for i in range(repeats):
         ctx.say(f"  {name}: one stream, run {i + 1}/{repeats}")
-        light.append(_once(url, pids, redis_url, s, 1, s.light_s))
+        light.append(_once(url, pids, redis_url, s, 1, s.light_s, next(seeds)))
         ctx.say(f"  {name}: {2 * s.slots * len(servers)} streams, run {i + 1}/{repeats}")
-        saturated.append(_once(url, pids, redis_url, s, 2 * s.slots * len(servers), s.saturated_s))
+        users = 2 * s.slots * len(servers)
+        saturated.append(_once(url, pids, redis_url, s, users, s.saturated_s, next(seeds)))
     keys = ("ttft_ms_median", "ttft_ms_p99", "itl_ms_median", "itl_ms_p99", "e2el_ms_median")
     out: dict[str, Any] = {k: median_of(light, k) for k in keys}
     out["output_throughput"] = median_of(saturated, "output_throughput")
@@ -135,29 +203,42 @@ def _llmq_env(server: LoggedProcess) -> dict[str, str]:
     }
 
 
+def _measure(
+    ctx: Context, s: Sizes, model: Path, placement: Placement | None, seeds: Iterator[int]
+) -> dict[str, dict[str, Any]]:
+    """The three systems, each on its own servers' CPUs when ``placement`` says."""
+    out: dict[str, dict[str, Any]] = {}
+    with _placed(placement), _servers(2, model, s, ctx.log_dir, placement) as servers:
+        out["direct"] = _system(ctx, "direct", servers[:1], None, s, seeds)
+        with Stack(ctx.log_dir) as stack:
+            stack.scale(1, _llmq_env(servers[0]))
+            out["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", servers[:1], stack, s, seeds)
+            stack.add_worker(_llmq_env(servers[1]))  # its own server
+            out["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", servers, stack, s, seeds)
+    return out
+
+
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
     model = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="llmq-gguf-")) / "tiny.gguf")
-    results: dict[str, dict[str, Any]] = {}
-    with _servers(2, model, s, ctx.log_dir) as servers:
-        results["direct"] = _system(ctx, "direct", servers[:1], None, s)
-        with Stack(ctx.log_dir) as stack:
-            stack.scale(1, _llmq_env(servers[0]))
-            results["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", servers[:1], stack, s)
-            stack.add_worker(_llmq_env(servers[1]))  # its own server
-            results["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", servers, stack, s)
-    return _report(s, 1 if ctx.quick else ctx.repeats, results)
+    pinned = Placement.for_engines(2)
+    seeds = itertools.count(1)
+    results = {SHARED: _measure(ctx, s, model, None, seeds)}
+    if pinned is not None:
+        results[PINNED] = _measure(ctx, s, model, pinned, seeds)
+    return _report(s, 1 if ctx.quick else ctx.repeats, results, pinned)
 
 
-def _report(s: Sizes, repeats: int, r: dict[str, dict[str, Any]]) -> ScenarioResult:
-    direct, ours, two = r["direct"], r["llmq"], r["llmq-2"]
+def _targets(r: dict[str, dict[str, Any]], where: str) -> list[Target]:
+    direct, ours = r["direct"], r["llmq"]
     targets = []
     d_ttft, o_ttft = direct["ttft_ms_median"], ours["ttft_ms_median"]
     if d_ttft is not None and o_ttft is not None:
         bound = max(d_ttft * TTFT_RATIO, d_ttft + TTFT_SLACK_MS)
         targets.append(
             Target(
-                f"median TTFT through llmq <= {TTFT_RATIO}x direct or +{TTFT_SLACK_MS:g} ms",
+                f"{where}: median TTFT through llmq <= {TTFT_RATIO}x direct or "
+                f"+{TTFT_SLACK_MS:g} ms",
                 o_ttft <= bound,
                 f"llmq {fmt(o_ttft)} ms, direct {fmt(d_ttft)} ms, bound {fmt(bound)} ms",
             )
@@ -166,7 +247,7 @@ def _report(s: Sizes, repeats: int, r: dict[str, dict[str, Any]]) -> ScenarioRes
     if d_itl is not None and o_itl is not None:
         targets.append(
             Target(
-                f"ITL p99 through llmq <= direct + {ITL_SLACK_MS:g} ms",
+                f"{where}: ITL p99 through llmq <= direct + {ITL_SLACK_MS:g} ms",
                 o_itl <= d_itl + ITL_SLACK_MS,
                 f"llmq {fmt(o_itl)} ms, direct {fmt(d_itl)} ms",
             )
@@ -175,45 +256,74 @@ def _report(s: Sizes, repeats: int, r: dict[str, dict[str, Any]]) -> ScenarioRes
     if d_tput and o_tput is not None:
         targets.append(
             Target(
-                f"throughput at saturation >= {THROUGHPUT_SHARE:.0%} of direct",
+                f"{where}: throughput at saturation >= {THROUGHPUT_SHARE:.0%} of direct",
                 o_tput >= THROUGHPUT_SHARE * d_tput,
                 f"llmq {fmt(o_tput)} tok/s, direct {fmt(d_tput)} tok/s "
                 f"({fmt(o_tput / d_tput * 100)} %)",
             )
         )
-    labels = {
-        "ttft_ms_median": "TTFT median, one stream (ms)",
-        "ttft_ms_p99": "TTFT p99, one stream (ms)",
-        "itl_ms_median": "ITL median, one stream (ms)",
-        "itl_ms_p99": "ITL p99, one stream (ms)",
-        "e2el_ms_median": "E2E median, one stream (ms)",
-        "output_throughput": "throughput at saturation (tok/s)",
-        "saturated_ttft_ms_median": "TTFT median at saturation (ms)",
-    }
-    rows = [[label, fmt(direct[k]), fmt(ours[k]), fmt(two[k])] for k, label in labels.items()]
-    roles = sorted({role for x in r.values() for role in x["cpu_ms_per_token"]})
+    return targets
+
+
+LABELS = {
+    "ttft_ms_median": "TTFT median, one stream (ms)",
+    "ttft_ms_p99": "TTFT p99, one stream (ms)",
+    "itl_ms_median": "ITL median, one stream (ms)",
+    "itl_ms_p99": "ITL p99, one stream (ms)",
+    "e2el_ms_median": "E2E median, one stream (ms)",
+    "output_throughput": "throughput at saturation (tok/s)",
+    "saturated_ttft_ms_median": "TTFT median at saturation (ms)",
+}
+
+
+def _table(r: dict[str, dict[str, Any]]) -> str:
+    systems = (r["direct"], r["llmq"], r["llmq-2"])
+    rows = [[label, *(fmt(x[k]) for x in systems)] for k, label in LABELS.items()]
+    roles = sorted({role for x in systems for role in x["cpu_ms_per_token"]})
     rows += [
         [f"CPU ms/token at saturation: {role}"]
-        + [fmt(x["cpu_ms_per_token"].get(role), 3) for x in (direct, ours, two)]
+        + [fmt(x["cpu_ms_per_token"].get(role), 3) for x in systems]
         for role in roles
     ]
-    md = "\n\n".join(
-        [
-            f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread) direct "
-            f"and through llmq; prompt {s.prompt_tokens} words, {s.output_tokens} output "
-            f"tokens; one stream for {s.light_s:g} s, then {2 * s.slots} streams per server "
-            f"for {s.saturated_s:g} s; medians of {repeats} runs. Failed requests: "
-            + ", ".join(f"{k} {v['failed']}" for k, v in r.items())
-            + ".",
-            table(["figure", "direct", "llmq 1+1", "llmq 2+2"], rows),
-            *(target_line(t.description, t.met, t.detail) for t in targets),
+    return table(["figure", "direct", "llmq 1+1", "llmq 2+2"], rows)
+
+
+def _report(
+    s: Sizes, repeats: int, results: dict[str, dict[str, dict[str, Any]]], pinned: Placement | None
+) -> ScenarioResult:
+    targets = [t for where, r in results.items() for t in _targets(r, where)]
+    parts = [
+        f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread) direct "
+        f"and through llmq; prompt {s.prompt_tokens} words, {s.output_tokens} output "
+        f"tokens; one stream for {s.light_s:g} s, then {2 * s.slots} streams per server "
+        f"for {s.saturated_s:g} s; medians of {repeats} runs, each with prompts no "
+        "earlier run sent (the server would reuse their cached KV). Failed requests: "
+        + "; ".join(
+            f"{where}: " + ", ".join(f"{k} {v['failed']}" for k, v in r.items())
+            for where, r in results.items()
+        )
+        + ".",
+        f"**{SHARED}**: every process on any CPU, the servers' included.",
+        _table(results[SHARED]),
+    ]
+    if pinned is not None:
+        parts += [
+            f"**{PINNED}**: the servers on CPU {', '.join(map(str, pinned.engines))}, "
+            f"llmq, Redis and the load generator on CPU {', '.join(map(str, pinned.rest))} "
+            "(`Placement`): the engine's compute is its own, as a GPU's is, and llmq's "
+            "processes share what is left.",
+            _table(results[PINNED]),
         ]
-    )
-    data = {"settings": asdict(s), "systems": r}
+    parts += [target_line(t.description, t.met, t.detail) for t in targets]
+    data = {
+        "settings": asdict(s),
+        "placement": None if pinned is None else asdict(pinned),
+        "systems": results,
+    }
     return ScenarioResult(
         "upstream",
         "A real inference server: llama-server direct vs through llmq",
         data,
-        md,
+        "\n\n".join(parts),
         targets,
     )
