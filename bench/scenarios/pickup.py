@@ -80,33 +80,38 @@ async def _waits(
     return [float(v) * 1000.0 for v in values]
 
 
-async def _stock(redis_url: str, s: Sizes, seed: int) -> list[float]:
+#: One timed send on a pool: the job (or message) whose wait is recorded in a key.
+Send = Callable[[ArqRedis, str], Awaitable[Any]]
+
+
+async def _timed(
+    redis_url: str, s: Sizes, seed: int, who: str, keys: tuple[str, str], send: Send
+) -> list[float]:
+    """A warm-up into ``keys[0]``, then one send per seeded gap into ``keys[1]``."""
     pool = await create_pool(RedisSettings.from_dsn(redis_url))
-
-    def job(key: str) -> Callable[[], Awaitable[Any]]:
-        return lambda: pool.enqueue_job(JOB, key, time.time())
-
+    warm, measured = keys
     try:
-        await _waits(pool, WARM_KEY, [0.05] * s.warmup, job(WARM_KEY), "the stock arq worker")
+        await _waits(pool, warm, [0.05] * s.warmup, lambda: send(pool, warm), who)
         return await _waits(
-            pool, WAITS_KEY, _gaps(s, seed, s.jobs), job(WAITS_KEY), "the stock arq worker"
+            pool, measured, _gaps(s, seed, s.jobs), lambda: send(pool, measured), who
         )
     finally:
         await pool.aclose()
 
 
-async def _hop(redis_url: str, s: Sizes, seed: int) -> list[float]:
-    pool = await create_pool(RedisSettings.from_dsn(redis_url))
+async def _stock(redis_url: str, s: Sizes, seed: int) -> list[float]:
+    def job(pool: ArqRedis, key: str) -> Awaitable[Any]:
+        return pool.enqueue_job(JOB, key, time.time())
 
-    def send() -> Awaitable[Any]:
+    return await _timed(redis_url, s, seed, "the stock arq worker", (WARM_KEY, WAITS_KEY), job)
+
+
+async def _hop(redis_url: str, s: Sizes, seed: int) -> list[float]:
+    def message(pool: ArqRedis, _: str) -> Awaitable[Any]:
         return pool.publish(redis_hop.CHANNEL, repr(time.time()))
 
-    try:
-        who = "the Redis hop's subscriber"
-        await _waits(pool, redis_hop.WAITS_KEY, [0.05] * s.warmup, send, who)
-        return await _waits(pool, redis_hop.WAITS_KEY, _gaps(s, seed, s.jobs), send, who)
-    finally:
-        await pool.aclose()
+    hop_keys = (redis_hop.WAITS_KEY, redis_hop.WAITS_KEY)
+    return await _timed(redis_url, s, seed, "the Redis hop's subscriber", hop_keys, message)
 
 
 async def _submit(client: httpx.AsyncClient, s: Sizes, n: int) -> str:
