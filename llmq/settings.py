@@ -360,6 +360,15 @@ class WorkerSettings(CommonSettings):
         description="Sequences the upstream runs at once, the worker's concurrency cap; "
         "0: the upstream's own count (llama.cpp /props total_slots), else LLMQ_CONCURRENCY.",
     )
+    upstream_queue: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="Requests the worker keeps waiting in the upstream's own queue beyond "
+        "its slots, so that the engine starts the next sequence the step one ends (its cap "
+        "is then slots + this); they are no longer reordered by priority, and each waits "
+        "there for a slot within LLMQ_UPSTREAM_TIMEOUT_SECONDS. 0: the cap is the slots.",
+    )
     upstream_engine: Literal["generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = Field(
         "generic",
         description="The upstream's kind, for what plain OpenAI does not say: its tokenize "

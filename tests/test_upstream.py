@@ -13,7 +13,7 @@ import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import jsonschema
@@ -133,6 +133,42 @@ async def test_a_cancel_frees_the_servers_slot(
     # the server stopped generating when llmq closed the stream, long before max_tokens
     assert await server.predicted() < max_tokens / 2
     assert int(done["completion_tokens"]) < max_tokens / 2
+
+
+async def test_a_worker_keeps_its_upstream_queue_filled_and_a_cancel_empties_it(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """``LLMQ_UPSTREAM_QUEUE``: the worker sends the server a request beyond its slots,
+    which waits in the server's own queue. Cancelled there, it ends for its client
+    at once, while the sequence ahead still runs; llama-server keeps it queued until a
+    slot frees, then finds its connection closed and drops it within a token."""
+    server = await start_llama(slots=1, context=8192)
+    await spawn_workers(1, **server.worker_settings(upstream_queue=1))
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with api.client() as client:
+        assert [w["concurrency"] for w in await workers(client)] == [2]  # slot + queue
+        body = {"model": MODEL, "prompt": "go on", "max_tokens": 4000, "temperature": 0}
+        ahead = (await client.post("/v1/requests", json=body)).json()["id"]
+        await wait_until(lambda: _busy(server), timeout=30, what="the server's slot to be busy")
+        queued = (await client.post("/v1/requests", json=body)).json()["id"]
+
+        async def deferred(count: int) -> bool:
+            return await server.deferred() == count
+
+        await wait_until(lambda: deferred(1), timeout=30, what="a request in the server's queue")
+        await wait_status(client, queued, "running")
+        assert (await client.delete(f"/v1/requests/{queued}")).status_code == 200
+        done = await wait_status(client, queued, "cancelled")
+        assert (await record(client, ahead))["status"] == "running"  # still ahead of it
+        assert int(done.get("completion_tokens") or 0) == 0
+        assert (await client.delete(f"/v1/requests/{ahead}")).status_code == 200
+        await wait_until(lambda: deferred(0), timeout=30, what="the server's queue to empty")
+        await wait_until(lambda: _idle(server), timeout=30, what="the server's slot to be released")
+        ended = await wait_status(client, ahead, "cancelled")
+    # what the server generated: the sequence ahead (with the tokens in flight when it
+    # was cancelled), not the 4000 of the one that waited behind it
+    assert await server.predicted() < int(ended["completion_tokens"]) + 1000
 
 
 async def _idle(server: LlamaServer) -> bool:
@@ -274,6 +310,31 @@ async def test_priority_cap_and_queue_bound_as_with_the_mock(
             for rid in (first, low, high)
         }
     assert started[high] < started[low], "priority did not order the queue"
+
+
+async def test_a_routed_workers_capacity_is_its_servers_slots(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    """The load guard of cache-aware routing weighs a worker by the slots it runs, the
+    server's, not by ``LLMQ_CONCURRENCY`` (which the worker's cap is not, here)."""
+    server = await start_llama(slots=2)
+    await spawn_workers(1, **server.worker_settings(routing="prefix", concurrency=8))
+    api = await start_api(routing="prefix")
+    await ready_workers(api, 1)
+    async with api.client() as client:
+        (worker,) = await workers(client)
+        assert worker["concurrency"] == 2
+        for _ in range(2):  # two beats on: the second published its load after the first
+            beat = worker["heartbeat_at"]
+
+            async def beaten() -> bool:
+                nonlocal worker
+                (worker,) = await workers(client)
+                return bool(worker["heartbeat_at"] > beat)  # noqa: B023
+
+            await wait_until(beaten, timeout=10, what="the worker's next heartbeat")
+    load = await cast("Awaitable[str | None]", redis.hget(keys.loads(MODEL), worker["id"]))
+    assert load == "0|2"
 
 
 async def test_the_load_generator_reads_the_server_directly(start_llama: StartLlama) -> None:

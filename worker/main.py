@@ -162,7 +162,7 @@ async def _heartbeat(
                 settings.model,
                 worker_id,
                 running=worker.busy_slots,
-                capacity=settings.concurrency,
+                capacity=worker.max_jobs,
                 ttl_ms=int(settings.worker_ttl_seconds * 1000),
             )
         for rid, renewal in news.items():

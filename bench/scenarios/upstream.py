@@ -2,7 +2,8 @@
 
 Same client (the load generator), same server binary and tiny model
 (:mod:`rigs.llama`), one run: the server alone; one llmq worker in front of one
-server; two workers, each with its own server. Two loads per system: one stream
+server; two workers, each with its own server; one worker that keeps requests
+queued in its server too (``LLMQ_UPSTREAM_QUEUE``). Two loads per system: one stream
 at a time (what the pipeline adds to TTFT and ITL when nothing queues) and a
 closed loop of twice the slots (throughput at saturation, and CPU per token of
 every process: llmq's beside the server's).
@@ -23,7 +24,7 @@ import itertools
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ class Sizes:
 
 QUICK = Sizes(light_s=2.0, saturated_s=2.0)
 TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
+#: The system whose worker keeps as many requests queued in its server as it has slots
+#: (``LLMQ_UPSTREAM_QUEUE``), as the direct client's surplus streams wait there.
+QUEUED = "llmq-queued"
 #: The two placements every run measures (:class:`Placement`).
 SHARED, PINNED = "shared CPUs", "engine pinned"
 
@@ -206,15 +210,30 @@ def _llmq_env(server: LoggedProcess) -> dict[str, str]:
 def _measure(
     ctx: Context, s: Sizes, model: Path, placement: Placement | None, seeds: Iterator[int]
 ) -> dict[str, dict[str, Any]]:
-    """The three systems, each on its own servers' CPUs when ``placement`` says."""
+    """The four systems, the engines on their own CPUs when ``placement`` says.
+
+    Each system gets servers started for it: llama-server keeps every finished
+    prompt in a host-memory cache (``--cache-ram``) that each new request searches,
+    so a server that served the systems before would be slower for the ones after."""
     out: dict[str, dict[str, Any]] = {}
-    with _placed(placement), _servers(2, model, s, ctx.log_dir, placement) as servers:
-        out["direct"] = _system(ctx, "direct", servers[:1], None, s, seeds)
+
+    def servers(count: int) -> AbstractContextManager[list[LoggedProcess]]:
+        return _servers(count, model, s, ctx.log_dir, placement)
+
+    with _placed(placement):
+        with servers(1) as one:
+            out["direct"] = _system(ctx, "direct", one, None, s, seeds)
         with Stack(ctx.log_dir) as stack:
-            stack.scale(1, _llmq_env(servers[0]))
-            out["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", servers[:1], stack, s, seeds)
-            stack.add_worker(_llmq_env(servers[1]))  # its own server
-            out["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", servers, stack, s, seeds)
+            with servers(1) as one:
+                stack.scale(1, _llmq_env(one[0]))
+                out["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", one, stack, s, seeds)
+            with servers(2) as two:
+                stack.scale(1, _llmq_env(two[0]))
+                stack.add_worker(_llmq_env(two[1]))  # its own server
+                out["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", two, stack, s, seeds)
+            with servers(1) as one:
+                stack.scale(1, {**_llmq_env(one[0]), "LLMQ_UPSTREAM_QUEUE": str(s.slots)})
+                out[QUEUED] = _system(ctx, "llmq, 1+1, upstream queue", one, stack, s, seeds)
     return out
 
 
@@ -229,7 +248,7 @@ def run(ctx: Context) -> ScenarioResult:
     return _report(s, 1 if ctx.quick else ctx.repeats, results, pinned)
 
 
-def _targets(r: dict[str, dict[str, Any]], where: str) -> list[Target]:
+def _targets(r: dict[str, dict[str, Any]], where: str, slots: int) -> list[Target]:
     direct, ours = r["direct"], r["llmq"]
     targets = []
     d_ttft, o_ttft = direct["ttft_ms_median"], ours["ttft_ms_median"]
@@ -252,16 +271,18 @@ def _targets(r: dict[str, dict[str, Any]], where: str) -> list[Target]:
                 f"llmq {fmt(o_itl)} ms, direct {fmt(d_itl)} ms",
             )
         )
-    d_tput, o_tput = direct["output_throughput"], ours["output_throughput"]
-    if d_tput and o_tput is not None:
-        targets.append(
-            Target(
-                f"{where}: throughput at saturation >= {THROUGHPUT_SHARE:.0%} of direct",
-                o_tput >= THROUGHPUT_SHARE * d_tput,
-                f"llmq {fmt(o_tput)} tok/s, direct {fmt(d_tput)} tok/s "
-                f"({fmt(o_tput / d_tput * 100)} %)",
+    d_tput = direct["output_throughput"]
+    for system, how in (("llmq", "cap = slots"), (QUEUED, f"LLMQ_UPSTREAM_QUEUE={slots}")):
+        o_tput = r[system]["output_throughput"]
+        if d_tput and o_tput is not None:
+            targets.append(
+                Target(
+                    f"{where}, {how}: throughput at saturation >= {THROUGHPUT_SHARE:.0%} of direct",
+                    o_tput >= THROUGHPUT_SHARE * d_tput,
+                    f"llmq {fmt(o_tput)} tok/s, direct {fmt(d_tput)} tok/s "
+                    f"({fmt(o_tput / d_tput * 100)} %)",
+                )
             )
-        )
     return targets
 
 
@@ -276,8 +297,8 @@ LABELS = {
 }
 
 
-def _table(r: dict[str, dict[str, Any]]) -> str:
-    systems = (r["direct"], r["llmq"], r["llmq-2"])
+def _table(r: dict[str, dict[str, Any]], slots: int) -> str:
+    systems = (r["direct"], r["llmq"], r["llmq-2"], r[QUEUED])
     rows = [[label, *(fmt(x[k]) for x in systems)] for k, label in LABELS.items()]
     roles = sorted({role for x in systems for role in x["cpu_ms_per_token"]})
     rows += [
@@ -285,13 +306,14 @@ def _table(r: dict[str, dict[str, Any]]) -> str:
         + [fmt(x["cpu_ms_per_token"].get(role), 3) for x in systems]
         for role in roles
     ]
-    return table(["figure", "direct", "llmq 1+1", "llmq 2+2"], rows)
+    head = ["figure", "direct", "llmq 1+1", "llmq 2+2", f"llmq 1+1, upstream queue {slots}"]
+    return table(head, rows)
 
 
 def _report(
     s: Sizes, repeats: int, results: dict[str, dict[str, dict[str, Any]]], pinned: Placement | None
 ) -> ScenarioResult:
-    targets = [t for where, r in results.items() for t in _targets(r, where)]
+    targets = [t for where, r in results.items() for t in _targets(r, where, s.slots)]
     parts = [
         f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread) direct "
         f"and through llmq; prompt {s.prompt_tokens} words, {s.output_tokens} output "
@@ -303,8 +325,13 @@ def _report(
             for where, r in results.items()
         )
         + ".",
+        "llmq 1+1 keeps its cap at the server's slots, so a slot that frees waits for the "
+        "worker's next claim; with an upstream queue (`LLMQ_UPSTREAM_QUEUE`) the worker "
+        "also keeps that many requests waiting in the server's own queue, as the direct "
+        "client's surplus streams wait there, and the server starts each the step a "
+        "sequence ends.",
         f"**{SHARED}**: every process on any CPU, the servers' included.",
-        _table(results[SHARED]),
+        _table(results[SHARED], s.slots),
     ]
     if pinned is not None:
         parts += [
@@ -312,7 +339,7 @@ def _report(
             f"llmq, Redis and the load generator on CPU {', '.join(map(str, pinned.rest))} "
             "(`Placement`): the engine's compute is its own, as a GPU's is, and llmq's "
             "processes share what is left.",
-            _table(results[PINNED]),
+            _table(results[PINNED], s.slots),
         ]
     parts += [target_line(t.description, t.met, t.detail) for t in targets]
     data = {

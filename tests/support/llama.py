@@ -89,12 +89,19 @@ class LlamaServer:
 
     async def predicted(self) -> int:
         """Tokens the server generated so far (its ``/metrics``)."""
+        return await self._metric("tokens_predicted_total")
+
+    async def deferred(self) -> int:
+        """Requests waiting in the server's own queue for a slot (its ``/metrics``)."""
+        return await self._metric("requests_deferred")
+
+    async def _metric(self, name: str) -> int:
         async with httpx.AsyncClient(base_url=self.url) as client:
             text = (await client.get("/metrics")).text
         for line in text.splitlines():
-            if line.startswith("llamacpp:tokens_predicted_total"):
+            if line.startswith(f"llamacpp:{name} "):
                 return int(float(line.split()[-1]))
-        raise AssertionError(f"no tokens_predicted_total in /metrics:\n{text[:2000]}")
+        raise AssertionError(f"no {name} in /metrics:\n{text[:2000]}")
 
     def worker_settings(self, **more: Any) -> dict[str, Any]:
         """A worker driving this server (its slots are the worker's cap, from /props)."""

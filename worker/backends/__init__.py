@@ -89,6 +89,7 @@ def build_backend(settings: WorkerSettings) -> Model:
         model=settings.upstream_model or settings.model,
         api_key=settings.upstream_api_key,
         slots=settings.upstream_slots,
+        queued=settings.upstream_queue,
         context_length=settings.upstream_context_length,
         capabilities=upstream_capabilities(settings),
         timeout=settings.upstream_timeout_seconds,
@@ -126,9 +127,11 @@ async def connect(backend: Model, stop: asyncio.Event) -> bool:
 
 
 def concurrency(backend: Model, settings: WorkerSettings) -> int:
-    """The worker's cap: the upstream's slots where known, else ``LLMQ_CONCURRENCY``."""
-    slots = getattr(backend, "slots", None)
-    return int(slots) if slots else settings.concurrency
+    """The worker's cap: the upstream's slots where known (plus the requests it keeps
+    queued there, ``LLMQ_UPSTREAM_QUEUE``), else ``LLMQ_CONCURRENCY``."""
+    if isinstance(backend, OpenAIUpstream) and backend.slots:
+        return backend.slots + backend.queued
+    return settings.concurrency
 
 
 async def close(backend: Model) -> None:

@@ -122,6 +122,7 @@ class OpenAIUpstream:
         model: str = "",
         api_key: str = "",
         slots: int = 0,
+        queued: int = 0,
         context_length: int = 0,
         capabilities: frozenset[str] | None = None,
         timeout: float = 30.0,
@@ -131,6 +132,8 @@ class OpenAIUpstream:
         self.engine = engine
         self.model = model
         self.slots = slots or None
+        #: Requests kept waiting in the upstream's own queue beyond its slots.
+        self.queued = queued
         self.context_length = context_length or None
         self.capabilities = capabilities or frozenset()
         self._discover_capabilities = capabilities is None
@@ -151,7 +154,7 @@ class OpenAIUpstream:
         httpx's: it reads a stream at well under half the CPU per token, which the
         worker spends beside the engine)."""
         if self._client is None:
-            connections = (self.slots or 64) + SPARE_CONNECTIONS
+            connections = (self.slots or 64) + self.queued + SPARE_CONNECTIONS
             self._client = aiohttp.ClientSession(
                 headers=self._headers,
                 timeout=self._timeout,
