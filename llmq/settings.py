@@ -357,8 +357,9 @@ class WorkerSettings(CommonSettings):
         0,
         ge=0,
         le=10_000,
-        description="Sequences the upstream runs at once, the worker's concurrency cap; "
-        "0: the upstream's own count (llama.cpp /props total_slots), else LLMQ_CONCURRENCY.",
+        description="Sequences the upstream runs at once, the worker's concurrency cap (with "
+        "LLMQ_UPSTREAM_QUEUE); 0: the upstream's own count (llama.cpp /props total_slots), "
+        "else LLMQ_CONCURRENCY.",
     )
     upstream_queue: int = Field(
         0,

@@ -324,15 +324,15 @@ async def test_a_routed_workers_capacity_is_its_servers_slots(
     async with api.client() as client:
         (worker,) = await workers(client)
         assert worker["concurrency"] == 2
-        for _ in range(2):  # two beats on: the second published its load after the first
-            beat = worker["heartbeat_at"]
+        beats = [worker["heartbeat_at"]]
 
-            async def beaten() -> bool:
-                nonlocal worker
-                (worker,) = await workers(client)
-                return bool(worker["heartbeat_at"] > beat)  # noqa: B023
+        async def two_more_beats() -> bool:  # the second published its load after the first
+            (now,) = await workers(client)
+            if now["heartbeat_at"] > beats[-1]:
+                beats.append(now["heartbeat_at"])
+            return len(beats) > 2
 
-            await wait_until(beaten, timeout=10, what="the worker's next heartbeat")
+        await wait_until(two_more_beats, timeout=20, what="two more heartbeats of the worker")
     load = await cast("Awaitable[str | None]", redis.hget(keys.loads(MODEL), worker["id"]))
     assert load == "0|2"
 
