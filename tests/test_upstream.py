@@ -27,6 +27,7 @@ from loadgen import LoadConfig, run_load
 from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import ready_workers, record, wait_status, workers
+from tests.support.recording_proxy import RecordingProxy
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
@@ -113,6 +114,36 @@ async def test_tokens_through_llmq_equal_the_server_directly(
     assert entry["context_length"] == 2048 and entry["ready"] is True
     await direct.close()
     await through.close()
+
+
+async def test_each_stream_finds_a_connection_opened_ahead(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """llama.cpp's server closes a connection after each stream: the worker opens the
+    next one while it has a free slot (a health check, kept alive), so a request's
+    first token does not wait for a TCP handshake. Each stream rides a connection that
+    a health check opened, none opens its own."""
+    server = await start_llama(slots=2)
+    proxy = RecordingProxy(server.port)
+    url = await proxy.start()
+    try:
+        # no periodic health checks: only the worker's own opening ahead makes one
+        settings = server.worker_settings(upstream_url=url, upstream_probe_seconds=60)
+        await spawn_workers(1, **settings)
+        api = await start_api()
+        await ready_workers(api, 1)
+        async with sdk(api.url) as through:
+            for n in (1, 2):
+                await wait_until(
+                    lambda: ["GET /health"] in proxy.connections,
+                    timeout=10,
+                    what="a connection opened ahead of the next stream",
+                )
+                await streamed(through, f"stream {n}", 8)
+        streams = [c for c in proxy.connections if "POST /v1/completions" in c]
+        assert streams == [["GET /health", "POST /v1/completions"]] * 2, proxy.connections
+    finally:
+        await proxy.close()
 
 
 async def test_a_cancel_frees_the_servers_slot(

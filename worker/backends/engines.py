@@ -41,6 +41,9 @@ class Engine:
     tokenize_path: str | None = None
     #: A continued chat message comes back with the continued text first (llama.cpp).
     echoes_prefill: bool = False
+    #: The server closes its connection after every streamed answer, whatever its
+    #: ``Keep-Alive`` header says (llama.cpp's): each stream needs a new connection.
+    closes_streams: bool = False
 
     async def discover(self, get: GetJson) -> Discovered:
         """The served model's name and context length from ``/v1/models``."""
@@ -91,6 +94,10 @@ ENGINES: dict[str, Engine] = {
     "tgi": Engine("tgi", health_path="/health"),
     "ollama": Engine("ollama"),
     "llamacpp": LlamaCpp(
-        "llamacpp", health_path="/health", tokenize_path="/tokenize", echoes_prefill=True
+        "llamacpp",
+        health_path="/health",
+        tokenize_path="/tokenize",
+        echoes_prefill=True,
+        closes_streams=True,
     ),
 }

@@ -39,6 +39,7 @@ a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -148,6 +149,11 @@ class OpenAIUpstream:
         self._probe_timeout = aiohttp.ClientTimeout(total=min(timeout, 5.0))
         self._headers = headers
         self._client: aiohttp.ClientSession | None = None
+        #: Streams open now, and the connection opened ahead of the next one
+        #: (:meth:`_keep_warm`): its task, and whether it waits in the pool unused.
+        self._streams = 0
+        self._warming: asyncio.Task[None] | None = None
+        self._warm = False
 
     def _http(self) -> aiohttp.ClientSession:
         """The pooled client, created in the running event loop (aiohttp's, not
@@ -193,6 +199,7 @@ class OpenAIUpstream:
         if self._client is not None and found.slots:
             await self._client.close()  # sized by the slots, now known
             self._client = None
+        self._keep_warm()
 
     async def probe(self) -> bool:
         """Whether the upstream answers its health check now."""
@@ -203,7 +210,39 @@ class OpenAIUpstream:
         except HTTP_ERRORS:
             return False
 
+    def _keep_warm(self) -> None:
+        """Open the next stream's connection now, while a slot is free, on an engine that
+        closes each stream's (:attr:`~worker.backends.engines.Engine.closes_streams`).
+
+        A new connection costs a request's first token a TCP handshake and aiohttp's
+        setup of it; a health check opens one ahead, read whole so that it stays kept
+        alive in the pool, where the next stream finds it. One at a time, and only
+        while fewer streams are open than the engine has slots: an idle connection
+        holds one of llama.cpp's HTTP threads (it has two more than its slots) until
+        it is used or the server's keep-alive ends it (then the next stream opens its
+        own again).
+        """
+        if (
+            not self.engine.closes_streams
+            or self._warm
+            or self._streams >= (self.slots or 1)
+            or (self._warming is not None and not self._warming.done())
+        ):
+            return
+        self._warming = asyncio.create_task(self._open_ahead())
+
+    async def _open_ahead(self) -> None:
+        url = self.url + self.engine.health_path
+        try:
+            async with self._http().get(url, timeout=self._probe_timeout) as response:
+                await response.read()
+                self._warm = response.status == 200
+        except HTTP_ERRORS:
+            return  # the next stream connects itself, and meets the failure if it lasts
+
     async def aclose(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -230,6 +269,9 @@ class OpenAIUpstream:
             body = self._chat_body(request, body, resumed)
             if self.engine.echoes_prefill:
                 echoed = "".join(resumed)
+        self._streams += 1
+        self._warm = False  # the stream takes the connection opened ahead, if any
+        failed = False
         try:
             # Leaving the block before the end of the stream closes its connection:
             # the upstream aborts the sequence and frees its slot.
@@ -242,11 +284,17 @@ class OpenAIUpstream:
                 async for out in outputs:
                     yield out
         except HTTP_ERRORS as exc:
+            failed = True
             self._down()
             raise UpstreamDown(f"upstream stream failed: {exc!r}") from exc
         except UpstreamDown:
+            failed = True
             self._down()
             raise
+        finally:
+            self._streams -= 1
+            if not failed:
+                self._keep_warm()
 
     def _down(self) -> None:
         if self.on_down is not None:

@@ -1,0 +1,67 @@
+"""A TCP proxy in front of an HTTP server that notes which connection carried which
+request: what a test reads to see whether a client reused a connection or opened one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+
+#: An HTTP/1.1 request line: a request starts a chunk the client sends (it waits for
+#: each answer before it sends the next request on a connection).
+REQUEST_LINE = re.compile(rb"(?:^|\r\n)([A-Z]+) (/\S*) HTTP/1\.[01]\r\n")
+
+
+class RecordingProxy:
+    """Forwards connections to ``127.0.0.1:target``; :attr:`connections` holds, for
+    every connection accepted (in order), its requests so far as ``"METHOD /path"``."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.connections: list[list[str]] = []
+        self._server: asyncio.Server | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        """Listen on a free port; the proxy's URL."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    async def _serve(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        server, to_server = await asyncio.open_connection("127.0.0.1", self.target)
+        requests: list[str] = []
+        self.connections.append(requests)
+
+        async def pump(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter, note: bool
+        ) -> None:
+            try:
+                while data := await reader.read(65536):
+                    if note:
+                        requests.extend(
+                            f"{m[1].decode()} {m[2].decode()}" for m in REQUEST_LINE.finditer(data)
+                        )
+                    writer.write(data)
+                    await writer.drain()
+            except ConnectionError:
+                pass
+            finally:
+                with contextlib.suppress(ConnectionError):
+                    writer.close()
+
+        tasks = [
+            asyncio.create_task(pump(client, to_server, True)),
+            asyncio.create_task(pump(server, to_client, False)),
+        ]
+        self._pumps.update(tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pumps.difference_update(tasks)
