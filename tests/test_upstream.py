@@ -541,18 +541,22 @@ def tools_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+#: A chat completion that must call ``allocate_room``.
+CALL: dict[str, Any] = {
+    "tools": [ALLOCATE],
+    "tool_choice": "required",
+    "parallel_tool_calls": False,
+    "max_tokens": 1500,
+    "temperature": 0,
+}
+
+
 async def calls(
     client: openai.AsyncOpenAI, messages: list[Any], *, stream: bool = False
 ) -> tuple[list[tuple[str, str, str]], str | None]:
-    """The tool calls (id, name, arguments) of one chat completion that must call
-    ``allocate_room``, read from the stream or from the message, and its finish reason."""
-    body: dict[str, Any] = {
-        "tools": [ALLOCATE],
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "max_tokens": 1500,
-        "temperature": 0,
-    }
+    """The tool calls (id, name, arguments) of one :data:`CALL` completion, read from
+    the stream or from the message, and its finish reason."""
+    body = CALL
     if not stream:
         reply = await client.chat.completions.create(model=MODEL, messages=messages, **body)
         (choice,) = reply.choices
@@ -606,6 +610,14 @@ async def test_tools_pass_through_and_the_servers_call_reaches_the_client(
             (call,), finish = await calls(through, BOOK, stream=stream)
             assert call[1:] == ("allocate_room", want) and finish == "tool_calls"
             assert call[0]
+        # llmq closed the stream at the second call, before the server's usage: the
+        # prompt's count came early (llama.cpp's per-chunk timings), and is the server's
+        counted = [
+            (await c.chat.completions.create(model=MODEL, messages=BOOK, **CALL)).usage
+            for c in (direct_client, through)
+        ]
+        assert counted[0] and counted[1]
+        assert counted[1].prompt_tokens == counted[0].prompt_tokens
         call_id = call[0]
         history = [
             *BOOK,

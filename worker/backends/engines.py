@@ -45,6 +45,16 @@ class Engine:
     #: ``Keep-Alive`` header says (llama.cpp's): each stream needs a new connection.
     closes_streams: bool = False
 
+    def ask_counts_early(self, body: dict[str, Any]) -> None:
+        """Ask, in a request's ``body``, for the prompt's token count in the first chunk
+        of the stream, not only in its usage after the last (which a stream the worker
+        closes itself never gets). Engines that cannot: nothing to ask."""
+
+    def counted_early(self, chunk: dict[str, Any]) -> tuple[int, int] | None:
+        """The prompt's token count and how many of them were cached, where ``chunk``
+        carries them as :meth:`ask_counts_early` asked; None where it does not."""
+        return None
+
     async def discover(self, get: GetJson) -> Discovered:
         """The served model's name and context length from ``/v1/models``."""
         models = (await get("/v1/models")).get("data") or []
@@ -85,6 +95,16 @@ class LlamaCpp(Engine):
 
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
         return {"content": text, "add_special": True}
+
+    def ask_counts_early(self, body: dict[str, Any]) -> None:
+        body["timings_per_token"] = True  # every chunk then carries ``timings``
+
+    def counted_early(self, chunk: dict[str, Any]) -> tuple[int, int] | None:
+        timings = chunk.get("timings")
+        if not isinstance(timings, dict) or timings.get("prompt_n") is None:
+            return None
+        cached = int(timings.get("cache_n") or 0)  # prompt_n counts only those computed
+        return int(timings["prompt_n"]) + cached, cached
 
 
 ENGINES: dict[str, Engine] = {

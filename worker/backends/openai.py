@@ -254,9 +254,10 @@ class OpenAIUpstream:
         if request.max_tokens <= len(request.generated):
             return
         chat = self.chat and bool(request.messages)
+        tools = chat and self._offers_tools(request)
         # What the upstream continues after: the published tokens, or nothing for a
         # request that offers tools (a half-written call cannot be continued: replayed)
-        resumed = () if chat and self._offers_tools(request) else request.generated
+        resumed = () if tools else request.generated
         prompt = request.prompt + "".join(resumed)
         remaining = request.max_tokens - len(resumed)
         counted = await self._count_if_long(prompt, remaining)
@@ -278,7 +279,7 @@ class OpenAIUpstream:
             async with await self._post(path, body) as response:
                 if response.status >= 400:
                     _raise_for(response.status, await response.read())
-                outputs = self._outputs(response, len(resumed), echoed, request.seed)
+                outputs = self._outputs(response, len(resumed), echoed, request.seed, tools)
                 if len(resumed) < len(request.generated):
                     outputs = _after_published(outputs, request.generated)
                 async for out in outputs:
@@ -353,22 +354,34 @@ class OpenAIUpstream:
             body["tool_choice"] = request.tool_choice
             # llmq's stream carries one call per choice
             body["parallel_tool_calls"] = False
+            # a second call ends the stream before the usage, whose count this gives
+            self.engine.ask_counts_early(body)
         return body
 
     async def _outputs(
-        self, response: aiohttp.ClientResponse, resumed: int, echoed: str = "", seed: int = 0
+        self,
+        response: aiohttp.ClientResponse,
+        resumed: int,
+        echoed: str = "",
+        seed: int = 0,
+        tools: bool = False,
     ) -> AsyncIterator[str]:
         """Tokens and reports from the stream; ``echoed``: the continued message's text,
-        which the upstream sends back first (dropped: it was published already)."""
+        which the upstream sends back first (dropped: it was published already);
+        ``tools``: the request offered tools (its body asked for the counts early)."""
         finished = False
         call = _ToolCall(f"call_{seed:016x}")
         echo = _Echo(echoed)
+        counted = not tools  # the counts come early only where the body asked for them
         async for frame in frames(response.content.iter_any()):
             if frame.data.strip() == DONE:
                 break  # a [DONE] without a finish reason is a stream cut short
             chunk = json.loads(frame.data)
             if chunk.get("error"):
                 _raise_for(500, frame.data.encode())
+            if not counted and (early := self.engine.counted_early(chunk)) is not None:
+                counted = True
+                yield Report(prompt_tokens=max(1, early[0] - resumed), cached_tokens=early[1])
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 text = choice.get("text") or delta.get("content") or ""
