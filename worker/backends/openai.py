@@ -59,6 +59,7 @@ from llmq.model.tokenizer import CHARS
 from llmq.schema import TokenLogprob
 from llmq.sse import DONE, frames
 from llmq.stale_connections import STALE_RETRIES, unsent
+from llmq.tasks import stop_tasks
 from worker.backends.engines import Engine
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,7 @@ class OpenAIUpstream:
 
     async def aclose(self) -> None:
         if self._warming is not None:
-            self._warming.cancel()
+            await stop_tasks([self._warming], 5.0)
         if self._client is not None:
             await self._client.close()
             self._client = None
