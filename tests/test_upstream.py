@@ -27,7 +27,7 @@ from loadgen import LoadConfig, run_load
 from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import ready_workers, record, wait_status, workers
-from tests.support.recording_proxy import RecordingProxy
+from tests.support.recording_proxy import Connection, RecordingProxy
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
@@ -135,12 +135,12 @@ async def test_each_stream_finds_a_connection_opened_ahead(
         async with sdk(api.url) as through:
             for n in (1, 2):
                 await wait_until(
-                    lambda: ["GET /health"] in proxy.connections,
+                    lambda: Connection(["GET /health"], answers=1) in proxy.connections,
                     timeout=10,
-                    what="a connection opened ahead of the next stream",
+                    what="a connection opened ahead of the next stream, and answered",
                 )
                 await streamed(through, f"stream {n}", 8)
-        streams = [c for c in proxy.connections if "POST /v1/completions" in c]
+        streams = [c.requests for c in proxy.connections if "POST /v1/completions" in c.requests]
         assert streams == [["GET /health", "POST /v1/completions"]] * 2, proxy.connections
     finally:
         await proxy.close()

@@ -7,19 +7,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from dataclasses import dataclass, field
 
 #: An HTTP/1.1 request line: a request starts a chunk the client sends (it waits for
 #: each answer before it sends the next request on a connection).
 REQUEST_LINE = re.compile(rb"(?:^|\r\n)([A-Z]+) (/\S*) HTTP/1\.[01]\r\n")
+#: An answer's status line, likewise at the start of a chunk the server sends.
+STATUS_LINE = re.compile(rb"(?:^|\r\n)HTTP/1\.[01] \d{3} ")
+
+
+@dataclass
+class Connection:
+    #: The requests sent on it so far, as ``"METHOD /path"``.
+    requests: list[str] = field(default_factory=list)
+    #: How many answers the server sent back on it so far.
+    answers: int = 0
 
 
 class RecordingProxy:
-    """Forwards connections to ``127.0.0.1:target``; :attr:`connections` holds, for
-    every connection accepted (in order), its requests so far as ``"METHOD /path"``."""
+    """Forwards connections to ``127.0.0.1:target``; :attr:`connections` holds every
+    connection accepted, in order, with its requests and answers so far."""
 
     def __init__(self, target: int) -> None:
         self.target = target
-        self.connections: list[list[str]] = []
+        self.connections: list[Connection] = []
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task[None]] = set()
 
@@ -38,18 +49,20 @@ class RecordingProxy:
 
     async def _serve(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
         server, to_server = await asyncio.open_connection("127.0.0.1", self.target)
-        requests: list[str] = []
-        self.connections.append(requests)
+        connection = Connection()
+        self.connections.append(connection)
 
         async def pump(
-            reader: asyncio.StreamReader, writer: asyncio.StreamWriter, note: bool
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: bool
         ) -> None:
             try:
                 while data := await reader.read(65536):
-                    if note:
-                        requests.extend(
+                    if requests:
+                        connection.requests.extend(
                             f"{m[1].decode()} {m[2].decode()}" for m in REQUEST_LINE.finditer(data)
                         )
+                    else:
+                        connection.answers += len(STATUS_LINE.findall(data))
                     writer.write(data)
                     await writer.drain()
             except ConnectionError:
