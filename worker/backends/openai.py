@@ -219,9 +219,9 @@ class OpenAIUpstream:
         setup of it; a health check opens one ahead, read whole so that it stays kept
         alive in the pool, where the next stream finds it. One at a time, and only
         while fewer streams are open than the engine has slots: an idle connection
-        holds one of llama.cpp's HTTP threads (it has two more than its slots) until
-        it is used or the server's keep-alive ends it (then the next stream opens its
-        own again).
+        holds one of llama.cpp's HTTP threads (by default at least two more than its
+        slots) until it is used or the server's keep-alive ends it (then the next
+        stream opens its own again).
         """
         if (
             not self.engine.closes_streams
