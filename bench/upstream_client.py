@@ -12,18 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable
-from pathlib import Path
 
 import aiohttp
 import httpx
 
-from llmq.embedded import free_port
 from llmq.sse import DONE, frames
-from rigs.llama import llama_server_argv, wait_ready, write_tiny_gguf
+from rigs.llama import tiny_server
 
 BODY = {
     "prompt": "hello world " * 16,
@@ -77,24 +73,14 @@ async def _measure(client: str, url: str, streams: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        model = write_tiny_gguf(Path(tmp) / "tiny.gguf")
-        argv = llama_server_argv(model, port, slots=4, context=4096)
-        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_ready(url, server)
-            runs: dict[tuple[str, int], list[tuple[float, float]]] = {}
-            for _ in range(REPEATS):
-                for client in ("httpx", "aiohttp"):
-                    for streams in (1, 4):
-                        runs.setdefault((client, streams), []).append(
-                            asyncio.run(_measure(client, url, streams))
-                        )
-        finally:
-            server.kill()
-            server.wait()
+    runs: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    with tiny_server(slots=4) as url:
+        for _ in range(REPEATS):
+            for client in ("httpx", "aiohttp"):
+                for streams in (1, 4):
+                    runs.setdefault((client, streams), []).append(
+                        asyncio.run(_measure(client, url, streams))
+                    )
     for (client, streams), repeats in runs.items():
         cpu = statistics.median(r[0] for r in repeats)
         rate = statistics.median(r[1] for r in repeats)

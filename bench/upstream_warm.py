@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import uvloop
 
-from llmq.embedded import free_port
 from llmq.model.interface import GenerationRequest, Report
-from rigs.llama import llama_server_argv, wait_ready, write_tiny_gguf
+from rigs.llama import tiny_server
 from worker.backends.engines import ENGINES
 from worker.backends.openai import OpenAIUpstream
 
@@ -68,18 +64,8 @@ async def _measure(url: str) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        model = write_tiny_gguf(Path(tmp) / "tiny.gguf")
-        argv = llama_server_argv(model, port, slots=SLOTS, context=SLOTS * 1024)
-        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_ready(url, server)
-            times = uvloop.run(_measure(url))  # as the worker runs
-        finally:
-            server.kill()
-            server.wait()
+    with tiny_server(SLOTS) as url:
+        times = uvloop.run(_measure(url))  # as the worker runs
     for name, values in times.items():
         print(f"{name:8}: median time to the first token {statistics.median(values):.3f} ms")
     paired = [g - w for g, w in zip(times["generic"], times["llamacpp"], strict=True)]

@@ -21,12 +21,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
+
+from llmq.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "scripts" / "llama-server.sh"
@@ -241,6 +246,24 @@ def wait_ready(url: str, process: subprocess.Popen[bytes] | None, timeout: float
             pass
         time.sleep(0.05)
     raise TimeoutError(f"llama-server at {url} not ready after {timeout}s")
+
+
+@contextmanager
+def tiny_server(slots: int) -> Iterator[str]:
+    """A server on the default tiny model with ``slots`` slots of 1024 tokens each, on a
+    free port, until the block ends; its URL. For the benchmarks' own comparisons."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_tiny_gguf(Path(tmp) / "tiny.gguf")
+        argv = llama_server_argv(model, port, slots=slots, context=slots * 1024)
+        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready(url, server)
+            yield url
+        finally:
+            server.kill()
+            server.wait()
 
 
 def busy_slots(url: str) -> int:

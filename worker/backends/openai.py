@@ -203,10 +203,12 @@ class OpenAIUpstream:
         self._keep_warm()
 
     async def probe(self) -> bool:
-        """Whether the upstream answers its health check now."""
+        """Whether the upstream answers its health check now. The answer is read whole,
+        so that its connection stays kept alive in the pool (:meth:`_keep_warm`)."""
         url = self.url + self.engine.health_path
         try:
             async with self._http().get(url, timeout=self._probe_timeout) as response:
+                await response.read()
                 return response.status == 200
         except HTTP_ERRORS:
             return False
@@ -216,7 +218,7 @@ class OpenAIUpstream:
         closes each stream's (:attr:`~worker.backends.engines.Engine.closes_streams`).
 
         A new connection costs a request's first token a TCP handshake and aiohttp's
-        setup of it; a health check opens one ahead, read whole so that it stays kept
+        setup of it; a health check (:meth:`probe`) opens one ahead, which stays kept
         alive in the pool, where the next stream finds it. One at a time, and only
         while fewer streams are open than the engine has slots: an idle connection
         holds one of llama.cpp's HTTP threads (by default at least two more than its
@@ -233,13 +235,9 @@ class OpenAIUpstream:
         self._warming = asyncio.create_task(self._open_ahead())
 
     async def _open_ahead(self) -> None:
-        url = self.url + self.engine.health_path
-        try:
-            async with self._http().get(url, timeout=self._probe_timeout) as response:
-                await response.read()
-                self._warm = response.status == 200
-        except HTTP_ERRORS:
-            return  # the next stream connects itself, and meets the failure if it lasts
+        # a failed check leaves none: the next stream connects itself, and meets the
+        # failure if it lasts
+        self._warm = await self.probe()
 
     async def aclose(self) -> None:
         if self._warming is not None:
