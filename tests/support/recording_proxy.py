@@ -5,7 +5,6 @@ request: what a test reads to see whether a client reused a connection or opened
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from dataclasses import dataclass, field
 
@@ -32,7 +31,13 @@ class RecordingProxy:
         self.target = target
         self.connections: list[Connection] = []
         self._server: asyncio.Server | None = None
+        self._closed = False
+        #: Every connection's handler, its pumps, and both ends of it: :meth:`close`
+        #: ends them all, also those of a connection accepted while it closes (a
+        #: stream's end makes the worker open one ahead at any moment).
+        self._handlers: set[asyncio.Task[None]] = set()
         self._pumps: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> str:
         """Listen on a free port; the proxy's URL."""
@@ -41,14 +46,47 @@ class RecordingProxy:
         return f"http://127.0.0.1:{port}"
 
     async def close(self) -> None:
+        """Stop listening, cut every connection, and wait for their handlers to end
+        (not cancelled: asyncio logs a cancelled connection handler as an error)."""
+        self._closed = True
         if self._server is not None:
             self._server.close()
+        for writer in self._writers:
+            writer.close()
         for pump in self._pumps:
             pump.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await asyncio.gather(*self._pumps, *self._handlers, return_exceptions=True)
 
     async def _serve(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
-        server, to_server = await asyncio.open_connection("127.0.0.1", self.target)
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        self._writers.add(to_client)
+        to_server: asyncio.StreamWriter | None = None
+        try:
+            if self._closed:
+                return
+            try:
+                server, to_server = await asyncio.open_connection("127.0.0.1", self.target)
+            except OSError:
+                return
+            self._writers.add(to_server)
+            if not self._closed:
+                await self._relay(client, to_client, server, to_server)
+        finally:
+            for writer in (to_client, to_server):
+                if writer is not None:
+                    writer.close()
+                    self._writers.discard(writer)
+            self._handlers.discard(handler)
+
+    async def _relay(
+        self,
+        client: asyncio.StreamReader,
+        to_client: asyncio.StreamWriter,
+        server: asyncio.StreamReader,
+        to_server: asyncio.StreamWriter,
+    ) -> None:
         connection = Connection()
         self.connections.append(connection)
 
@@ -68,13 +106,12 @@ class RecordingProxy:
             except ConnectionError:
                 pass
             finally:
-                with contextlib.suppress(ConnectionError):
-                    writer.close()
+                writer.close()
 
-        tasks = [
+        pumps = {
             asyncio.create_task(pump(client, to_server, True)),
             asyncio.create_task(pump(server, to_client, False)),
-        ]
-        self._pumps.update(tasks)
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._pumps.difference_update(tasks)
+        }
+        self._pumps.update(pumps)
+        await asyncio.gather(*pumps, return_exceptions=True)
+        self._pumps.difference_update(pumps)
