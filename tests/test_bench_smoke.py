@@ -101,3 +101,21 @@ def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> No
     markdown = json_path.with_suffix(".md").read_text()
     assert "share of the floor via Redis" in markdown and "**floor**" in markdown
     assert f"**{hop}**" in markdown and f"**{apart}**" in markdown
+
+
+@pytest.mark.timeout(60)
+def test_paired_ttft_times_each_system_once_per_pair() -> None:
+    from bench.paired import paired_ttft
+    from loadgen import LoadConfig
+    from rigs.llama import tiny_server
+
+    with tiny_server(1) as first, tiny_server(1) as second:
+        config = LoadConfig(
+            base_url=first, model="tiny", prompt_tokens=(8, 8), output_tokens=(4, 4), seed=3
+        )
+        out = paired_ttft({"a": first, "b": second}, config, pairs=4)
+    assert out["failed"] == 0 and out["pairs"] == 4
+    a, b = out["ttft_ms"]["a"], out["ttft_ms"]["b"]
+    assert len(a) == len(b) == 4 and all(v > 0 for v in a + b)
+    differences = sorted(y - x for x, y in zip(a, b, strict=True))
+    assert out["difference_ms_median"] == pytest.approx((differences[1] + differences[2]) / 2)
