@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Makes the base images that docker-compose.yml and the Dockerfile name
-# (python:3.11-slim, redis:7-alpine) available to the local Docker engine.
+# Makes the base images that docker-compose.yml, deploy/compose/llamacpp.yml and the
+# Dockerfile name (python:3.11-slim, redis:7-alpine, ghcr.io/ggml-org/llama.cpp:server)
+# available to the local Docker engine.
 #
 # An image already present (the real one, or a stand-in made before) is left as it
 # is; a missing one is pulled. Only where the pull fails (no registry reachable, as
@@ -12,6 +13,10 @@
 #                     so pip inside `docker build` trusts a TLS-intercepting proxy.
 #   redis:7-alpine    Debian's redis-server 7.0, run as the redis user from /data with
 #                     --protected-mode no, as the official image's entrypoint does.
+#   ghcr.io/ggml-org/llama.cpp:server
+#                     the llama-server that scripts/llama-server.sh builds (the one the
+#                     upstream tests run), at /app/llama-server as the entrypoint, with
+#                     curl for the compose file's health check.
 # Stand-ins carry the label org.llmq.standin; `docker rmi` them to pull the real
 # ones later. Needs root (mmdebstrap) and a running engine (scripts/dockerd.sh).
 set -euo pipefail
@@ -118,11 +123,25 @@ EOF
     --change 'CMD ["redis-server"]'
 }
 
+llama_standin() {
+  local binary
+  binary=$(bash "$(dirname "$0")/llama-server.sh")
+  build ghcr.io/ggml-org/llama.cpp:server \
+    --include libgomp1 --include libssl3 --include curl --include ca-certificates \
+    --hook "mkdir -p \"\$1/app\" && cp '$binary' \"\$1/app/llama-server\"" \
+    --change 'ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LLAMA_ARG_HOST=0.0.0.0' \
+    --change 'WORKDIR /app' \
+    --change 'EXPOSE 8080' \
+    --change 'ENTRYPOINT ["/app/llama-server"]'
+}
+
 if ! docker info >/dev/null 2>&1; then
   log "no Docker engine reachable (start one: bash scripts/dockerd.sh start)"
   exit 1
 fi
-for pair in python:3.11-slim=python_standin redis:7-alpine=redis_standin; do
+for pair in python:3.11-slim=python_standin redis:7-alpine=redis_standin \
+  ghcr.io/ggml-org/llama.cpp:server=llama_standin; do
   image=${pair%%=*}
   if present "$image" || pulled "$image"; then
     continue

@@ -14,8 +14,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -30,9 +28,15 @@ import openai
 import pytest
 from openai.types import Completion
 
-from cli.supervisor import NotReady
-from llmq.embedded import free_port
-from tests.support.processes import alive, http_status, wait_for
+from tests.support.compose import (
+    Compose,
+    docker,
+    inspect,
+    live_workers,
+    project_up,
+    sdk,
+)
+from tests.support.processes import http_status, wait_for
 
 # The first test builds the images, from nothing on a new machine (minutes on two
 # busy cores); each step below has its own shorter deadline.
@@ -41,8 +45,6 @@ pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parent.parent
 #: Where containers may have addresses: the benchmarking range (scripts/dockerd.sh).
 BENCHMARKING = ipaddress.ip_network("198.18.0.0/15")
-#: Test projects are named by this and the test process's pid.
-PROJECT_PREFIX = "llmqtest"
 #: The compose file's worker concurrency (LLMQ_CONCURRENCY).
 WORKER_SLOTS = 8
 #: A seeded prompt: the mock writes the same text for it on every run.
@@ -51,71 +53,12 @@ PROMPT, SEED = "survive this", 11
 UNTIL_LIMIT = {"ignore_eos": True}
 
 
-class Compose:
-    """One compose project of docker-compose.yml, run by ``docker compose`` or
-    Debian's ``docker-compose`` (v1), whichever is here; both name containers
-    differently, so containers are found by service (``ps -q SERVICE``)."""
-
-    def __init__(self, command: list[str], project: str, port: int) -> None:
-        self.command = command
-        self.project = project
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = {**os.environ, "API_PORT": str(port)}
-
-    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> str:
-        argv = [*self.command, "-f", str(ROOT / "docker-compose.yml"), "-p", self.project, *args]
-        done = subprocess.run(
-            argv, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(
-                f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
-                f"{done.stderr[-3000:]}"
-            )
-        return done.stdout
-
-    def ids(self, service: str = "") -> list[str]:
-        """The service's containers (all services' without one), stopped ones too."""
-        return self("ps", "-a", "-q", *([service] if service else [])).split()
-
-    def workers(self, n: int) -> None:
-        """Exactly ``n`` worker containers, running and registered with the API."""
-        self("up", "-d", "--no-build", "--no-recreate", "--scale", f"worker={n}")
-        hosts = {inspect(c)["Config"]["Hostname"] for c in self.ids("worker")}
-        assert len(hosts) == n, hosts
-        wait_for(
-            lambda: sorted(w["host"] for w in live_workers(self.url)) == sorted(hosts),
-            60,
-            f"{n} live workers, one in each worker container",
-        )
-
-
-def docker(*args: str, timeout: float = 60) -> str:
-    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"docker {' '.join(args)}: {done.stderr}"
-    return done.stdout
-
-
-def inspect(container: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = json.loads(docker("inspect", container))
-    return found[0]
-
-
 def submit(client: httpx.Client, body: dict[str, Any]) -> str:
     """A native request's id, once the API has queued it."""
     response = client.post("/v1/requests", json=body)
     assert response.status_code == 202, response.text
     rid: str = response.json()["id"]
     return rid
-
-
-def live_workers(url: str) -> list[dict[str, Any]]:
-    try:
-        response = httpx.get(url + "/v1/workers", timeout=2)
-    except httpx.HTTPError:
-        return []
-    listed: list[dict[str, Any]] = response.json()["data"] if response.is_success else []
-    return listed
 
 
 def record(url: str, rid: str) -> dict[str, Any]:
@@ -138,22 +81,6 @@ def worker_containers(compose: Compose) -> dict[str, dict[str, Any]]:
     return {w["id"]: by_host[w["host"]] for w in live_workers(compose.url)}
 
 
-def engine_compose() -> list[str]:
-    """The compose command for a reachable engine; fails the test with what to do."""
-    start = "start one with `bash scripts/dockerd.sh start` (root), or run `make test`"
-    if shutil.which("docker") is None:
-        pytest.fail(f"no docker command: install Debian's docker.io and {start}")
-    info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
-    if info.returncode != 0:
-        pytest.fail(f"no Docker engine answers ({info.stderr.strip()[-300:]}): {start}")
-    v2 = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60)
-    if v2.returncode == 0:
-        return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    pytest.fail("neither `docker compose` nor `docker-compose` (Debian: docker-compose)")
-
-
 def assert_benchmarking_addresses(compose: Compose) -> None:
     """Every container's address, and its network's subnet, in 198.18.0.0/15."""
     for container in compose.ids():
@@ -166,41 +93,14 @@ def assert_benchmarking_addresses(compose: Compose) -> None:
                 assert subnet.subnet_of(BENCHMARKING), (name, str(subnet))  # type: ignore[arg-type]
 
 
-def remove_stale_projects(command: list[str]) -> None:
-    """Take down the projects of test runs that died before their ``down`` (their
-    containers would come back with the engine: restart policy)."""
-    listed = docker("ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}')
-    for project in set(listed.split()):
-        match = re.fullmatch(rf"{PROJECT_PREFIX}(\d+)", project)
-        if match and not alive(int(match.group(1))):
-            Compose(command, project, 0)("down", "-v", "--remove-orphans", check=False)
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Compose]:
-    command = engine_compose()
-    base = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "standin-images.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert base.returncode == 0, f"base images: {base.stderr[-2000:]}"
-    remove_stale_projects(command)
-    compose = Compose(command, f"{PROJECT_PREFIX}{os.getpid()}", free_port())
-    try:
-        compose("up", "-d", "--build", timeout=600)
-        try:
-            wait_for(lambda: http_status(compose.url + "/readyz") == 200, 90, "/readyz")
-        except NotReady as exc:
-            raise AssertionError(f"{exc}\n{compose('logs', '--tail', '40', check=False)}") from None
+    with project_up(
+        ROOT / "docker-compose.yml",
+        lambda compose: http_status(compose.url + "/readyz") == 200,
+        "/readyz",
+    ) as compose:
         yield compose
-    finally:
-        compose("down", "-v", "--remove-orphans", timeout=180, check=False)
-
-
-def sdk(compose: Compose) -> openai.OpenAI:
-    return openai.OpenAI(base_url=compose.url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def seeded(client: openai.OpenAI, max_tokens: int) -> openai.Stream[Completion]:
