@@ -106,7 +106,7 @@ async def test_a_request_claimed_again_by_the_worker_still_running_it_runs_once_
     finally:
         model.gate.set()
         await publisher.stop()
-        await arq.aclose()
+        await arq.aclose(close_connection_pool=True)
     events = [e for _, e in await stream_events(redis, "twice")]
     assert [e.attempt for e in events if isinstance(e, StartedEvent)] == [1, 2]
     assert sum(isinstance(e, DoneEvent) for e in events) == 1, "both attempts wrote an end"
