@@ -56,6 +56,18 @@ class Sizes:
     #: Rounds of one request direct and one through llmq, in turn (:mod:`bench.paired`).
     pairs: int = 200
 
+    def load(self, url: str, seed: int, **run: Any) -> LoadConfig:
+        """The scenario's requests to ``url``; ``run``: the rest of the load (users, time)."""
+        return LoadConfig(
+            base_url=url,
+            model=MODEL,
+            prompt_tokens=(self.prompt_tokens, self.prompt_tokens),
+            output_tokens=(self.output_tokens, self.output_tokens),
+            seed=seed,
+            timeout=120.0,
+            **run,
+        )
+
 
 QUICK = Sizes(light_s=2.0, saturated_s=2.0, pairs=20)
 TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
@@ -142,16 +154,7 @@ def _once(
     seconds: float,
     seed: int,
 ) -> dict[str, Any]:
-    config = LoadConfig(
-        base_url=url,
-        model=MODEL,
-        concurrency=users,
-        duration=seconds,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        seed=seed,
-        timeout=120.0,
-    )
+    config = s.load(url, seed, concurrency=users, duration=seconds)
     meter = CpuMeter({**pids, "loadgen": os.getpid()}, redis_url).start()
     result = traffic.run(config)
     cpu = meter.stop()
@@ -211,15 +214,8 @@ def _paired(
     """TTFT one request at a time, in turn: direct to ``servers[1]``, and through
     ``stack`` (whose worker drives ``servers[0]``), the two servers started together."""
     ctx.say(f"  paired: {s.pairs} requests direct and {s.pairs} through llmq, in turn")
-    config = LoadConfig(
-        base_url=stack.url,
-        model=MODEL,
-        prompt_tokens=(s.prompt_tokens, s.prompt_tokens),
-        output_tokens=(s.output_tokens, s.output_tokens),
-        seed=seed,
-        timeout=120.0,
-    )
-    return paired_ttft({"direct": _url(servers[1]), "llmq": stack.url}, config, s.pairs)
+    urls = {"direct": _url(servers[1]), "llmq": stack.url}
+    return paired_ttft(urls, s.load(stack.url, seed), s.pairs)
 
 
 def _llmq_env(server: LoggedProcess) -> dict[str, str]:
