@@ -103,6 +103,42 @@ def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> No
     assert f"**{hop}**" in markdown and f"**{apart}**" in markdown
 
 
+@pytest.mark.timeout(150)
+def test_bench_quick_upstream_ttft_judges_requests_in_turn_in_both_placements(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--scenarios",
+            "upstream-ttft",
+            "--out",
+            tmp_path,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [json_path] = tmp_path.glob("*.json")
+    scenario = json.loads(json_path.read_text())["scenarios"]["upstream-ttft"]
+    pinned = scenario["placement"] is not None  # two CPUs or more
+    assert set(scenario["paired"]) == (
+        {"shared CPUs", "engine pinned"} if pinned else {"shared CPUs"}
+    )
+    for paired in scenario["paired"].values():
+        assert paired["failed"] == 0 and paired["pairs"] == 20
+        assert all(v > 0 for v in paired["ttft_ms_median"].values())
+    markdown = json_path.with_suffix(".md").read_text()
+    for where in scenario["paired"]:
+        assert f"**{where}**: Requests in turn" in markdown
+        assert f"{where}, requests in turn: median TTFT through llmq <= 1.05x direct" in markdown
+
+
 @pytest.mark.timeout(60)
 def test_paired_ttft_times_each_system_once_per_pair() -> None:
     from bench.paired import paired_ttft

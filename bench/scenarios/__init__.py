@@ -40,6 +40,7 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "multihost-failovers": multihost.run_failovers,
     "cluster": cluster.run,
     "upstream": upstream.run,
+    "upstream-ttft": upstream.run_ttft,
     "routing": routing.run,
     "chaos": chaos.run,
 }

@@ -212,7 +212,8 @@ def _paired(
     ctx: Context, servers: list[LoggedProcess], stack: Stack, s: Sizes, seed: int
 ) -> dict[str, Any]:
     """TTFT one request at a time, in turn: direct to ``servers[1]``, and through
-    ``stack`` (whose worker drives ``servers[0]``), the two servers started together."""
+    ``stack`` with one worker driving ``servers[0]``, the two servers started together."""
+    stack.scale(1, _llmq_env(servers[0]))
     ctx.say(f"  paired: {s.pairs} requests direct and {s.pairs} through llmq, in turn")
     urls = {"direct": _url(servers[1]), "llmq": stack.url}
     return paired_ttft(urls, s.load(stack.url, seed), s.pairs)
@@ -245,7 +246,6 @@ def _measure(
             out["direct"] = _system(ctx, "direct", one, None, s, seeds)
         with Stack(ctx.log_dir) as stack:
             with servers(2) as two:
-                stack.scale(1, _llmq_env(two[0]))
                 out[PAIRED] = _paired(ctx, two, stack, s, next(seeds))
             with servers(1) as one:
                 stack.scale(1, _llmq_env(one[0]))
@@ -271,6 +271,44 @@ def run(ctx: Context) -> ScenarioResult:
     return _report(s, 1 if ctx.quick else ctx.repeats, results, pinned)
 
 
+def run_ttft(ctx: Context) -> ScenarioResult:
+    """The TTFT target alone (``--scenarios upstream-ttft``): requests in turn, in
+    both placements, as the full scenario measures them, in a minute or two instead
+    of its quarter of an hour; for trying a change to the first token's path."""
+    s = QUICK if ctx.quick else Sizes()
+    model = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="llmq-gguf-")) / "tiny.gguf")
+    pinned = Placement.for_engines(2)
+    placements = {SHARED: None} if pinned is None else {SHARED: None, PINNED: pinned}
+    results: dict[str, dict[str, Any]] = {}
+    for seed, (where, placement) in enumerate(placements.items(), start=1):
+        ctx.say(where)
+        with _placed(placement), Stack(ctx.log_dir) as stack:
+            with _servers(2, model, s, ctx.log_dir, placement) as two:
+                results[where] = _paired(ctx, two, stack, s, seed)
+    targets = [t for where, r in results.items() for t in _paired_target(where, r)]
+    parts = [
+        f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread); prompt "
+        f"{s.prompt_tokens} words, {s.output_tokens} output tokens. One request direct and "
+        f"one through llmq 1+1 in turn (`bench/paired.py`), {s.pairs} pairs, to two "
+        "servers started together, with the processes on any CPU and with the servers "
+        "pinned (`Placement`), as in `--scenarios upstream`.",
+        *(f"**{where}**: " + _paired_line(r) for where, r in results.items()),
+        *(target_line(t.description, t.met, t.detail) for t in targets),
+    ]
+    data = {
+        "settings": asdict(s),
+        "placement": None if pinned is None else asdict(pinned),
+        "paired": results,
+    }
+    return ScenarioResult(
+        "upstream-ttft",
+        "A real inference server: first tokens direct and through llmq, in turn",
+        data,
+        "\n\n".join(parts),
+        targets,
+    )
+
+
 def _ttft_target(
     where: str, direct: float | None, ours: float | None, more: str = ""
 ) -> list[Target]:
@@ -287,16 +325,21 @@ def _ttft_target(
     ]
 
 
-def _targets(r: dict[str, dict[str, Any]], where: str, slots: int) -> list[Target]:
-    direct, ours, paired = r["direct"], r["llmq"], r[PAIRED]
-    targets = _ttft_target(where, direct["ttft_ms_median"], ours["ttft_ms_median"])
-    targets += _ttft_target(
+def _paired_target(where: str, paired: dict[str, Any]) -> list[Target]:
+    """The TTFT target on the medians of the requests in turn (:mod:`bench.paired`)."""
+    return _ttft_target(
         f"{where}, requests in turn",
         paired["ttft_ms_median"]["direct"],
         paired["ttft_ms_median"]["llmq"],
         f"; median difference {fmt(paired['difference_ms_median'])} ms over "
         f"{paired['pairs']} pairs",
     )
+
+
+def _targets(r: dict[str, dict[str, Any]], where: str, slots: int) -> list[Target]:
+    direct, ours = r["direct"], r["llmq"]
+    targets = _ttft_target(where, direct["ttft_ms_median"], ours["ttft_ms_median"])
+    targets += _paired_target(where, r[PAIRED])
     d_itl, o_itl = direct["itl_ms_p99"], ours["itl_ms_p99"]
     if d_itl is not None and o_itl is not None:
         targets.append(
@@ -345,8 +388,7 @@ def _table(r: dict[str, dict[str, Any]], slots: int) -> str:
     return table(head, rows)
 
 
-def _paired_line(r: dict[str, dict[str, Any]]) -> str:
-    p = r[PAIRED]
+def _paired_line(p: dict[str, Any]) -> str:
     medians = p["ttft_ms_median"]
     return (
         f"Requests in turn (one direct, one through llmq 1+1, {p['pairs']} pairs, "
@@ -382,7 +424,7 @@ def _report(
         "its target is judged on those medians as well.",
         f"**{SHARED}**: every process on any CPU, the servers' included.",
         _table(results[SHARED], s.slots),
-        _paired_line(results[SHARED]),
+        _paired_line(results[SHARED][PAIRED]),
     ]
     if pinned is not None:
         parts += [
@@ -391,7 +433,7 @@ def _report(
             "(`Placement`): the engine's compute is its own, as a GPU's is, and llmq's "
             "processes share what is left.",
             _table(results[PINNED], s.slots),
-            _paired_line(results[PINNED]),
+            _paired_line(results[PINNED][PAIRED]),
         ]
     parts += [target_line(t.description, t.met, t.detail) for t in targets]
     data = {
