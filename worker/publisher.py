@@ -207,9 +207,17 @@ class StreamPublisher:
         await self.post(request_id, event, record)
 
     def post(
-        self, request_id: str, event: Event, record: dict[str, str] | None = None
+        self,
+        request_id: str,
+        event: Event,
+        record: dict[str, str] | None = None,
+        *,
+        flush: bool = True,
     ) -> asyncio.Future[None]:
-        """:meth:`emit` without the wait: queued now, in order; the future says when written."""
+        """:meth:`emit` without the wait: queued now, in order; the future says when written.
+
+        ``flush`` False: written with the next flush, which another write or
+        :meth:`flush_soon` starts, not at the loop's next turn."""
         p = self._queue(request_id)
         p.close_tokens()
         p.events.append(event)
@@ -217,8 +225,13 @@ class StreamPublisher:
             p.record.update(record)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         p.waiters.append(done)
-        self._wake.set()
+        if flush:
+            self._wake.set()
         return done
+
+    def flush_soon(self) -> None:
+        """Write everything queued, at the loop's next turn."""
+        self._wake.set()
 
     async def _run(self) -> None:
         while True:

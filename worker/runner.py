@@ -114,6 +114,22 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
+#: Turns of the event loop a model's first step may take before it waits on its
+#: engine: an upstream request's body is written by aiohttp in a task of its own,
+#: which on Python 3.11 runs a turn after the request is made (3.12 starts it
+#: eagerly). What a run does around its start waits for them (:func:`_underway`).
+UNDERWAY_TURNS = 2
+
+
+async def _underway() -> None:
+    """Give a model started in this turn the loop's next turns, so that its first step
+    (an upstream's request written, a prefill begun) goes before the run's own
+    bookkeeping: the ``started`` note, metrics and write, none of them on the first
+    token's path."""
+    for _ in range(UNDERWAY_TURNS):
+        await asyncio.sleep(0)
+
+
 @dataclass
 class _Progress:
     #: Tokens of the request so far, those of earlier runs included (the next index).
@@ -448,9 +464,16 @@ class RequestRunner:
         await self._finish_done(payload, p, "stop", queue_ms, started)
 
     def _announce(
-        self, payload: JobPayload, attempt: int, queue_ms: float, started: float
+        self,
+        payload: JobPayload,
+        attempt: int,
+        queue_ms: float,
+        started: float,
+        *,
+        flush: bool = True,
     ) -> asyncio.Future[None]:
-        """Queue the ``started`` event and record update; the future says when written."""
+        """Queue the ``started`` event and record update; the future says when written
+        (``flush`` False: with the next flush, see :meth:`StreamPublisher.post`)."""
         return self.publisher.post(
             payload.request_id,
             StartedEvent(worker=self.worker_id, attempt=attempt, queue_ms=queue_ms),
@@ -460,6 +483,7 @@ class RequestRunner:
                 "worker": self.worker_id,
                 "attempts": str(attempt),
             },
+            flush=flush,
         )
 
     async def _published(self, rid: str, announced: asyncio.Future[None]) -> list[str]:
@@ -504,7 +528,8 @@ class RequestRunner:
         progress: _Progress,
     ) -> None:
         """Run the model and publish the outcome; a first run (``announced`` None)
-        announces itself once the model is started, so that prefill waits for nothing."""
+        announces itself, written once the model is underway, so that prefill waits
+        for nothing."""
         rid = payload.request_id
         progress.produced = progress.resumed = len(generated)
         progress.texts = list(generated)
@@ -513,11 +538,13 @@ class RequestRunner:
         if rid in self._cancelled:
             generation.cancel()
         if announced is None:
-            # Queued before the model has run a step, so "started" precedes every token.
-            announced = self._announce(payload, attempt, queue_ms, started)
+            # Queued before the model has run a step, so "started" precedes every token;
+            # its flush waits until the model is underway (_outcome).
+            announced = self._announce(payload, attempt, queue_ms, started, flush=False)
         try:
             await self._outcome(payload, attempt, queue_ms, started, progress, generation)
         finally:
+            self.publisher.flush_soon()  # "started", if the run ends before the model ran
             await asyncio.shield(announced)
 
     async def _outcome(
@@ -531,7 +558,8 @@ class RequestRunner:
     ) -> None:
         rid = payload.request_id
         try:
-            await asyncio.sleep(0)  # the model's first step (prefill) starts before this
+            await _underway()
+            self.publisher.flush_soon()  # "started", queued before the model's first step
             self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
             self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
             finish = await self._through_pauses(payload, progress, generation)
