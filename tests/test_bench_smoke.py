@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,20 @@ def test_paired_ttft_times_each_system_once_per_pair() -> None:
     assert len(a) == len(b) == 4 and all(v > 0 for v in a + b)
     differences = sorted(y - x for x, y in zip(a, b, strict=True))
     assert out["difference_ms_median"] == pytest.approx((differences[1] + differences[2]) / 2)
+
+
+@pytest.mark.timeout(150)
+def test_first_token_cpu_reads_each_process_off_the_scheduler() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.first_token_cpu", "5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    direct, llmq = done.stdout.split("\nllmq:\n")
+    assert re.search(r"first token +\d+\.\d+", direct) and re.search(r"cpu\d+ client", direct)
+    assert "api" not in direct and "worker" not in direct
+    for process in ("client", "api", "worker", "redis"):
+        assert re.search(rf"cpu\d+ {process} +\d+\.\d+", llmq), (process, llmq)
