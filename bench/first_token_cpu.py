@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procs import Stack
-from bench.scenarios.upstream import Placement, Sizes, _llmq_env, _placed, _servers, _url
+from bench.scenarios.upstream import Placement, Sizes, llmq_env, placed, server_url, start_servers
 from loadgen.client import HttpTarget
 from loadgen.measurements import StreamClock
 from loadgen.workload import Workload
@@ -132,13 +132,14 @@ def _measure(
         raise SystemExit("needs two CPUs or more: the server on one, the rest on the others")
     results: dict[str, dict[str, list[float]]] = {}
     timeline: tuple[list[Slice], list[tuple[float, float]]] = ([], [])
-    with _placed(placement), Stack(log_dir) as stack:
-        with _servers(1, model, Sizes(), log_dir, placement) as (server,):
-            stack.scale(1, _llmq_env(server))
+    with placed(placement), Stack(log_dir) as stack:
+        with start_servers(1, model, Sizes(), log_dir, placement) as (server,):
+            stack.scale(1, llmq_env(server))
             roles = {pid: role.split("-")[0] for role, pid in stack.pids().items()}
             roles |= {server.pid: "llama-server", os.getpid(): "client"}
             # each system's prompts its own: the server reuses any prefix it has seen
-            for seed, (name, url) in enumerate((("direct", _url(server)), ("llmq", stack.url))):
+            systems = {"direct": server_url(server), "llmq": stack.url}
+            for seed, (name, url) in enumerate(systems.items()):
                 asyncio.run(_windows(url, WARMUP, 100 + seed))
                 data = log_dir / f"{name}.perf"
                 with _recording(data):

@@ -8,7 +8,8 @@ at a time (what the pipeline adds to TTFT and ITL when nothing queues) and a
 closed loop of twice the slots (throughput at saturation, and CPU per token of
 every process: llmq's beside the server's). TTFT is also measured request by
 request, one direct and one through llmq 1+1 in turn (:mod:`bench.paired`): runs of
-separate systems differ from each other by more than llmq adds to a first token.
+separate systems differ from each other by more than llmq adds to a first token;
+``--scenarios upstream-ttft`` runs those requests alone (:func:`run_ttft`).
 
 The server decodes a token in well under a millisecond here, so llmq's own
 costs are not hidden behind a slow model: this is the harshest ratio a real
@@ -107,7 +108,7 @@ class Placement:
 
 
 @contextmanager
-def _placed(placement: Placement | None) -> Iterator[None]:
+def placed(placement: Placement | None) -> Iterator[None]:
     """This process, and so every process it starts (Redis, the API, the workers), on
     the CPUs left to the rest, until the block ends."""
     if placement is None:
@@ -122,7 +123,7 @@ def _placed(placement: Placement | None) -> Iterator[None]:
 
 
 @contextmanager
-def _servers(
+def start_servers(
     count: int, model: Path, s: Sizes, log_dir: Path, placement: Placement | None = None
 ) -> Iterator[list[LoggedProcess]]:
     started: list[LoggedProcess] = []
@@ -141,7 +142,7 @@ def _servers(
             server.stop(10)
 
 
-def _url(server: LoggedProcess) -> str:
+def server_url(server: LoggedProcess) -> str:
     return f"http://127.0.0.1:{server.name.rsplit('-', 1)[1]}"
 
 
@@ -184,7 +185,7 @@ def _system(
     repeats = 1 if ctx.quick else ctx.repeats
     pids = {"llama" if i == 0 else f"llama-{i}": p.pid for i, p in enumerate(servers)}
     redis_url = None
-    url = _url(servers[0])
+    url = server_url(servers[0])
     if stack is not None:
         pids.update(stack.pids())
         redis_url, url = stack.redis.url, stack.url
@@ -213,17 +214,17 @@ def _paired(
 ) -> dict[str, Any]:
     """TTFT one request at a time, in turn: direct to ``servers[1]``, and through
     ``stack`` with one worker driving ``servers[0]``, the two servers started together."""
-    stack.scale(1, _llmq_env(servers[0]))
+    stack.scale(1, llmq_env(servers[0]))
     ctx.say(f"  paired: {s.pairs} requests direct and {s.pairs} through llmq, in turn")
-    urls = {"direct": _url(servers[1]), "llmq": stack.url}
+    urls = {"direct": server_url(servers[1]), "llmq": stack.url}
     return paired_ttft(urls, s.load(stack.url, seed), s.pairs)
 
 
-def _llmq_env(server: LoggedProcess) -> dict[str, str]:
+def llmq_env(server: LoggedProcess) -> dict[str, str]:
     return {
         "LLMQ_MODEL": MODEL,
         "LLMQ_BACKEND": "openai",
-        "LLMQ_UPSTREAM_URL": _url(server),
+        "LLMQ_UPSTREAM_URL": server_url(server),
         "LLMQ_UPSTREAM_ENGINE": "llamacpp",
     }
 
@@ -239,23 +240,23 @@ def _measure(
     out: dict[str, dict[str, Any]] = {}
 
     def servers(count: int) -> AbstractContextManager[list[LoggedProcess]]:
-        return _servers(count, model, s, ctx.log_dir, placement)
+        return start_servers(count, model, s, ctx.log_dir, placement)
 
-    with _placed(placement):
+    with placed(placement):
         with servers(1) as one:
             out["direct"] = _system(ctx, "direct", one, None, s, seeds)
         with Stack(ctx.log_dir) as stack:
             with servers(2) as two:
                 out[PAIRED] = _paired(ctx, two, stack, s, next(seeds))
             with servers(1) as one:
-                stack.scale(1, _llmq_env(one[0]))
+                stack.scale(1, llmq_env(one[0]))
                 out["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", one, stack, s, seeds)
             with servers(2) as two:
-                stack.scale(1, _llmq_env(two[0]))
-                stack.add_worker(_llmq_env(two[1]))  # its own server
+                stack.scale(1, llmq_env(two[0]))
+                stack.add_worker(llmq_env(two[1]))  # its own server
                 out["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", two, stack, s, seeds)
             with servers(1) as one:
-                stack.scale(1, {**_llmq_env(one[0]), "LLMQ_UPSTREAM_QUEUE": str(s.slots)})
+                stack.scale(1, {**llmq_env(one[0]), "LLMQ_UPSTREAM_QUEUE": str(s.slots)})
                 out[QUEUED] = _system(ctx, "llmq, 1+1, upstream queue", one, stack, s, seeds)
     return out
 
@@ -273,7 +274,7 @@ def run(ctx: Context) -> ScenarioResult:
 
 def run_ttft(ctx: Context) -> ScenarioResult:
     """The TTFT target alone (``--scenarios upstream-ttft``): requests in turn, in
-    both placements, as the full scenario measures them, in a minute or two instead
+    both placements, as the full scenario measures them, in under a minute instead
     of its quarter of an hour; for trying a change to the first token's path."""
     s = QUICK if ctx.quick else Sizes()
     model = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="llmq-gguf-")) / "tiny.gguf")
@@ -282,8 +283,8 @@ def run_ttft(ctx: Context) -> ScenarioResult:
     results: dict[str, dict[str, Any]] = {}
     for seed, (where, placement) in enumerate(placements.items(), start=1):
         ctx.say(where)
-        with _placed(placement), Stack(ctx.log_dir) as stack:
-            with _servers(2, model, s, ctx.log_dir, placement) as two:
+        with placed(placement), Stack(ctx.log_dir) as stack:
+            with start_servers(2, model, s, ctx.log_dir, placement) as two:
                 results[where] = _paired(ctx, two, stack, s, seed)
     targets = [t for where, r in results.items() for t in _paired_target(where, r)]
     parts = [
