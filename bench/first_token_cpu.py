@@ -23,6 +23,7 @@ import re
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def _recording(path: Path) -> Iterator[None]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        asyncio.run(asyncio.sleep(1.0))  # perf is recording before the first request
+        time.sleep(1.0)  # perf is recording before the first request (it says nothing when)
         yield
     finally:
         recorder.send_signal(2)

@@ -13,11 +13,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _run(argv: list[str | Path], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python`` with ``argv`` from the checkout's root; it must exit 0."""
+    done = subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.timeout(120)
 def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
-    done = subprocess.run(
+    done = _run(
         [
-            sys.executable,
             "-m",
             "bench",
             "--quick",
@@ -28,12 +36,8 @@ def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
             "--out",
             str(tmp_path),
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=90,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [json_path] = tmp_path.glob("*.json")
     md_path = json_path.with_suffix(".md")
     assert md_path.exists() and (tmp_path / "latest.md").read_text() == md_path.read_text()
@@ -60,9 +64,8 @@ def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(90)
 def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> None:
-    done = subprocess.run(
+    _run(
         [
-            sys.executable,
             "-m",
             "bench",
             "--quick",
@@ -77,12 +80,8 @@ def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> No
             "--out",
             str(tmp_path),
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=80,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [json_path] = tmp_path.glob("*.json")
     capacity = json.loads(json_path.read_text())["scenarios"]["capacity"]
     hop, apart = "floor via Redis", "floor via Redis (model apart)"
@@ -108,9 +107,8 @@ def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> No
 def test_bench_quick_upstream_ttft_judges_requests_in_turn_in_both_placements(
     tmp_path: Path,
 ) -> None:
-    done = subprocess.run(
+    _run(
         [
-            sys.executable,
             "-m",
             "bench",
             "--quick",
@@ -119,12 +117,8 @@ def test_bench_quick_upstream_ttft_judges_requests_in_turn_in_both_placements(
             "--out",
             tmp_path,
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [json_path] = tmp_path.glob("*.json")
     scenario = json.loads(json_path.read_text())["scenarios"]["upstream-ttft"]
     pinned = scenario["placement"] is not None  # two CPUs or more
@@ -160,14 +154,7 @@ def test_paired_ttft_times_each_system_once_per_pair() -> None:
 
 @pytest.mark.timeout(150)
 def test_first_token_cpu_reads_each_process_off_the_scheduler() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.first_token_cpu", "5"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _run(["-m", "bench.first_token_cpu", "5"], timeout=120)
     direct, llmq = done.stdout.split("\nllmq:\n")
     assert re.search(r"first token +\d+\.\d+", direct) and re.search(r"cpu\d+ client", direct)
     assert "api" not in direct and "worker" not in direct

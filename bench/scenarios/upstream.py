@@ -296,17 +296,14 @@ def run_ttft(ctx: Context) -> ScenarioResult:
         *(f"**{where}**: " + _paired_line(r) for where, r in results.items()),
         *(target_line(t.description, t.met, t.detail) for t in targets),
     ]
-    data = {
-        "settings": asdict(s),
-        "placement": None if pinned is None else asdict(pinned),
-        "paired": results,
-    }
-    return ScenarioResult(
+    return _result(
         "upstream-ttft",
         "A real inference server: first tokens direct and through llmq, in turn",
-        data,
-        "\n\n".join(parts),
+        s,
+        pinned,
+        parts,
         targets,
+        paired=results,
     )
 
 
@@ -437,15 +434,27 @@ def _report(
             _paired_line(results[PINNED][PAIRED]),
         ]
     parts += [target_line(t.description, t.met, t.detail) for t in targets]
-    data = {
-        "settings": asdict(s),
-        "placement": None if pinned is None else asdict(pinned),
-        "systems": results,
-    }
-    return ScenarioResult(
+    return _result(
         "upstream",
         "A real inference server: llama-server direct vs through llmq",
-        data,
-        "\n\n".join(parts),
+        s,
+        pinned,
+        parts,
         targets,
+        systems=results,
     )
+
+
+def _result(
+    name: str,
+    title: str,
+    s: Sizes,
+    pinned: Placement | None,
+    parts: list[str],
+    targets: list[Target],
+    **found: Any,
+) -> ScenarioResult:
+    """A result of this module's scenarios: their sizes and placement beside what
+    ``found``, the report's ``parts`` joined."""
+    data = {"settings": asdict(s), "placement": None if pinned is None else asdict(pinned)}
+    return ScenarioResult(name, title, {**data, **found}, "\n\n".join(parts), targets)
