@@ -157,6 +157,5 @@ def test_first_token_cpu_reads_each_process_off_the_scheduler() -> None:
     done = _run(["-m", "bench.first_token_cpu", "5"], timeout=120)
     direct, llmq = done.stdout.split("\nllmq:\n")
     assert re.search(r"first token +\d+\.\d+", direct) and re.search(r"cpu\d+ client", direct)
-    assert "api" not in direct and "worker" not in direct
     for process in ("client", "api", "worker", "redis"):
         assert re.search(rf"cpu\d+ {process} +\d+\.\d+", llmq), (process, llmq)
