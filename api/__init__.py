@@ -19,6 +19,9 @@ client. Read it in the order a request meets it:
    ``routes/native.py``: submit now, status, follow and resume the event stream,
    cancel; ``routes/health.py`` and ``routes/metrics.py`` for probes and scrapers);
    ``openapi.py`` makes the OpenAPI document list the statuses each route answers.
+   The generation routes are ``direct_route.py``'s: they fill their parameters
+   (body, caller, session header) themselves, without FastAPI's per-request
+   resolution, which is on every first token's path.
 3. **Validation and admission**: the body is checked strictly against
    ``bodies.py``; ``extras.py`` reads what it asks beyond plain text (structured
    output, tools, log-probabilities) and the capability each needs; ``submit.py``

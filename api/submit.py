@@ -15,9 +15,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Annotated, Any
-
-from fastapi import Header
+from typing import Any
 
 from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
@@ -32,17 +30,6 @@ from llmq.schema import EmbedTask, JobPayload, SamplingParams
 log = logging.getLogger(__name__)
 
 NO_EXTRAS = Extras()
-
-#: A client's conversation, for session affinity (else the request's ``user``).
-SessionHeader = Annotated[
-    str | None,
-    Header(
-        alias="X-Session-Id",
-        max_length=256,
-        description="A conversation's id: its requests prefer the worker that served it last "
-        "(LLMQ_ROUTING=prefix); the request's user field is used when absent.",
-    ),
-]
 
 
 @dataclass(frozen=True)

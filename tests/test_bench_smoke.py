@@ -159,3 +159,10 @@ def test_first_token_cpu_reads_each_process_off_the_scheduler() -> None:
     assert re.search(r"first token +\d+\.\d+", direct) and re.search(r"cpu\d+ client", direct)
     for process in ("client", "api", "worker", "redis"):
         assert re.search(rf"cpu\d+ {process} +\d+\.\d+", llmq), (process, llmq)
+
+
+@pytest.mark.timeout(90)
+def test_route_dispatch_compares_fastapi_and_a_direct_route() -> None:
+    done = _run(["-m", "bench.route_dispatch", "50"], timeout=60)
+    for name in ("FastAPI", "DirectRoute", "difference"):
+        assert re.search(rf"^  {name} +-?\d+\.\d", done.stdout, re.M), done.stdout

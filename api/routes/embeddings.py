@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from api.auth import Caller
 from api.bodies import EmbeddingRequest
 from api.cancel import release_later, unless_disconnected
+from api.direct_route import DirectRoute
 from api.errors import ApiError, json_error
 from api.fanin import merged
 from api.openapi import GENERATION_RESPONSES
@@ -30,7 +31,7 @@ from api.submit import Submitted, submit_embedding
 from llmq.protocol import keys
 from llmq.schema import DoneEvent, EmbeddingEvent, ErrorEvent
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], route_class=DirectRoute)
 
 
 def floats(encoded: str) -> list[float]:

@@ -11,18 +11,20 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from api import event_stream
 from api.auth import Caller
 from api.bodies import NativeRequest
 from api.cancel import cancel
+from api.direct_route import DirectRoute, SessionHeader
 from api.errors import InvalidRequest, NotFound
 from api.follow import IDLE, follow
 from api.openapi import EVENT_STREAM, error_responses
-from api.state import AppState, State
-from api.submit import SessionHeader, submit
+from api.state import AppState, State, state_of
+from api.submit import submit
 from api.subscription import valid_id
 from api.timing import RelayTimer
 from llmq.protocol import keys
@@ -31,22 +33,30 @@ from llmq.schema import TERMINAL_STATUSES, RequestRecord, TokensEvent, is_termin
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["native"])
+#: The generating route, on its first token's path (:mod:`api.direct_route`).
+generation = APIRouter(tags=["native"], route_class=DirectRoute)
 
 RequestId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-@router.post(
+@generation.post(
     "/v1/requests",
     status_code=202,
+    response_model=dict[str, Any],  # documents the answer; the route returns it made
     responses=error_responses(400, 401, 404, 413, 429, 503),
 )
 async def create(
-    body: NativeRequest, state: State, owner: Caller, session: SessionHeader = None
-) -> dict[str, Any]:
+    body: NativeRequest, request: Request, owner: Caller, session: SessionHeader = None
+) -> Response:
     sub = await submit(
-        state, body, body.prompt, max_tokens=body.max_tokens, owner=owner, session=session
+        state_of(request),
+        body,
+        body.prompt,
+        max_tokens=body.max_tokens,
+        owner=owner,
+        session=session,
     )
-    return {
+    answer = {
         "id": sub.id,
         "object": "request",
         "status": "queued",
@@ -56,6 +66,7 @@ async def create(
         "max_tokens": sub.max_tokens,
         "events_url": f"/v1/requests/{sub.id}/events",
     }
+    return JSONResponse(answer, status_code=202)
 
 
 async def _record(state: AppState, request_id: str, owner: str | None) -> RequestRecord:

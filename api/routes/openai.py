@@ -28,6 +28,7 @@ from api import event_stream
 from api.auth import Caller
 from api.bodies import ChatCompletionRequest, CompletionRequest
 from api.cancel import release_later, unless_disconnected
+from api.direct_route import DirectRoute, SessionHeader
 from api.errors import ApiError, NotFound, error_body, json_error
 from api.extras import chat_extras, completion_extras
 from api.fanin import Item, merged
@@ -35,7 +36,7 @@ from api.follow import IDLE, Batch, TokenCursor
 from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
 from api.openapi import GENERATION_RESPONSES, error_responses
 from api.state import AppState, State, state_of
-from api.submit import SessionHeader, Submitted, submit_choices
+from api.submit import Submitted, submit_choices
 from api.timing import RelayTimer
 from llmq.schema import (
     DoneEvent,
@@ -49,6 +50,8 @@ from llmq.schema import (
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["openai"])
+#: The generation routes, on every first token's path (:mod:`api.direct_route`).
+generation = APIRouter(tags=["openai"], route_class=DirectRoute)
 
 #: Status of a client that went away before its answer (nginx's convention).
 CLIENT_CLOSED = 499
@@ -274,7 +277,7 @@ async def _respond(
     return response
 
 
-@router.post("/v1/completions", response_model=None, responses=GENERATION_RESPONSES)
+@generation.post("/v1/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def completions(
     body: CompletionRequest, request: Request, owner: Caller, session: SessionHeader = None
 ) -> Response:
@@ -294,7 +297,7 @@ async def completions(
     return await _respond(request, state, fmt, body.streaming, arrived)
 
 
-@router.post("/v1/chat/completions", response_model=None, responses=GENERATION_RESPONSES)
+@generation.post("/v1/chat/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, owner: Caller, session: SessionHeader = None
 ) -> Response:

@@ -23,6 +23,7 @@ from api import event_stream, responses_store
 from api.auth import Caller
 from api.bodies import ChatCompletionRequest
 from api.cancel import release_later, unless_disconnected
+from api.direct_route import DirectRoute
 from api.errors import ApiError, InvalidRequest, NotFound, json_error
 from api.extras import Extras, chat_extras
 from api.fanin import merged
@@ -41,6 +42,8 @@ from llmq.schema import TokensEvent
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["responses"])
+#: The generating route, on its first token's path (:mod:`api.direct_route`).
+generation = APIRouter(tags=["responses"], route_class=DirectRoute)
 
 #: Chat parameter names, as the Responses request calls them.
 _PARAMS = {
@@ -81,7 +84,7 @@ async def _history(state: AppState, body: ResponsesRequest, owner: str | None) -
     return stored.conversation
 
 
-@router.post("/v1/responses", response_model=None, responses=GENERATION_RESPONSES)
+@generation.post("/v1/responses", response_model=None, responses=GENERATION_RESPONSES)
 async def create_response(body: ResponsesRequest, request: Request, owner: Caller) -> Response:
     arrived = time.monotonic()
     state = state_of(request)

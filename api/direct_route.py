@@ -1,0 +1,150 @@
+"""Routes on the first token's path, called without FastAPI's parameter resolution.
+
+FastAPI resolves a route's parameters on every request: it walks the route's
+dependency graph and reads the body as JSON, then validates the parsed objects. For
+the generation routes that costs the API more CPU between a request's arrival and
+its enqueue than everything that route itself does before the enqueue's
+admission (a tenth of a millisecond on a small VM, measured in docs/backends.md),
+and every request's first token waits for it.
+
+A :class:`DirectRoute` still declares its parameters in its endpoint's signature,
+so the OpenAPI document is FastAPI's own, but fills them itself from a fixed set of
+kinds, known when the route is made:
+
+- the :class:`~starlette.requests.Request`;
+- one request body, a pydantic model, validated from the JSON bytes in one call
+  (its errors are FastAPI's :class:`~fastapi.exceptions.RequestValidationError`,
+  answered by the same handler as any other route's);
+- the caller (:data:`api.auth.Caller`);
+- the ``X-Session-Id`` header (:data:`SessionHeader`).
+
+Any other parameter is refused when the route is made, not on a request. The
+endpoint must return a :class:`~starlette.responses.Response`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Annotated, Any
+
+from fastapi import Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from api.auth import Caller, caller
+
+SESSION_HEADER = "X-Session-Id"
+SESSION_MAX_LENGTH = 256
+
+#: A client's conversation, for session affinity (else the request's ``user``).
+SessionHeader = Annotated[
+    str | None,
+    Header(
+        alias=SESSION_HEADER,
+        max_length=SESSION_MAX_LENGTH,
+        description="A conversation's id: its requests prefer the worker that served it last "
+        "(LLMQ_ROUTING=prefix); the request's user field is used when absent.",
+    ),
+]
+
+Getter = Callable[[Request], Awaitable[Any]]
+
+
+def _is_json(content_type: str | None) -> bool:
+    """``application/json`` or ``application/*+json``, parameters ignored (as FastAPI)."""
+    if not content_type:
+        return False
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
+def body_getter(model: type[BaseModel]) -> Getter:
+    """Read and validate the body as ``model``; refusals in FastAPI's error shapes."""
+
+    async def read(request: Request) -> BaseModel:
+        raw = await request.body()
+        if not raw:
+            raise RequestValidationError(
+                [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+            )
+        if not _is_json(request.headers.get("content-type")):
+            # FastAPI then validates the raw bytes, which no model accepts
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "model_attributes_type",
+                        "loc": ("body",),
+                        "msg": "Input should be a valid dictionary or object",
+                        "input": raw,
+                    }
+                ]
+            )
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e["loc"])} for e in errors]
+            ) from None
+
+    return read
+
+
+async def _request(request: Request) -> Request:
+    return request
+
+
+async def _session(request: Request) -> str | None:
+    value = request.headers.get(SESSION_HEADER)
+    if value is not None and len(value) > SESSION_MAX_LENGTH:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "string_too_long",
+                    "loc": ("header", SESSION_HEADER),
+                    "msg": f"String should have at most {SESSION_MAX_LENGTH} characters",
+                    "input": value,
+                }
+            ]
+        )
+    return value
+
+
+def _getter(name: str, annotation: Any) -> tuple[int, Getter]:
+    """The getter of a parameter, with its rank: FastAPI's order, the caller, then
+    headers, then the body (a request without a valid key gets 401 whatever its body)."""
+    if annotation == Caller:
+        return 0, caller
+    if annotation == SessionHeader:
+        return 1, _session
+    if annotation is Request:
+        return 2, _request
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return 3, body_getter(annotation)
+    raise TypeError(f"a DirectRoute cannot fill the parameter {name!r} ({annotation!r})")
+
+
+class DirectRoute(APIRoute):
+    """An :class:`~fastapi.routing.APIRoute` whose handler fills the endpoint's
+    parameters itself (see the module's docstring); FastAPI documents it as usual."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        endpoint = self.endpoint
+        hints = typing.get_type_hints(endpoint, include_extras=True)
+        found = {
+            name: _getter(name, hints[name]) for name in inspect.signature(endpoint).parameters
+        }
+        getters = [(name, get) for name, (_, get) in sorted(found.items(), key=lambda i: i[1][0])]
+
+        async def handle(request: Request) -> Response:
+            kwargs = {name: await get(request) for name, get in getters}
+            response: Response = await endpoint(**kwargs)
+            return response
+
+        return handle
