@@ -1,11 +1,11 @@
 """Routes on the first token's path, called without FastAPI's parameter resolution.
 
 FastAPI resolves a route's parameters on every request: it walks the route's
-dependency graph and reads the body as JSON, then validates the parsed objects. For
-the generation routes that costs the API more CPU between a request's arrival and
-its enqueue than everything that route itself does before the enqueue's
-admission (a tenth of a millisecond on a small VM, measured in docs/backends.md),
-and every request's first token waits for it.
+dependency graph and reads the body as JSON, then validates the parsed objects. On a
+generation route that CPU is spent between a request's arrival and its enqueue, so
+every first token waits for it; filling the few kinds of parameter these routes take
+directly costs less than half as much (``python -m bench.route_dispatch``;
+docs/backends.md, "Benchmark").
 
 A :class:`DirectRoute` still declares its parameters in its endpoint's signature,
 so the OpenAPI document is FastAPI's own, but fills them itself from a fixed set of
@@ -19,7 +19,9 @@ kinds, known when the route is made:
 - the ``X-Session-Id`` header (:data:`SessionHeader`).
 
 Any other parameter is refused when the route is made, not on a request. The
-endpoint must return a :class:`~starlette.responses.Response`.
+caller is asked for first: a request without a valid key gets 401 before its body is
+parsed (FastAPI parses the JSON first). The endpoint must return a
+:class:`~starlette.responses.Response`.
 """
 
 from __future__ import annotations

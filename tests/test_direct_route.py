@@ -126,3 +126,14 @@ async def test_a_direct_route_answers_as_fastapi_does(
             assert ours[0] == 401 and theirs[0] in (400, 401), (case, auth)
         else:
             assert ours == theirs, (case, auth)
+
+
+def test_the_openapi_document_still_declares_what_the_routes_read() -> None:
+    doc = create_app(ApiSettings()).openapi()
+    chat = doc["paths"]["/v1/chat/completions"]["post"]
+    body = chat["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/ChatCompletionRequest"}
+    assert [p["name"] for p in chat["parameters"]] == ["X-Session-Id"]
+    native = doc["paths"]["/v1/requests"]["post"]
+    assert set(native["responses"]) >= {"202", "400", "401", "429"}
+    assert "ChatCompletionRequest" in doc["components"]["schemas"]
