@@ -34,7 +34,7 @@ from typing import Annotated, Any
 from fastapi import Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StringConstraints, TypeAdapter, ValidationError
 from starlette.responses import Response
 
 from api.auth import Caller, caller
@@ -66,34 +66,24 @@ def _is_json(content_type: str | None) -> bool:
     )
 
 
-def body_getter(model: type[BaseModel]) -> Getter:
-    """Read and validate the body as ``model``; refusals in FastAPI's error shapes."""
+def _refused(exc: ValidationError, *where: str) -> RequestValidationError:
+    """pydantic's errors as FastAPI reports them: located in the request (``body``...)."""
+    errors = exc.errors(include_url=False)
+    return RequestValidationError([{**e, "loc": (*where, *e["loc"])} for e in errors])
+
+
+def _body(model: type[BaseModel]) -> Getter:
+    """Read and validate the body as ``model``, refused as FastAPI refuses it."""
 
     async def read(request: Request) -> BaseModel:
         raw = await request.body()
-        if not raw:
-            raise RequestValidationError(
-                [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
-            )
-        if not _is_json(request.headers.get("content-type")):
-            # FastAPI then validates the raw bytes, which no model accepts
-            raise RequestValidationError(
-                [
-                    {
-                        "type": "model_attributes_type",
-                        "loc": ("body",),
-                        "msg": "Input should be a valid dictionary or object",
-                        "input": raw,
-                    }
-                ]
-            )
         try:
-            return model.model_validate_json(raw)
+            if raw and _is_json(request.headers.get("content-type")):
+                return model.model_validate_json(raw)
+            # no body, or not JSON: FastAPI validates that as it is, which no model takes
+            return model.model_validate(raw or None)
         except ValidationError as exc:
-            errors = exc.errors(include_url=False)
-            raise RequestValidationError(
-                [{**e, "loc": ("body", *e["loc"])} for e in errors]
-            ) from None
+            raise _refused(exc, "body") from None
 
     return read
 
@@ -102,25 +92,22 @@ async def _request(request: Request) -> Request:
     return request
 
 
+_SESSION = TypeAdapter(Annotated[str, StringConstraints(max_length=SESSION_MAX_LENGTH)])
+
+
 async def _session(request: Request) -> str | None:
     value = request.headers.get(SESSION_HEADER)
-    if value is not None and len(value) > SESSION_MAX_LENGTH:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "string_too_long",
-                    "loc": ("header", SESSION_HEADER),
-                    "msg": f"String should have at most {SESSION_MAX_LENGTH} characters",
-                    "input": value,
-                }
-            ]
-        )
-    return value
+    if value is None:
+        return None
+    try:
+        return _SESSION.validate_python(value)
+    except ValidationError as exc:
+        raise _refused(exc, "header", SESSION_HEADER) from None
 
 
 def _getter(name: str, annotation: Any) -> tuple[int, Getter]:
-    """The getter of a parameter, with its rank: FastAPI's order, the caller, then
-    headers, then the body (a request without a valid key gets 401 whatever its body)."""
+    """The getter of a parameter, with its rank: the caller first (a request without a
+    valid key gets 401 whatever its body), then the header, the request, the body."""
     if annotation == Caller:
         return 0, caller
     if annotation == SessionHeader:
@@ -128,7 +115,7 @@ def _getter(name: str, annotation: Any) -> tuple[int, Getter]:
     if annotation is Request:
         return 2, _request
     if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
-        return 3, body_getter(annotation)
+        return 3, _body(annotation)
     raise TypeError(f"a DirectRoute cannot fill the parameter {name!r} ({annotation!r})")
 
 
