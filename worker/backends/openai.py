@@ -283,6 +283,10 @@ class OpenAIUpstream:
                     outputs = _after_published(outputs, request.generated)
                 async for out in outputs:
                     yield out
+                if self.engine.closes_streams:
+                    # the server closes it after the stream, but a stream read to its
+                    # end would go back to the pool, where a health check could meet it
+                    response.close()
         except HTTP_ERRORS as exc:
             failed = True
             self._down()
