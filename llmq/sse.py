@@ -48,9 +48,21 @@ class SSEDecoder:
         self._event: str | None = None
 
     def feed(self, chunk: bytes) -> list[Frame]:
-        """Add one network read; return every event it completed."""
+        """Add one network read; return every event it completed.
+
+        Servers end lines with ``\n`` (llama.cpp, vLLM, llmq itself): while no ``\r``
+        is in sight the lines are cut with one ``split``, the decoder's cost on every
+        token a worker reads from its upstream; otherwise with the spec's three
+        line ends.
+        """
         self._buffer += self._utf8.decode(chunk)
         events: list[Frame] = []
+        if "\r" not in self._buffer:
+            lines = self._buffer.split("\n")
+            self._buffer = lines.pop()  # the unterminated rest ("" after a line end)
+            for line in lines:
+                self._line(line, events)
+            return events
         pos = 0
         while (match := _EOL.search(self._buffer, pos)) is not None:
             if match.group() == "\r" and match.end() == len(self._buffer):
@@ -76,6 +88,9 @@ class SSEDecoder:
         return events
 
     def _line(self, line: str, events: list[Frame]) -> None:
+        if line.startswith("data: "):  # nearly every line that is not blank
+            self._data.append(line[6:])
+            return
         if not line:
             if self._data:
                 events.append(Frame(self._id, self._event, "\n".join(self._data)))

@@ -166,3 +166,14 @@ def test_route_dispatch_compares_fastapi_and_a_direct_route() -> None:
     done = _run(["-m", "bench.route_dispatch", "50"], timeout=60)
     for name in ("FastAPI", "DirectRoute", "difference"):
         assert re.search(rf"^  {name} +-?\d+\.\d", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.timeout(150)
+def test_upstream_cpu_alternates_two_checkouts_run_by_run() -> None:
+    argv: list[str | Path] = ["-m", "bench.upstream_cpu", "--runs", "1", "--seconds", "1"]
+    argv += ["--compare", ROOT]
+    done = _run(argv, timeout=120)
+    for name in ("this", "other"):
+        row = rf"^{name} +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+"
+        assert re.search(row, done.stdout, re.M), done.stdout
+        assert re.search(rf"^{name} +median .* llmq/server \d\.\d+$", done.stdout, re.M)

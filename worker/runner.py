@@ -213,6 +213,13 @@ class RequestRunner:
     #: the run writes its outcome: the model's slot is free from then on.
     on_model_done: Callable[[str, int], None] | None = None
 
+    def __post_init__(self) -> None:
+        # What the backend offers, asked once: an isinstance check against a runtime
+        # protocol inspects the class's attributes every time, on every run's path to
+        # its model.
+        self._stepped = self.backend if isinstance(self.backend, SteppedModel) else None
+        self._reports_cache = isinstance(self.backend, CacheReporting)
+
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
         now = time.monotonic()
@@ -677,10 +684,10 @@ class RequestRunner:
             deadline, progress.by_job_timeout = progress.deadline, True
         try:
             async with asyncio.timeout_at(deadline):
-                if isinstance(self.backend, SteppedModel):
+                if self._stepped is not None:
                     # Tokens arrive by callback from the model's step loop: no wake-up
                     # of this task per token.
-                    await self.backend.generate_into(request, take)
+                    await self._stepped.generate_into(request, take)
                 else:
                     async for out in self.backend.generate(request):
                         take(out)
@@ -831,7 +838,7 @@ class RequestRunner:
         one: it reports its hits, so no report is a miss."""
         m, model = self.metrics, payload.model
         details = usage.prompt_tokens_details
-        if details is not None or isinstance(self.backend, CacheReporting):
+        if details is not None or self._reports_cache:
             cached = details.cached_tokens if details is not None else 0
             m.inc(metrics.PREFIX_CACHE_QUERIES, model, amount=usage.prompt_tokens)
             m.inc(metrics.PREFIX_CACHE_HITS, model, amount=cached)

@@ -146,7 +146,7 @@ def server_url(server: LoggedProcess) -> str:
     return f"http://127.0.0.1:{server.name.rsplit('-', 1)[1]}"
 
 
-def _once(
+def run_load(
     url: str,
     pids: dict[str, int],
     redis_url: str | None,
@@ -192,10 +192,10 @@ def _system(
     light, saturated = [], []
     for i in range(repeats):
         ctx.say(f"  {name}: one stream, run {i + 1}/{repeats}")
-        light.append(_once(url, pids, redis_url, s, 1, s.light_s, next(seeds)))
+        light.append(run_load(url, pids, redis_url, s, 1, s.light_s, next(seeds)))
         ctx.say(f"  {name}: {2 * s.slots * len(servers)} streams, run {i + 1}/{repeats}")
         users = 2 * s.slots * len(servers)
-        saturated.append(_once(url, pids, redis_url, s, users, s.saturated_s, next(seeds)))
+        saturated.append(run_load(url, pids, redis_url, s, users, s.saturated_s, next(seeds)))
     keys = ("ttft_ms_median", "ttft_ms_p99", "itl_ms_median", "itl_ms_p99", "e2el_ms_median")
     out: dict[str, Any] = {k: median_of(light, k) for k in keys}
     out["output_throughput"] = median_of(saturated, "output_throughput")

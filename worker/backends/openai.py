@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import aiohttp
+from pydantic_core import from_json
 
 from llmq.model.interface import (
     GenerationRequest,
@@ -376,12 +377,15 @@ class OpenAIUpstream:
         call = _ToolCall(f"call_{seed:016x}")
         echo = _Echo(echoed)
         counted = not tools  # the counts come early only where the body asked for them
+        # Every token of every stream passes here: the common case (a chunk of plain
+        # text, nothing echoed or called) takes no helper calls.
         async for frame in frames(response.content.iter_any()):
-            if frame.data.strip() == DONE:
+            data = frame.data
+            if not data.startswith("{") and data.strip() == DONE:
                 break  # a [DONE] without a finish reason is a stream cut short
-            chunk = json.loads(frame.data)
+            chunk = from_json(data)
             if chunk.get("error"):
-                _raise_for(500, frame.data.encode())
+                _raise_for(500, data.encode())
             if not counted and (early := self.engine.counted_early(chunk)) is not None:
                 counted = True
                 yield Report(prompt_tokens=max(1, early[0] - resumed), cached_tokens=early[1])
@@ -390,11 +394,12 @@ class OpenAIUpstream:
                 text = choice.get("text") or delta.get("content") or ""
                 logprobs = choice.get("logprobs")
                 reason = choice.get("finish_reason")
-                for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
-                    if call.started is None:  # text after a call has no place
-                        yield _token(piece, piece_logprobs)
-                for out in call.outputs(delta.get("tool_calls") or ()):
-                    yield out if isinstance(out, ToolCallStart) else _token(out, logprobs)
+                tool_calls = delta.get("tool_calls")
+                if echo.left or tool_calls or call.started is not None:
+                    for out in _choice_outputs(echo, call, text, logprobs, reason, tool_calls):
+                        yield out
+                elif text:
+                    yield text if logprobs is None else _token(text, logprobs)
                 if reason or call.ended:
                     finished = True
                     yield Report(finish_reason=_finish_reason(reason or "stop"))
@@ -434,6 +439,19 @@ class OpenAIUpstream:
                 param="prompt",
             )
         return count
+
+
+def _choice_outputs(
+    echo: _Echo, call: _ToolCall, text: str, logprobs: Any, reason: Any, tool_calls: Any
+) -> list[str]:
+    """A choice's outputs while an echo may still come back or a tool is called."""
+    outs: list[str] = []
+    for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
+        if call.started is None:  # text after a call has no place
+            outs.append(_token(piece, piece_logprobs))
+    for out in call.outputs(tool_calls or ()):
+        outs.append(out if isinstance(out, ToolCallStart) else _token(out, logprobs))
+    return outs
 
 
 class _ToolCall:
@@ -503,6 +521,8 @@ class _Echo:
     echo: the held chunks are output after all, in order)."""
 
     def __init__(self, text: str) -> None:
+        #: The text still to come back; "" once it came or departed, and then
+        #: nothing is held.
         self.left = text
         self.held: list[tuple[str, Any]] = []
 

@@ -1,0 +1,105 @@
+"""CPU per token through llmq in front of ``llama-server`` at saturation, by process.
+
+``python -m bench.upstream_cpu [--runs N] [--shared] [--compare DIR]``: the
+``upstream`` scenario's closed loop of twice the server's slots (:mod:`bench.scenarios.upstream`)
+through llmq 1+1 only, each run on a server started for it (a server slows as it
+serves), with the server pinned to the last CPU as in the scenario's "engine pinned"
+placement unless ``--shared``. Prints each run's throughput and the CPU milliseconds
+each process spent per delivered token, and llmq's over the server's (:func:`share`),
+then the medians. CPU per token moves far less with the neighbours than latency
+does, so this is the figure to try a change on the token path with: ``--compare DIR``
+runs the llmq processes of another checkout (an older commit made with ``git
+worktree add``) in turn with this one's, run by run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench import procs
+from bench.scenarios.upstream import (
+    Placement,
+    Sizes,
+    llmq_env,
+    placed,
+    run_load,
+    start_servers,
+)
+from rigs.llama import write_tiny_gguf
+
+#: The processes that are llmq's (beside the server and the load generator).
+LLMQ_ROLES = ("api", "workers", "redis")
+#: Seconds of load before each measured run: the worker's first connections, the
+#: API's first streams.
+WARM_S = 2.0
+
+
+def _run(
+    root: Path, s: Sizes, model: Path, log_dir: Path, placement: Placement | None, seed: int
+) -> dict[str, Any]:
+    procs.ROOT = root  # children start from ROOT: it chooses the code they run
+    users = 2 * s.slots
+    with start_servers(1, model, s, log_dir, placement) as (server,):
+        with procs.Stack(log_dir) as stack:
+            stack.scale(1, llmq_env(server))
+            pids = {"llama": server.pid, **stack.pids()}
+            run_load(stack.url, pids, stack.redis.url, s, users, min(WARM_S, s.saturated_s), seed)
+            return run_load(stack.url, pids, stack.redis.url, s, users, s.saturated_s, seed + 1)
+
+
+def share(run: dict[str, Any]) -> float:
+    """llmq's CPU per token (API, workers, Redis) over the server's: the pinned server
+    runs alone on its CPU, so this cancels most of a VM's drift in speed from run to
+    run, which moves every process's CPU per token together."""
+    per = run["cpu_ms_per_token"]
+    return float(sum(per[r] for r in LLMQ_ROLES) / per["llama"])
+
+
+def _row(name: str, run: dict[str, Any]) -> str:
+    per = " ".join(f"{role}={value:.3f}" for role, value in run["cpu_ms_per_token"].items())
+    tok_s, failed = run["output_throughput"], run["failed"]
+    ratio = share(run)
+    return (
+        f"{name:6} {tok_s:7.1f} tok/s, failed {failed}, CPU ms/token {per}, llmq/server {ratio:.3f}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.upstream_cpu", description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--shared", action="store_true", help="the server on any CPU")
+    parser.add_argument("--compare", type=Path, help="another checkout to alternate with")
+    parser.add_argument("--seconds", type=float, default=Sizes().saturated_s, help="per run")
+    args = parser.parse_args(argv)
+    s = replace(Sizes(), saturated_s=args.seconds)
+    placement = None if args.shared else Placement.for_engines(1)
+    log_dir = Path(tempfile.mkdtemp(prefix="llmq-upstream-cpu-"))
+    model = write_tiny_gguf(log_dir / "tiny.gguf")
+    roots = {"this": procs.ROOT, **({"other": args.compare} if args.compare else {})}
+    results: dict[str, list[dict[str, Any]]] = {}
+    try:
+        with placed(placement):
+            for i in range(args.runs):
+                for name, root in roots.items():  # the same prompts, on a server of its own
+                    run = _run(root, s, model, log_dir, placement, 1000 * (i + 1))
+                    results.setdefault(name, []).append(run)
+                    print(_row(name, run), flush=True)
+    finally:
+        procs.ROOT = roots["this"]
+    for name, runs in results.items():
+        roles = runs[0]["cpu_ms_per_token"]
+        medians = {r: statistics.median(x["cpu_ms_per_token"][r] for x in runs) for r in roles}
+        tok_s = statistics.median(x["output_throughput"] for x in runs)
+        text = " ".join(f"{r}={v:.3f}" for r, v in medians.items())
+        ratio = statistics.median(share(x) for x in runs)
+        print(f"{name:6} median {tok_s:7.1f} tok/s, CPU ms/token {text}, llmq/server {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
