@@ -37,7 +37,6 @@ from contextlib import contextmanager
 from typing import Any, cast
 from weakref import WeakSet
 
-import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 from redis.asyncio.connection import SSLConnection, parse_url
@@ -67,57 +66,8 @@ class PoolExhausted(RedisConnectionError):
     """
 
 
-class HiredisPacking:
-    """Commands packed into RESP by hiredis's C packer, as redis-py's own synchronous
-    connections do, instead of the asyncio connection's Python one (which encodes
-    each argument in its own calls: several times hiredis's cost for a script call of
-    a few dozen keys and arguments, on the way to every request's first token).
-
-    The bytes are the same; an argument hiredis does not take (a ``memoryview``, a
-    string that is not UTF-8 encodable, a value of another type) goes to redis-py's
-    packer, which packs it or raises its own error; a connection that encodes other
-    than UTF-8 is always packed by redis-py.
-    """
-
-    encoder: Any
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        first = args[0]
-        # a command name with a space is several words ("CONFIG GET"), as redis-py splits it
-        if isinstance(first, str) and " " in first:
-            args = (*first.split(), *args[1:])
-        elif isinstance(first, bytes) and b" " in first:
-            args = (*first.split(), *args[1:])
-        if self.encoder.encoding.lower().replace("-", "") == "utf8":
-            try:
-                return [hiredis.pack_command(args)]
-            except (TypeError, UnicodeError):
-                pass
-        packed: list[bytes] = super().pack_command(*args)  # type: ignore[misc]
-        return packed
-
-
-_PACKING: dict[type, type] = {}
-
-
-def hiredis_packing(connection_class: type) -> type:
-    """``connection_class`` with :class:`HiredisPacking` (one subclass per class)."""
-    if issubclass(connection_class, HiredisPacking):
-        return connection_class
-    found = _PACKING.get(connection_class)
-    if found is None:
-        name = f"HiredisPacking{connection_class.__name__}"
-        found = _PACKING[connection_class] = type(name, (HiredisPacking, connection_class), {})
-    return found
-
-
 class BoundedPool(BlockingConnectionPool):
-    """redis-py's blocking pool, raising :class:`PoolExhausted` when it times out,
-    whose connections pack commands with hiredis (:class:`HiredisPacking`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.connection_class = hiredis_packing(self.connection_class)
+    """redis-py's blocking pool, raising :class:`PoolExhausted` when it times out."""
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -347,11 +297,6 @@ class ClusterClient(RedisCluster):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         manager = self.nodes_manager
-        # every node's connections pack with hiredis, those found later included
-        packing = hiredis_packing(manager.connection_kwargs["connection_class"])
-        manager.connection_kwargs["connection_class"] = packing
-        for node in manager.startup_nodes.values():
-            node.connection_class = packing
         self._retired = RetiredNodes()
         manager.startup_nodes = _StartupNodes(self._retired, manager.startup_nodes)
         manager.nodes_cache = _RetiringNodes(self._retired, manager.nodes_cache)
