@@ -1,6 +1,6 @@
 """CPU per token through llmq in front of ``llama-server`` at saturation, by process.
 
-``python -m bench.upstream_cpu [--runs N] [--shared] [--compare DIR]``: the
+``python -m bench.upstream_cpu [--runs N] [--shared] [--compare DIR] [--tokens N]``: the
 ``upstream`` scenario's closed loop of twice the server's slots (:mod:`bench.scenarios.upstream`)
 through llmq 1+1 only, each run on a server started for it (a server slows as it
 serves), with the server pinned to the last CPU as in the scenario's "engine pinned"
@@ -76,8 +76,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shared", action="store_true", help="the server on any CPU")
     parser.add_argument("--compare", type=Path, help="another checkout to alternate with")
     parser.add_argument("--seconds", type=float, default=Sizes().saturated_s, help="per run")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=Sizes().output_tokens,
+        help="output tokens per request (runs at several split a process's CPU into "
+        "what it spends per request and per token)",
+    )
     args = parser.parse_args(argv)
-    s = replace(Sizes(), saturated_s=args.seconds)
+    s = replace(Sizes(), saturated_s=args.seconds, output_tokens=args.tokens)
     placement = None if args.shared else Placement.for_engines(1)
     log_dir = Path(tempfile.mkdtemp(prefix="llmq-upstream-cpu-"))
     model = write_tiny_gguf(log_dir / "tiny.gguf")
