@@ -15,7 +15,6 @@ worktree add``) in turn with this one's, run by run.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
+from bench.report import fmt
 from bench.scenarios.upstream import (
     Placement,
     Sizes,
@@ -31,6 +31,7 @@ from bench.scenarios.upstream import (
     run_load,
     start_servers,
 )
+from bench.stats import median, median_of, medians
 from rigs.llama import write_tiny_gguf
 
 #: The processes that are llmq's (beside the server and the load generator).
@@ -100,12 +101,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         procs.ROOT = roots["this"]
     for name, runs in results.items():
-        roles = runs[0]["cpu_ms_per_token"]
-        medians = {r: statistics.median(x["cpu_ms_per_token"][r] for x in runs) for r in roles}
-        tok_s = statistics.median(x["output_throughput"] for x in runs)
-        text = " ".join(f"{r}={v:.3f}" for r, v in medians.items())
-        ratio = statistics.median(share(x) for x in runs)
-        print(f"{name:6} median {tok_s:7.1f} tok/s, CPU ms/token {text}, llmq/server {ratio:.3f}")
+        per = medians([x["cpu_ms_per_token"] for x in runs], runs[0]["cpu_ms_per_token"])
+        text = " ".join(f"{role}={fmt(value, 3)}" for role, value in per.items())
+        tok_s, ratio = median_of(runs, "output_throughput"), median(share(x) for x in runs)
+        print(
+            f"{name:6} median {fmt(tok_s, 1):>7} tok/s, CPU ms/token {text}, "
+            f"llmq/server {fmt(ratio, 3)}"
+        )
 
 
 if __name__ == "__main__":
