@@ -35,7 +35,7 @@ from llmq.protocol import codec, keys
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.protocol.routing import FIFO, Routing
-from llmq.protocol.scripts import run_pipelined, scripts_for
+from llmq.protocol.scripts import Call, run_pipelined, scripts_for
 from llmq.protocol.streams import (
     add_event,
     add_lifecycle,
@@ -402,20 +402,31 @@ class Queue:
 
     async def release(self, model: str, request_id: str, attempt: int) -> bool:
         """Drop the lease of a run that ended, if ``attempt`` still holds it."""
-        done = await self.scripts.release(
-            keys=[keys.running(model), keys.leases(model)], args=[request_id, attempt]
-        )
-        return bool(done)
+        keys_, args = self._release_call(model, request_id, attempt)
+        return bool(await self.scripts.release(keys=keys_, args=args))
+
+    @staticmethod
+    def _release_call(model: str, request_id: str, attempt: int) -> Call:
+        return [keys.running(model), keys.leases(model)], [request_id, attempt]
 
     async def finish(self, model: str, request_id: str, attempt: int | None) -> None:
-        """A run ended for good: delete what arq's own finish would, under llmq's
-        names (the job record, its try counter and in-progress marker, all in the
-        model's slot; a hand-back drops only the marker, in ``requeue.lua``), then
-        :meth:`release` the lease of ``attempt`` (None: the worker held no lease)."""
+        """A run ended for good: :meth:`release` the lease of ``attempt`` (None: the
+        worker held no lease), then delete what arq's own finish would, under llmq's
+        names (the job record, its try counter and in-progress marker; a hand-back
+        drops only the marker, in ``requeue.lua``). Every key is in the model's slot,
+        so both go in one round trip (the deletion may run twice: a lost script
+        cache runs the pipeline again)."""
         names = [keys.job(request_id, model), keys.retry(request_id, model)]
-        await self.redis.delete(*names, keys.in_progress(request_id, model))
-        if attempt is not None:
-            await self.release(model, request_id, attempt)
+        names.append(keys.in_progress(request_id, model))
+
+        def delete(pipe: Pipeline) -> None:
+            pipe.delete(*names)
+
+        if attempt is None:
+            await self.redis.delete(*names)
+            return
+        calls = [self._release_call(model, request_id, attempt)]
+        await run_pipelined(self.redis, self.scripts.release, calls, delete)
 
     async def renew(
         self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""
