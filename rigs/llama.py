@@ -233,19 +233,24 @@ def llama_server_argv(
     return argv
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes] | None, timeout: float = 60.0) -> None:
-    """Until the server's ``/health`` says ok (the model is loaded)."""
+def wait_ready(
+    url: str,
+    process: subprocess.Popen[bytes] | None,
+    timeout: float = 60.0,
+    name: str = "llama-server",
+) -> None:
+    """Until the server's ``/health`` says ok (the model is loaded); ``name`` for errors."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {process.returncode} before ready")
+            raise RuntimeError(f"{name} exited with {process.returncode} before ready")
         try:
             if httpx.get(url + "/health", timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.05)
-    raise TimeoutError(f"llama-server at {url} not ready after {timeout}s")
+    raise TimeoutError(f"{name} at {url} not ready after {timeout}s")
 
 
 @contextmanager

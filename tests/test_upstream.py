@@ -25,6 +25,7 @@ from llmq.protocol import keys
 from llmq.schema import StartedEvent, TokensEvent, ToolCallEvent, decode_event
 from loadgen import LoadConfig, run_load
 from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
+from tests.support.completions import chat_text, direct, sdk, streamed
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import ready_workers, record, wait_status, workers
 from tests.support.recording_proxy import Connection, RecordingProxy
@@ -57,39 +58,6 @@ async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
 
     yield start
     await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
-
-
-def sdk(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-
-
-async def direct(url: str, prompt: str, max_tokens: int) -> str:
-    """The text the server itself streams for ``prompt`` at temperature 0."""
-    async with sdk(url) as client:
-        text, _, _ = await streamed(client, prompt, max_tokens)
-    return text
-
-
-async def streamed(
-    client: openai.AsyncOpenAI, prompt: str, max_tokens: int, **more: Any
-) -> tuple[str, str | None, Any]:
-    """Text, finish reason and usage of one streamed completion at temperature 0."""
-    stream = await client.completions.create(
-        model=MODEL,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        **more,
-    )
-    text, finish, usage = "", None, None
-    async for chunk in stream:
-        usage = chunk.usage or usage
-        for choice in chunk.choices:
-            text += choice.text or ""
-            finish = choice.finish_reason or finish
-    return text, finish, usage
 
 
 async def test_tokens_through_llmq_equal_the_server_directly(
@@ -461,13 +429,6 @@ async def test_stop_sequences_and_logprobs_pass_through(
     ):
         assert len(alternatives) == 2 and max(alternatives, key=alternatives.__getitem__) == token
         assert alternatives[token] == pytest.approx(logprob)
-
-
-async def chat_text(client: openai.AsyncOpenAI, messages: list[Any], max_tokens: int) -> str:
-    stream = await client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
-    )
-    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
 
 async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(

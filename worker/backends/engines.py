@@ -5,7 +5,8 @@ slots, context length and capabilities, whether they tokenize, and how they answ
 health check. Each :class:`Engine` names those endpoints and reads their answers; an
 engine that lacks one leaves it to the settings (or to the documented
 approximation). Checked against: vLLM (``/tokenize``, ``/v1/models``
-``max_model_len``, ``/health``), llama.cpp's ``llama-server`` (``/tokenize``,
+``max_model_len``, ``/health``, ``return_token_ids``; run in the tests as its CPU
+build), llama.cpp's ``llama-server`` (``/tokenize``,
 ``/props`` ``total_slots``, ``default_generation_settings.n_ctx`` and
 ``chat_template_caps``, ``/health``), SGLang, TGI and Ollama (``/v1/models`` only,
 here).
@@ -44,6 +45,10 @@ class Engine:
     #: The server closes its connection after every streamed answer, whatever its
     #: ``Keep-Alive`` header says (llama.cpp's): each stream needs a new connection.
     closes_streams: bool = False
+    #: Asked to (``return_token_ids``), each chunk lists the ids of its tokens (vLLM's):
+    #: a chunk of several tokens (vLLM merges them when its reader falls behind) or of
+    #: none with text (a token that ends inside a character) still counts exactly.
+    lists_token_ids: bool = False
 
     def ask_counts_early(self, body: dict[str, Any]) -> None:
         """Ask, in a request's ``body``, for the prompt's token count in the first chunk
@@ -109,7 +114,7 @@ class LlamaCpp(Engine):
 
 ENGINES: dict[str, Engine] = {
     "generic": Engine("generic"),
-    "vllm": Engine("vllm", health_path="/health", tokenize_path="/tokenize"),
+    "vllm": Engine("vllm", health_path="/health", tokenize_path="/tokenize", lists_token_ids=True),
     "sglang": Engine("sglang", health_path="/health"),
     "tgi": Engine("tgi", health_path="/health"),
     "ollama": Engine("ollama"),

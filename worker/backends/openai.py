@@ -8,7 +8,9 @@ assumes only this of the upstream:
   per chunk (``choices[0].text``; a chunk with no text is not a token), the last one
   with ``finish_reason``, then (with ``stream_options.include_usage``, where honoured)
   one with ``usage``; llmq counts a chunk as a token, so ``max_tokens`` and resumes
-  count in chunks;
+  count in chunks, except where the engine lists each chunk's token ids
+  (:attr:`~worker.backends.engines.Engine.lists_token_ids`: vLLM, whose chunks can
+  carry several tokens, or none with text): then by those (:func:`_per_token`);
 - the upstream aborts a sequence when its client disconnects (vLLM and llama.cpp
   do): closing the response is how a cancelled, timed-out or fenced request frees
   its slot;
@@ -331,6 +333,8 @@ class OpenAIUpstream:
             body["ignore_eos"] = True
         if request.min_tokens > resumed:
             body["min_tokens"] = request.min_tokens - resumed
+        if self.engine.lists_token_ids:
+            body["return_token_ids"] = True
         return body
 
     def _chat_body(
@@ -395,8 +399,10 @@ class OpenAIUpstream:
                 logprobs = choice.get("logprobs")
                 reason = choice.get("finish_reason")
                 tool_calls = delta.get("tool_calls")
-                if echo.left or tool_calls or call.started is not None:
-                    for out in _choice_outputs(echo, call, text, logprobs, reason, tool_calls):
+                ids = choice.get("token_ids")
+                if echo.left or tool_calls or call.started is not None or ids is not None:
+                    outs = _choice_outputs(echo, call, text, logprobs, reason, tool_calls, ids)
+                    for out in outs:
                         yield out
                 elif text:
                     yield text if logprobs is None else _token(text, logprobs)
@@ -441,10 +447,31 @@ class OpenAIUpstream:
         return count
 
 
+def _per_token(text: str, logprobs: Any, count: int) -> list[str]:
+    """A chunk's text as ``count`` outputs, ``count`` the token ids the engine listed
+    for it (vLLM merges the tokens of several steps into one chunk when its reader
+    falls behind, and sends a token that ends inside a character with no text): the
+    text, with the first token's log-probability, then an empty text for each
+    further token, so that llmq counts the engine's tokens (``max_tokens``, a resume's
+    remaining ones, the usage) and the text stays whole."""
+    if count == 0:
+        return [text] if text else []
+    return [_token(text, logprobs), *([""] * (count - 1))]
+
+
 def _choice_outputs(
-    echo: _Echo, call: _ToolCall, text: str, logprobs: Any, reason: Any, tool_calls: Any
+    echo: _Echo,
+    call: _ToolCall,
+    text: str,
+    logprobs: Any,
+    reason: Any,
+    tool_calls: Any,
+    ids: Any = None,
 ) -> list[str]:
-    """A choice's outputs while an echo may still come back or a tool is called."""
+    """A choice's outputs while an echo may still come back or a tool is called, or
+    where the engine listed the ids of the chunk's tokens (``ids``)."""
+    if ids is not None and not (echo.left or tool_calls or call.started is not None):
+        return _per_token(text, logprobs, len(ids))
     outs: list[str] = []
     for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
         if call.started is None:  # text after a call has no place

