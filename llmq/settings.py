@@ -373,7 +373,8 @@ class WorkerSettings(CommonSettings):
     upstream_engine: Literal["generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = Field(
         "generic",
         description="The upstream's kind, for what plain OpenAI does not say: its tokenize "
-        "and context-length endpoints, how it continues a chat's last message.",
+        "and context-length endpoints, how it continues a chat's last message, how its "
+        "chunks are counted.",
     )
     upstream_api: Literal["completions", "chat"] = Field(
         "completions",

@@ -276,8 +276,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "other-key-404",
         "a request's status, events and cancel answer 404 to every other key",
         "api/routes/native.py",
-        "if record is None or (owner is not None and record.owner != owner):",
-        "if record is None:",
+        "    if owner is not None and record.owner != owner:",
+        "    if False:",
         ("tests/test_auth.py::test_a_request_is_visible_only_to_its_key",),
     ),
     Mutant(
@@ -655,6 +655,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "prompt = request.prompt",
         (
             "tests/test_upstream.py::test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken",
+        ),
+    ),
+    Mutant(
+        "upstream-token-ids",
+        "a vLLM worker counts the tokens each chunk lists, not its chunks",
+        "worker/backends/openai.py",
+        """        if self.engine.lists_token_ids:
+            body["return_token_ids"] = True""",
+        """        pass""",
+        (
+            "tests/test_upstream_vllm.py::test_tokens_through_llmq_equal_vllm_directly_counted_by_its_token_ids",
         ),
     ),
     Mutant(
