@@ -416,8 +416,11 @@ class Queue:
         drops only the marker, in ``requeue.lua``). Every key is in the model's slot,
         so both go in one round trip (the deletion may run twice: a lost script
         cache runs the pipeline again)."""
-        names = [keys.job(request_id, model), keys.retry(request_id, model)]
-        names.append(keys.in_progress(request_id, model))
+        names = [
+            keys.job(request_id, model),
+            keys.retry(request_id, model),
+            keys.in_progress(request_id, model),
+        ]
 
         def delete(pipe: Pipeline) -> None:
             pipe.delete(*names)

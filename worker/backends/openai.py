@@ -400,8 +400,14 @@ class OpenAIUpstream:
                 reason = choice.get("finish_reason")
                 tool_calls = delta.get("tool_calls")
                 ids = choice.get("token_ids")
-                if echo.left or tool_calls or call.started is not None or ids is not None:
-                    outs = _choice_outputs(echo, call, text, logprobs, reason, tool_calls, ids)
+                special = echo.left or tool_calls or call.started is not None
+                # listed ids matter only where they are not one per text (vLLM merges)
+                if special or (ids is not None and (len(ids) != 1 or not text)):
+                    outs = (
+                        _choice_outputs(echo, call, text, logprobs, reason, tool_calls)
+                        if special
+                        else _per_token(text, logprobs, len(ids))
+                    )
                     for out in outs:
                         yield out
                 elif text:
@@ -466,12 +472,8 @@ def _choice_outputs(
     logprobs: Any,
     reason: Any,
     tool_calls: Any,
-    ids: Any = None,
 ) -> list[str]:
-    """A choice's outputs while an echo may still come back or a tool is called, or
-    where the engine listed the ids of the chunk's tokens (``ids``)."""
-    if ids is not None and not (echo.left or tool_calls or call.started is not None):
-        return _per_token(text, logprobs, len(ids))
+    """A choice's outputs while an echo may still come back or a tool is called."""
     outs: list[str] = []
     for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
         if call.started is None:  # text after a call has no place
