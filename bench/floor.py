@@ -145,6 +145,7 @@ class FloorApp:
             body = json.loads(raw)
             prompt = _prompt(body, chat)
             max_tokens = int(body.get("max_tokens") or 16)
+            temperature = float(body.get("temperature", 1.0))
         except (ValueError, TypeError, KeyError, AttributeError):
             await _json(send, 400, _error("invalid request body"))
             return
@@ -157,6 +158,7 @@ class FloorApp:
             max_tokens=max_tokens,
             seed=seed_for(shape.base["id"], _seed(body)),
             prompt_tokens=count_tokens(prompt),
+            temperature=temperature,
         )
         if not body.get("stream"):
             tokens = [token async for token in self.tokens(request, shape.base["id"])]

@@ -22,7 +22,11 @@ lost Redis stops its streams): it is a bound, not a server to deploy. With
 ``--role api`` the model runs in a separate process (``--role model``), which
 takes requests from a Redis list (one ``LPUSH`` per request) as llmq's workers
 take them from its queue: the model process -> Redis -> API process hop count of
-llmq.
+llmq. With ``--upstream URL`` that process streams each request from an
+OpenAI-compatible inference server instead of running the mock
+(:class:`UpstreamModel`): every hop a request through llmq makes to a real
+engine and back, and nothing else, which is what the first token through llmq is
+compared with beside the server's own (``bench/scenarios/upstream.py``).
 
 Run it with ``python -m bench.floor_via_redis --redis-url URL --port 8100`` (add
 ``--role api`` and start ``--role model`` beside it for two processes).
@@ -36,14 +40,17 @@ import collections
 import json
 import signal
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+import aiohttp
 import hiredis
 import uvloop
+from pydantic_core import from_json
 from redis.asyncio import Redis
 
 from bench.floor import FloorApp, serve
-from llmq.model.interface import GenerationRequest
+from llmq.model.interface import Emit, GenerationRequest
+from llmq.sse import DONE, frames
 from llmq.tasks import stop_tasks
 from worker.mock import MockModel
 
@@ -56,6 +63,72 @@ BLOCK_MS = 1000
 DEFAULT_PREFIX = "floor"
 DEFAULT_MAXLEN = 1000
 DEFAULT_TTL_S = 60
+
+
+class Emitting(Protocol):
+    """What the model's side runs: the mock, or an inference server (:class:`UpstreamModel`)."""
+
+    async def generate_into(self, request: GenerationRequest, emit: Emit) -> None: ...
+
+
+class UpstreamModel:
+    """An OpenAI-compatible inference server as the floor's model: each request
+    streamed from its ``/v1/completions``, each chunk's text emitted as it arrives.
+
+    As lean as a worker in front of a server can be (one pooled aiohttp session, the
+    chunk parsed by pydantic-core), and as quick to a first token as llmq's: an
+    engine that closes every stream's connection (llama.cpp) gets the next one
+    opened ahead by a health check, as llmq's adapter does, so that no request pays
+    a handshake on the way to its first token.
+    """
+
+    def __init__(self, url: str, health_path: str = "/health") -> None:
+        self.url = url.rstrip("/")
+        self.health_path = health_path
+        self._session: aiohttp.ClientSession | None = None
+        self._ahead: set[asyncio.Task[None]] = set()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
+        return self._session
+
+    async def open_ahead(self) -> None:
+        """A health check read whole: its connection stays in the pool for the next stream."""
+        try:
+            async with self._http().get(self.url + self.health_path) as response:
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError):
+            pass  # the next stream connects itself
+
+    async def generate_into(self, request: GenerationRequest, emit: Emit) -> None:
+        body = {
+            "prompt": request.prompt,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "seed": request.seed % 2**31,
+            "stream": True,
+        }
+        try:
+            async with self._http().post(self.url + "/v1/completions", json=body) as response:
+                response.raise_for_status()
+                async for frame in frames(response.content.iter_any()):
+                    if frame.data.strip() == DONE:
+                        break
+                    for choice in from_json(frame.data).get("choices") or ():
+                        if text := choice.get("text"):
+                            emit(text)
+                response.close()  # the server closes it: keep it out of the pool
+        finally:
+            task = asyncio.create_task(self.open_ahead())
+            self._ahead.add(task)
+            task.add_done_callback(self._ahead.discard)
+
+    async def aclose(self) -> None:
+        await stop_tasks(list(self._ahead), timeout=5)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def _pack(command: tuple[Any, ...]) -> bytes:
@@ -102,7 +175,7 @@ class Producer(Background):
     flight goes in the next one, so each stream's entries stay in order.
     """
 
-    def __init__(self, redis: Redis, model: MockModel, keys: Keys, maxlen: int, ttl: int) -> None:
+    def __init__(self, redis: Redis, model: Emitting, keys: Keys, maxlen: int, ttl: int) -> None:
         self._redis = redis
         self._model = model
         self._keys = keys
@@ -283,6 +356,7 @@ def _encode_request(request: GenerationRequest, stream_id: str) -> str:
             "max_tokens": request.max_tokens,
             "seed": request.seed,
             "prompt_tokens": request.prompt_tokens,
+            "temperature": request.temperature,
         }
     )
 
@@ -294,12 +368,13 @@ def _decode_request(raw: bytes) -> tuple[GenerationRequest, str]:
         max_tokens=body["max_tokens"],
         seed=body["seed"],
         prompt_tokens=body["prompt_tokens"],
+        temperature=body["temperature"],
     )
     return request, str(body["id"])
 
 
 async def serve_model(
-    model: MockModel,
+    model: Emitting,
     redis_url: str,
     *,
     prefix: str = DEFAULT_PREFIX,
@@ -344,30 +419,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="of every Redis key")
     parser.add_argument("--maxlen", type=int, default=DEFAULT_MAXLEN, help="entries per stream")
     parser.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help="seconds a stream lives")
+    parser.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="with --role model: stream from this OpenAI-compatible server, not the mock",
+    )
     return parser
 
 
-def _run_model(args: argparse.Namespace, model: MockModel) -> None:
+def _run_model(args: argparse.Namespace, model: Emitting) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await serve_model(
-            model, args.redis_url, prefix=args.prefix, maxlen=args.maxlen, ttl=args.ttl, stop=stop
-        )
+        if isinstance(model, UpstreamModel):
+            await model.open_ahead()
+        try:
+            await serve_model(
+                model,
+                args.redis_url,
+                prefix=args.prefix,
+                maxlen=args.maxlen,
+                ttl=args.ttl,
+                stop=stop,
+            )
+        finally:
+            if isinstance(model, UpstreamModel):
+                await model.aclose()
 
     uvloop.run(main())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.upstream and args.role != "model":
+        parser.error("--upstream is the model's: give it with --role model")
     model = MockModel(
         tokens_per_second=args.tokens_per_second,
         prefill_seconds_per_token=args.prefill_seconds_per_token,
     )
     if args.role == "model":
-        _run_model(args, model)
+        _run_model(args, UpstreamModel(args.upstream) if args.upstream else model)
         return
     app = FloorViaRedis(
         model,

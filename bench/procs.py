@@ -216,7 +216,8 @@ class FloorServer(_Processes):
 
     ``via_redis``: the floor through one Redis hop instead (:mod:`bench.floor_via_redis`),
     with a Redis of its own; ``model_apart``: its model in a second process
-    (``--role model``) fed through Redis, as llmq's workers are.
+    (``--role model``) fed through Redis, as llmq's workers are; ``upstream``: that
+    process in front of this OpenAI-compatible server instead of the mock.
     """
 
     def __init__(
@@ -227,11 +228,13 @@ class FloorServer(_Processes):
         *,
         via_redis: bool = False,
         model_apart: bool = False,
+        upstream: str | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.port = free_port()
-        self.redis = EmbeddedRedis() if via_redis or model_apart else None
-        self.model_apart = model_apart
+        self.model_apart = model_apart or upstream is not None
+        self.redis = EmbeddedRedis() if via_redis or self.model_apart else None
+        self.upstream = upstream
         self.pace = [
             "--tokens-per-second",
             str(tokens_per_second),
@@ -256,6 +259,8 @@ class FloorServer(_Processes):
             relay = ["bench.floor_via_redis", "--redis-url", self.redis.url]
             if self.model_apart:
                 model = [*relay, "--role", "model", *self.pace]
+                if self.upstream is not None:
+                    model += ["--upstream", self.upstream]
                 self.model = BenchProcess("floor-model", model, clean_env(), self.log_dir)
             role = "api" if self.model_apart else "both"
             args = [*relay, "--role", role, "--port", str(self.port), *self.pace]

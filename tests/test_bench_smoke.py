@@ -104,7 +104,7 @@ def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(150)
-def test_bench_quick_upstream_ttft_judges_requests_in_turn_in_both_placements(
+def test_bench_quick_upstream_ttft_times_direct_floor_and_llmq_in_turn_in_both_placements(
     tmp_path: Path,
 ) -> None:
     _run(
@@ -126,8 +126,15 @@ def test_bench_quick_upstream_ttft_judges_requests_in_turn_in_both_placements(
         {"shared CPUs", "engine pinned"} if pinned else {"shared CPUs"}
     )
     for paired in scenario["paired"].values():
-        assert paired["failed"] == 0 and paired["pairs"] == 20
-        assert all(v > 0 for v in paired["ttft_ms_median"].values())
+        assert paired["failed"] == 0 and paired["rounds"] == 20
+        medians = paired["ttft_ms_median"]
+        assert set(medians) == {"direct", "relay floor", "llmq"}
+        assert all(v > 0 for v in medians.values())
+        assert set(paired["difference_ms_median"]) == {
+            "relay floor - direct",
+            "llmq - direct",
+            "llmq - relay floor",
+        }
     markdown = json_path.with_suffix(".md").read_text()
     for where in scenario["paired"]:
         assert f"**{where}**: Requests in turn" in markdown
@@ -135,7 +142,7 @@ def test_bench_quick_upstream_ttft_judges_requests_in_turn_in_both_placements(
 
 
 @pytest.mark.timeout(60)
-def test_paired_ttft_times_each_system_once_per_pair() -> None:
+def test_paired_ttft_times_each_system_once_per_round() -> None:
     from bench.paired import paired_ttft
     from loadgen import LoadConfig
     from rigs.llama import tiny_server
@@ -144,12 +151,14 @@ def test_paired_ttft_times_each_system_once_per_pair() -> None:
         config = LoadConfig(
             base_url=first, model="tiny", prompt_tokens=(8, 8), output_tokens=(4, 4), seed=3
         )
-        out = paired_ttft({"a": first, "b": second}, config, pairs=4)
-    assert out["failed"] == 0 and out["pairs"] == 4
+        out = paired_ttft({"a": first, "b": second}, config, rounds=4)
+    assert out["failed"] == 0 and out["rounds"] == 4
     a, b = out["ttft_ms"]["a"], out["ttft_ms"]["b"]
     assert len(a) == len(b) == 4 and all(v > 0 for v in a + b)
     differences = sorted(y - x for x, y in zip(a, b, strict=True))
-    assert out["difference_ms_median"] == pytest.approx((differences[1] + differences[2]) / 2)
+    assert out["difference_ms_median"] == {
+        "b - a": pytest.approx((differences[1] + differences[2]) / 2)
+    }
 
 
 @pytest.mark.timeout(150)

@@ -17,8 +17,9 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
 from bench.floor import FloorApp
-from bench.floor_via_redis import FloorViaRedis, serve_model
+from bench.floor_via_redis import Emitting, FloorViaRedis, UpstreamModel, serve_model
 from llmq.embedded import free_port
+from rigs.llama import tiny_server
 from tests.support.waiting import wait_until
 from worker.mock import MockModel
 
@@ -105,13 +106,17 @@ async def test_completion_without_stream(floor_url: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _via_redis(redis_url: str, role: str, **options: Any) -> AsyncIterator[str]:
-    """The floor via Redis; with ``role`` "api", its model served apart (``serve_model``)."""
+async def _via_redis(
+    redis_url: str, role: str, apart: Emitting | None = None, **options: Any
+) -> AsyncIterator[str]:
+    """The floor via Redis; with ``role`` "api", its model (``apart``, else the mock)
+    served apart (``serve_model``)."""
     app = FloorViaRedis(_model(), redis_url, role="api" if role == "api" else "both", **options)
     stop = asyncio.Event()
     model = None
     if role == "api":
-        model = asyncio.create_task(serve_model(_model(), redis_url, stop=stop, **options))
+        served = apart or _model()
+        model = asyncio.create_task(serve_model(served, redis_url, stop=stop, **options))
     try:
         async with _serving(app) as url:
             yield url
@@ -189,3 +194,28 @@ async def test_via_redis_tokens_pass_through_bounded_expiring_streams(
     assert 0 < await redis.ttl(key) <= 30
     assert set(await redis.keys("hop:*")) <= {key, "hop:control"}
     assert await redis.xlen("hop:control") <= 1
+
+
+@pytest.mark.timeout(120)
+async def test_via_redis_in_front_of_an_inference_server_relays_its_text(redis_url: str) -> None:
+    """``--upstream``: the model's process streams from a real llama-server, and the
+    client gets, through Redis, the text the server gives directly."""
+    prompt = "hello world " * 4
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+    with tiny_server(1) as upstream:
+        async with httpx.AsyncClient(base_url=upstream, timeout=30) as client:
+            direct = (await client.post("/v1/completions", json=body)).json()
+        expected = direct["choices"][0]["text"]
+        upstream_model = UpstreamModel(upstream)
+        try:
+            async with _via_redis(redis_url, "api", upstream_model) as url:
+                sdk = AsyncOpenAI(base_url=url, api_key="unused")
+                stream = await sdk.completions.create(
+                    model="tiny", prompt=prompt, max_tokens=12, temperature=0, stream=True
+                )
+                texts = [c.text async for chunk in stream for c in chunk.choices if c.text]
+                await sdk.close()
+        finally:
+            await upstream_model.aclose()
+    assert expected and "".join(texts) == expected
+    assert len(texts) == direct["usage"]["completion_tokens"]

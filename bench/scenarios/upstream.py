@@ -7,9 +7,11 @@ queued in its server too (``LLMQ_UPSTREAM_QUEUE``). Two loads per system: one st
 at a time (what the pipeline adds to TTFT and ITL when nothing queues) and a
 closed loop of twice the slots (throughput at saturation, and CPU per token of
 every process: llmq's beside the server's). TTFT is also measured request by
-request, one direct and one through llmq 1+1 in turn (:mod:`bench.paired`): runs of
-separate systems differ from each other by more than llmq adds to a first token;
-``--scenarios upstream-ttft`` runs those requests alone (:func:`run_ttft`).
+request, one direct, one through the relay floor and one through llmq 1+1 in turn
+(:mod:`bench.paired`): runs of separate systems differ from each other by more than
+llmq adds to a first token, and the floor (the same process hops through Redis with
+nothing else of llmq) says how much of what llmq adds the hops alone cost on this
+machine; ``--scenarios upstream-ttft`` runs those requests alone (:func:`run_ttft`).
 
 The server decodes a token in well under a millisecond here, so llmq's own
 costs are not hidden behind a slow model: this is the harshest ratio a real
@@ -33,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import traffic
-from bench.paired import paired_ttft
-from bench.procs import Stack
+from bench.paired import difference_key, paired_ttft
+from bench.procs import FloorServer, Stack
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
 from bench.stats import median_of
@@ -54,8 +56,9 @@ class Sizes:
     output_tokens: int = 64
     light_s: float = 8.0
     saturated_s: float = 8.0
-    #: Rounds of one request direct and one through llmq, in turn (:mod:`bench.paired`).
-    pairs: int = 200
+    #: Rounds of one request to each of :data:`DIRECT`, :data:`FLOOR` and :data:`LLMQ`,
+    #: in turn (:mod:`bench.paired`).
+    rounds: int = 200
 
     def load(self, url: str, seed: int, **run: Any) -> LoadConfig:
         """The scenario's requests to ``url``; ``run``: the rest of the load (users, time)."""
@@ -70,13 +73,27 @@ class Sizes:
         )
 
 
-QUICK = Sizes(light_s=2.0, saturated_s=2.0, pairs=20)
+QUICK = Sizes(light_s=2.0, saturated_s=2.0, rounds=20)
 TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
 #: The system whose worker keeps as many requests queued in its server as it has slots
 #: (``LLMQ_UPSTREAM_QUEUE``), as the direct client's surplus streams wait there.
 QUEUED = "llmq-queued"
-#: One request direct and one through llmq 1+1, in turn (:mod:`bench.paired`).
+#: Requests in turn (:mod:`bench.paired`), one to each system of the next line.
 PAIRED = "paired"
+#: The systems of the requests in turn: the server alone; the relay floor, every hop a
+#: request through llmq makes (API process, Redis, a process in front of the server,
+#: Redis, API process) and nothing else of llmq (:mod:`bench.floor_via_redis` with
+#: ``--upstream``); llmq 1+1.
+DIRECT, FLOOR, LLMQ = "direct", "relay floor", "llmq"
+FLOOR_NOTE = (
+    "The relay floor (`bench/floor_via_redis.py --upstream`) makes every hop a request "
+    "through llmq makes, and nothing else: a raw ASGI server LPUSHes the request to "
+    "Redis, a process BRPOPs it and streams it from its own server (the connection "
+    "opened ahead, as llmq's worker does), XADDs each chunk's text to a Redis stream "
+    "that the server's one XREAD relays as SSE; no queue, priority, lease, fence, "
+    "record, pydantic or retry. What it adds to the server's own TTFT is what the "
+    "hops cost on this machine; llmq - floor is llmq's own."
+)
 #: The two placements every run measures (:class:`Placement`).
 SHARED, PINNED = "shared CPUs", "engine pinned"
 
@@ -212,12 +229,15 @@ def _system(
 def _paired(
     ctx: Context, servers: list[LoggedProcess], stack: Stack, s: Sizes, seed: int
 ) -> dict[str, Any]:
-    """TTFT one request at a time, in turn: direct to ``servers[1]``, and through
-    ``stack`` with one worker driving ``servers[0]``, the two servers started together."""
+    """TTFT one request at a time, in turn, on three servers started together: direct
+    to ``servers[1]``; through the relay floor (:data:`FLOOR`) in front of
+    ``servers[2]``; and through ``stack`` with one worker driving ``servers[0]``."""
     stack.scale(1, llmq_env(servers[0]))
-    ctx.say(f"  paired: {s.pairs} requests direct and {s.pairs} through llmq, in turn")
-    urls = {"direct": server_url(servers[1]), "llmq": stack.url}
-    return paired_ttft(urls, s.load(stack.url, seed), s.pairs)
+    upstream = server_url(servers[2])
+    with FloorServer(ctx.log_dir, 0.0, 0.0, upstream=upstream) as floor:
+        ctx.say(f"  paired: {s.rounds} rounds of one request direct, via the floor, via llmq")
+        urls = {DIRECT: server_url(servers[1]), FLOOR: floor.url, LLMQ: stack.url}
+        return paired_ttft(urls, s.load(stack.url, seed), s.rounds)
 
 
 def llmq_env(server: LoggedProcess) -> dict[str, str]:
@@ -246,8 +266,8 @@ def _measure(
         with servers(1) as one:
             out["direct"] = _system(ctx, "direct", one, None, s, seeds)
         with Stack(ctx.log_dir) as stack:
-            with servers(2) as two:
-                out[PAIRED] = _paired(ctx, two, stack, s, next(seeds))
+            with servers(3) as three:
+                out[PAIRED] = _paired(ctx, three, stack, s, next(seeds))
             with servers(1) as one:
                 stack.scale(1, llmq_env(one[0]))
                 out["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", one, stack, s, seeds)
@@ -284,15 +304,16 @@ def run_ttft(ctx: Context) -> ScenarioResult:
     for seed, (where, placement) in enumerate(placements.items(), start=1):
         ctx.say(where)
         with placed(placement), Stack(ctx.log_dir) as stack:
-            with start_servers(2, model, s, ctx.log_dir, placement) as two:
-                results[where] = _paired(ctx, two, stack, s, seed)
+            with start_servers(3, model, s, ctx.log_dir, placement) as three:
+                results[where] = _paired(ctx, three, stack, s, seed)
     targets = [t for where, r in results.items() for t in _paired_target(where, r)]
     parts = [
         f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread); prompt "
-        f"{s.prompt_tokens} words, {s.output_tokens} output tokens. One request direct and "
-        f"one through llmq 1+1 in turn (`bench/paired.py`), {s.pairs} pairs, to two "
-        "servers started together, with the processes on any CPU and with the servers "
-        "pinned (`Placement`), as in `--scenarios upstream`.",
+        f"{s.prompt_tokens} words, {s.output_tokens} output tokens. One request direct, "
+        "one through the relay floor and one through llmq 1+1 in turn (`bench/paired.py`), "
+        f"{s.rounds} rounds, to three servers started together, with the processes on any "
+        "CPU and with the servers pinned (`Placement`), as in `--scenarios upstream`. "
+        + FLOOR_NOTE,
         *(f"**{where}**: " + _paired_line(r) for where, r in results.items()),
         *(target_line(t.description, t.met, t.detail) for t in targets),
     ]
@@ -327,10 +348,10 @@ def _paired_target(where: str, paired: dict[str, Any]) -> list[Target]:
     """The TTFT target on the medians of the requests in turn (:mod:`bench.paired`)."""
     return _ttft_target(
         f"{where}, requests in turn",
-        paired["ttft_ms_median"]["direct"],
-        paired["ttft_ms_median"]["llmq"],
-        f"; median difference {fmt(paired['difference_ms_median'])} ms over "
-        f"{paired['pairs']} pairs",
+        paired["ttft_ms_median"][DIRECT],
+        paired["ttft_ms_median"][LLMQ],
+        f"; median difference {fmt(paired['difference_ms_median'][difference_key(LLMQ, DIRECT)])}"
+        f" ms over {paired['rounds']} rounds",
     )
 
 
@@ -387,12 +408,18 @@ def _table(r: dict[str, dict[str, Any]], slots: int) -> str:
 
 
 def _paired_line(p: dict[str, Any]) -> str:
-    medians = p["ttft_ms_median"]
+    medians, differences = p["ttft_ms_median"], p["difference_ms_median"]
+
+    def over(later: str, earlier: str) -> str:
+        return fmt(differences[difference_key(later, earlier)])
+
     return (
-        f"Requests in turn (one direct, one through llmq 1+1, {p['pairs']} pairs, "
-        f"servers started together): TTFT median direct {fmt(medians['direct'])} ms, "
-        f"through llmq {fmt(medians['llmq'])} ms; median of the paired differences "
-        f"{fmt(p['difference_ms_median'])} ms."
+        f"Requests in turn (one direct, one via the relay floor, one through llmq 1+1, "
+        f"{p['rounds']} rounds, servers started together): TTFT median direct "
+        f"{fmt(medians[DIRECT])} ms, relay floor {fmt(medians[FLOOR])} ms, through llmq "
+        f"{fmt(medians[LLMQ])} ms; medians of the paired differences: floor - direct "
+        f"{over(FLOOR, DIRECT)} ms, llmq - direct {over(LLMQ, DIRECT)} ms, llmq - floor "
+        f"{over(LLMQ, FLOOR)} ms."
     )
 
 
@@ -418,8 +445,9 @@ def _report(
         "sequence ends.",
         "Runs of separate systems differ from run to run by more than llmq adds to a "
         "first token, so TTFT is also measured request by request: one direct, one "
-        "through llmq, in turn, on two servers started together (`bench/paired.py`); "
-        "its target is judged on those medians as well.",
+        "through the relay floor, one through llmq, in turn, on three servers started "
+        "together (`bench/paired.py`); its target is judged on those medians as well. "
+        + FLOOR_NOTE,
         f"**{SHARED}**: every process on any CPU, the servers' included.",
         _table(results[SHARED], s.slots),
         _paired_line(results[SHARED][PAIRED]),
