@@ -170,6 +170,15 @@ def test_first_token_cpu_reads_each_process_off_the_scheduler() -> None:
         assert re.search(rf"cpu\d+ {process} +\d+\.\d+", llmq), (process, llmq)
 
 
+@pytest.mark.timeout(60)
+def test_pool_check_times_both_checks_of_a_pooled_connection() -> None:
+    done = _run(["-m", "bench.pool_check", "--commands", "20", "--repeats", "1"], timeout=45)
+    for check in ("reading check", "no-read check"):
+        for kind in ("GET", "pipeline of 2 EVALSHA"):
+            line = rf"^  {check}, {kind} +client CPU +\d+\.\d us +wall +\d+\.\d us$"
+            assert re.search(line, done.stdout, re.M), done.stdout
+
+
 @pytest.mark.timeout(90)
 def test_route_dispatch_compares_fastapi_and_a_direct_route() -> None:
     done = _run(["-m", "bench.route_dispatch", "50"], timeout=60)
