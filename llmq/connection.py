@@ -124,7 +124,7 @@ class PooledReplyParser(_AsyncHiredisParser):
         reader, stream = self._reader, self._stream
         if not self._connected or reader is None or stream is None:
             raise RedisConnectionError("the connection to Redis is closed")
-        # bytes the event loop received and no read took yet (tests/test_connection.py
+        # bytes the event loop received and no read took yet (tests/test_pool.py
         # checks that asyncio's StreamReader still keeps them there)
         received: bytearray = stream._buffer
         return bool(reader.has_data() or stream.at_eof() or received)
