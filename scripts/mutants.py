@@ -487,6 +487,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_pool.py::test_exhausted_pool_answers_429_not_503",),
     ),
     Mutant(
+        "pool-stale-reply",
+        "a pool hands out no connection holding an unread reply, though its check reads nothing",
+        "llmq/connection.py",
+        "        return bool(reader.has_data() or stream.at_eof() or received)\n",
+        "        return False\n",
+        (
+            "tests/test_pool.py::"
+            "test_a_connection_returned_with_an_unread_reply_is_not_handed_out_as_is",
+        ),
+    ),
+    Mutant(
         "handoff-stale-heartbeat",
         "the hand-off skips a parked worker whose heartbeat is older than its lease",
         "llmq/protocol/lua/enqueue.lua",
