@@ -456,12 +456,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.upstream and args.role != "model":
         parser.error("--upstream is the model's: give it with --role model")
+    if args.upstream:
+        _run_model(args, UpstreamModel(args.upstream))
+        return
     model = MockModel(
         tokens_per_second=args.tokens_per_second,
         prefill_seconds_per_token=args.prefill_seconds_per_token,
     )
     if args.role == "model":
-        _run_model(args, UpstreamModel(args.upstream) if args.upstream else model)
+        _run_model(args, model)
         return
     app = FloorViaRedis(
         model,
