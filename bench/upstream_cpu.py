@@ -1,15 +1,15 @@
 """CPU per token through llmq in front of ``llama-server`` at saturation, by process.
 
-``python -m bench.upstream_cpu [--runs N] [--shared] [--compare DIR] [--tokens N]``: the
-``upstream`` scenario's closed loop of twice the server's slots (:mod:`bench.scenarios.upstream`)
-through llmq 1+1 only, each run on a server started for it (a server slows as it
-serves), with the server pinned to the last CPU as in the scenario's "engine pinned"
-placement unless ``--shared``. Prints each run's throughput and the CPU milliseconds
-each process spent per delivered token, and llmq's over the server's (:func:`share`),
-then the medians. CPU per token moves far less with the neighbours than latency
-does, so this is the figure to try a change on the token path with: ``--compare DIR``
-runs the llmq processes of another checkout (an older commit made with ``git
-worktree add``) in turn with this one's, run by run.
+``python -m bench.upstream_cpu [--runs N] [--shared] [--compare DIR] [--tokens N]
+[--model tiny|small]``: the ``upstream`` scenario's closed loop of twice the server's
+slots (:mod:`bench.scenarios.upstream`) through llmq 1+1 only, each run on a server
+started for it (a server slows as it serves), with the server pinned to the last CPU as
+in the scenario's "engine pinned" placement unless ``--shared``. Prints each run's
+throughput and the CPU milliseconds each process spent per delivered token, and llmq's
+over the server's (:func:`share`), then the medians. CPU per token moves far less with
+the neighbours than latency does, so this is the figure to try a change on the token
+path with: ``--compare DIR`` runs the llmq processes of another checkout (an older
+commit made with ``git worktree add``) in turn with this one's, run by run.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 from bench import procs
 from bench.report import fmt
 from bench.scenarios.upstream import (
+    SHAPES,
     Placement,
     Sizes,
     llmq_env,
@@ -32,7 +33,6 @@ from bench.scenarios.upstream import (
     start_servers,
 )
 from bench.stats import median, median_of, medians
-from rigs.llama import write_tiny_gguf
 
 #: The processes that are llmq's (beside the server and the load generator).
 LLMQ_ROLES = ("api", "workers", "redis")
@@ -48,7 +48,7 @@ def _run(
     users = 2 * s.slots
     with start_servers(1, model, s, log_dir, placement) as (server,):
         with procs.Stack(log_dir) as stack:
-            stack.scale(1, llmq_env(server))
+            stack.scale(1, llmq_env(server, s.model))
             pids = {"llama": server.pid, **stack.pids()}
             run_load(stack.url, pids, stack.redis.url, s, users, min(WARM_S, s.saturated_s), seed)
             return run_load(stack.url, pids, stack.redis.url, s, users, s.saturated_s, seed + 1)
@@ -84,11 +84,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="output tokens per request (runs at several split a process's CPU into "
         "what it spends per request and per token)",
     )
+    parser.add_argument(
+        "--model", choices=sorted(SHAPES), default=Sizes().model, help="the served random model"
+    )
     args = parser.parse_args(argv)
-    s = replace(Sizes(), saturated_s=args.seconds, output_tokens=args.tokens)
+    s = replace(Sizes(), saturated_s=args.seconds, output_tokens=args.tokens, model=args.model)
     placement = None if args.shared else Placement.for_engines(1)
     log_dir = Path(tempfile.mkdtemp(prefix="llmq-upstream-cpu-"))
-    model = write_tiny_gguf(log_dir / "tiny.gguf")
+    model = s.write_model()
     roots = {"this": procs.ROOT, **({"other": args.compare} if args.compare else {})}
     results: dict[str, list[dict[str, Any]]] = {}
     try:

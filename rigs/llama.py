@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -269,6 +270,14 @@ def tiny_server(slots: int) -> Iterator[str]:
         finally:
             server.kill()
             server.wait()
+
+
+def served_model(url: str) -> dict[str, Any]:
+    """What the server says of the model it loaded (``/v1/models``' ``meta``: its width
+    ``n_embd``, ``n_params``, ``size`` in bytes, ...)."""
+    models = httpx.get(url + "/v1/models", timeout=5.0).json()["data"]
+    meta: dict[str, Any] = models[0]["meta"]
+    return meta
 
 
 def busy_slots(url: str) -> int:

@@ -104,29 +104,27 @@ def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("name", "model", "width"),
+    [("upstream-ttft", "tiny", 128), ("upstream-small-ttft", "small", 512)],
+)
 def test_bench_quick_upstream_ttft_times_direct_floor_and_llmq_in_turn_in_both_placements(
-    tmp_path: Path,
+    tmp_path: Path, name: str, model: str, width: int
 ) -> None:
-    _run(
-        [
-            "-m",
-            "bench",
-            "--quick",
-            "--scenarios",
-            "upstream-ttft",
-            "--out",
-            tmp_path,
-        ],
-        timeout=120,
-    )
+    _run(["-m", "bench", "--quick", "--scenarios", name, "--out", tmp_path], timeout=120)
     [json_path] = tmp_path.glob("*.json")
-    scenario = json.loads(json_path.read_text())["scenarios"]["upstream-ttft"]
+    scenario = json.loads(json_path.read_text())["scenarios"][name]
+    assert scenario["settings"]["model"] == model
     pinned = scenario["placement"] is not None  # two CPUs or more
     assert set(scenario["paired"]) == (
         {"shared CPUs", "engine pinned"} if pinned else {"shared CPUs"}
     )
     for paired in scenario["paired"].values():
         assert paired["failed"] == 0 and paired["rounds"] == 20
+        assert paired["served"]["n_embd"] == width  # as the server itself reports
+        alone = paired["servers"]  # each system's server straight from the client
+        assert alone["failed"] == 0 and alone["rounds"] == 10
+        assert set(alone["difference_ms_median"]) == set(paired["difference_ms_median"])
         medians = paired["ttft_ms_median"]
         assert set(medians) == {"direct", "relay floor", "llmq"}
         assert all(v > 0 for v in medians.values())
@@ -136,8 +134,10 @@ def test_bench_quick_upstream_ttft_times_direct_floor_and_llmq_in_turn_in_both_p
             "llmq - relay floor",
         }
     markdown = json_path.with_suffix(".md").read_text()
+    assert f"({model} random model: " in markdown and f"width {width}, " in markdown
     for where in scenario["paired"]:
         assert f"**{where}**: Requests in turn" in markdown
+        assert "Each system's server alone, in turn, 10 rounds after" in markdown
         assert f"{where}, requests in turn: median TTFT through llmq <= 1.05x direct" in markdown
 
 
@@ -195,3 +195,13 @@ def test_upstream_cpu_alternates_two_checkouts_run_by_run() -> None:
         row = rf"^{name} +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+"
         assert re.search(row, done.stdout, re.M), done.stdout
         assert re.search(rf"^{name} +median .* llmq/server \d\.\d+$", done.stdout, re.M)
+
+
+@pytest.mark.timeout(120)
+def test_engine_neighbour_runs_each_condition_on_one_pinned_server() -> None:
+    done = _run(["-m", "bench.engine_neighbour", "--rounds", "1", "--seconds", "1"], timeout=100)
+    assert re.search(r"^model tiny, server on CPU \d+, 8 streams$", done.stdout, re.M)
+    for name in ("idle", "python loop", "numpy 64 MiB"):
+        run = rf"^round 1 {name} +\d+\.\d tok/s, server \d\.\d{{3}} CPU ms/token, failed \d+$"
+        assert re.search(run, done.stdout, re.M), done.stdout
+        assert re.search(rf"^median  {name} +\d+\.\d tok/s", done.stdout, re.M)

@@ -41,6 +41,8 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "cluster": cluster.run,
     "upstream": upstream.run,
     "upstream-ttft": upstream.run_ttft,
+    "upstream-small": upstream.run_small,
+    "upstream-small-ttft": upstream.run_small_ttft,
     "routing": routing.run,
     "chaos": chaos.run,
 }

@@ -1,6 +1,6 @@
 """A real inference server behind llmq: llama.cpp's ``llama-server`` direct vs through llmq.
 
-Same client (the load generator), same server binary and tiny model
+Same client (the load generator), same server binary and random model
 (:mod:`rigs.llama`), one run: the server alone; one llmq worker in front of one
 server; two workers, each with its own server; one worker that keeps requests
 queued in its server too (``LLMQ_UPSTREAM_QUEUE``). Two loads per system: one stream
@@ -13,9 +13,12 @@ llmq adds to a first token, and the floor (the same process hops through Redis w
 nothing else of llmq) says how much of what llmq adds the hops alone cost on this
 machine; ``--scenarios upstream-ttft`` runs those requests alone (:func:`run_ttft`).
 
-The server decodes a token in well under a millisecond here, so llmq's own
-costs are not hidden behind a slow model: this is the harshest ratio a real
-(slower) model would show. Each system runs twice: with every process free to run on
+With the tests' tiny model the server decodes a token in well under a millisecond
+here, so llmq's own costs are not hidden behind a slow model: this is the harshest
+ratio a real (slower) model would show. ``--scenarios upstream-small`` (and
+``upstream-small-ttft``) run the same on a larger random model (:data:`SHAPES`), whose
+token costs the engine several times as much: how llmq's share shrinks as the
+engine's work grows. Each system runs twice: with every process free to run on
 any CPU (the engine competes with llmq's processes for the cores, which on a
 small machine costs it throughput no GPU engine would lose), and with the engines
 pinned to CPUs of their own (:class:`Placement`), as a GPU engine has its device,
@@ -30,7 +33,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +47,14 @@ from bench.sysinfo import CpuMeter
 from cli.supervisor import LoggedProcess
 from llmq.embedded import free_port
 from loadgen import LoadConfig
-from rigs.llama import llama_server_argv, wait_ready, write_tiny_gguf
+from rigs.llama import TinyModel, llama_server_argv, served_model, wait_ready, write_tiny_gguf
 
-MODEL = "tiny"
+#: The random models the scenarios serve, by the name llmq serves each under:
+#: ``tiny``, the tests' model (a token costs the server about a tenth of a
+#: millisecond on these VMs, a 32-token prefill a few); ``small``, the same kind of
+#: model with wider and more layers (a token about 4 ms, the prefill about 100 ms):
+#: still far cheaper than a real model on a CPU, and near a GPU engine's step.
+SHAPES = {"tiny": TinyModel(), "small": TinyModel(n_embd=512, n_layer=8, n_ff=1536)}
 
 
 @dataclass(frozen=True)
@@ -59,12 +67,14 @@ class Sizes:
     #: Rounds of one request to each of :data:`DIRECT`, :data:`FLOOR` and :data:`LLMQ`,
     #: in turn (:mod:`bench.paired`).
     rounds: int = 200
+    #: The served model, a key of :data:`SHAPES`.
+    model: str = "tiny"
 
     def load(self, url: str, seed: int, **run: Any) -> LoadConfig:
         """The scenario's requests to ``url``; ``run``: the rest of the load (users, time)."""
         return LoadConfig(
             base_url=url,
-            model=MODEL,
+            model=self.model,
             prompt_tokens=(self.prompt_tokens, self.prompt_tokens),
             output_tokens=(self.output_tokens, self.output_tokens),
             seed=seed,
@@ -72,8 +82,29 @@ class Sizes:
             **run,
         )
 
+    def write_model(self) -> Path:
+        """The served model's weights, in a folder of their own."""
+        folder = Path(tempfile.mkdtemp(prefix="llmq-gguf-"))
+        return write_tiny_gguf(folder / f"{self.model}.gguf", SHAPES[self.model])
+
+    def scenario(self, name: str) -> str:
+        """The scenario's name for this model: ``upstream-small-ttft`` for ``small``."""
+        return name if self.model == "tiny" else name.replace("upstream", f"upstream-{self.model}")
+
+    @property
+    def described(self) -> str:
+        """The server and its model, for the reports."""
+        shape = SHAPES[self.model]
+        return (
+            f"llama.cpp `llama-server` ({self.model} random model: {shape.n_layer} layers of "
+            f"width {shape.n_embd}; {self.slots} slots, 1 thread)"
+        )
+
 
 QUICK = Sizes(light_s=2.0, saturated_s=2.0, rounds=20)
+#: The ``small`` model's sizes: fewer rounds in turn, each request taking longer.
+SMALL = Sizes(rounds=100, model="small")
+QUICK_SMALL = replace(QUICK, model="small", output_tokens=8)
 TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
 #: The system whose worker keeps as many requests queued in its server as it has slots
 #: (``LLMQ_UPSTREAM_QUEUE``), as the direct client's surplus streams wait there.
@@ -94,6 +125,9 @@ FLOOR_NOTE = (
     "record, pydantic or retry. What it adds to the server's own TTFT is what the "
     "hops cost on this machine; llmq - floor is llmq's own."
 )
+#: Added to a placement's seed for the prompts that time each system's server alone:
+#: prompts that the rounds through the systems never sent.
+SERVERS_SEED = 10_000
 #: The two placements every run measures (:class:`Placement`).
 SHARED, PINNED = "shared CPUs", "engine pinned"
 
@@ -231,18 +265,28 @@ def _paired(
 ) -> dict[str, Any]:
     """TTFT one request at a time, in turn, on three servers started together: direct
     to ``servers[1]``; through the relay floor (:data:`FLOOR`) in front of
-    ``servers[2]``; and through ``stack`` with one worker driving ``servers[0]``."""
-    stack.scale(1, llmq_env(servers[0]))
+    ``servers[2]``; and through ``stack`` with one worker driving ``servers[0]``.
+
+    Then each system's server alone, in turn, straight from the client (``servers``,
+    half as many rounds, prompts of their own): servers started together from one
+    model file still differ in speed, by more than a millisecond on a prefill of the
+    ``small`` model, and what each system's difference owes to its server is
+    ``servers``' difference for the same two names."""
+    stack.scale(1, llmq_env(servers[0], s.model))
     upstream = server_url(servers[2])
+    alone = {DIRECT: server_url(servers[1]), FLOOR: upstream, LLMQ: server_url(servers[0])}
     with FloorServer(ctx.log_dir, 0.0, 0.0, upstream=upstream) as floor:
         ctx.say(f"  paired: {s.rounds} rounds of one request direct, via the floor, via llmq")
-        urls = {DIRECT: server_url(servers[1]), FLOOR: floor.url, LLMQ: stack.url}
-        return paired_ttft(urls, s.load(stack.url, seed), s.rounds)
+        urls = {DIRECT: alone[DIRECT], FLOOR: floor.url, LLMQ: stack.url}
+        found = paired_ttft(urls, s.load(stack.url, seed), s.rounds)
+    ctx.say(f"  paired: {s.rounds // 2} rounds of one request to each system's server")
+    servers_alone = paired_ttft(alone, s.load(stack.url, seed + SERVERS_SEED), s.rounds // 2)
+    return {**found, "servers": servers_alone, "served": served_model(alone[DIRECT])}
 
 
-def llmq_env(server: LoggedProcess) -> dict[str, str]:
+def llmq_env(server: LoggedProcess, model: str = "tiny") -> dict[str, str]:
     return {
-        "LLMQ_MODEL": MODEL,
+        "LLMQ_MODEL": model,
         "LLMQ_BACKEND": "openai",
         "LLMQ_UPSTREAM_URL": server_url(server),
         "LLMQ_UPSTREAM_ENGINE": "llamacpp",
@@ -269,21 +313,30 @@ def _measure(
             with servers(3) as three:
                 out[PAIRED] = _paired(ctx, three, stack, s, next(seeds))
             with servers(1) as one:
-                stack.scale(1, llmq_env(one[0]))
+                stack.scale(1, llmq_env(one[0], s.model))
                 out["llmq"] = _system(ctx, "llmq, 1 worker + 1 server", one, stack, s, seeds)
             with servers(2) as two:
-                stack.scale(1, llmq_env(two[0]))
-                stack.add_worker(llmq_env(two[1]))  # its own server
+                stack.scale(1, llmq_env(two[0], s.model))
+                stack.add_worker(llmq_env(two[1], s.model))  # its own server
                 out["llmq-2"] = _system(ctx, "llmq, 2 workers + 2 servers", two, stack, s, seeds)
             with servers(1) as one:
-                stack.scale(1, {**llmq_env(one[0]), "LLMQ_UPSTREAM_QUEUE": str(s.slots)})
+                queued = {**llmq_env(one[0], s.model), "LLMQ_UPSTREAM_QUEUE": str(s.slots)}
+                stack.scale(1, queued)
                 out[QUEUED] = _system(ctx, "llmq, 1+1, upstream queue", one, stack, s, seeds)
     return out
 
 
 def run(ctx: Context) -> ScenarioResult:
-    s = QUICK if ctx.quick else Sizes()
-    model = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="llmq-gguf-")) / "tiny.gguf")
+    return _run(ctx, QUICK if ctx.quick else Sizes())
+
+
+def run_small(ctx: Context) -> ScenarioResult:
+    """``--scenarios upstream-small``: :func:`run` on the ``small`` model."""
+    return _run(ctx, QUICK_SMALL if ctx.quick else SMALL)
+
+
+def _run(ctx: Context, s: Sizes) -> ScenarioResult:
+    model = s.write_model()
     pinned = Placement.for_engines(2)
     seeds = itertools.count(1)
     results = {SHARED: _measure(ctx, s, model, None, seeds)}
@@ -296,8 +349,16 @@ def run_ttft(ctx: Context) -> ScenarioResult:
     """The TTFT target alone (``--scenarios upstream-ttft``): requests in turn, in
     both placements, as the full scenario measures them, in under a minute instead
     of its quarter of an hour; for trying a change to the first token's path."""
-    s = QUICK if ctx.quick else Sizes()
-    model = write_tiny_gguf(Path(tempfile.mkdtemp(prefix="llmq-gguf-")) / "tiny.gguf")
+    return _run_ttft(ctx, QUICK if ctx.quick else Sizes())
+
+
+def run_small_ttft(ctx: Context) -> ScenarioResult:
+    """``--scenarios upstream-small-ttft``: :func:`run_ttft` on the ``small`` model."""
+    return _run_ttft(ctx, QUICK_SMALL if ctx.quick else SMALL)
+
+
+def _run_ttft(ctx: Context, s: Sizes) -> ScenarioResult:
+    model = s.write_model()
     pinned = Placement.for_engines(2)
     placements = {SHARED: None} if pinned is None else {SHARED: None, PINNED: pinned}
     results: dict[str, dict[str, Any]] = {}
@@ -308,17 +369,16 @@ def run_ttft(ctx: Context) -> ScenarioResult:
                 results[where] = _paired(ctx, three, stack, s, seed)
     targets = [t for where, r in results.items() for t in _paired_target(where, r)]
     parts = [
-        f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread); prompt "
-        f"{s.prompt_tokens} words, {s.output_tokens} output tokens. One request direct, "
-        "one through the relay floor and one through llmq 1+1 in turn (`bench/paired.py`), "
-        f"{s.rounds} rounds, to three servers started together, with the processes on any "
-        "CPU and with the servers pinned (`Placement`), as in `--scenarios upstream`. "
-        + FLOOR_NOTE,
+        f"{s.described}; prompt {s.prompt_tokens} words, {s.output_tokens} output tokens. "
+        "One request direct, one through the relay floor and one through llmq 1+1 in "
+        f"turn (`bench/paired.py`), {s.rounds} rounds, to three servers started together, "
+        "with the processes on any CPU and with the servers pinned (`Placement`), as in "
+        "`--scenarios upstream`. " + FLOOR_NOTE,
         *(f"**{where}**: " + _paired_line(r) for where, r in results.items()),
         *(target_line(t.description, t.met, t.detail) for t in targets),
     ]
     return _result(
-        "upstream-ttft",
+        s.scenario("upstream-ttft"),
         "A real inference server: first tokens direct and through llmq, in turn",
         s,
         pinned,
@@ -413,13 +473,24 @@ def _paired_line(p: dict[str, Any]) -> str:
     def over(later: str, earlier: str) -> str:
         return fmt(differences[difference_key(later, earlier)])
 
+    served, alone = p["served"], p["servers"]
+    servers = alone["ttft_ms_median"]
+    bias = alone["difference_ms_median"]
     return (
         f"Requests in turn (one direct, one via the relay floor, one through llmq 1+1, "
         f"{p['rounds']} rounds, servers started together): TTFT median direct "
         f"{fmt(medians[DIRECT])} ms, relay floor {fmt(medians[FLOOR])} ms, through llmq "
         f"{fmt(medians[LLMQ])} ms; medians of the paired differences: floor - direct "
         f"{over(FLOOR, DIRECT)} ms, llmq - direct {over(LLMQ, DIRECT)} ms, llmq - floor "
-        f"{over(LLMQ, FLOOR)} ms."
+        f"{over(LLMQ, FLOOR)} ms. Each system's server alone, in turn, {alone['rounds']} "
+        f"rounds after: TTFT median direct's {fmt(servers[DIRECT])} ms, the floor's "
+        f"{fmt(servers[FLOOR])} ms, llmq's {fmt(servers[LLMQ])} ms; of the differences "
+        f"above, the servers' own: floor's - direct's "
+        f"{fmt(bias[difference_key(FLOOR, DIRECT)])} ms, llmq's - direct's "
+        f"{fmt(bias[difference_key(LLMQ, DIRECT)])} ms, llmq's - floor's "
+        f"{fmt(bias[difference_key(LLMQ, FLOOR)])} ms. The servers' model, as they report it: "
+        f"{served['n_params'] / 1e6:.1f} M parameters, width {served['n_embd']}, "
+        f"{served['size'] / 2**20:.0f} MiB."
     )
 
 
@@ -428,11 +499,11 @@ def _report(
 ) -> ScenarioResult:
     targets = [t for where, r in results.items() for t in _targets(r, where, s.slots)]
     parts = [
-        f"llama.cpp `llama-server` (tiny random model, {s.slots} slots, 1 thread) direct "
-        f"and through llmq; prompt {s.prompt_tokens} words, {s.output_tokens} output "
-        f"tokens; one stream for {s.light_s:g} s, then {2 * s.slots} streams per server "
-        f"for {s.saturated_s:g} s; medians of {repeats} runs, each with prompts no "
-        "earlier run sent (the server would reuse their cached KV). Failed requests: "
+        f"{s.described} direct and through llmq; prompt {s.prompt_tokens} words, "
+        f"{s.output_tokens} output tokens; one stream for {s.light_s:g} s, then "
+        f"{2 * s.slots} streams per server for {s.saturated_s:g} s; medians of {repeats} "
+        "runs, each with prompts no earlier run sent (the server would reuse their cached "
+        "KV). Failed requests: "
         + "; ".join(
             f"{where}: " + ", ".join(f"{k} {v['failed']}" for k, v in r.items())
             for where, r in results.items()
@@ -463,7 +534,7 @@ def _report(
         ]
     parts += [target_line(t.description, t.met, t.detail) for t in targets]
     return _result(
-        "upstream",
+        s.scenario("upstream"),
         "A real inference server: llama-server direct vs through llmq",
         s,
         pinned,
