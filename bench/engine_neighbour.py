@@ -96,10 +96,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"{HALT_POLL} is missing: this machine has no guest halt polling")
     polls: list[int | None] = list(args.halt_poll_ns) or [None]
     s = replace(Sizes(), model=args.model, saturated_s=args.seconds)
-    log_dir = Path(tempfile.mkdtemp(prefix="llmq-engine-neighbour-"))
     seeds = iter(range(1, 1_000_000))
     found: dict[str, list[dict[str, Any]]] = {}
-    with placed(placement), start_servers(1, s.write_model(), s, log_dir, placement) as (server,):
+    with (
+        tempfile.TemporaryDirectory(prefix="llmq-engine-neighbour-") as folder,
+        placed(placement),
+        start_servers(1, s.write_model(Path(folder)), s, Path(folder), placement) as (server,),
+    ):
         url = server_url(server)
         print(f"model {s.model}, server on CPU {placement.engine(0)}, {2 * s.slots} streams")
         for i in range(args.rounds):

@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     s = replace(Sizes(), saturated_s=args.seconds, output_tokens=args.tokens, model=args.model)
     placement = None if args.shared else Placement.for_engines(1)
     log_dir = Path(tempfile.mkdtemp(prefix="llmq-upstream-cpu-"))
-    model = s.write_model()
+    model = s.write_model(log_dir)
     roots = {"this": procs.ROOT, **({"other": args.compare} if args.compare else {})}
     results: dict[str, list[dict[str, Any]]] = {}
     try:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -82,9 +81,9 @@ class Sizes:
             **run,
         )
 
-    def write_model(self) -> Path:
-        """The served model's weights, in a folder of their own."""
-        folder = Path(tempfile.mkdtemp(prefix="llmq-gguf-"))
+    def write_model(self, folder: Path) -> Path:
+        """The served model's weights, written into ``folder`` (the run's logs, which
+        go when the run ends: the ``small`` model is a hundred megabytes)."""
         return write_tiny_gguf(folder / f"{self.model}.gguf", SHAPES[self.model])
 
     def scenario(self, name: str) -> str:
@@ -336,7 +335,7 @@ def run_small(ctx: Context) -> ScenarioResult:
 
 
 def _run(ctx: Context, s: Sizes) -> ScenarioResult:
-    model = s.write_model()
+    model = s.write_model(ctx.log_dir)
     pinned = Placement.for_engines(2)
     seeds = itertools.count(1)
     results = {SHARED: _measure(ctx, s, model, None, seeds)}
@@ -358,7 +357,7 @@ def run_small_ttft(ctx: Context) -> ScenarioResult:
 
 
 def _run_ttft(ctx: Context, s: Sizes) -> ScenarioResult:
-    model = s.write_model()
+    model = s.write_model(ctx.log_dir)
     pinned = Placement.for_engines(2)
     placements = {SHARED: None} if pinned is None else {SHARED: None, PINNED: pinned}
     results: dict[str, dict[str, Any]] = {}
