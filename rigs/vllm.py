@@ -252,8 +252,19 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def running_requests(url: str) -> float:
     """Requests the engine is running now (``vllm:num_requests_running``, summed)."""
+    return _metric(url, "vllm:num_requests_running")
+
+
+def generated_tokens(url: str) -> float:
+    """Tokens the engine has generated since it started, those of sequences it
+    aborted included (``vllm:generation_tokens_total``, counted every step)."""
+    return _metric(url, "vllm:generation_tokens_total")
+
+
+def _metric(url: str, name: str) -> float:
+    """The sum of a metric's samples (over its labels) on the server's ``/metrics``."""
     total = 0.0
     for line in httpx.get(url + "/metrics", timeout=5.0).text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
+        if line.startswith((name + "{", name + " ")):
             total += float(line.rsplit(" ", 1)[1])
     return total

@@ -24,7 +24,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
-from rigs.vllm import running_requests, vllm_server, write_tiny_hf_model
+from rigs.vllm import generated_tokens, running_requests, vllm_server, write_tiny_hf_model
 from tests.support.completions import chat_text, sdk, streamed
 from tests.support.llama import MODEL
 from tests.support.native import ready_workers, record, wait_status
@@ -125,19 +125,24 @@ async def test_a_cancel_ends_vllms_sequence(
         "temperature": 0,
     }
 
-    async def running() -> bool:
-        return await asyncio.to_thread(running_requests, vllm) > 0
-
     async def idle() -> bool:
         return await asyncio.to_thread(running_requests, vllm) == 0
 
     async with api.client() as client:
+        before = await asyncio.to_thread(generated_tokens, vllm)
         rid = (await client.post("/v1/requests", json=body)).json()["id"]
-        await wait_until(running, timeout=30, what="the server to run the sequence")
+        url = f"/v1/requests/{rid}/events"
+        async with asyncio.timeout(30), client.stream("GET", url) as events:
+            async for line in events.aiter_lines():
+                if line == "event: tokens":  # its first tokens: the server runs it
+                    break
         assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
         await wait_until(idle, timeout=30, what="the server to end the sequence")
         done = await wait_status(client, rid, "cancelled")
+        generated = await asyncio.to_thread(generated_tokens, vllm) - before
     assert int(done["completion_tokens"]) < max_tokens / 2
+    # the server stopped the sequence, not only llmq its reading (its count runs on)
+    assert 0 < generated < max_tokens / 2
 
 
 async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
