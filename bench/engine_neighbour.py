@@ -22,6 +22,7 @@ which needs root and the ``haltpoll`` driver, and puts the old value back at the
 from __future__ import annotations
 
 import argparse
+import itertools
 import subprocess
 import sys
 import tempfile
@@ -29,9 +30,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from statistics import median
 from typing import Any
 
+from bench.report import fmt
 from bench.scenarios.upstream import (
     SHAPES,
     Placement,
@@ -41,6 +42,7 @@ from bench.scenarios.upstream import (
     server_url,
     start_servers,
 )
+from bench.stats import median_of
 
 #: The guest's halt polling (Linux's ``cpuidle-haltpoll`` driver), in nanoseconds.
 HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
@@ -96,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"{HALT_POLL} is missing: this machine has no guest halt polling")
     polls: list[int | None] = list(args.halt_poll_ns) or [None]
     s = replace(Sizes(), model=args.model, saturated_s=args.seconds)
-    seeds = iter(range(1, 1_000_000))
+    seeds = itertools.count(1)
     found: dict[str, list[dict[str, Any]]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="llmq-engine-neighbour-") as folder,
@@ -121,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         for error in run["errors"]:
                             print(f"  failed: {error}")
     for label, runs in found.items():
-        tok_s = median(r["output_throughput"] for r in runs)
-        per = median(r["cpu_ms_per_token"]["llama"] for r in runs)
-        print(f"median  {label:34} {tok_s:7.1f} tok/s, server {per:.3f} CPU ms/token")
+        tok_s = median_of(runs, "output_throughput")
+        per = median_of([r["cpu_ms_per_token"] for r in runs], "llama")
+        print(f"median  {label:34} {fmt(tok_s, 1):>7} tok/s, server {fmt(per, 3)} CPU ms/token")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from tests.support.completions import chat_text, sdk, streamed
 from tests.support.llama import MODEL
 from tests.support.native import ready_workers, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.sse import frames
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)  # the first test starts the server
@@ -133,8 +134,8 @@ async def test_a_cancel_ends_vllms_sequence(
         rid = (await client.post("/v1/requests", json=body)).json()["id"]
         url = f"/v1/requests/{rid}/events"
         async with asyncio.timeout(30), client.stream("GET", url) as events:
-            async for line in events.aiter_lines():
-                if line == "event: tokens":  # its first tokens: the server runs it
+            async for frame in frames(events):
+                if frame.event == "tokens":  # its first tokens: the server runs it
                     break
         assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
         await wait_until(idle, timeout=30, what="the server to end the sequence")
