@@ -72,7 +72,9 @@ def _run(url: str, pid: int, s: Sizes, neighbour: str | None, seed: int) -> dict
     """One closed-loop run straight to the server, ``neighbour`` running meanwhile."""
     busy = None if neighbour is None else subprocess.Popen([sys.executable, "-c", neighbour])
     try:
-        return run_load(url, {"llama": pid}, None, s, 2 * s.slots, s.saturated_s, seed)
+        return run_load(
+            url, {"llama": pid}, None, s, 2 * s.slots, s.saturated_s, seed, servers=[url]
+        )
     finally:
         if busy is not None:
             busy.kill()

@@ -18,6 +18,7 @@ import argparse
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from bench.scenarios.upstream import (
     llmq_env,
     placed,
     run_load,
+    server_url,
     start_servers,
 )
 from bench.stats import median, median_of, medians
@@ -50,8 +52,10 @@ def _run(
         with procs.Stack(log_dir) as stack:
             stack.scale(1, llmq_env(server, s.model))
             pids = {"llama": server.pid, **stack.pids()}
-            run_load(stack.url, pids, stack.redis.url, s, users, min(WARM_S, s.saturated_s), seed)
-            return run_load(stack.url, pids, stack.redis.url, s, users, s.saturated_s, seed + 1)
+            load = partial(run_load, stack.url, pids, stack.redis.url, s, users)
+            urls = [server_url(server)]
+            load(min(WARM_S, s.saturated_s), seed, servers=urls)
+            return load(s.saturated_s, seed + 1, servers=urls)
 
 
 def share(run: dict[str, Any]) -> float:
@@ -64,10 +68,11 @@ def share(run: dict[str, Any]) -> float:
 
 def _row(name: str, run: dict[str, Any]) -> str:
     per = " ".join(f"{role}={value:.3f}" for role, value in run["cpu_ms_per_token"].items())
-    tok_s, failed = run["output_throughput"], run["failed"]
+    tok_s, failed, batch = run["output_throughput"], run["failed"], run["tokens_per_step"]
     ratio = share(run)
     return (
-        f"{name:6} {tok_s:7.1f} tok/s, failed {failed}, CPU ms/token {per}, llmq/server {ratio:.3f}"
+        f"{name:6} {tok_s:7.1f} tok/s, failed {failed}, CPU ms/token {per}, llmq/server "
+        f"{ratio:.3f}, server's batch {fmt(batch, 2)} tokens/step"
     )
 
 

@@ -280,6 +280,19 @@ def served_model(url: str) -> dict[str, Any]:
     return meta
 
 
+def decode_totals(url: str) -> tuple[float, float]:
+    """Tokens the server has generated and decode steps it has run since it started
+    (``/metrics``: ``tokens_predicted_total``, ``n_decode_total``). Over a run, the
+    first's growth over the second's is how many sequences a step decoded: the width of
+    its batches, which its CPU per token falls with."""
+    totals = dict.fromkeys(("llamacpp:tokens_predicted_total", "llamacpp:n_decode_total"), 0.0)
+    for line in httpx.get(url + "/metrics", timeout=5.0).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in totals:
+            totals[name] = float(value)
+    return totals["llamacpp:tokens_predicted_total"], totals["llamacpp:n_decode_total"]
+
+
 def busy_slots(url: str) -> int:
     """How many of the server's slots are processing a sequence (``/slots``)."""
     slots = httpx.get(url + "/slots", timeout=5.0).json()

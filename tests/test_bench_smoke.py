@@ -192,7 +192,10 @@ def test_upstream_cpu_alternates_two_checkouts_run_by_run() -> None:
     argv += ["--compare", ROOT]
     done = _run(argv, timeout=120)
     for name in ("this", "other"):
-        row = rf"^{name} +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+"
+        row = (
+            rf"^{name} +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+"
+            r".*, server's batch \d\.\d\d tokens/step$"
+        )
         assert re.search(row, done.stdout, re.M), done.stdout
         assert re.search(rf"^{name} +median .* llmq/server \d\.\d+$", done.stdout, re.M)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -46,7 +46,14 @@ from bench.sysinfo import CpuMeter
 from cli.supervisor import LoggedProcess
 from llmq.embedded import free_port
 from loadgen import LoadConfig
-from rigs.llama import TinyModel, llama_server_argv, served_model, wait_ready, write_tiny_gguf
+from rigs.llama import (
+    TinyModel,
+    decode_totals,
+    llama_server_argv,
+    served_model,
+    wait_ready,
+    write_tiny_gguf,
+)
 
 #: The random models the scenarios serve, by the name llmq serves each under:
 #: ``tiny``, the tests' model (a token costs the server about a tenth of a
@@ -204,12 +211,22 @@ def run_load(
     users: int,
     seconds: float,
     seed: int,
+    *,
+    servers: Sequence[str],
 ) -> dict[str, Any]:
+    """One closed-loop run of ``users`` streams against ``url``: the load generator's
+    figures, the CPU per token of each process in ``pids``, and the width of the
+    ``servers``' batches (``tokens_per_step``: tokens generated per decode step)."""
     config = s.load(url, seed, concurrency=users, duration=seconds)
+    before = [decode_totals(server) for server in servers]
     meter = CpuMeter({**pids, "loadgen": os.getpid()}, redis_url).start()
     result = traffic.run(config)
     cpu = meter.stop()
+    after = [decode_totals(server) for server in servers]
     out = traffic.figures(result)
+    generated = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    steps = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    out["tokens_per_step"] = generated / steps if steps else None
     tokens = out["total_output_tokens"] or 0
     cpu["llama"] = sum(v for k, v in cpu.items() if k.startswith("llama"))  # every server
     roles = ("llama", "api", "workers", "redis", "loadgen")
@@ -242,13 +259,17 @@ def _system(
     light, saturated = [], []
     for i in range(repeats):
         ctx.say(f"  {name}: one stream, run {i + 1}/{repeats}")
-        light.append(run_load(url, pids, redis_url, s, 1, s.light_s, next(seeds)))
+        urls = [server_url(server) for server in servers]
+        light.append(run_load(url, pids, redis_url, s, 1, s.light_s, next(seeds), servers=urls))
         ctx.say(f"  {name}: {2 * s.slots * len(servers)} streams, run {i + 1}/{repeats}")
         users = 2 * s.slots * len(servers)
-        saturated.append(run_load(url, pids, redis_url, s, users, s.saturated_s, next(seeds)))
+        saturated.append(
+            run_load(url, pids, redis_url, s, users, s.saturated_s, next(seeds), servers=urls)
+        )
     keys = ("ttft_ms_median", "ttft_ms_p99", "itl_ms_median", "itl_ms_p99", "e2el_ms_median")
     out: dict[str, Any] = {k: median_of(light, k) for k in keys}
     out["output_throughput"] = median_of(saturated, "output_throughput")
+    out["tokens_per_step"] = median_of(saturated, "tokens_per_step")
     out["saturated_ttft_ms_median"] = median_of(saturated, "ttft_ms_median")
     roles = {r for run in saturated for r in run["cpu_ms_per_token"]}
     out["cpu_ms_per_token"] = {
@@ -450,12 +471,15 @@ LABELS = {
     "e2el_ms_median": "E2E median, one stream (ms)",
     "output_throughput": "throughput at saturation (tok/s)",
     "saturated_ttft_ms_median": "TTFT median at saturation (ms)",
+    "tokens_per_step": "server's batch at saturation (tokens per decode step)",
 }
+#: Digits of a figure in the table, where not 1.
+DIGITS = {"tokens_per_step": 2}
 
 
 def _table(r: dict[str, dict[str, Any]], slots: int) -> str:
     systems = (r["direct"], r["llmq"], r["llmq-2"], r[QUEUED])
-    rows = [[label, *(fmt(x[k]) for x in systems)] for k, label in LABELS.items()]
+    rows = [[label, *(fmt(x[k], DIGITS.get(k, 1)) for x in systems)] for k, label in LABELS.items()]
     roles = sorted({role for x in systems for role in x["cpu_ms_per_token"]})
     rows += [
         [f"CPU ms/token at saturation: {role}"]
