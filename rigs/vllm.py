@@ -235,7 +235,7 @@ class VllmServer:
 
         The slice is timed by a process of its own at a real-time priority (``chrt
         --fifo``; root), so it ends on time however busy the CPUs are: timed by the
-        test's own event loop, beside a busy process, a 20 ms slice lasted 0.75 s."""
+        test's own event loop, beside a busy process, a 20 ms slice lasted most of a second."""
         group = self.group
         script = f"kill -CONT -{group}; sleep {seconds}; kill -STOP -{group}"
         process = await asyncio.create_subprocess_exec("chrt", "--fifo", "1", "sh", "-c", script)

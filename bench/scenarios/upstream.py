@@ -256,10 +256,10 @@ def _system(
     if stack is not None:
         pids.update(stack.pids())
         redis_url, url = stack.redis.url, stack.url
+    urls = [server_url(server) for server in servers]
     light, saturated = [], []
     for i in range(repeats):
         ctx.say(f"  {name}: one stream, run {i + 1}/{repeats}")
-        urls = [server_url(server) for server in servers]
         light.append(run_load(url, pids, redis_url, s, 1, s.light_s, next(seeds), servers=urls))
         ctx.say(f"  {name}: {2 * s.slots * len(servers)} streams, run {i + 1}/{repeats}")
         users = 2 * s.slots * len(servers)
