@@ -4,7 +4,7 @@
 :mod:`rigs.llama`, 4 slots), 64-token completions streamed 1 and 4 at a time, 10
 rounds each, by each client through llmq's SSE decoder, alternated, 3 repeats;
 prints the median client CPU (``process_time``) per token and tokens per second.
-The worker's upstream adapter reads with the cheaper one (docs/backends.md).
+The worker's upstream adapter reads with the cheaper one (docs/upstream-benchmark.md).
 """
 
 from __future__ import annotations
