@@ -13,6 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: The end of an ``upstream_cpu`` run's line: what the scheduler did with the server's
+#: busiest thread over the run (it ran for a while, and a busy server is switched out).
+DECODING_THREAD = (
+    r", its decoding thread: CPU (?!0\.00)\d+\.\d\d s, waited \d+\.\d\d s, preempted \d+ times$"
+)
+
+
 def _run(argv: list[str | Path], timeout: float) -> subprocess.CompletedProcess[str]:
     """``python`` with ``argv`` from the checkout's root; it must exit 0."""
     done = subprocess.run(
@@ -194,10 +201,24 @@ def test_upstream_cpu_alternates_two_checkouts_run_by_run() -> None:
     for name in ("this", "other"):
         row = (
             rf"^{name} +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+"
-            r".*, server's batch \d\.\d\d tokens/step$"
+            r".*, server's batch \d\.\d\d tokens/step" + DECODING_THREAD
         )
         assert re.search(row, done.stdout, re.M), done.stdout
         assert re.search(rf"^{name} +median .* llmq/server \d\.\d+$", done.stdout, re.M)
+
+
+@pytest.mark.timeout(120)
+def test_upstream_cpu_direct_runs_the_load_straight_to_the_server() -> None:
+    done = _run(["-m", "bench.upstream_cpu", "--runs", "1", "--seconds", "1", "--direct"], 100)
+    row = (
+        r"^direct +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ loadgen=\S+, "
+        r"server's batch \d\.\d\d tokens/step" + DECODING_THREAD
+    )
+    assert re.search(row, done.stdout, re.M), done.stdout
+    assert re.search(
+        r"^direct +median +\d+\.\d tok/s, CPU ms/token llama=\S+ loadgen=\S+$", done.stdout, re.M
+    )
+    assert "api=" not in done.stdout and "llmq/server" not in done.stdout
 
 
 @pytest.mark.timeout(120)
