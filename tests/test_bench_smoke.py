@@ -148,6 +148,39 @@ def test_bench_quick_upstream_ttft_times_direct_floor_and_llmq_in_turn_in_both_p
         assert f"{where}, requests in turn: median TTFT through llmq <= 1.05x direct" in markdown
 
 
+@pytest.mark.timeout(180)
+def test_bench_quick_upstream_runs_every_system_and_judges_throughput_by_round(
+    tmp_path: Path,
+) -> None:
+    done = _run(["-m", "bench", "--quick", "--scenarios", "upstream", "--out", tmp_path], 150)
+    [json_path] = tmp_path.glob("*.json")
+    scenario = json.loads(json_path.read_text())["scenarios"]["upstream"]
+    assert set(scenario["systems"]) == (
+        {"shared CPUs", "engine pinned"} if scenario["placement"] else {"shared CPUs"}
+    )
+    for where, systems in scenario["systems"].items():
+        direct = systems["direct"]
+        assert set(direct["cpu_ms_per_token"]) == {"llama", "loadgen"}
+        for name in ("direct", "llmq", "llmq-2", "llmq-queued"):
+            runs = systems[name]["runs"]
+            assert len(runs["light"]) == len(runs["saturated"]) == 1, (where, name)
+            assert systems[name]["failed"] == 0, (where, name, runs["saturated"][0]["errors"])
+        for name in ("llmq", "llmq-2", "llmq-queued"):
+            assert set(systems[name]["cpu_ms_per_token"]) >= {"api", "workers", "redis"}
+            [share] = systems[name]["throughput_shares"]
+            tok_s = systems[name]["output_throughput"]
+            assert share == pytest.approx(tok_s / direct["output_throughput"])
+    for system in ("direct", "llmq, 1 worker + 1 server", "llmq, 2 workers + 2 servers"):
+        assert f"  {system}: round 1/1" in done.stderr + done.stdout
+    markdown = json_path.with_suffix(".md").read_text()
+    drift = r"The servers' CPU per token at saturation, run by run \(ms; .*?\): direct \d\.\d{3}-"
+    assert len(re.findall(drift, markdown)) == len(scenario["systems"])
+    for where in scenario["systems"]:
+        for how in ("cap = slots", "LLMQ_UPSTREAM_QUEUE=4"):
+            target = f"{where}, {how}: throughput at saturation >= 95% of direct (median of the"
+            assert target in markdown
+
+
 @pytest.mark.timeout(60)
 def test_paired_ttft_times_each_system_once_per_round() -> None:
     from bench.paired import paired_ttft
