@@ -63,7 +63,9 @@ class ThreadSched:
     """What the scheduler did with one thread (``/proc/<pid>/task/<tid>/schedstat`` and
     its ``status``): seconds on a CPU, seconds runnable but waiting on a run queue,
     and how often it left a CPU (``slices``), of itself (``voluntary``: it slept) or
-    not (the rest: preempted)."""
+    not (the rest: preempted). The two files are read one after the other, and a
+    thread on a CPU has arrived without leaving yet, so ``voluntary`` can run a switch
+    or two past ``slices``: :attr:`preempted` is never below 0."""
 
     cpu_s: float
     waited_s: float
@@ -72,7 +74,7 @@ class ThreadSched:
 
     @property
     def preempted(self) -> int:
-        return self.slices - self.voluntary
+        return max(0, self.slices - self.voluntary)
 
     def __sub__(self, before: ThreadSched) -> ThreadSched:
         return ThreadSched(

