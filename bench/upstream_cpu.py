@@ -1,16 +1,25 @@
 """CPU per token through llmq in front of ``llama-server`` at saturation, by process.
 
 ``python -m bench.upstream_cpu [--runs N] [--shared] [--compare DIR | --direct]
-[--tokens N] [--model tiny|small]``: the ``upstream`` scenario's closed loop of twice
-the server's slots (:mod:`bench.scenarios.upstream`) through llmq 1+1 only (or, with
-``--direct``, straight to the server), each run on a server started for it (a server
-slows as it serves), with the server pinned to the last CPU as in the scenario's
-"engine pinned" placement unless ``--shared``. Prints each run's throughput and the
-CPU milliseconds each process spent per delivered token, and llmq's over the server's
-(:func:`share`), then the medians. CPU per token moves far less with the neighbours
-than latency does, so this is the figure to try a change on the token path with:
-``--compare DIR`` runs the llmq processes of another checkout (an older commit made
-with ``git worktree add``) in turn with this one's, run by run.
+[--beside direct|floor ...] [--tokens N] [--model tiny|small]``: the ``upstream``
+scenario's closed loop of twice the server's slots (:mod:`bench.scenarios.upstream`)
+through llmq 1+1 only (or, with ``--direct``, straight to the server), each run on a
+server started for it (a server slows as it serves), with the server pinned to the
+last CPU as in the scenario's "engine pinned" placement unless ``--shared``. Prints
+each run's throughput and the CPU milliseconds each process spent per delivered
+token, and llmq's over the server's (:func:`share`), then the medians. CPU per token
+moves far less with the neighbours than latency does, so this is the figure to try a
+change on the token path with: ``--compare DIR`` runs the llmq processes of another
+checkout (an older commit made with ``git worktree add``) in turn with this one's,
+run by run.
+
+``--beside`` runs other systems in turn with llmq, run by run: ``direct`` (the load
+straight to the server) and ``floor`` (the relay floor,
+:mod:`bench.floor_via_redis` with ``--upstream``: every hop a request through llmq
+makes and nothing else). With ``direct`` among the systems, each other system's
+throughput is also given as its runs' shares of the direct run beside each: what
+the scenario's throughput target judges, in more rounds than the scenario has time
+for.
 
 Each run also says what the scheduler did with the server's busiest thread, the one
 that decodes (:func:`bench.sysinfo.busiest_thread`): its CPU seconds, the seconds it
@@ -22,18 +31,19 @@ CPUs that thread waits for a CPU far longer than direct
 from __future__ import annotations
 
 import argparse
-import contextlib
 import tempfile
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bench import procs
 from bench.report import fmt
 from bench.scenarios.upstream import (
     SHAPES,
+    Front,
     Placement,
     Sizes,
     llmq_env,
@@ -42,34 +52,56 @@ from bench.scenarios.upstream import (
     server_url,
     start_servers,
 )
-from bench.stats import median, median_of, medians
+from bench.stats import median, median_of, medians, paired_ratios
 from bench.sysinfo import busiest_thread, thread_sched
+from cli.supervisor import LoggedProcess
 
 #: The processes that are llmq's (beside the server and the load generator).
 LLMQ_ROLES = ("api", "workers", "redis")
 #: Seconds of load before each measured run: the worker's first connections, the
 #: API's first streams.
 WARM_S = 2.0
+#: The systems ``--beside`` runs in turn with llmq; a run's system is one of them or
+#: the checkout whose llmq it runs.
+Other = Literal["direct", "floor"]
+DIRECT: Other = "direct"
+FLOOR: Other = "floor"
+System = Path | Other
+
+
+def _front(
+    system: System, server: LoggedProcess, s: Sizes, log_dir: Path, on: ExitStack
+) -> Front | None:
+    """What a run's load goes through: llmq of the checkout ``system``, the relay floor,
+    or nothing (direct)."""
+    if not isinstance(system, Path):
+        if system == DIRECT:
+            return None
+        upstream = server_url(server)
+        return Front.of_floor(
+            on.enter_context(procs.FloorServer(log_dir, 0.0, 0.0, upstream=upstream))
+        )
+    procs.ROOT = system  # children start from ROOT: it chooses the code they run
+    stack = on.enter_context(procs.Stack(log_dir))
+    stack.scale(1, llmq_env(server, s.model))
+    return Front.of_stack(stack)
 
 
 def _run(
-    root: Path | None,
+    system: System,
     s: Sizes,
     model: Path,
     log_dir: Path,
     placement: Placement | None,
     seed: int,
 ) -> dict[str, Any]:
-    """One run through the llmq processes of ``root``, or straight to the server (None)."""
+    """One run through ``system`` (:func:`_front`) to a server started for it."""
     users = 2 * s.slots
-    with start_servers(1, model, s, log_dir, placement) as (server,), contextlib.ExitStack() as on:
+    with start_servers(1, model, s, log_dir, placement) as (server,), ExitStack() as on:
         urls = [server_url(server)]
         url, pids, redis_url = urls[0], {"llama": server.pid}, None
-        if root is not None:
-            procs.ROOT = root  # children start from ROOT: it chooses the code they run
-            stack = on.enter_context(procs.Stack(log_dir))
-            stack.scale(1, llmq_env(server, s.model))
-            url, pids, redis_url = stack.url, {**pids, **stack.pids()}, stack.redis.url
+        if (front := _front(system, server, s, log_dir, on)) is not None:
+            url, pids, redis_url = front.url, {**pids, **front.pids}, front.redis_url
         load = partial(run_load, url, pids, redis_url, s, users, servers=urls)
         load(min(WARM_S, s.saturated_s), seed)
         before = thread_sched(server.pid)
@@ -99,6 +131,7 @@ def _row(name: str, run: dict[str, Any]) -> str:
         + f", server's batch {fmt(batch, 2)} tokens/step, its decoding thread: "
         f"CPU {thread.cpu_s:.2f} s, waited {thread.waited_s:.2f} s, "
         f"preempted {thread.preempted} times"
+        + (f"; failures: {'; '.join(run['errors'])}" if failed else "")
     )
 
 
@@ -110,6 +143,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     which.add_argument("--compare", type=Path, help="another checkout to alternate with")
     which.add_argument(
         "--direct", action="store_true", help="the load straight to the server, no llmq"
+    )
+    parser.add_argument(
+        "--beside",
+        action="append",
+        choices=(DIRECT, FLOOR),
+        default=[],
+        help="another system to run in turn with llmq, run by run (repeatable)",
     )
     parser.add_argument("--seconds", type=float, default=Sizes().saturated_s, help="per run")
     parser.add_argument(
@@ -128,15 +168,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="llmq-upstream-cpu-"))
     model = s.write_model(log_dir)
     this = procs.ROOT
-    roots: dict[str, Path | None] = {"direct": None} if args.direct else {"this": this}
+    systems: dict[str, System] = {DIRECT: DIRECT} if args.direct else {"this": this}
     if args.compare:
-        roots["other"] = args.compare
+        systems["other"] = args.compare
+    for name in args.beside:
+        systems[name] = name
     results: dict[str, list[dict[str, Any]]] = {}
     try:
         with placed(placement):
             for i in range(args.runs):
-                for name, root in roots.items():  # the same prompts, on a server of its own
-                    run = _run(root, s, model, log_dir, placement, 1000 * (i + 1))
+                names = list(systems)
+                k = i % len(names)  # rotated each round: none always first or last
+                for name in names[k:] + names[:k]:  # the same prompts, a server of its own
+                    run = _run(systems[name], s, model, log_dir, placement, 1000 * (i + 1))
                     results.setdefault(name, []).append(run)
                     print(_row(name, run), flush=True)
     finally:
@@ -148,6 +192,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         ratios = [r for r in map(share, runs) if r is not None]
         ratio = f", llmq/server {fmt(median(ratios), 3)}" if ratios else ""
         print(f"{name:6} median {fmt(tok_s, 1):>7} tok/s, CPU ms/token {text}{ratio}")
+    if DIRECT in results and len(results) > 1:
+        for name, runs in results.items():
+            if name != DIRECT:
+                print(_shares_row(name, runs, results[DIRECT]))
+
+
+def _shares_row(name: str, runs: list[dict[str, Any]], direct: list[dict[str, Any]]) -> str:
+    """``name``'s throughput as shares of the direct run of its round, run by run."""
+    found = paired_ratios(runs, direct, "output_throughput")
+    each = [x for x in found["each"] if x is not None]
+    return (
+        f"{name:6} share of direct {fmt(found['median'] * 100 if found['median'] else None)} % "
+        f"(median; run by run {', '.join(fmt(x * 100) for x in each)})"
+    )
 
 
 if __name__ == "__main__":

@@ -148,11 +148,11 @@ def test_bench_quick_upstream_ttft_times_direct_floor_and_llmq_in_turn_in_both_p
         assert f"{where}, requests in turn: median TTFT through llmq <= 1.05x direct" in markdown
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_bench_quick_upstream_runs_every_system_and_judges_throughput_by_round(
     tmp_path: Path,
 ) -> None:
-    done = _run(["-m", "bench", "--quick", "--scenarios", "upstream", "--out", tmp_path], 150)
+    done = _run(["-m", "bench", "--quick", "--scenarios", "upstream", "--out", tmp_path], 270)
     [json_path] = tmp_path.glob("*.json")
     scenario = json.loads(json_path.read_text())["scenarios"]["upstream"]
     assert set(scenario["systems"]) == (
@@ -161,18 +161,20 @@ def test_bench_quick_upstream_runs_every_system_and_judges_throughput_by_round(
     for where, systems in scenario["systems"].items():
         direct = systems["direct"]
         assert set(direct["cpu_ms_per_token"]) == {"llama", "loadgen"}
-        for name in ("direct", "llmq", "llmq-2", "llmq-queued"):
+        for name in ("direct", "llmq", "llmq-2", "llmq-queued", "relay floor"):
             runs = systems[name]["runs"]
             assert len(runs["light"]) == len(runs["saturated"]) == 1, (where, name)
             assert systems[name]["failed"] == 0, (where, name, runs["saturated"][0]["errors"])
-        for name in ("llmq", "llmq-2", "llmq-queued"):
+        for name in ("llmq", "llmq-2", "llmq-queued", "relay floor"):
             assert set(systems[name]["cpu_ms_per_token"]) >= {"api", "workers", "redis"}
             [share] = systems[name]["throughput_shares"]
             tok_s = systems[name]["output_throughput"]
             assert share == pytest.approx(tok_s / direct["output_throughput"])
-    for system in ("direct", "llmq, 1 worker + 1 server", "llmq, 2 workers + 2 servers"):
+    for system in ("direct", "llmq, 1 worker + 1 server", "relay floor, 1 server"):
         assert f"  {system}: round 1/1" in done.stderr + done.stdout
     markdown = json_path.with_suffix(".md").read_text()
+    shares = r"Throughput at saturation, share of direct's .*?relay floor, 1 server \d+\.\d %"
+    assert len(re.findall(shares, markdown)) == len(scenario["systems"])
     drift = r"The servers' CPU per token at saturation, run by run \(ms; .*?\): direct \d\.\d{3}-"
     assert len(re.findall(drift, markdown)) == len(scenario["systems"])
     for where in scenario["systems"]:
@@ -252,6 +254,20 @@ def test_upstream_cpu_direct_runs_the_load_straight_to_the_server() -> None:
         r"^direct +median +\d+\.\d tok/s, CPU ms/token llama=\S+ loadgen=\S+$", done.stdout, re.M
     )
     assert "api=" not in done.stdout and "llmq/server" not in done.stdout
+
+
+@pytest.mark.timeout(150)
+def test_upstream_cpu_runs_direct_and_the_relay_floor_in_turn_with_llmq() -> None:
+    argv: list[str | Path] = ["-m", "bench.upstream_cpu", "--runs", "2", "--seconds", "1"]
+    done = _run([*argv, "--beside", "direct", "--beside", "floor"], timeout=120)
+    rows = [line.split()[0] for line in done.stdout.splitlines() if " tok/s, failed 0," in line]
+    assert rows == ["this", "direct", "floor", "direct", "floor", "this"], done.stdout
+    floor = r"^floor +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+ redis="
+    assert re.search(floor, done.stdout, re.M), done.stdout
+    for name in ("this", "floor"):
+        share = rf"^{name} +share of direct \d+\.\d % \(median; run by run \d+\.\d, \d+\.\d\)$"
+        assert re.search(share, done.stdout, re.M), done.stdout
+    assert not re.search(r"^direct +share", done.stdout, re.M)
 
 
 @pytest.mark.timeout(120)

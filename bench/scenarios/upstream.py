@@ -25,7 +25,8 @@ pinned to CPUs of their own (:class:`Placement`), as a GPU engine has its device
 where llmq's processes and the load generator share the CPUs left (fewer than
 llmq would get beside a GPU). Each target is judged in both. A placement's runs go
 in rounds, every system once per round (:func:`_measure`): a VM's speed drifts over
-minutes, and a throughput target is judged round by round.
+minutes, and a throughput target is judged round by round. The relay floor runs in
+the rounds too: what it keeps of direct's throughput is what the hops alone keep.
 """
 
 from __future__ import annotations
@@ -117,21 +118,24 @@ TTFT_RATIO, TTFT_SLACK_MS, ITL_SLACK_MS, THROUGHPUT_SHARE = 1.05, 3.0, 2.0, 0.95
 #: The system whose worker keeps as many requests queued in its server as it has slots
 #: (``LLMQ_UPSTREAM_QUEUE``), as the direct client's surplus streams wait there.
 QUEUED = "llmq-queued"
-#: The systems every round runs, and how the runs name them.
-SYSTEMS = ("direct", "llmq", "llmq-2", QUEUED)
+#: The server alone; the relay floor, every hop a request through llmq makes (API
+#: process, Redis, a process in front of the server, Redis, API process) and nothing
+#: else of llmq (:mod:`bench.floor_via_redis` with ``--upstream``); llmq 1+1.
+DIRECT, FLOOR, LLMQ = "direct", "relay floor", "llmq"
+#: The systems every round runs, and how the runs name them. The floor runs in the
+#: rounds too: what its throughput keeps of direct's is what the hops alone cost the
+#: engine, beside what llmq keeps.
+SYSTEMS = (DIRECT, LLMQ, "llmq-2", QUEUED, FLOOR)
 SYSTEM_NAMES = {
-    "direct": "direct",
-    "llmq": "llmq, 1 worker + 1 server",
+    DIRECT: "direct",
+    LLMQ: "llmq, 1 worker + 1 server",
     "llmq-2": "llmq, 2 workers + 2 servers",
     QUEUED: "llmq, 1+1, upstream queue",
+    FLOOR: "relay floor, 1 server",
 }
-#: Requests in turn (:mod:`bench.paired`), one to each system of the next line.
+#: Requests in turn (:mod:`bench.paired`), one to each of :data:`DIRECT`,
+#: :data:`FLOOR` and :data:`LLMQ`.
 PAIRED = "paired"
-#: The systems of the requests in turn: the server alone; the relay floor, every hop a
-#: request through llmq makes (API process, Redis, a process in front of the server,
-#: Redis, API process) and nothing else of llmq (:mod:`bench.floor_via_redis` with
-#: ``--upstream``); llmq 1+1.
-DIRECT, FLOOR, LLMQ = "direct", "relay floor", "llmq"
 FLOOR_NOTE = (
     "The relay floor (`bench/floor_via_redis.py --upstream`) makes every hop a request "
     "through llmq makes, and nothing else: a raw ASGI server LPUSHes the request to "
@@ -248,19 +252,40 @@ def run_load(
     return out
 
 
+@dataclass(frozen=True)
+class Front:
+    """What a run's load goes through to its servers (llmq, or the relay floor): its
+    URL, and its processes by role for :class:`CpuMeter`."""
+
+    url: str
+    pids: dict[str, int]
+    redis_url: str | None
+
+    @classmethod
+    def of_stack(cls, stack: Stack) -> Front:
+        return cls(stack.url, stack.pids(), stack.redis.url)
+
+    @classmethod
+    def of_floor(cls, floor: FloorServer) -> Front:
+        """The floor's API process counts as llmq's API, its process in front of the
+        server as a worker: their columns of the table."""
+        roles = {"floor": "api", "model": "worker-floor"}
+        return cls(floor.url, {roles[k]: v for k, v in floor.pids().items()}, floor.redis_url)
+
+
 def _round(
-    servers: list[LoggedProcess], stack: Stack | None, s: Sizes, seeds: Iterator[int]
+    servers: list[LoggedProcess], front: Front | None, s: Sizes, seeds: Iterator[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One system's runs of a round: one stream, then the saturating load. Each draws
-    prompts no run before it sent (``seeds``), so that no run finds its prompts in a
-    server's prompt cache from an earlier one (llama-server keeps finished prompts'
-    KV and reuses any prefix of them)."""
+    """One system's runs of a round, through ``front`` (direct when None): one stream,
+    then the saturating load. Each draws prompts no run before it sent (``seeds``), so
+    that no run finds its prompts in a server's prompt cache from an earlier one
+    (llama-server keeps finished prompts' KV and reuses any prefix of them)."""
     pids = {"llama" if i == 0 else f"llama-{i}": p.pid for i, p in enumerate(servers)}
     redis_url = None
     url = server_url(servers[0])
-    if stack is not None:
-        pids.update(stack.pids())
-        redis_url, url = stack.redis.url, stack.url
+    if front is not None:
+        pids.update(front.pids)
+        redis_url, url = front.redis_url, front.url
     urls = [server_url(server) for server in servers]
     light = run_load(url, pids, redis_url, s, 1, s.light_s, next(seeds), servers=urls)
     users = 2 * s.slots * len(servers)
@@ -346,7 +371,7 @@ def _deploy(stack: Stack, system: str, servers: list[LoggedProcess], s: Sizes) -
 def _measure(
     ctx: Context, s: Sizes, model: Path, placement: Placement | None, seeds: Iterator[int]
 ) -> dict[str, dict[str, Any]]:
-    """The four systems, in rounds, the engines on their own CPUs when ``placement`` says.
+    """:data:`SYSTEMS`, in rounds, the engines on their own CPUs when ``placement`` says.
 
     A VM's speed drifts over minutes, by as much as llmq's share of throughput (a
     server's own CPU per token moved by a third over one run), so each round runs
@@ -355,7 +380,8 @@ def _measure(
     llama-server keeps every finished prompt in a host-memory cache (``--cache-ram``)
     that each new request searches, so a server that served a run before would be
     slower for the one after. Between llmq's runs its workers stop, so that none runs
-    beside the direct one; its API and Redis stay, idle."""
+    beside another system's; its API and Redis stay, idle. The relay floor's
+    processes and Redis are started for its run."""
     repeats = 1 if ctx.quick else ctx.repeats
     out: dict[str, dict[str, Any]] = {}
     runs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
@@ -373,11 +399,15 @@ def _measure(
             for system in round_order(i):
                 ctx.say(f"  {SYSTEM_NAMES[system]}: round {i + 1}/{repeats}")
                 with servers(2 if system == "llmq-2" else 1) as started:
-                    if system == "direct":
+                    if system == DIRECT:
                         light, saturated = _round(started, None, s, seeds)
+                    elif system == FLOOR:
+                        upstream = server_url(started[0])
+                        with FloorServer(ctx.log_dir, 0.0, 0.0, upstream=upstream) as floor:
+                            light, saturated = _round(started, Front.of_floor(floor), s, seeds)
                     else:
                         _deploy(stack, system, started, s)
-                        light, saturated = _round(started, stack, s, seeds)
+                        light, saturated = _round(started, Front.of_stack(stack), s, seeds)
                         stack.scale(0)
                 runs[system][0].append(light)
                 runs[system][1].append(saturated)
@@ -523,7 +553,7 @@ DIGITS = {"tokens_per_step": 2}
 
 
 def _table(r: dict[str, dict[str, Any]], slots: int) -> str:
-    systems = (r["direct"], r["llmq"], r["llmq-2"], r[QUEUED])
+    systems = [r[system] for system in SYSTEMS]
     rows = [[label, *(fmt(x[k], DIGITS.get(k, 1)) for x in systems)] for k, label in LABELS.items()]
     roles = sorted({role for x in systems for role in x["cpu_ms_per_token"]})
     rows += [
@@ -531,8 +561,32 @@ def _table(r: dict[str, dict[str, Any]], slots: int) -> str:
         + [fmt(x["cpu_ms_per_token"].get(role), 3) for x in systems]
         for role in roles
     ]
-    head = ["figure", "direct", "llmq 1+1", "llmq 2+2", f"llmq 1+1, upstream queue {slots}"]
+    head = [
+        "figure",
+        "direct",
+        "llmq 1+1",
+        "llmq 2+2",
+        f"llmq 1+1, upstream queue {slots}",
+        "relay floor 1+1",
+    ]
     return table(head, rows)
+
+
+def _shares_line(r: dict[str, dict[str, Any]]) -> str:
+    """Each system's throughput at saturation as shares of direct's, round by round:
+    the relay floor's beside llmq's says how much of what llmq loses the hops alone
+    lose (the floor, like direct and the upstream queue, leaves the streams beyond
+    the server's slots waiting in the server's own queue)."""
+    parts = []
+    for system in SYSTEMS[1:]:
+        shares = r[system]["throughput_shares"]
+        if (mid := median(shares)) is not None:
+            each = ", ".join(fmt(x * 100) for x in shares)
+            parts.append(f"{SYSTEM_NAMES[system]} {fmt(mid * 100)} % ({each})")
+    return (
+        "Throughput at saturation, share of direct's (median of the rounds; each round's "
+        f"in brackets): {'; '.join(parts)}."
+    )
 
 
 def _drift_line(r: dict[str, dict[str, Any]]) -> str:
@@ -606,6 +660,10 @@ def _report(
         "also keeps that many requests waiting in the server's own queue, as the direct "
         "client's surplus streams wait there, and the server starts each the step a "
         "sequence ends.",
+        "The relay floor (below) runs in every round too, in front of a server of its "
+        "own: its share of direct's throughput is what the hops alone keep, beside what "
+        "llmq keeps (like direct and the upstream queue, it leaves the streams beyond "
+        "the slots waiting in the server's own queue).",
         "Runs of separate systems differ from run to run by more than llmq adds to a "
         "first token, so TTFT is also measured request by request: one direct, one "
         "through the relay floor, one through llmq, in turn, on three servers started "
@@ -613,6 +671,7 @@ def _report(
         + FLOOR_NOTE,
         f"**{SHARED}**: every process on any CPU, the servers' included.",
         _table(results[SHARED], s.slots),
+        _shares_line(results[SHARED]),
         _drift_line(results[SHARED]),
         _paired_line(results[SHARED][PAIRED]),
     ]
@@ -623,6 +682,7 @@ def _report(
             "(`Placement`): the engine's compute is its own, as a GPU's is, and llmq's "
             "processes share what is left.",
             _table(results[PINNED], s.slots),
+            _shares_line(results[PINNED]),
             _drift_line(results[PINNED]),
             _paired_line(results[PINNED][PAIRED]),
         ]
