@@ -48,6 +48,7 @@ from bench.scenarios.upstream import (
     Sizes,
     llmq_env,
     placed,
+    round_order,
     run_load,
     server_url,
     start_servers,
@@ -177,9 +178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with placed(placement):
             for i in range(args.runs):
-                names = list(systems)
-                k = i % len(names)  # rotated each round: none always first or last
-                for name in names[k:] + names[:k]:  # the same prompts, a server of its own
+                for name in round_order(i, list(systems)):  # same prompts, own server
                     run = _run(systems[name], s, model, log_dir, placement, 1000 * (i + 1))
                     results.setdefault(name, []).append(run)
                     print(_row(name, run), flush=True)

@@ -351,11 +351,11 @@ def llmq_env(server: LoggedProcess, model: str = "tiny") -> dict[str, str]:
     }
 
 
-def round_order(i: int) -> tuple[str, ...]:
-    """Round ``i``'s order of :data:`SYSTEMS`: rotated by one each round, so that no
+def round_order(i: int, systems: Sequence[str] = SYSTEMS) -> tuple[str, ...]:
+    """Round ``i``'s order of ``systems``: rotated by one each round, so that no
     system always runs first or last in a round."""
-    k = i % len(SYSTEMS)
-    return SYSTEMS[k:] + SYSTEMS[:k]
+    k = i % len(systems)
+    return (*systems[k:], *systems[:k])
 
 
 def _deploy(stack: Stack, system: str, servers: list[LoggedProcess], s: Sizes) -> None:
