@@ -46,3 +46,9 @@ def test_the_checkout_keeps_one_named_result_per_scenario_and_no_run_log() -> No
     stems = {name.rsplit(".", 1)[0] for name in kept}
     assert kept == sorted(f"{stem}.{ext}" for stem in stems for ext in ("json", "md"))
     assert not [name for name in kept if name[0].isdigit() or name == "latest.md"]
+
+
+def test_every_kept_result_is_one_that_a_doc_cites() -> None:
+    cited = "".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
+    for result in (ROOT / "bench" / "results").glob("*.md"):
+        assert f"bench/results/{result.name}" in cited, f"no doc cites {result.name}"
