@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -79,6 +80,7 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     """``loadgen=False`` leaves out the load generator's flags, whose imports (numpy)
     would add their import time to every worker's start-up."""
     parser = argparse.ArgumentParser(prog="llmq", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('llmq')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
         "api": "run one API process (uvicorn)",
