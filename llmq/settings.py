@@ -162,7 +162,11 @@ class ApiSettings(CommonSettings):
     )
     max_tokens_limit: int = Field(4096, ge=1, description="Largest accepted max_tokens.")
     default_max_tokens: int = Field(
-        128, ge=1, description="max_tokens of a request that does not set it."
+        0,
+        ge=0,
+        description="Most tokens a request that sets no max_tokens may generate; 0: no "
+        "bound but what the model's context leaves after the prompt (LLMQ_MAX_TOKENS_LIMIT "
+        "where its workers declare no context length).",
     )
     min_priority: int = Field(-1000, description="Lowest accepted priority value.")
     max_priority: int = Field(1000, description="Highest accepted priority value.")

@@ -201,8 +201,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "default-max-tokens",
         "LLMQ_DEFAULT_MAX_TOKENS applies to a request without max_tokens",
         "api/submit.py",
-        "return min(state.settings.default_max_tokens, limit)",
-        "return limit",
+        "return min(tokens, cap) if cap else tokens",
+        "return tokens",
         (f"{CONTRACT}::test_default_max_tokens_applies_when_a_request_sets_none",),
     ),
     Mutant(
