@@ -211,6 +211,11 @@ class ErrorEvent(_Frozen):
     message: str
     finish_reason: FinishReason = "error"
     usage: Usage | None = None
+    #: The request's own fault (the model refused it: a prompt over the context length,
+    #: a parameter the engine rejects): a client's error, not the server's.
+    refused: bool = Field(False, exclude_if=lambda v: not v)
+    #: The request parameter at fault, where the model said.
+    param: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 Event = Annotated[

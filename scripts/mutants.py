@@ -728,6 +728,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "refused-is-4xx",
+        "a request the model refuses (its own fault) gets 400 invalid_request_error, not 500",
+        "api/routes/openai.py",
+        """    if event.refused or event.code == "unsupported_parameter":
+        return 400""",
+        """    if event.code == "unsupported_parameter":
+        return 400""",
+        (
+            "tests/test_upstream.py::test_a_prompt_the_server_refuses_is_the_clients_error_streamed_or_not",
+        ),
+    ),
+    Mutant(
         "declared-tokenizer",
         "the API counts a prompt with the tokenizer its workers declare",
         "api/submit.py",

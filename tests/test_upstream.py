@@ -271,10 +271,15 @@ async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
     await ready_workers(api, 1)
     client = sdk(api.url)
     # ~750 tokens by the API's estimate (chars), 3000 by the server's count: the worker
-    # counts with the server, and refuses it
+    # counts with the server, and refuses it: the request's fault, a 400 (not a 500)
     with pytest.raises(openai.APIError) as refused:
         await streamed(client, "a" * 3000, 10)
     assert "context length is 2048" in str(refused.value)
+    assert refused.value.type == "invalid_request_error"
+    assert refused.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as answered:
+        await client.completions.create(model=MODEL, prompt="a" * 3000, max_tokens=10)
+    assert answered.value.code == "context_length_exceeded"
     # over the context even by the estimate: refused at admission
     with pytest.raises(openai.BadRequestError) as admitted:
         await client.completions.create(model=MODEL, prompt="ab " * 3000, max_tokens=10)
@@ -282,6 +287,29 @@ async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
     text, finish, _ = await streamed(client, "a" * 1000, 10)  # fits: served
     assert len(text) == 10 and finish == "length"
     await client.close()
+
+
+async def test_a_prompt_the_server_refuses_is_the_clients_error_streamed_or_not(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """The chat template makes a prompt too long that llmq's plain rendering of it fits
+    (no count asked of the server): the server's own 400 reaches the client as a 400 in
+    OpenAI's shape, and as an ``invalid_request_error`` event in a stream."""
+    server = await start_llama(slots=2)  # 2048 tokens per slot
+    await spawn_workers(1, **server.worker_settings(upstream_api="chat"))
+    api = await start_api()
+    await ready_workers(api, 1)
+    messages: list[Any] = [{"role": "user", "content": "a" * 2025}]
+    async with sdk(api.url) as client:
+        with pytest.raises(openai.BadRequestError) as answered:
+            await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
+        with pytest.raises(openai.APIError) as streamed_error:
+            await chat_text(client, messages, 5)
+    assert answered.value.code == "context_length_exceeded"
+    assert "exceeds the available context size" in answered.value.message
+    assert answered.value.type == "invalid_request_error"
+    assert streamed_error.value.type == "invalid_request_error"
+    assert streamed_error.value.code == "context_length_exceeded"
 
 
 async def test_priority_cap_and_queue_bound_as_with_the_mock(

@@ -96,7 +96,8 @@ def _raise_for(status: int, body: bytes) -> None:
         error = {}
     if isinstance(error, dict):
         message = str(error.get("message") or message)
-        code = str(error.get("code") or error.get("type") or code)
+        named = error.get("code")  # llama.cpp's is the status, a number
+        code = str(named if isinstance(named, str) and named else error.get("type") or code)
         param = error.get("param")
     elif isinstance(error, str):
         message = error
@@ -388,8 +389,12 @@ class OpenAIUpstream:
             if not data.startswith("{") and data.strip() == DONE:
                 break  # a [DONE] without a finish reason is a stream cut short
             chunk = from_json(data)
-            if chunk.get("error"):
-                _raise_for(500, data.encode())
+            if error := chunk.get("error"):
+                # an error after the stream began: the request's fault where it says so
+                status = error.get("code") if isinstance(error, dict) else None
+                _raise_for(
+                    status if isinstance(status, int) and status >= 400 else 500, data.encode()
+                )
             if not counted and (early := self.engine.counted_early(chunk)) is not None:
                 counted = True
                 yield Report(prompt_tokens=max(1, early[0] - resumed), cached_tokens=early[1])
