@@ -398,6 +398,10 @@ class WorkerInfo(BaseModel):
     #: False while the worker's model (an upstream server) does not answer: the worker
     #: stays registered but claims nothing.
     ready: bool = True
+    #: What the worker found of its upstream inference server (None: the mock):
+    #: ``engine``, whether it was ``identified`` (else set), its ``slots``,
+    #: ``context_length``, ``tokenize`` endpoint and ``chat`` API (the model's template).
+    upstream: dict[str, Any] | None = None
 
 
 class ScaleState(_Frozen):

@@ -374,11 +374,14 @@ class WorkerSettings(CommonSettings):
         "is then slots + this); they are no longer reordered by priority, and each waits "
         "there for a slot within LLMQ_UPSTREAM_TIMEOUT_SECONDS. 0: the cap is the slots.",
     )
-    upstream_engine: Literal["generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = Field(
-        "generic",
-        description="The upstream's kind, for what plain OpenAI does not say: its tokenize "
-        "and context-length endpoints, how it continues a chat's last message, how its "
-        "chunks are counted.",
+    upstream_engine: Literal["auto", "generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = (
+        Field(
+            "auto",
+            description="The upstream's kind, for what plain OpenAI does not say: its "
+            "tokenize and context-length endpoints, how it continues a chat's last message, "
+            "how its chunks are counted. auto: identified at connect from what it serves "
+            "(generic, with a log line, where nothing matches).",
+        )
     )
     upstream_api: Literal["completions", "chat"] = Field(
         "completions",

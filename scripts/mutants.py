@@ -728,6 +728,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "upstream-identified",
+        "a worker finds which engine serves its upstream, and takes its slots and context",
+        "worker/backends/openai.py",
+        'self.engine = await identify(self._get_json) or ENGINES["generic"]',
+        'self.engine = ENGINES["generic"]',
+        (
+            "tests/test_upstream_engines.py",
+            "tests/test_upstream.py::test_tokens_through_llmq_equal_the_server_directly",
+        ),
+    ),
+    Mutant(
         "refused-is-4xx",
         "a request the model refuses (its own fault) gets 400 invalid_request_error, not 500",
         "api/routes/openai.py",

@@ -196,13 +196,16 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "tokenizer",
         "context_length",
         "ready",
+        "upstream",
     }
-    # the model's declaration (docs/backends.md): the mock counts whitespace words
-    assert (worker["tokenizer"], worker["context_length"], worker["ready"]) == (
-        "whitespace",
-        None,
-        True,
-    )
+    # the model's declaration (docs/backends.md): the mock counts whitespace words, and
+    # has no upstream engine
+    assert (
+        worker["tokenizer"],
+        worker["context_length"],
+        worker["ready"],
+        worker["upstream"],
+    ) == ("whitespace", None, True, None)
     assert worker["model"] == "mock" and worker["concurrency"] == 8
     assert worker["running"] == 1
     assert worker["started_at"] <= worker["heartbeat_at"] <= time.time()

@@ -80,6 +80,9 @@ async def test_tokens_through_llmq_equal_the_server_directly(
     # the worker's cap is the server's slots; the API counts with the declared tokenizer
     assert entry["concurrency"] == 2 and entry["tokenizer"] == "chars"
     assert entry["context_length"] == 2048 and entry["ready"] is True
+    # configured with the backend and the URL only: the engine was found
+    assert entry["upstream"]["engine"] == "llamacpp" and entry["upstream"]["identified"]
+    assert entry["upstream"]["slots"] == 2 and entry["upstream"]["tokenize"] == "/tokenize"
     await direct.close()
     await through.close()
 

@@ -85,7 +85,7 @@ def build_backend(settings: WorkerSettings) -> Model:
         raise ValueError("LLMQ_BACKEND=openai needs LLMQ_UPSTREAM_URL")
     return OpenAIUpstream(
         settings.upstream_url,
-        ENGINES[settings.upstream_engine],
+        None if settings.upstream_engine == "auto" else ENGINES[settings.upstream_engine],
         model=settings.upstream_model or settings.model,
         api_key=settings.upstream_api_key,
         slots=settings.upstream_slots,
@@ -114,9 +114,18 @@ async def connect(backend: Model, stop: asyncio.Event) -> bool:
             await outage.failed(exc)
             continue
         outage.recovered()
+        if backend.identified and backend.engine.name == "generic":
+            log.warning(
+                "upstream %s is none of the engines llmq knows (llama.cpp, vLLM, SGLang, "
+                "TGI, Ollama): served as generic, with what the settings give "
+                "(LLMQ_UPSTREAM_ENGINE names it)",
+                backend.url,
+            )
         log.info(
-            "upstream %s serves %r: %s slots, context %s tokens, capabilities: %s",
+            "upstream %s (%s, %s) serves %r: %s slots, context %s tokens, capabilities: %s",
             backend.url,
+            backend.engine.name,
+            "identified" if backend.identified else "set",
             backend.model,
             backend.slots or "unknown",
             backend.context_length or "unknown",
@@ -132,6 +141,11 @@ def concurrency(backend: Model, settings: WorkerSettings) -> int:
     if isinstance(backend, OpenAIUpstream) and backend.slots:
         return backend.slots + backend.queued
     return settings.concurrency
+
+
+def upstream_found(backend: Model) -> dict[str, Any] | None:
+    """What the worker found of its upstream (None: the mock), for its registry entry."""
+    return backend.found() if isinstance(backend, OpenAIUpstream) else None
 
 
 async def close(backend: Model) -> None:

@@ -63,7 +63,7 @@ from llmq.schema import TokenLogprob
 from llmq.sse import DONE, frames
 from llmq.stale_connections import STALE_RETRIES, unsent
 from llmq.tasks import stop_tasks
-from worker.backends.engines import Engine
+from worker.backends.engines import ENGINES, Engine, identify
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class OpenAIUpstream:
     def __init__(
         self,
         url: str,
-        engine: Engine,
+        engine: Engine | None,
         *,
         model: str = "",
         api_key: str = "",
@@ -135,7 +135,9 @@ class OpenAIUpstream:
         chat: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
-        self.engine = engine
+        #: The engine, named by the settings or (None) identified at :meth:`connect`.
+        self.engine = engine or ENGINES["generic"]
+        self.identified = engine is None
         self.model = model
         self.slots = slots or None
         #: Requests kept waiting in the upstream's own queue beyond its slots.
@@ -192,6 +194,8 @@ class OpenAIUpstream:
     async def connect(self) -> None:
         """Learn what the settings left open; raises :class:`UpstreamDown` if it cannot."""
         try:
+            if self.identified:
+                self.engine = await identify(self._get_json) or ENGINES["generic"]
             found = await self.engine.discover(self._get_json)
         except (*HTTP_ERRORS, ValueError, KeyError) as exc:
             raise UpstreamDown(f"upstream {self.url} did not answer discovery: {exc}") from exc
@@ -205,6 +209,17 @@ class OpenAIUpstream:
             await self._client.close()  # sized by the slots, now known
             self._client = None
         self._keep_warm()
+
+    def found(self) -> dict[str, Any]:
+        """What the worker knows of the upstream, for ``/v1/workers``."""
+        return {
+            "engine": self.engine.name,
+            "identified": self.identified,
+            "slots": self.slots,
+            "context_length": self.context_length,
+            "tokenize": self.engine.tokenize_path,
+            "chat": self.chat,
+        }
 
     async def probe(self) -> bool:
         """Whether the upstream answers its health check now. The answer is read whole,
