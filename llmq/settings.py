@@ -383,11 +383,12 @@ class WorkerSettings(CommonSettings):
             "(generic, with a log line, where nothing matches).",
         )
     )
-    upstream_api: Literal["completions", "chat"] = Field(
-        "completions",
-        description="How chat requests reach the upstream: its /v1/completions with llmq's "
-        "plain rendering of the messages, or its /v1/chat/completions with the messages "
-        "themselves (the model's chat template).",
+    upstream_api: Literal["auto", "completions", "chat"] = Field(
+        "auto",
+        description="How chat requests reach the upstream: its /v1/chat/completions with the "
+        "messages themselves (chat: the model's chat template), or its /v1/completions with "
+        "llmq's plain rendering of them (completions). auto: chat wherever the engine has a "
+        "chat template, else completions, with a log line.",
     )
     upstream_capabilities: str | None = Field(
         None,

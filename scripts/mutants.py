@@ -739,6 +739,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "upstream-chat-default",
+        "chat requests reach the model's own chat template by default",
+        "worker/backends/openai.py",
+        "self.chat = renders is not False",
+        "self.chat = False",
+        (
+            "tests/test_upstream.py::test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url",
+        ),
+    ),
+    Mutant(
         "refused-is-4xx",
         "a request the model refuses (its own fault) gets 400 invalid_request_error, not 500",
         "api/routes/openai.py",

@@ -9,6 +9,7 @@ binary these tests fail, they do not skip (``scripts/llama-server.sh`` builds it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -52,7 +53,7 @@ async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
     servers: list[LlamaServer] = []
 
     async def start(**kwargs: Any) -> LlamaServer:
-        server = LlamaServer(tiny_gguf, **kwargs)
+        server = LlamaServer(kwargs.pop("model", tiny_gguf), **kwargs)
         servers.append(server)
         return await server.start()
 
@@ -85,6 +86,63 @@ async def test_tokens_through_llmq_equal_the_server_directly(
     assert entry["upstream"]["slots"] == 2 and entry["upstream"]["tokenize"] == "/tokenize"
     await direct.close()
     await through.close()
+
+
+#: The model's own chat template, unlike the ChatML llama-server falls back to.
+TEMPLATE = (
+    "{% for m in messages %}{{ '[' + m['role'] + '] ' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '[assistant] ' }}{% endif %}"
+)
+
+CHATS: list[list[Any]] = [
+    [{"role": "user", "content": "hello there"}],
+    [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is the time"},
+        {"role": "assistant", "content": "late"},
+        {"role": "user", "content": "how late"},
+    ],
+]
+
+
+@pytest.fixture(scope="session")
+def templated_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shape = dataclasses.replace(SHAPE, chat_template=TEMPLATE)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "templated.gguf", shape)
+
+
+@pytest.mark.parametrize("templated", [True, False], ids=["own-template", "no-template"])
+async def test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    templated_gguf: Path,
+    templated: bool,
+) -> None:
+    """Configured with the backend and the URL alone, a worker sends chat requests to the
+    server's chat API: its answers and counts are the server's own (the model's template,
+    or the server's ChatML for a model without one), and its cap and context are the
+    server's."""
+    server = await start_llama(slots=2, **({"model": templated_gguf} if templated else {}))
+    await spawn_workers(1, model=MODEL, backend="openai", upstream_url=server.url)
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        for messages in CHATS:
+            want = await chat_text(direct_client, messages, 60)
+            assert await chat_text(through, messages, 60) == want
+            answers = [
+                await c.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=60, temperature=0
+                )
+                for c in (direct_client, through)
+            ]
+            assert answers[1].usage == answers[0].usage
+            assert answers[1].choices[0].message.content == want
+    async with api.client() as client:
+        (entry,) = (await client.get("/v1/workers")).json()["data"]
+    assert (entry["concurrency"], entry["context_length"]) == (2, 2048)
+    assert entry["upstream"]["chat"] is True
 
 
 async def test_each_stream_finds_a_connection_opened_ahead(

@@ -69,7 +69,7 @@ def upstream_capabilities(settings: WorkerSettings) -> frozenset[str] | None:
             f"LLMQ_UPSTREAM_CAPABILITIES: unknown {', '.join(sorted(unknown))}; "
             f"known: {', '.join(sorted(CAPABILITIES))}"
         )
-    if "tools" in names and settings.upstream_api != "chat":
+    if "tools" in names and settings.upstream_api == "completions":
         raise ValueError(
             "LLMQ_UPSTREAM_CAPABILITIES: tools need the upstream's chat API "
             "(LLMQ_UPSTREAM_API=chat); /v1/completions takes no tools"
@@ -93,7 +93,7 @@ def build_backend(settings: WorkerSettings) -> Model:
         context_length=settings.upstream_context_length,
         capabilities=upstream_capabilities(settings),
         timeout=settings.upstream_timeout_seconds,
-        chat=settings.upstream_api == "chat",
+        chat=None if settings.upstream_api == "auto" else settings.upstream_api == "chat",
     )
 
 
@@ -119,6 +119,12 @@ async def connect(backend: Model, stop: asyncio.Event) -> bool:
                 "upstream %s is none of the engines llmq knows (llama.cpp, vLLM, SGLang, "
                 "TGI, Ollama): served as generic, with what the settings give "
                 "(LLMQ_UPSTREAM_ENGINE names it)",
+                backend.url,
+            )
+        if backend.identified_chat and not backend.chat:
+            log.warning(
+                "upstream %s has no chat template: chat requests reach its /v1/completions "
+                "as llmq's plain rendering of the messages",
                 backend.url,
             )
         log.info(

@@ -27,6 +27,8 @@ import aiohttp
 
 #: GET of a path of the upstream, its JSON answer (raises on an error status).
 GetJson = Callable[[str], Awaitable[Any]]
+#: POST of a JSON body to a path of the upstream, the answer's status.
+PostStatus = Callable[[str, dict[str, Any]], Awaitable[int]]
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class Discovered:
     context_length: int | None = None
     #: Capabilities (:data:`~llmq.model.interface.CAPABILITIES`) the engine says it has.
     capabilities: frozenset[str] = frozenset()
+    #: Whether it renders chat messages with a chat template (None: it does not say;
+    #: its chat API is then assumed to).
+    chat: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,10 @@ class Engine:
             model=first.get("id"), context_length=int(length) if length else None, slots=None
         )
 
+    async def renders_chat(self, post: PostStatus, model: str) -> bool | None:
+        """Whether the engine has a chat template to apply (None: it cannot say)."""
+        return None
+
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
         return {"model": model, "prompt": text, "add_special_tokens": True}
 
@@ -103,6 +112,8 @@ class LlamaCpp(Engine):
             slots=int(props["total_slots"]) if props.get("total_slots") else None,
             context_length=int(n_ctx) if n_ctx else found.context_length,
             capabilities=frozenset({"tools"}) if tools else frozenset(),
+            # the model's template, else the server's ChatML
+            chat=bool(props.get("chat_template")),
         )
 
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
@@ -117,6 +128,17 @@ class LlamaCpp(Engine):
             return None
         cached = int(timings.get("cache_n") or 0)  # prompt_n counts only those computed
         return int(timings["prompt_n"]) + cached, cached
+
+
+@dataclass(frozen=True)
+class VLLM(Engine):
+    """vLLM: its ``/tokenize`` takes chat messages too, and refuses them (400) where the
+    model has no chat template, as its chat API then does."""
+
+    async def renders_chat(self, post: PostStatus, model: str) -> bool | None:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+        status = await post("/tokenize", body)
+        return status < 400 if status < 500 else None
 
 
 @dataclass(frozen=True)
@@ -150,7 +172,7 @@ class TGI(Engine):
 
 ENGINES: dict[str, Engine] = {
     "generic": Engine("generic"),
-    "vllm": Engine("vllm", health_path="/health", tokenize_path="/tokenize", lists_token_ids=True),
+    "vllm": VLLM("vllm", health_path="/health", tokenize_path="/tokenize", lists_token_ids=True),
     "sglang": SGLang("sglang", health_path="/health"),
     "tgi": TGI("tgi", health_path="/health"),
     "ollama": Engine("ollama"),

@@ -132,7 +132,7 @@ class OpenAIUpstream:
         context_length: int = 0,
         capabilities: frozenset[str] | None = None,
         timeout: float = 30.0,
-        chat: bool = False,
+        chat: bool | None = False,
     ) -> None:
         self.url = url.rstrip("/")
         #: The engine, named by the settings or (None) identified at :meth:`connect`.
@@ -145,8 +145,10 @@ class OpenAIUpstream:
         self.context_length = context_length or None
         self.capabilities = capabilities or frozenset()
         self._discover_capabilities = capabilities is None
-        #: Chat requests go to /v1/chat/completions with their messages.
-        self.chat = chat
+        #: Chat requests go to /v1/chat/completions with their messages (the model's
+        #: chat template); None: wherever the engine has one, found at :meth:`connect`.
+        self.chat = bool(chat)
+        self.identified_chat = chat is None
         self.on_down: Callable[[], None] | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A stall is a read that waits longer than ``timeout``, however long the stream.
@@ -186,6 +188,11 @@ class OpenAIUpstream:
                     raise
         return await self._http().post(self.url + path, json=body)
 
+    async def _post_status(self, path: str, body: dict[str, Any]) -> int:
+        async with await self._post(path, body) as response:
+            await response.read()
+            return response.status
+
     async def _get_json(self, path: str) -> Any:
         async with self._http().get(self.url + path) as response:
             response.raise_for_status()
@@ -197,9 +204,14 @@ class OpenAIUpstream:
             if self.identified:
                 self.engine = await identify(self._get_json) or ENGINES["generic"]
             found = await self.engine.discover(self._get_json)
+            self.model = self.model or found.model or ""
+            if self.identified_chat:
+                renders = found.chat
+                if renders is None:
+                    renders = await self.engine.renders_chat(self._post_status, self.model)
+                self.chat = renders is not False
         except (*HTTP_ERRORS, ValueError, KeyError) as exc:
             raise UpstreamDown(f"upstream {self.url} did not answer discovery: {exc}") from exc
-        self.model = self.model or found.model or ""
         self.slots = self.slots or found.slots
         self.context_length = self.context_length or found.context_length
         if self._discover_capabilities:
