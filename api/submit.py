@@ -81,10 +81,15 @@ async def _check_model(state: AppState, model: str) -> None:
     )
 
 
-def _max_tokens(state: AppState, requested: int | None, param: str) -> int:
+def _max_tokens(state: AppState, requested: int | None, param: str, room: int | None) -> int:
+    """The request's ``max_tokens``; unset: what the context leaves after the longest
+    prompt (``room``; None: the workers declare no context, and the limit applies),
+    as vLLM and OpenAI do, bounded by ``LLMQ_DEFAULT_MAX_TOKENS`` where set."""
     limit = state.settings.max_tokens_limit
     if requested is None:
-        return min(state.settings.default_max_tokens, limit)
+        tokens = limit if room is None else max(1, room)
+        cap = state.settings.default_max_tokens
+        return min(tokens, cap) if cap else tokens
     if requested > limit:
         raise InvalidRequest(
             f"{param} must be at most {limit}, got {requested}", param=param, code="invalid_value"
@@ -190,9 +195,10 @@ async def _validate(
     max_tokens: int | None,
     max_tokens_param: str,
     extras: Extras,
+    room: int | None = None,
 ) -> _Common:
     settings = state.settings
-    tokens = _max_tokens(state, max_tokens, max_tokens_param)
+    tokens = _max_tokens(state, max_tokens, max_tokens_param, room)
     priority = params.priority or 0
     _check_priority(state, priority)
     sampling = SamplingParams(
@@ -334,7 +340,8 @@ async def submit_choices(
         )
         for i, p in enumerate(prompts)
     ]
-    common = await _validate(state, params, max_tokens, max_tokens_param, extras)
+    room = None if declared.context_length is None else declared.context_length - max(counts)
+    common = await _validate(state, params, max_tokens, max_tokens_param, extras, room)
     now = time.time()
     n = params.choices
     calls: list[Enqueue] = []

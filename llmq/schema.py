@@ -211,6 +211,11 @@ class ErrorEvent(_Frozen):
     message: str
     finish_reason: FinishReason = "error"
     usage: Usage | None = None
+    #: The request's own fault (the model refused it: a prompt over the context length,
+    #: a parameter the engine rejects): a client's error, not the server's.
+    refused: bool = Field(False, exclude_if=lambda v: not v)
+    #: The request parameter at fault, where the model said.
+    param: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 Event = Annotated[
@@ -393,6 +398,10 @@ class WorkerInfo(BaseModel):
     #: False while the worker's model (an upstream server) does not answer: the worker
     #: stays registered but claims nothing.
     ready: bool = True
+    #: What the worker found of its upstream inference server (None: the mock):
+    #: ``engine``, whether it was ``identified`` (else set), its ``slots``,
+    #: ``context_length``, ``tokenize`` endpoint and ``chat`` API (the model's template).
+    upstream: dict[str, Any] | None = None
 
 
 class ScaleState(_Frozen):

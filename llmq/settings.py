@@ -162,7 +162,11 @@ class ApiSettings(CommonSettings):
     )
     max_tokens_limit: int = Field(4096, ge=1, description="Largest accepted max_tokens.")
     default_max_tokens: int = Field(
-        128, ge=1, description="max_tokens of a request that does not set it."
+        0,
+        ge=0,
+        description="Most tokens a request that sets no max_tokens may generate; 0: no "
+        "bound but what the model's context leaves after the prompt (LLMQ_MAX_TOKENS_LIMIT "
+        "where its workers declare no context length).",
     )
     min_priority: int = Field(-1000, description="Lowest accepted priority value.")
     max_priority: int = Field(1000, description="Highest accepted priority value.")
@@ -370,17 +374,21 @@ class WorkerSettings(CommonSettings):
         "is then slots + this); they are no longer reordered by priority, and each waits "
         "there for a slot within LLMQ_UPSTREAM_TIMEOUT_SECONDS. 0: the cap is the slots.",
     )
-    upstream_engine: Literal["generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = Field(
-        "generic",
-        description="The upstream's kind, for what plain OpenAI does not say: its tokenize "
-        "and context-length endpoints, how it continues a chat's last message, how its "
-        "chunks are counted.",
+    upstream_engine: Literal["auto", "generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = (
+        Field(
+            "auto",
+            description="The upstream's kind, for what plain OpenAI does not say: its "
+            "tokenize and context-length endpoints, how it continues a chat's last message, "
+            "how its chunks are counted. auto: identified at connect from what it serves "
+            "(generic, with a log line, where nothing matches).",
+        )
     )
-    upstream_api: Literal["completions", "chat"] = Field(
-        "completions",
-        description="How chat requests reach the upstream: its /v1/completions with llmq's "
-        "plain rendering of the messages, or its /v1/chat/completions with the messages "
-        "themselves (the model's chat template).",
+    upstream_api: Literal["auto", "completions", "chat"] = Field(
+        "auto",
+        description="How chat requests reach the upstream: its /v1/chat/completions with the "
+        "messages themselves (chat: the model's chat template), or its /v1/completions with "
+        "llmq's plain rendering of them (completions). auto: chat wherever the engine has a "
+        "chat template, else completions, with a log line.",
     )
     upstream_capabilities: str | None = Field(
         None,

@@ -53,6 +53,8 @@ class TinyModel:
     seed: int = 7
     #: Scale of the query and key weights: sharper attention, livelier output.
     attention_scale: float = 4.0
+    #: The model's own chat template (None: none; llama-server then uses ChatML).
+    chat_template: str | None = None
 
 
 def _vocabulary() -> tuple[list[str], list[int]]:
@@ -97,6 +99,8 @@ def write_tiny_gguf(path: Path, shape: TinyModel = TinyModel()) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
+    if shape.chat_template is not None:
+        writer.add_chat_template(shape.chat_template)
 
     # Dimension 0 of the residual stream: a constant 4 from every embedding, which
     # no layer changes (rows 0 of attn_output and ffn_down are zero).

@@ -201,8 +201,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "default-max-tokens",
         "LLMQ_DEFAULT_MAX_TOKENS applies to a request without max_tokens",
         "api/submit.py",
-        "return min(state.settings.default_max_tokens, limit)",
-        "return limit",
+        "return min(tokens, cap) if cap else tokens",
+        "return tokens",
         (f"{CONTRACT}::test_default_max_tokens_applies_when_a_request_sets_none",),
     ),
     Mutant(
@@ -725,6 +725,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "ready=True,",
         (
             "tests/test_upstream.py::test_a_killed_server_hands_its_request_to_the_other_workers_server",
+        ),
+    ),
+    Mutant(
+        "upstream-identified",
+        "a worker finds which engine serves its upstream, and takes its slots and context",
+        "worker/backends/openai.py",
+        'self.engine = await identify(self._get_json) or ENGINES["generic"]',
+        'self.engine = ENGINES["generic"]',
+        (
+            "tests/test_upstream_engines.py",
+            "tests/test_upstream.py::test_tokens_through_llmq_equal_the_server_directly",
+        ),
+    ),
+    Mutant(
+        "upstream-chat-default",
+        "chat requests reach the model's own chat template by default",
+        "worker/backends/openai.py",
+        "self.chat = renders is not False",
+        "self.chat = False",
+        (
+            "tests/test_upstream.py::test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url",
+        ),
+    ),
+    Mutant(
+        "refused-is-4xx",
+        "a request the model refuses (its own fault) gets 400 invalid_request_error, not 500",
+        "api/routes/openai.py",
+        """    if event.refused or event.code == "unsupported_parameter":
+        return 400""",
+        """    if event.code == "unsupported_parameter":
+        return 400""",
+        (
+            "tests/test_upstream.py::test_a_prompt_the_server_refuses_is_the_clients_error_streamed_or_not",
         ),
     ),
     Mutant(

@@ -9,6 +9,7 @@ binary these tests fail, they do not skip (``scripts/llama-server.sh`` builds it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -52,7 +53,7 @@ async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
     servers: list[LlamaServer] = []
 
     async def start(**kwargs: Any) -> LlamaServer:
-        server = LlamaServer(tiny_gguf, **kwargs)
+        server = LlamaServer(kwargs.pop("model", tiny_gguf), **kwargs)
         servers.append(server)
         return await server.start()
 
@@ -80,8 +81,68 @@ async def test_tokens_through_llmq_equal_the_server_directly(
     # the worker's cap is the server's slots; the API counts with the declared tokenizer
     assert entry["concurrency"] == 2 and entry["tokenizer"] == "chars"
     assert entry["context_length"] == 2048 and entry["ready"] is True
+    # configured with the backend and the URL only: the engine was found
+    assert entry["upstream"]["engine"] == "llamacpp" and entry["upstream"]["identified"]
+    assert entry["upstream"]["slots"] == 2 and entry["upstream"]["tokenize"] == "/tokenize"
     await direct.close()
     await through.close()
+
+
+#: The model's own chat template, unlike the ChatML llama-server falls back to.
+TEMPLATE = (
+    "{% for m in messages %}{{ '[' + m['role'] + '] ' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '[assistant] ' }}{% endif %}"
+)
+
+CHATS: list[list[Any]] = [
+    [{"role": "user", "content": "hello there"}],
+    [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is the time"},
+        {"role": "assistant", "content": "late"},
+        {"role": "user", "content": "how late"},
+    ],
+]
+
+
+@pytest.fixture(scope="session")
+def templated_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shape = dataclasses.replace(SHAPE, chat_template=TEMPLATE)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "templated.gguf", shape)
+
+
+@pytest.mark.parametrize("templated", [True, False], ids=["own-template", "no-template"])
+async def test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    templated_gguf: Path,
+    templated: bool,
+) -> None:
+    """Configured with the backend and the URL alone, a worker sends chat requests to the
+    server's chat API: its answers and counts are the server's own (the model's template,
+    or the server's ChatML for a model without one), and its cap and context are the
+    server's."""
+    server = await start_llama(slots=2, **({"model": templated_gguf} if templated else {}))
+    await spawn_workers(1, model=MODEL, backend="openai", upstream_url=server.url)
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        for messages in CHATS:
+            want = await chat_text(direct_client, messages, 60)
+            assert await chat_text(through, messages, 60) == want
+            answers = [
+                await c.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=60, temperature=0
+                )
+                for c in (direct_client, through)
+            ]
+            assert answers[1].usage == answers[0].usage
+            assert answers[1].choices[0].message.content == want
+    async with api.client() as client:
+        (entry,) = (await client.get("/v1/workers")).json()["data"]
+    assert (entry["concurrency"], entry["context_length"]) == (2, 2048)
+    assert entry["upstream"]["chat"] is True
 
 
 async def test_each_stream_finds_a_connection_opened_ahead(
@@ -271,10 +332,15 @@ async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
     await ready_workers(api, 1)
     client = sdk(api.url)
     # ~750 tokens by the API's estimate (chars), 3000 by the server's count: the worker
-    # counts with the server, and refuses it
+    # counts with the server, and refuses it: the request's fault, a 400 (not a 500)
     with pytest.raises(openai.APIError) as refused:
         await streamed(client, "a" * 3000, 10)
     assert "context length is 2048" in str(refused.value)
+    assert refused.value.type == "invalid_request_error"
+    assert refused.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as answered:
+        await client.completions.create(model=MODEL, prompt="a" * 3000, max_tokens=10)
+    assert answered.value.code == "context_length_exceeded"
     # over the context even by the estimate: refused at admission
     with pytest.raises(openai.BadRequestError) as admitted:
         await client.completions.create(model=MODEL, prompt="ab " * 3000, max_tokens=10)
@@ -282,6 +348,29 @@ async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
     text, finish, _ = await streamed(client, "a" * 1000, 10)  # fits: served
     assert len(text) == 10 and finish == "length"
     await client.close()
+
+
+async def test_a_prompt_the_server_refuses_is_the_clients_error_streamed_or_not(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """The chat template makes a prompt too long that llmq's plain rendering of it fits
+    (no count asked of the server): the server's own 400 reaches the client as a 400 in
+    OpenAI's shape, and as an ``invalid_request_error`` event in a stream."""
+    server = await start_llama(slots=2)  # 2048 tokens per slot
+    await spawn_workers(1, **server.worker_settings(upstream_api="chat"))
+    api = await start_api()
+    await ready_workers(api, 1)
+    messages: list[Any] = [{"role": "user", "content": "a" * 2025}]
+    async with sdk(api.url) as client:
+        with pytest.raises(openai.BadRequestError) as answered:
+            await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
+        with pytest.raises(openai.APIError) as streamed_error:
+            await chat_text(client, messages, 5)
+    assert answered.value.code == "context_length_exceeded"
+    assert "exceeds the available context size" in answered.value.message
+    assert answered.value.type == "invalid_request_error"
+    assert streamed_error.value.type == "invalid_request_error"
+    assert streamed_error.value.code == "context_length_exceeded"
 
 
 async def test_priority_cap_and_queue_bound_as_with_the_mock(

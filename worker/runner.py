@@ -584,7 +584,7 @@ class RequestRunner:
             finish = "cancelled"
         except Refused as exc:
             # The request's own fault (an upstream's 4xx): it would fail alike anywhere.
-            await self._finish_error(payload, progress, exc.code, exc.message, "error")
+            await self._finish_error(payload, progress, exc.code, exc.message, "error", refused=exc)
             return
         except Exception as exc:
             log.exception(
@@ -766,6 +766,7 @@ class RequestRunner:
         code: str,
         message: str,
         finish: FinishReason,
+        refused: Refused | None = None,
     ) -> None:
         produced = progress.produced
         usage = _usage(payload, progress)
@@ -779,7 +780,14 @@ class RequestRunner:
         )
         await self.publisher.emit(
             payload.request_id,
-            ErrorEvent(code=code, message=message, finish_reason=finish, usage=usage),
+            ErrorEvent(
+                code=code,
+                message=message,
+                finish_reason=finish,
+                usage=usage,
+                refused=refused is not None,
+                param=refused.param if refused is not None else None,
+            ),
             record={
                 "status": "failed",
                 "finished_at": str(time.time()),
