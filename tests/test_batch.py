@@ -10,7 +10,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq.protocol import keys
+from llmq.protocol import batches, keys
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -268,3 +268,16 @@ async def test_cancel_stops_the_lines_in_flight_and_keeps_the_finished_ones(
     assert {e["error"]["code"] for e in errors.values()} == {"batch_cancelled"}
     assert await redis.zcard(keys.queue("mock")) == 0
     assert await redis.zcard(keys.running("mock")) == 0
+
+
+async def test_a_line_result_is_recorded_once_whoever_collects_it_again(redis: Redis) -> None:
+    """A second result of a custom_id (a feeder that took over collects the line
+    again) changes neither the output nor the counts, even as an error."""
+    first = await batches.record(redis, "b1", "line-1", '{"first": 1}', ok=True)
+    again = await batches.record(redis, "b1", "line-1", '{"second": 2}', ok=True)
+    as_error = await batches.record(redis, "b1", "line-1", '{"error": 3}', ok=False)
+    assert (first, again, as_error) == (True, False, False)
+    assert await redis.hgetall(keys.batch_output("b1")) == {"line-1": '{"first": 1}'}  # type: ignore[misc]
+    assert not await redis.exists(keys.batch_errors("b1"))
+    assert await redis.hget(keys.batch("b1"), "completed") == "1"  # type: ignore[misc]
+    assert await redis.hget(keys.batch("b1"), "failed") is None  # type: ignore[misc]
