@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from api.bodies import EmbeddingRequest, GenerationParams
@@ -24,12 +24,21 @@ from api.extras import Extras
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
-from llmq.protocol.queue import Enqueue
+from llmq.protocol.queue import Enqueue, batch_score
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
 
 log = logging.getLogger(__name__)
 
 NO_EXTRAS = Extras()
+
+
+@dataclass(frozen=True)
+class BatchBand:
+    """A batch line's place in the queue: the batch band (:func:`batch_score`), not
+    its body's priority, and a queue deadline at the batch's completion window."""
+
+    batch_id: str
+    deadline: float
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,7 @@ def _plan(
     attach: bool,
     messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
+    band: BatchBand | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -131,6 +141,7 @@ def _plan(
         queue_deadline=now + common.queue_timeout,
         generation_timeout=common.generation_timeout,
         messages=messages,
+        batch=None if band is None else band.batch_id,
     )
     call = Enqueue.of(
         payload,
@@ -139,6 +150,8 @@ def _plan(
         attach_to=state.process_id if attach else None,
         route=state.queue.routing.hint(choice.prompt, common.priority, session or params.user),
     )
+    if band is not None:
+        call = replace(call, score=batch_score(int(now * 1000)))
     sub = Submitted(
         rid,
         params.model,
@@ -280,6 +293,7 @@ async def submit(
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     session: str | None = None,
+    band: BatchBand | None = None,
 ) -> Submitted:
     """Validate and enqueue one request; raise an :class:`~api.errors.ApiError` to refuse.
 
@@ -304,6 +318,7 @@ async def submit(
         attach=attach,
         extras=extras,
         session=session,
+        band=band,
     )
     return subs[0]
 
@@ -321,6 +336,7 @@ async def submit_choices(
     extras: Extras = NO_EXTRAS,
     messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
+    band: BatchBand | None = None,
 ) -> list[Submitted]:
     """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.
 
@@ -329,7 +345,8 @@ async def submit_choices(
     enqueued in one atomic script call that refuses them all (429) unless the
     queue has room for every one. Under a routing policy each carries its route
     hint (:meth:`llmq.protocol.routing.Routing.hint`: its leading KV blocks by the
-    ``LLMQ_ROUTING_TOKENIZER``, and its ``session``, else its ``user``).
+    ``LLMQ_ROUTING_TOKENIZER``, and its ``session``, else its ``user``). A batch
+    line's choices go in the batch band (``band``).
     """
     settings = state.settings
     _check_choices(state, params, len(prompts))
@@ -343,6 +360,8 @@ async def submit_choices(
     room = None if declared.context_length is None else declared.context_length - max(counts)
     common = await _validate(state, params, max_tokens, max_tokens_param, extras, room)
     now = time.time()
+    if band is not None:
+        common = replace(common, queue_timeout=max(band.deadline - now, 0.001))
     n = params.choices
     calls: list[Enqueue] = []
     subs: list[Submitted] = []
@@ -350,7 +369,9 @@ async def submit_choices(
         for k in range(n):
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
-            call, sub = _plan(state, params, choice, common, now, owner, attach, messages, session)
+            call, sub = _plan(
+                state, params, choice, common, now, owner, attach, messages, session, band
+            )
             calls.append(call)
             subs.append(sub)
     await _admit(state, calls, params.model, [sub.id for sub in subs])
@@ -392,7 +413,11 @@ async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[s
 
 
 async def submit_embedding(
-    state: AppState, body: EmbeddingRequest, texts: list[str], owner: str | None
+    state: AppState,
+    body: EmbeddingRequest,
+    texts: list[str],
+    owner: str | None,
+    band: BatchBand | None = None,
 ) -> Submitted:
     """Validate and enqueue an embedding request: one job for all its inputs, which a
     worker that declares ``embeddings`` runs; attached to this process, like an
@@ -422,6 +447,8 @@ async def submit_embedding(
     await _check_model(state, body.model)
     await _check_declared(state, body.model, [("embeddings", "input")])
     now, rid = time.time(), uuid.uuid4().hex
+    if band is not None:
+        queue_timeout = max(band.deadline - now, 0.001)
     payload = JobPayload(
         request_id=rid,
         model=body.model,
@@ -433,13 +460,16 @@ async def submit_embedding(
         queue_deadline=now + queue_timeout,
         generation_timeout=settings.generation_timeout_seconds,
         embed=EmbedTask(inputs=tuple(texts), dimensions=body.dimensions, seed=body.seed or 0),
+        batch=None if band is None else band.batch_id,
     )
     call = Enqueue.of(
         payload,
         priority_step_ms=settings.priority_step_ms,
         owner=owner,
-        attach_to=state.process_id,
+        attach_to=state.process_id if band is None else None,
     )
+    if band is not None:
+        call = replace(call, score=batch_score(int(now * 1000)))
     await _admit(state, [call], body.model, [rid])
     log.info(
         "accepted embedding request %s (model %s, %d inputs, %d tokens)",

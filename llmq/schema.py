@@ -102,6 +102,8 @@ class JobPayload(_Frozen):
     generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
     #: An embedding request (its ``prompt`` is empty); left out of a generation's job.
     embed: EmbedTask | None = Field(None, exclude_if=lambda v: v is None)
+    #: The batch a batch line belongs to (queued in the batch band); left out otherwise.
+    batch: str | None = Field(None, exclude_if=lambda v: v is None)
 
     def required_capabilities(self) -> list[tuple[str, str]]:
         """What the serving model must honour, each with the parameter that asks for it."""

@@ -66,6 +66,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_claim.py",),
     ),
     Mutant(
+        "batch-result-once",
+        "a batch line's result is recorded once per custom_id, and counted once",
+        "llmq/protocol/lua/batch_result.lua",
+        "if redis.call('HEXISTS', output_key, custom_id) == 1\n"
+        "    or redis.call('HEXISTS', errors_key, custom_id) == 1 then",
+        "if false then",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "batch-band",
+        "batch lines wait in a band below every interactive priority",
+        "llmq/protocol/queue.py",
+        "return BATCH_BAND_MS + arrival_ms",
+        "return arrival_ms",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
         "api/follow.py",

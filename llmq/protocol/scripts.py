@@ -60,6 +60,9 @@ NAMES = (
     "fence",
     "route_beat",
     "metrics_flush",
+    "batch_take",
+    "batch_result",
+    "batch_status",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -107,6 +110,9 @@ class Scripts:
     fence: AsyncScript
     route_beat: AsyncScript
     metrics_flush: AsyncScript
+    batch_take: AsyncScript
+    batch_result: AsyncScript
+    batch_status: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()

@@ -1,0 +1,69 @@
+"""The Batch API's steps in Redis: take lines to feed, record a line's result exactly
+once, move a batch's status, and how much room a model's pool has for batch lines.
+
+Each step is one script (``lua/batch_take.lua``, ``batch_result.lua``,
+``batch_status.lua``) over the keys of one batch (:func:`llmq.protocol.keys.batch`
+and its neighbours, one hash tag); the API's feeder (``api/batch_feeder.py``) and
+batch routes call them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from llmq.protocol import keys
+from llmq.protocol.codec import as_str
+from llmq.protocol.queue import BATCH_BAND_MS
+from llmq.protocol.scripts import scripts_for
+
+
+async def take(redis: Redis, batch_id: str, count: int) -> list[str]:
+    """The next ``count`` lines of an in-progress batch, now running (JSON each)."""
+    taken = await scripts_for(redis).batch_take(
+        keys=[keys.batch(batch_id), keys.batch_lines(batch_id), keys.batch_running(batch_id)],
+        args=[count],
+    )
+    return [as_str(line) for line in taken]
+
+
+async def record(redis: Redis, batch_id: str, custom_id: str, line: str, *, ok: bool) -> bool:
+    """Record a line's result unless it has one; True if this call recorded it."""
+    recorded = await scripts_for(redis).batch_result(
+        keys=[
+            keys.batch(batch_id),
+            keys.batch_running(batch_id),
+            keys.batch_output(batch_id),
+            keys.batch_errors(batch_id),
+        ],
+        args=[custom_id, line, "1" if ok else "0"],
+    )
+    return bool(recorded)
+
+
+async def move(redis: Redis, batch_id: str, status: str, *, since: tuple[str, ...]) -> bool:
+    """Move the batch to ``status`` if it is in one of ``since``; True if it moved."""
+    moved = await scripts_for(redis).batch_status(
+        keys=[keys.batch(batch_id)], args=[status, int(time.time()), *since]
+    )
+    return bool(moved)
+
+
+async def room(redis: Redis, model: str, lookahead: int) -> int:
+    """How many batch lines ``model``'s pool can take now: none while an interactive
+    request waits; else its parked workers' free slots, plus ``lookahead`` less the
+    batch lines already waiting in the batch band."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hvals(keys.parked_terms(model))
+        pipe.zcount(keys.queue(model), "-inf", f"({BATCH_BAND_MS}")
+        pipe.zcount(keys.queue(model), BATCH_BAND_MS, "+inf")
+        terms, live_waiting, batch_waiting = await pipe.execute()
+    if live_waiting:
+        return 0
+    free = 0
+    for term in terms:
+        head: Any = as_str(term).split("|", 1)[0]
+        free += int(head) if head.isdigit() else 0
+    return max(0, free + lookahead - int(batch_waiting))
