@@ -749,6 +749,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "upstream-engine-tokens",
+        "a llama.cpp worker counts the engine's tokens (timings.predicted_n), not its chunks",
+        "worker/backends/engines.py",
+        """        # ``timings.predicted_n`` counts them
+        body["timings_per_token"] = True""",
+        """        pass""",
+        (
+            "tests/test_upstream.py::test_usage_and_max_tokens_count_the_servers_tokens_not_its_chunks",
+            "tests/test_upstream.py::test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken",
+        ),
+    ),
+    Mutant(
         "refused-is-4xx",
         "a request the model refuses (its own fault) gets 400 invalid_request_error, not 500",
         "api/routes/openai.py",
