@@ -29,6 +29,7 @@ from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
 from tests.support.completions import chat_text, direct, sdk, streamed
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import ready_workers, record, wait_status, workers
+from tests.support.processes import children_of, live_workers, reap, start_run, wait_for
 from tests.support.recording_proxy import Connection, RecordingProxy
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
@@ -147,6 +148,32 @@ async def test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url(
         (entry,) = (await client.get("/v1/workers")).json()["data"]
     assert (entry["concurrency"], entry["context_length"]) == (2, 2048)
     assert entry["upstream"]["chat"] is True
+
+
+async def test_llmq_run_serves_each_upstream_through_a_worker_of_its_own(
+    start_llama: StartLlama,
+) -> None:
+    """``llmq run --upstream URL --upstream URL``: one worker per server, each finding
+    its engine, slots and context; the answers are the servers'."""
+    servers = [await start_llama(slots=2), await start_llama(slots=1)]
+    argv = ["--model", MODEL, "--upstream", servers[0].url, "--upstream", servers[1].url]
+    url, proc = start_run(*argv)
+    kids: list[int] = []
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: live_workers(url) == 2, 60, "a worker per upstream", proc
+        )
+        kids = children_of(proc.pid)
+        async with httpx.AsyncClient(base_url=url) as client:
+            listed = (await client.get("/v1/workers")).json()["data"]
+        found = sorted((w["upstream"]["engine"], w["concurrency"]) for w in listed)
+        assert found == [("llamacpp", 1), ("llamacpp", 2)]
+        async with sdk(url) as through:
+            text, finish, _ = await streamed(through, "two servers", 40)
+        assert text == await direct(servers[0].url, "two servers", 40) and finish == "length"
+    finally:
+        proc.stop()
+        reap(kids)
 
 
 async def test_each_stream_finds_a_connection_opened_ahead(
