@@ -352,11 +352,6 @@ class OpenAIUpstream:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        context = self.context_length
-        if context and request.prompt_tokens + request.max_tokens >= context:
-            # what the context leaves (an unset max_tokens): the engine's exact count of
-            # it, where llmq's estimate might ask for more and be refused
-            del body["max_tokens"]
         if request.stop:
             body["stop"] = list(request.stop)
         if request.logprobs is not None:
