@@ -206,6 +206,17 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{CONTRACT}::test_default_max_tokens_applies_when_a_request_sets_none",),
     ),
     Mutant(
+        "unset-max-tokens-context",
+        "a request without max_tokens gets what the model's context leaves",
+        "api/submit.py",
+        "tokens = limit if room is None else max(1, room)",
+        "tokens = limit",
+        (
+            f"{CONTRACT}::test_a_request_without_max_tokens_gets_what_the_context_leaves",
+            "tests/test_upstream.py::test_a_request_without_max_tokens_runs_to_the_end_of_the_context",
+        ),
+    ),
+    Mutant(
         "sse-keepalive",
         "an idle SSE stream gets a comment every LLMQ_SSE_KEEPALIVE_SECONDS",
         "api/follow.py",
