@@ -618,14 +618,21 @@ async def test_stop_sequences_and_logprobs_pass_through(
         assert alternatives[token] == pytest.approx(logprob)
 
 
+@pytest.mark.parametrize("multibyte", [False, True], ids=["letters", "multibyte"])
 async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
-    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    redis: Redis,
+    multibyte_gguf: Path,
+    multibyte: bool,
 ) -> None:
     """With LLMQ_UPSTREAM_API=chat the server's own chat template renders the messages;
     a re-run sends the text so far as the final assistant message, which the server
     continues (and echoes, which the worker drops): the client's text equals an
-    uninterrupted run."""
-    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    uninterrupted run, on the multi-byte model to its length in tokens too."""
+    model = {"model": multibyte_gguf} if multibyte else {}
+    servers = [await start_llama(slots=1, **model), await start_llama(slots=1, **model)]
     settings = {"upstream_api": "chat", "lease_seconds": 2}
     procs = [(await spawn_workers(1, **s.worker_settings(**settings)))[0] for s in servers]
     api = await start_api()
@@ -650,7 +657,7 @@ async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
         await killer
     differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
     assert got == want, f"{len(got)} vs {len(want)} characters, first difference at {differ}"
-    assert len(got) == max_tokens
+    assert "é" in got if multibyte else len(got) == max_tokens
     async with api.client() as client:
         (key,) = await _requests(redis)
         assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) >= 2
