@@ -94,6 +94,13 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
         parsers[name] = sub.add_parser(name, help=helps[name])
         _add_settings_flags(parsers[name], cls)
     parsers["api"].add_argument(REUSE_PORT, action="store_true", help=argparse.SUPPRESS)
+    parsers["run"].add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help="an inference server (llama-server, vLLM, ...) to serve through a worker of "
+        "its own; repeat for more [adds to --upstreams]",
+    )
     parsers["tail"].add_argument(
         "--from-start", action="store_true", help="print the entries Redis still keeps first"
     )
@@ -134,6 +141,8 @@ def _run_worker(args: argparse.Namespace) -> int:
 def _run_stack(args: argparse.Namespace) -> int:
     from cli.stack import run_stack
 
+    if args.upstream:
+        args.upstreams = ",".join(filter(None, [args.upstreams, *args.upstream]))
     settings = build_settings(RunSettings, args)
     setup_logging(settings, "run")
     return _run_async(run_stack(settings))

@@ -537,6 +537,11 @@ class RunSettings(ControllerSettings):
     """Settings of ``llmq run``: the whole stack as local processes."""
 
     workers: int = Field(2, ge=0, le=64, description="Worker processes started by llmq run.")
+    upstreams: str = Field(
+        "",
+        description="Comma-separated URLs of inference servers (--upstream URL, repeated): "
+        "one worker per server, backend openai, instead of the mock's workers.",
+    )
     concurrency: int = Field(8, ge=1, le=10_000)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -557,3 +562,13 @@ class RunSettings(ControllerSettings):
     restart_backoff_seconds: float = Field(
         0.5, gt=0, description="First restart delay; doubles with each recent restart (max 10 s)."
     )
+
+    @property
+    def upstream_urls(self) -> list[str]:
+        return [url.strip() for url in self.upstreams.split(",") if url.strip()]
+
+    @model_validator(mode="after")
+    def _one_worker_per_upstream(self) -> RunSettings:
+        if self.upstreams and self.bounds is not None:
+            raise ValueError("upstreams: one worker per server, not autoscaled")
+        return self

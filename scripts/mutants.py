@@ -223,6 +223,17 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{CONTRACT}::test_default_max_tokens_applies_when_a_request_sets_none",),
     ),
     Mutant(
+        "unset-max-tokens-context",
+        "a request without max_tokens gets what the model's context leaves",
+        "api/submit.py",
+        "tokens = limit if room is None else max(1, room)",
+        "tokens = limit",
+        (
+            f"{CONTRACT}::test_a_request_without_max_tokens_gets_what_the_context_leaves",
+            "tests/test_upstream.py::test_a_request_without_max_tokens_runs_to_the_end_of_the_context",
+        ),
+    ),
+    Mutant(
         "sse-keepalive",
         "an idle SSE stream gets a comment every LLMQ_SSE_KEEPALIVE_SECONDS",
         "api/follow.py",
@@ -763,6 +774,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "self.chat = False",
         (
             "tests/test_upstream.py::test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url",
+        ),
+    ),
+    Mutant(
+        "upstream-engine-tokens",
+        "a llama.cpp worker counts the engine's tokens (timings.predicted_n), not its chunks",
+        "worker/backends/engines.py",
+        """        # ``timings.predicted_n`` counts them
+        body["timings_per_token"] = True""",
+        """        pass""",
+        (
+            "tests/test_upstream.py::test_usage_and_max_tokens_count_the_servers_tokens_not_its_chunks",
+            "tests/test_upstream.py::test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken",
         ),
     ),
     Mutant(

@@ -29,6 +29,7 @@ from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
 from tests.support.completions import chat_text, direct, sdk, streamed
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import ready_workers, record, wait_status, workers
+from tests.support.processes import children_of, live_workers, reap, start_run, wait_for
 from tests.support.recording_proxy import Connection, RecordingProxy
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
@@ -88,6 +89,10 @@ async def test_tokens_through_llmq_equal_the_server_directly(
     await through.close()
 
 
+def _counts(usage: Any) -> tuple[int, int]:
+    return usage.prompt_tokens, usage.completion_tokens
+
+
 #: The model's own chat template, unlike the ChatML llama-server falls back to.
 TEMPLATE = (
     "{% for m in messages %}{{ '[' + m['role'] + '] ' + m['content'] + '\\n' }}{% endfor %}"
@@ -137,12 +142,38 @@ async def test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url(
                 )
                 for c in (direct_client, through)
             ]
-            assert answers[1].usage == answers[0].usage
+            assert _counts(answers[1].usage) == _counts(answers[0].usage)
             assert answers[1].choices[0].message.content == want
     async with api.client() as client:
         (entry,) = (await client.get("/v1/workers")).json()["data"]
     assert (entry["concurrency"], entry["context_length"]) == (2, 2048)
     assert entry["upstream"]["chat"] is True
+
+
+async def test_llmq_run_serves_each_upstream_through_a_worker_of_its_own(
+    start_llama: StartLlama,
+) -> None:
+    """``llmq run --upstream URL --upstream URL``: one worker per server, each finding
+    its engine, slots and context; the answers are the servers'."""
+    servers = [await start_llama(slots=2), await start_llama(slots=1)]
+    argv = ["--model", MODEL, "--upstream", servers[0].url, "--upstream", servers[1].url]
+    url, proc = start_run(*argv)
+    kids: list[int] = []
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: live_workers(url) == 2, 60, "a worker per upstream", proc
+        )
+        kids = children_of(proc.pid)
+        async with httpx.AsyncClient(base_url=url) as client:
+            listed = (await client.get("/v1/workers")).json()["data"]
+        found = sorted((w["upstream"]["engine"], w["concurrency"]) for w in listed)
+        assert found == [("llamacpp", 1), ("llamacpp", 2)]
+        async with sdk(url) as through:
+            text, finish, _ = await streamed(through, "two servers", 40)
+        assert text == await direct(servers[0].url, "two servers", 40) and finish == "length"
+    finally:
+        proc.stop()
+        reap(kids)
 
 
 async def test_each_stream_finds_a_connection_opened_ahead(
@@ -239,10 +270,77 @@ async def _busy(server: LlamaServer) -> bool:
     return await server.busy() > 0
 
 
-async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
-    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+@pytest.fixture(scope="session")
+def multibyte_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model that also writes ``é``, as two byte tokens in one chunk."""
+    shape = dataclasses.replace(SHAPE, multibyte=True)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "multibyte.gguf", shape)
+
+
+async def test_usage_and_max_tokens_count_the_servers_tokens_not_its_chunks(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    multibyte_gguf: Path,
 ) -> None:
-    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    """llama-server holds a token that ends inside a character back and sends it with
+    the next, in one chunk: the worker counts the engine's tokens (its running count,
+    ``timings.predicted_n``), so the text, its length and the usage are the server's."""
+    server = await start_llama(slots=1, model=multibyte_gguf)
+    await spawn_workers(1, **server.worker_settings())
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        want = await streamed(direct_client, "many bytes", 300)
+        got = await streamed(through, "many bytes", 300)
+        chat = [
+            await c.chat.completions.create(
+                model=MODEL, messages=CHATS[0], max_tokens=300, temperature=0
+            )
+            for c in (direct_client, through)
+        ]
+    assert "é" in want[0] and len(want[0]) < 300  # chunks of two tokens
+    assert got[0] == want[0] and got[1] == want[1] == "length"
+    assert got[2].completion_tokens == want[2].completion_tokens == 300
+    assert _counts(chat[1].usage) == _counts(chat[0].usage)  # the cached part may differ
+    assert chat[1].choices[0].message.content == chat[0].choices[0].message.content
+
+
+async def test_a_request_without_max_tokens_runs_to_the_end_of_the_context(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """No max_tokens: what the context leaves, as the server itself gives it (not a
+    default of a few tokens)."""
+    server = await start_llama(slots=4, context=2048)  # 512 tokens per slot
+    await spawn_workers(1, **server.worker_settings())
+    api = await start_api(default_max_tokens=0)
+    await ready_workers(api, 1)
+    answers = []
+    for url in (server.url, api.url):
+        async with sdk(url) as client:
+            answers.append(
+                await client.completions.create(model=MODEL, prompt="a" * 300, temperature=0)
+            )
+    direct_answer, through = answers
+    assert through.choices[0].text == direct_answer.choices[0].text
+    assert through.choices[0].finish_reason == "length"
+    assert through.usage is not None and direct_answer.usage is not None
+    assert through.usage.completion_tokens == direct_answer.usage.completion_tokens > 150
+
+
+@pytest.mark.parametrize("multibyte", [False, True], ids=["letters", "multibyte"])
+async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    redis: Redis,
+    multibyte_gguf: Path,
+    multibyte: bool,
+) -> None:
+    """On the multi-byte model the resume's remaining budget is the engine's tokens:
+    the text is the uninterrupted run's, to its length."""
+    model = {"model": multibyte_gguf} if multibyte else {}
+    servers = [await start_llama(slots=1, **model), await start_llama(slots=1, **model)]
     procs = [(await spawn_workers(1, lease_seconds=2, **s.worker_settings()))[0] for s in servers]
     api = await start_api()
     await ready_workers(api, 2)
@@ -520,14 +618,21 @@ async def test_stop_sequences_and_logprobs_pass_through(
         assert alternatives[token] == pytest.approx(logprob)
 
 
+@pytest.mark.parametrize("multibyte", [False, True], ids=["letters", "multibyte"])
 async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
-    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    redis: Redis,
+    multibyte_gguf: Path,
+    multibyte: bool,
 ) -> None:
     """With LLMQ_UPSTREAM_API=chat the server's own chat template renders the messages;
     a re-run sends the text so far as the final assistant message, which the server
     continues (and echoes, which the worker drops): the client's text equals an
-    uninterrupted run."""
-    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    uninterrupted run, on the multi-byte model to its length in tokens too."""
+    model = {"model": multibyte_gguf} if multibyte else {}
+    servers = [await start_llama(slots=1, **model), await start_llama(slots=1, **model)]
     settings = {"upstream_api": "chat", "lease_seconds": 2}
     procs = [(await spawn_workers(1, **s.worker_settings(**settings)))[0] for s in servers]
     api = await start_api()
@@ -552,7 +657,7 @@ async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
         await killer
     differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
     assert got == want, f"{len(got)} vs {len(want)} characters, first difference at {differ}"
-    assert len(got) == max_tokens
+    assert "é" in got if multibyte else len(got) == max_tokens
     async with api.client() as client:
         (key,) = await _requests(redis)
         assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) >= 2

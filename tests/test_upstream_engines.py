@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from llmq.embedded import free_port
 from tests.support.servers import start_uvicorn
@@ -58,17 +59,19 @@ ANSWERS: dict[str, dict[str, Any]] = {
 #: What the worker takes from each: slots and context length.
 FOUND = {"sglang": (48, 8192), "tgi": (None, 4096), "ollama": (None, None), "generic": (None, None)}
 
-Serve = Callable[[dict[str, Any]], Awaitable[str]]
+Serve = Callable[..., Awaitable[str]]
 
 
 @pytest.fixture
 async def stand_in() -> AsyncIterator[Serve]:
     servers = []
 
-    async def serve(answers: dict[str, Any]) -> str:
+    async def serve(answers: dict[str, Any], posts: dict[str, Any] | None = None) -> str:
         app = FastAPI()
         for path, answer in {"/v1/models": MODELS, **answers}.items():
             app.add_api_route(path, lambda answer=answer: answer)
+        for path, answer in (posts or {}).items():
+            app.add_api_route(path, lambda answer=answer: answer, methods=["POST"])
         port = free_port()
         server, task = start_uvicorn(app, port)
         servers.append((server, task))
@@ -93,6 +96,25 @@ async def test_the_engine_is_identified_and_says_what_it_has(
     assert (upstream.slots, upstream.context_length) == FOUND[engine]
     unknown = [r for r in caplog.records if "none of the engines llmq knows" in r.message]
     assert len(unknown) == (engine == "generic")
+
+
+async def test_a_model_without_a_chat_template_gets_llmqs_rendering_and_a_warning(
+    stand_in: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM refuses chat messages (400 at ``/tokenize``) for a model without a chat
+    template: chat requests then go to its completions API, and the log says so."""
+    app_models = {"object": "list", "data": [{"id": "m", "owned_by": "vllm", "max_model_len": 64}]}
+    refusal = JSONResponse({"error": {"message": "no chat template"}}, status_code=400)
+    url = await stand_in(
+        {"/v1/models": app_models, "/version": {"version": "0.32.0"}},
+        posts={"/tokenize": refusal},
+    )
+    upstream = OpenAIUpstream(url, None, chat=None)
+    with caplog.at_level(logging.INFO, logger="worker.backends"):
+        assert await connect(upstream, asyncio.Event())
+    await upstream.aclose()
+    assert upstream.engine is ENGINES["vllm"] and upstream.chat is False
+    assert any("has no chat template" in r.message for r in caplog.records)
 
 
 async def test_a_named_engine_is_taken_as_set(stand_in: Serve) -> None:

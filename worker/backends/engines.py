@@ -62,6 +62,17 @@ class Engine:
     #: none with text (a token that ends inside a character) still counts exactly.
     lists_token_ids: bool = False
 
+    def ask_token_counts(self, body: dict[str, Any]) -> None:
+        """Ask, in a request's ``body``, for the tokens each chunk of the stream carries
+        (:meth:`generated`, or the ids vLLM lists). Engines that cannot: nothing."""
+        if self.lists_token_ids:
+            body["return_token_ids"] = True
+
+    def generated(self, chunk: dict[str, Any]) -> int | None:
+        """The tokens generated so far in this stream, as ``chunk`` reports them where
+        :meth:`ask_token_counts` asked (None: it does not say)."""
+        return None
+
     def ask_counts_early(self, body: dict[str, Any]) -> None:
         """Ask, in a request's ``body``, for the prompt's token count in the first chunk
         of the stream, not only in its usage after the last (which a stream the worker
@@ -121,6 +132,17 @@ class LlamaCpp(Engine):
 
     def ask_counts_early(self, body: dict[str, Any]) -> None:
         body["timings_per_token"] = True  # every chunk then carries ``timings``
+
+    def ask_token_counts(self, body: dict[str, Any]) -> None:
+        # a chunk that completes a character held back carries several tokens:
+        # ``timings.predicted_n`` counts them
+        body["timings_per_token"] = True
+
+    def generated(self, chunk: dict[str, Any]) -> int | None:
+        timings = chunk.get("timings")
+        if not isinstance(timings, dict) or timings.get("predicted_n") is None:
+            return None
+        return int(timings["predicted_n"])
 
     def counted_early(self, chunk: dict[str, Any]) -> tuple[int, int] | None:
         timings = chunk.get("timings")

@@ -8,9 +8,10 @@ assumes only this of the upstream:
   per chunk (``choices[0].text``; a chunk with no text is not a token), the last one
   with ``finish_reason``, then (with ``stream_options.include_usage``, where honoured)
   one with ``usage``; llmq counts a chunk as a token, so ``max_tokens`` and resumes
-  count in chunks, except where the engine lists each chunk's token ids
-  (:attr:`~worker.backends.engines.Engine.lists_token_ids`: vLLM, whose chunks can
-  carry several tokens, or none with text): then by those (:func:`_per_token`);
+  count in chunks, except where the engine says how many tokens a chunk carries
+  (:meth:`~worker.backends.engines.Engine.ask_token_counts`: vLLM lists their ids,
+  llama.cpp keeps a running count; a chunk can carry several tokens, or none with
+  text): then by that (:func:`_per_token`);
 - the upstream aborts a sequence when its client disconnects (vLLM and llama.cpp
   do): closing the response is how a cancelled, timed-out or fenced request frees
   its slot;
@@ -361,8 +362,7 @@ class OpenAIUpstream:
             body["ignore_eos"] = True
         if request.min_tokens > resumed:
             body["min_tokens"] = request.min_tokens - resumed
-        if self.engine.lists_token_ids:
-            body["return_token_ids"] = True
+        self.engine.ask_token_counts(body)
         return body
 
     def _chat_body(
@@ -409,6 +409,7 @@ class OpenAIUpstream:
         call = _ToolCall(f"call_{seed:016x}")
         echo = _Echo(echoed)
         counted = not tools  # the counts come early only where the body asked for them
+        generated = 0  # the engine's count of this stream's tokens, where it reports one
         # Every token of every stream passes here: the common case (a chunk of plain
         # text, nothing echoed or called) takes no helper calls.
         async for frame in frames(response.content.iter_any()):
@@ -425,6 +426,7 @@ class OpenAIUpstream:
             if not counted and (early := self.engine.counted_early(chunk)) is not None:
                 counted = True
                 yield Report(prompt_tokens=max(1, early[0] - resumed), cached_tokens=early[1])
+            tokens, generated = _chunk_tokens(self.engine, chunk, generated)
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 text = choice.get("text") or delta.get("content") or ""
@@ -432,13 +434,15 @@ class OpenAIUpstream:
                 reason = choice.get("finish_reason")
                 tool_calls = delta.get("tool_calls")
                 ids = choice.get("token_ids")
+                count = len(ids) if ids is not None else tokens
                 special = echo.left or tool_calls or call.started is not None
-                # listed ids matter only where they are not one per text (vLLM merges)
-                if special or (ids is not None and (len(ids) != 1 or not text)):
+                # counts matter only where they are not one per text (vLLM merges, and
+                # llama.cpp holds back a token that ends inside a character)
+                if special or (count is not None and (count != 1 or not text)):
                     outs = (
                         _choice_outputs(echo, call, text, logprobs, reason, tool_calls)
                         if special
-                        else _per_token(text, logprobs, len(ids))
+                        else _per_token(text, logprobs, count or 0)
                     )
                     for out in outs:
                         yield out
@@ -483,6 +487,13 @@ class OpenAIUpstream:
                 param="prompt",
             )
         return count
+
+
+def _chunk_tokens(engine: Engine, chunk: dict[str, Any], before: int) -> tuple[int | None, int]:
+    """The tokens in ``chunk`` by the engine's running count of the stream's tokens
+    (llama.cpp's ``timings.predicted_n``; None: it reports none), and the count now."""
+    so_far = engine.generated(chunk)
+    return (None, before) if so_far is None else (so_far - before, so_far)
 
 
 def _per_token(text: str, logprobs: Any, count: int) -> list[str]:
