@@ -808,6 +808,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "prompt_tokens = len(prompt.split())",
         ("tests/test_declaration.py",),
     ),
+    Mutant(
+        "script-slots-order",
+        "a script's KEYS and ARGV builder names its slots in the script's order",
+        "llmq/protocol/slots.py",
+        "    lease_ms: int\n    in_progress_prefix: str\n    in_progress_ms: int\n",
+        "    in_progress_prefix: str\n    lease_ms: int\n    in_progress_ms: int\n",
+        ("tests/test_slots.py",),
+    ),
 )
 
 
