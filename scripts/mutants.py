@@ -83,6 +83,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py",),
     ),
     Mutant(
+        "batch-yield",
+        "a batch line gives its slot to a live request and resumes later",
+        "worker/queue_worker.py",
+        "                await self._yield_to_live()\n",
+        "",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
         "api/follow.py",

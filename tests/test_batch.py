@@ -281,3 +281,37 @@ async def test_a_line_result_is_recorded_once_whoever_collects_it_again(redis: R
     assert not await redis.exists(keys.batch_errors("b1"))
     assert await redis.hget(keys.batch("b1"), "completed") == "1"  # type: ignore[misc]
     assert await redis.hget(keys.batch("b1"), "failed") is None  # type: ignore[misc]
+
+
+async def test_a_live_request_takes_the_slot_of_a_long_batch_line_which_resumes_exactly(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """One slot, running a batch line of 600 tokens at 100 tokens/s: a live request
+    that arrives meanwhile finishes before the line, which yields its slot at a token
+    and resumes from where it stopped, its output equal to the request run alone."""
+    await start_worker(model_tokens_per_second=100.0, concurrency=1)
+    api = await start_api(batch_lookahead=0)
+    line = chat_line("long", "a long line", max_tokens=600)
+    async with api.client() as http, api.sdk() as client:
+        await wait_ready(http)
+        uploaded = await client.files.create(file=("in.jsonl", jsonl([line])), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        async def line_running() -> bool:
+            return int(await redis.zcard(keys.running("mock"))) == 1
+
+        await wait_until(line_running, timeout=10, what="the batch line to run")
+        live = await post_request(http, "live", max_tokens=3)
+        live_done = await wait_status(http, live, "done", timeout=60)
+        done = (await finished(client, batch.id))[-1]
+        output = by_custom_id((await client.files.content(done.output_file_id)).text)
+        rid = output["long"]["response"]["request_id"]
+        line_record = await record(http, rid)
+        alone = await client.chat.completions.create(**line["body"])
+    assert live_done["finished_at"] < line_record["finished_at"]
+    assert line_record["attempts"] == 2, "the line did not yield"
+    body = output["long"]["response"]["body"]
+    assert body["choices"][0]["message"]["content"] == alone.choices[0].message.content
+    assert body["usage"]["completion_tokens"] == 600
