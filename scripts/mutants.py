@@ -91,6 +91,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py",),
     ),
     Mutant(
+        "batch-admission",
+        "batch lines waiting do not count toward a model's queue bound",
+        "llmq/protocol/lua/clock.lua",
+        "  return redis.call('ZCOUNT', queue_key, '-inf', '(' .. BATCH_BAND_MS)",
+        "  return redis.call('ZCARD', queue_key)",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
         "api/follow.py",

@@ -4,13 +4,15 @@ output, bad input refused with nothing half-made, the completion window honoured
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq.protocol import batches, keys
+from llmq.protocol import batches, keys, scripts
+from llmq.protocol.queue import BATCH_BAND_MS
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -105,9 +107,9 @@ async def test_batch_lines_run_in_a_band_below_every_interactive_priority(
 ) -> None:
     """With the only slot busy, batch lines wait in the queue (the lookahead, no more)
     behind an interactive request that arrived after them at the least urgent
-    priority, which then runs first."""
+    priority, which then runs first; they do not count toward the queue's bound."""
     await start_worker(model_tokens_per_second=100.0, concurrency=1)
-    api = await start_api(batch_lookahead=2)
+    api = await start_api(batch_lookahead=2, max_queue_depth=1)
     async with api.client() as http, api.sdk() as client:
         await wait_ready(http)
         blocker = await post_request(http, "blocker", max_tokens=150)
@@ -315,3 +317,8 @@ async def test_a_live_request_takes_the_slot_of_a_long_batch_line_which_resumes_
     body = output["long"]["response"]["body"]
     assert body["choices"][0]["message"]["content"] == alone.choices[0].message.content
     assert body["usage"]["completion_tokens"] == 600
+
+
+def test_the_scripts_batch_band_is_the_protocols() -> None:
+    band = re.search(r"local BATCH_BAND_MS = '(\d+)'", scripts.source("enqueue"))
+    assert band is not None and int(band[1]) == BATCH_BAND_MS
