@@ -322,3 +322,46 @@ async def test_a_live_request_takes_the_slot_of_a_long_batch_line_which_resumes_
 def test_the_scripts_batch_band_is_the_protocols() -> None:
     band = re.search(r"local BATCH_BAND_MS = '(\d+)'", scripts.source("enqueue"))
     assert band is not None and int(band[1]) == BATCH_BAND_MS
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "alone"),
+    [
+        (
+            "/v1/completions",
+            {"model": "mock", "prompt": ["one two", "three"], "n": 2, "max_tokens": 4, "seed": 5},
+            "completions",
+        ),
+        ("/v1/embeddings", {"model": "mock", "input": ["a text", "another"]}, "embeddings"),
+        (
+            "/v1/responses",
+            {"model": "mock", "input": "hello there", "max_output_tokens": 5, "seed": 2},
+            "responses",
+        ),
+    ],
+)
+async def test_each_endpoint_answers_a_line_as_its_live_route_does(
+    stack: RunningApi, endpoint: str, body: dict[str, Any], alone: str
+) -> None:
+    line = {"custom_id": "only", "method": "POST", "url": endpoint, "body": body}
+    async with stack.sdk() as client:
+        uploaded = await client.files.create(file=("in.jsonl", jsonl([line])), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+        done = (await finished(client, batch.id))[-1]
+        output = by_custom_id((await client.files.content(done.output_file_id)).text)
+        extra = {k: body[k] for k in ("seed",) if alone == "responses"}
+        known = {k: v for k, v in body.items() if k not in extra}
+        live = await getattr(client, alone).create(**known, extra_body=extra or None)
+    got = output["only"]["response"]
+    assert got["status_code"] == 200
+    if alone == "responses":  # its ids are the request's
+        assert got["body"]["output"][0]["content"][0]["text"] == live.output_text
+        assert got["body"]["usage"]["output_tokens"] == live.usage.output_tokens == 5
+        return
+    answer = type(live).model_validate(got["body"])
+    volatile = {"id", "created"}
+    assert answer.model_dump(exclude=volatile) == live.model_dump(exclude=volatile)
