@@ -39,6 +39,7 @@ from api import batch_run, batch_store, files
 from api.batch_store import BatchObject
 from api.errors import ApiError
 from api.state import AppState
+from llmq import metrics
 from llmq.protocol import batches, keys
 from llmq.tasks import run_periodically, stop_tasks
 
@@ -153,7 +154,7 @@ class BatchFeeder:
         except ApiError as exc:
             if exc.status in RETRYABLE:
                 return  # stays running without requests: fed again by a later step
-            await self._record(batch.id, custom_id, False, _refused(custom_id, exc))
+            await self._record(batch, custom_id, False, _refused(custom_id, exc))
             return
         entry = {"line": line, "subs": json.loads(batch_run.encode_subs(subs))}
         await self.redis.hset(  # type: ignore[misc]
@@ -181,13 +182,15 @@ class BatchFeeder:
             current = await batch_store.load(self.redis, batch.id)
             if current is not None and (current.status == "cancelling" or current.ending):
                 ending = "cancelled" if current.status == "cancelling" else current.ending
-                await self._record(batch.id, custom_id, False, _unrun(custom_id, str(ending)))
+                await self._record(batch, custom_id, False, _unrun(custom_id, str(ending)))
                 return
         line = batch_run.output_line(custom_id, subs, status, body)
-        await self._record(batch.id, custom_id, status == 200, line)
+        await self._record(batch, custom_id, status == 200, line)
 
-    async def _record(self, batch_id: str, custom_id: str, ok: bool, line: str) -> bool:
-        return await batches.record(self.redis, batch_id, custom_id, line, ok=ok)
+    async def _record(self, batch: BatchObject, custom_id: str, ok: bool, line: str) -> None:
+        if await batches.record(self.redis, batch.id, custom_id, line, ok=ok):
+            outcome = "completed" if ok else "failed"
+            self.state.metrics.inc(metrics.BATCH_LINES, batch.model, outcome)
 
     async def _stop(self, batch: BatchObject, running: dict[str, str]) -> None:
         """Cancel the running lines' requests, and end the lines that never ran."""
@@ -195,7 +198,7 @@ class BatchFeeder:
         for custom_id, raw in running.items():
             entry = json.loads(raw)
             if not entry.get("subs"):
-                await self._record(batch.id, custom_id, False, _unrun(custom_id, ending))
+                await self._record(batch, custom_id, False, _unrun(custom_id, ending))
                 continue
             self._collect(batch, custom_id, entry)
             for sub in entry["subs"]:
@@ -207,7 +210,7 @@ class BatchFeeder:
             await self.redis.hset(keys.batch(batch.id), "next", str(batch.total))  # type: ignore[misc]
             for raw in await cast("Any", self.redis.lrange(keys.batch_lines(batch.id), fed, -1)):
                 custom_id = json.loads(raw)["custom_id"]
-                await self._record(batch.id, custom_id, False, _unrun(custom_id, ending))
+                await self._record(batch, custom_id, False, _unrun(custom_id, ending))
 
     async def _finish(self, batch: BatchObject) -> None:
         """Assemble the output and error files once, then end the batch."""
@@ -233,15 +236,15 @@ class BatchFeeder:
             if not await cast("Any", self.redis.hsetnx(batch_key, field, made.id)):
                 with contextlib.suppress(ApiError):  # another feeder made it first
                     await files.delete(self.redis, made.id, batch.owner)
+        final: batch_store.Status = "completed"
+        since = ("finalizing",)
         if batch.status == "cancelling":
             final, since = "cancelled", ("cancelling",)
-        else:
-            final, since = (
-                ("expired" if batch.ending == "expired" else "completed"),
-                ("finalizing",),
-            )
-        if await batch_store.move(self.redis, batch.id, final, since=since):  # type: ignore[arg-type]
+        elif batch.ending == "expired":
+            final = "expired"
+        if await batch_store.move(self.redis, batch.id, final, since=since):
             log.info("batch %s %s", batch.id, final)
+            self.state.metrics.inc(metrics.BATCHES, batch.model, final)
         await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
 
 

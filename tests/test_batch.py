@@ -365,3 +365,23 @@ async def test_each_endpoint_answers_a_line_as_its_live_route_does(
     answer = type(live).model_validate(got["body"])
     volatile = {"id", "created"}
     assert answer.model_dump(exclude=volatile) == live.model_dump(exclude=volatile)
+
+
+async def test_batch_counters_are_in_the_metrics(stack: RunningApi) -> None:
+    lines = [chat_line(f"l{i}", f"q {i}") for i in range(3)]
+    async with stack.sdk() as client:
+        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await finished(client, batch.id)
+    async with stack.client() as http:
+
+        async def counted() -> bool:
+            text = (await http.get("/metrics")).text
+            return (
+                'llmq_batch_lines_total{model="mock",outcome="completed"} 3.0' in text
+                and 'llmq_batches_total{model="mock",status="completed"} 1.0' in text
+            )
+
+        await wait_until(counted, timeout=10, what="the batch counters")

@@ -95,6 +95,7 @@ from arq.connections import ArqRedis
 from arq.constants import job_key_prefix, retry_key_prefix
 from arq.worker import Worker, func
 
+from llmq import metrics
 from llmq.outage import OUTAGE, Outage
 from llmq.protocol import batches, keys
 from llmq.protocol.arq_job import JOB_FUNCTION, deserialize, serialize
@@ -354,6 +355,7 @@ class QueueWorker(Worker):
         count = await batches.yield_for(self.queue.redis, self.model, self.worker_id, len(lines))
         for rid in lines[-count:] if count else ():
             await batches.note_yield(self.queue.redis, rid)
+            self.runner.metrics.inc(metrics.BATCH_LINES, self.model, "yielded")
             log.info(
                 "batch line %s gives its slot to a live request", rid, extra={"request_id": rid}
             )
