@@ -41,6 +41,8 @@ from api.errors import ApiError
 from api.state import AppState
 from llmq import metrics
 from llmq.protocol import batches, keys
+from llmq.protocol.streams import add_lifecycle
+from llmq.schema import Lifecycle
 from llmq.tasks import run_periodically, stop_tasks
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ class BatchFeeder:
         self.redis = state.redis
         self.collecting: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.cancelled: set[str] = set()
+        #: The status and counts of each batch's last lifecycle note.
+        self.noted: dict[str, tuple[str, int, int]] = {}
 
     async def run_forever(self) -> NoReturn:
         try:
@@ -91,8 +95,30 @@ class BatchFeeder:
                 continue
             await self._advance(batch, rooms)
 
+    async def _progress(self, batch: BatchObject) -> None:
+        """A lifecycle note (``batch``) when the batch's status or counts moved."""
+        counts = batch.request_counts
+        seen = (batch.status, counts.get("completed", 0), counts.get("failed", 0))
+        if self.noted.get(batch.id) == seen:
+            return
+        self.noted[batch.id] = seen
+        note = Lifecycle(
+            event="batch",
+            request_id=batch.id,
+            model=batch.model,
+            ts=time.time(),
+            status=batch.status,
+            completed=seen[1],
+            failed=seen[2],
+            total=batch.total,
+        )
+        pipe = self.redis.pipeline(transaction=False)
+        add_lifecycle(pipe, note, maxlen=self.state.settings.lifecycle_maxlen)
+        await pipe.execute()
+
     async def _advance(self, batch: BatchObject, rooms: dict[str, int]) -> None:
         settings = self.state.settings
+        await self._progress(batch)
         if batch.status in batch_store.ENDED:
             await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
             return
@@ -244,6 +270,10 @@ class BatchFeeder:
             final = "expired"
         if await batch_store.move(self.redis, batch.id, final, since=since):
             log.info("batch %s %s", batch.id, final)
+            ended = await batch_store.load(self.redis, batch.id)
+            if ended is not None:
+                await self._progress(ended)
+            self.noted.pop(batch.id, None)
             self.state.metrics.inc(metrics.BATCHES, batch.model, final)
         await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
 

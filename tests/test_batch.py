@@ -13,6 +13,9 @@ from redis.asyncio import Redis
 
 from llmq.protocol import batches, keys, scripts
 from llmq.protocol.queue import BATCH_BAND_MS
+from llmq.protocol.streams import lifecycle_entries
+from llmq.schema import Lifecycle
+from llmq.tail import format_line
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -385,3 +388,25 @@ async def test_batch_counters_are_in_the_metrics(stack: RunningApi) -> None:
             )
 
         await wait_until(counted, timeout=10, what="the batch counters")
+
+
+async def test_a_batch_s_progress_is_in_the_lifecycle_stream(
+    stack: RunningApi, redis: Redis
+) -> None:
+    lines = [chat_line(f"l{i}", f"q {i}") for i in range(3)]
+    async with stack.sdk() as client:
+        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await finished(client, batch.id)
+    notes = [
+        Lifecycle.model_validate_json(fields["data"])
+        for _, fields in await lifecycle_entries(redis)
+        if fields["event"] == "batch"
+    ]
+    assert {n.request_id for n in notes} == {batch.id}
+    assert notes[-1].status == "completed" and notes[-1].completed == 3 and notes[-1].total == 3
+    done = [n.completed or 0 for n in notes]
+    assert done == sorted(done)
+    assert "status=completed completed=3 failed=0 total=3" in format_line(notes[-1])
