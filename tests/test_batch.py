@@ -3,14 +3,18 @@ output, bad input refused with nothing half-made, the completion window honoured
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from redis.asyncio import Redis
 
+from cli.batch import run_batch
+from cli.main import build_parser
 from llmq.protocol import batches, keys, scripts
 from llmq.protocol.queue import BATCH_BAND_MS
 from llmq.protocol.streams import lifecycle_entries
@@ -410,3 +414,22 @@ async def test_a_batch_s_progress_is_in_the_lifecycle_stream(
     done = [n.completed or 0 for n in notes]
     assert done == sorted(done)
     assert "status=completed completed=3 failed=0 total=3" in format_line(notes[-1])
+
+
+async def test_llmq_batch_submits_a_file_shows_progress_and_writes_the_output(
+    stack: RunningApi, tmp_path: Path
+) -> None:
+    lines = [chat_line(f"l{i}", f"q {i}") for i in range(4)]
+    lines.append({**chat_line("bad", "x"), "body": {"model": "mock", "messages": [], "n": 0}})
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(lines[:4]))
+    out = tmp_path / "out.jsonl"
+    err = io.StringIO()
+    flags = ["--endpoint", "/v1/chat/completions", "-o", str(out), "--url", stack.url]
+    args = build_parser().parse_args(["batch", str(source), *flags, "--poll-seconds", "0.05"])
+    assert await run_batch(args, err) == 0
+    assert sorted(by_custom_id(out.read_text())) == ["l0", "l1", "l2", "l3"]
+    assert f"[{'#' * 30}] 4/4 completed" in err.getvalue()
+    source.write_bytes(jsonl(lines))
+    assert await run_batch(args, err) == 2
+    assert "line 5: invalid_request" in err.getvalue()
