@@ -204,14 +204,22 @@ class BatchFeeder:
         except Exception:
             log.exception("batch %s: collecting line %s failed", batch.id, custom_id)
             return  # collected again by a later step
-        if status != 200:
+        if status != 200 or await self._any_cancelled(subs):
             current = await batch_store.load(self.redis, batch.id)
             if current is not None and (current.status == "cancelling" or current.ending):
+                # stopped by the batch's own end: not an answer, a line that did not run
                 ending = "cancelled" if current.status == "cancelling" else current.ending
                 await self._record(batch, custom_id, False, _unrun(custom_id, str(ending)))
                 return
         line = batch_run.output_line(custom_id, subs, status, body)
         await self._record(batch, custom_id, status == 200, line)
+
+    async def _any_cancelled(self, subs: list[batch_run.Submitted]) -> bool:
+        """Whether a request of the line was cancelled (its answer is then partial)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sub in subs:
+                pipe.hget(keys.request(sub.id), "status")
+            return "cancelled" in await pipe.execute()
 
     async def _record(self, batch: BatchObject, custom_id: str, ok: bool, line: str) -> None:
         if await batches.record(self.redis, batch.id, custom_id, line, ok=ok):

@@ -99,6 +99,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py",),
     ),
     Mutant(
+        "batch-stopped-line",
+        "a line stopped by its batch's cancel or expiry is an error line, not a partial answer",
+        "api/batch_feeder.py",
+        "if status != 200 or await self._any_cancelled(subs):",
+        "if status != 200:",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
         "api/follow.py",

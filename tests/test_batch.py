@@ -243,6 +243,8 @@ async def test_a_batch_past_its_window_expires_with_its_partial_output(
         )
         errors = by_custom_id((await client.files.content(done.error_file_id)).text)
     assert done.status == "expired" and done.expired_at and done.finalizing_at
+    for line in output.values():  # what the window stopped is not an answer
+        assert line["response"]["body"]["choices"][0]["finish_reason"] == "length"
     assert 1 <= len(output) < 8
     assert len(output) + len(errors) == 8
     assert {e["error"]["code"] for e in errors.values()} == {"batch_expired"}
@@ -273,6 +275,8 @@ async def test_cancel_stops_the_lines_in_flight_and_keeps_the_finished_ones(
         errors = by_custom_id((await client.files.content(done.error_file_id)).text)
     assert cancelling.status in ("cancelling", "cancelled")
     assert done.status == "cancelled" and done.cancelled_at and done.cancelling_at
+    for line in output.values():
+        assert line["response"]["body"]["choices"][0]["finish_reason"] == "length"
     assert len(output) >= 2 and len(output) + len(errors) == 10
     assert {e["error"]["code"] for e in errors.values()} == {"batch_cancelled"}
     assert await redis.zcard(keys.queue("mock")) == 0
