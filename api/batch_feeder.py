@@ -39,7 +39,10 @@ from api import batch_run, batch_store, files
 from api.batch_store import BatchObject
 from api.errors import ApiError
 from api.state import AppState
+from llmq import metrics
 from llmq.protocol import batches, keys
+from llmq.protocol.streams import add_lifecycle
+from llmq.schema import Lifecycle
 from llmq.tasks import run_periodically, stop_tasks
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,8 @@ class BatchFeeder:
         self.redis = state.redis
         self.collecting: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.cancelled: set[str] = set()
+        #: The status and counts of each batch's last lifecycle note.
+        self.noted: dict[str, tuple[str, int, int]] = {}
 
     async def run_forever(self) -> NoReturn:
         try:
@@ -90,8 +95,30 @@ class BatchFeeder:
                 continue
             await self._advance(batch, rooms)
 
+    async def _progress(self, batch: BatchObject) -> None:
+        """A lifecycle note (``batch``) when the batch's status or counts moved."""
+        counts = batch.request_counts
+        seen = (batch.status, counts.get("completed", 0), counts.get("failed", 0))
+        if self.noted.get(batch.id) == seen:
+            return
+        self.noted[batch.id] = seen
+        note = Lifecycle(
+            event="batch",
+            request_id=batch.id,
+            model=batch.model,
+            ts=time.time(),
+            status=batch.status,
+            completed=seen[1],
+            failed=seen[2],
+            total=batch.total,
+        )
+        pipe = self.redis.pipeline(transaction=False)
+        add_lifecycle(pipe, note, maxlen=self.state.settings.lifecycle_maxlen)
+        await pipe.execute()
+
     async def _advance(self, batch: BatchObject, rooms: dict[str, int]) -> None:
         settings = self.state.settings
+        await self._progress(batch)
         if batch.status in batch_store.ENDED:
             await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
             return
@@ -153,7 +180,7 @@ class BatchFeeder:
         except ApiError as exc:
             if exc.status in RETRYABLE:
                 return  # stays running without requests: fed again by a later step
-            await self._record(batch.id, custom_id, False, _refused(custom_id, exc))
+            await self._record(batch, custom_id, False, _refused(custom_id, exc))
             return
         entry = {"line": line, "subs": json.loads(batch_run.encode_subs(subs))}
         await self.redis.hset(  # type: ignore[misc]
@@ -177,17 +204,27 @@ class BatchFeeder:
         except Exception:
             log.exception("batch %s: collecting line %s failed", batch.id, custom_id)
             return  # collected again by a later step
-        if status != 200:
+        if status != 200 or await self._any_cancelled(subs):
             current = await batch_store.load(self.redis, batch.id)
             if current is not None and (current.status == "cancelling" or current.ending):
+                # stopped by the batch's own end: not an answer, a line that did not run
                 ending = "cancelled" if current.status == "cancelling" else current.ending
-                await self._record(batch.id, custom_id, False, _unrun(custom_id, str(ending)))
+                await self._record(batch, custom_id, False, _unrun(custom_id, str(ending)))
                 return
         line = batch_run.output_line(custom_id, subs, status, body)
-        await self._record(batch.id, custom_id, status == 200, line)
+        await self._record(batch, custom_id, status == 200, line)
 
-    async def _record(self, batch_id: str, custom_id: str, ok: bool, line: str) -> bool:
-        return await batches.record(self.redis, batch_id, custom_id, line, ok=ok)
+    async def _any_cancelled(self, subs: list[batch_run.Submitted]) -> bool:
+        """Whether a request of the line was cancelled (its answer is then partial)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sub in subs:
+                pipe.hget(keys.request(sub.id), "status")
+            return "cancelled" in await pipe.execute()
+
+    async def _record(self, batch: BatchObject, custom_id: str, ok: bool, line: str) -> None:
+        if await batches.record(self.redis, batch.id, custom_id, line, ok=ok):
+            outcome = "completed" if ok else "failed"
+            self.state.metrics.inc(metrics.BATCH_LINES, batch.model, outcome)
 
     async def _stop(self, batch: BatchObject, running: dict[str, str]) -> None:
         """Cancel the running lines' requests, and end the lines that never ran."""
@@ -195,7 +232,7 @@ class BatchFeeder:
         for custom_id, raw in running.items():
             entry = json.loads(raw)
             if not entry.get("subs"):
-                await self._record(batch.id, custom_id, False, _unrun(custom_id, ending))
+                await self._record(batch, custom_id, False, _unrun(custom_id, ending))
                 continue
             self._collect(batch, custom_id, entry)
             for sub in entry["subs"]:
@@ -207,7 +244,7 @@ class BatchFeeder:
             await self.redis.hset(keys.batch(batch.id), "next", str(batch.total))  # type: ignore[misc]
             for raw in await cast("Any", self.redis.lrange(keys.batch_lines(batch.id), fed, -1)):
                 custom_id = json.loads(raw)["custom_id"]
-                await self._record(batch.id, custom_id, False, _unrun(custom_id, ending))
+                await self._record(batch, custom_id, False, _unrun(custom_id, ending))
 
     async def _finish(self, batch: BatchObject) -> None:
         """Assemble the output and error files once, then end the batch."""
@@ -233,15 +270,19 @@ class BatchFeeder:
             if not await cast("Any", self.redis.hsetnx(batch_key, field, made.id)):
                 with contextlib.suppress(ApiError):  # another feeder made it first
                     await files.delete(self.redis, made.id, batch.owner)
+        final: batch_store.Status = "completed"
+        since = ("finalizing",)
         if batch.status == "cancelling":
             final, since = "cancelled", ("cancelling",)
-        else:
-            final, since = (
-                ("expired" if batch.ending == "expired" else "completed"),
-                ("finalizing",),
-            )
-        if await batch_store.move(self.redis, batch.id, final, since=since):  # type: ignore[arg-type]
+        elif batch.ending == "expired":
+            final = "expired"
+        if await batch_store.move(self.redis, batch.id, final, since=since):
             log.info("batch %s %s", batch.id, final)
+            ended = await batch_store.load(self.redis, batch.id)
+            if ended is not None:
+                await self._progress(ended)
+            self.noted.pop(batch.id, None)
+            self.state.metrics.inc(metrics.BATCHES, batch.model, final)
         await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
 
 

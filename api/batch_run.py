@@ -33,6 +33,8 @@ from api.routes.openai import _collect, error_of, error_status
 from api.state import AppState
 from api.submit import BatchBand, Submitted, submit, submit_choices, submit_embedding
 
+__all__ = ["Submitted", "collect_line", "submit_line"]
+
 
 def identity(batch: BatchObject) -> str | None:
     """Whose a batch line's requests are: the batch's owner (where a tenant would be set)."""

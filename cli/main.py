@@ -104,6 +104,9 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     parsers["tail"].add_argument(
         "--from-start", action="store_true", help="print the entries Redis still keeps first"
     )
+    from cli.batch import add_arguments as batch_arguments
+
+    batch_arguments(sub.add_parser("batch", help="run a JSONL file through the Batch API"))
     loadgen_parser = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
     if not loadgen:
         return parser
@@ -163,6 +166,12 @@ def _run_tail(args: argparse.Namespace) -> int:
     return _run_async(tail_lifecycle(settings, from_start=args.from_start))
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    from cli.batch import run_batch
+
+    return _run_async(run_batch(args))
+
+
 def _loadgen_missing() -> str | None:
     """What a server-only install (no ``loadgen`` extra) lacks to run the load
     generator, or None where it is installed."""
@@ -196,6 +205,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "loadgen": _run_loadgen,
     "tail": _run_tail,
     "autoscale": _run_autoscale,
+    "batch": _run_batch,
 }
 
 

@@ -327,7 +327,7 @@ class RequestRecord(BaseModel):
 
 
 LifecycleKind = Literal[
-    "queued", "started", "first_token", "finished", "cancelled", "failed", "scaled"
+    "queued", "started", "first_token", "finished", "cancelled", "failed", "scaled", "batch"
 ]
 
 
@@ -359,6 +359,11 @@ class Lifecycle(BaseModel):
     desired: int | None = None
     actual: int | None = None
     target: int | None = None
+    #: ``batch`` entries (the batch feeder's progress; ``request_id`` is the batch's id).
+    status: str | None = None
+    completed: int | None = None
+    failed: int | None = None
+    total: int | None = None
 
     def fields(self) -> dict[str, str]:
         return {

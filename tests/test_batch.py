@@ -3,14 +3,23 @@ output, bad input refused with nothing half-made, the completion window honoured
 
 from __future__ import annotations
 
+import io
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq.protocol import batches, keys
+from cli.batch import run_batch
+from cli.main import build_parser
+from llmq.protocol import batches, keys, scripts
+from llmq.protocol.queue import BATCH_BAND_MS
+from llmq.protocol.streams import lifecycle_entries
+from llmq.schema import Lifecycle
+from llmq.tail import format_line
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -105,9 +114,9 @@ async def test_batch_lines_run_in_a_band_below_every_interactive_priority(
 ) -> None:
     """With the only slot busy, batch lines wait in the queue (the lookahead, no more)
     behind an interactive request that arrived after them at the least urgent
-    priority, which then runs first."""
+    priority, which then runs first; they do not count toward the queue's bound."""
     await start_worker(model_tokens_per_second=100.0, concurrency=1)
-    api = await start_api(batch_lookahead=2)
+    api = await start_api(batch_lookahead=2, max_queue_depth=1)
     async with api.client() as http, api.sdk() as client:
         await wait_ready(http)
         blocker = await post_request(http, "blocker", max_tokens=150)
@@ -234,6 +243,8 @@ async def test_a_batch_past_its_window_expires_with_its_partial_output(
         )
         errors = by_custom_id((await client.files.content(done.error_file_id)).text)
     assert done.status == "expired" and done.expired_at and done.finalizing_at
+    for line in output.values():  # what the window stopped is not an answer
+        assert line["response"]["body"]["choices"][0]["finish_reason"] == "length"
     assert 1 <= len(output) < 8
     assert len(output) + len(errors) == 8
     assert {e["error"]["code"] for e in errors.values()} == {"batch_expired"}
@@ -264,6 +275,8 @@ async def test_cancel_stops_the_lines_in_flight_and_keeps_the_finished_ones(
         errors = by_custom_id((await client.files.content(done.error_file_id)).text)
     assert cancelling.status in ("cancelling", "cancelled")
     assert done.status == "cancelled" and done.cancelled_at and done.cancelling_at
+    for line in output.values():
+        assert line["response"]["body"]["choices"][0]["finish_reason"] == "length"
     assert len(output) >= 2 and len(output) + len(errors) == 10
     assert {e["error"]["code"] for e in errors.values()} == {"batch_cancelled"}
     assert await redis.zcard(keys.queue("mock")) == 0
@@ -281,3 +294,146 @@ async def test_a_line_result_is_recorded_once_whoever_collects_it_again(redis: R
     assert not await redis.exists(keys.batch_errors("b1"))
     assert await redis.hget(keys.batch("b1"), "completed") == "1"  # type: ignore[misc]
     assert await redis.hget(keys.batch("b1"), "failed") is None  # type: ignore[misc]
+
+
+async def test_a_live_request_takes_the_slot_of_a_long_batch_line_which_resumes_exactly(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """One slot, running a batch line of 600 tokens at 100 tokens/s: a live request
+    that arrives meanwhile finishes before the line, which yields its slot at a token
+    and resumes from where it stopped, its output equal to the request run alone."""
+    await start_worker(model_tokens_per_second=100.0, concurrency=1)
+    api = await start_api(batch_lookahead=0)
+    line = chat_line("long", "a long line", max_tokens=600)
+    async with api.client() as http, api.sdk() as client:
+        await wait_ready(http)
+        uploaded = await client.files.create(file=("in.jsonl", jsonl([line])), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        async def line_running() -> bool:
+            return int(await redis.zcard(keys.running("mock"))) == 1
+
+        await wait_until(line_running, timeout=10, what="the batch line to run")
+        live = await post_request(http, "live", max_tokens=3)
+        live_done = await wait_status(http, live, "done", timeout=60)
+        done = (await finished(client, batch.id))[-1]
+        output = by_custom_id((await client.files.content(done.output_file_id)).text)
+        rid = output["long"]["response"]["request_id"]
+        line_record = await record(http, rid)
+        alone = await client.chat.completions.create(**line["body"])
+    assert live_done["finished_at"] < line_record["finished_at"]
+    assert line_record["attempts"] == 2, "the line did not yield"
+    body = output["long"]["response"]["body"]
+    assert body["choices"][0]["message"]["content"] == alone.choices[0].message.content
+    assert body["usage"]["completion_tokens"] == 600
+
+
+def test_the_scripts_batch_band_is_the_protocols() -> None:
+    band = re.search(r"local BATCH_BAND_MS = '(\d+)'", scripts.source("enqueue"))
+    assert band is not None and int(band[1]) == BATCH_BAND_MS
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "alone"),
+    [
+        (
+            "/v1/completions",
+            {"model": "mock", "prompt": ["one two", "three"], "n": 2, "max_tokens": 4, "seed": 5},
+            "completions",
+        ),
+        ("/v1/embeddings", {"model": "mock", "input": ["a text", "another"]}, "embeddings"),
+        (
+            "/v1/responses",
+            {"model": "mock", "input": "hello there", "max_output_tokens": 5, "seed": 2},
+            "responses",
+        ),
+    ],
+)
+async def test_each_endpoint_answers_a_line_as_its_live_route_does(
+    stack: RunningApi, endpoint: str, body: dict[str, Any], alone: str
+) -> None:
+    line = {"custom_id": "only", "method": "POST", "url": endpoint, "body": body}
+    async with stack.sdk() as client:
+        uploaded = await client.files.create(file=("in.jsonl", jsonl([line])), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+        done = (await finished(client, batch.id))[-1]
+        output = by_custom_id((await client.files.content(done.output_file_id)).text)
+        extra = {k: body[k] for k in ("seed",) if alone == "responses"}
+        known = {k: v for k, v in body.items() if k not in extra}
+        live = await getattr(client, alone).create(**known, extra_body=extra or None)
+    got = output["only"]["response"]
+    assert got["status_code"] == 200
+    if alone == "responses":  # its ids are the request's
+        assert got["body"]["output"][0]["content"][0]["text"] == live.output_text
+        assert got["body"]["usage"]["output_tokens"] == live.usage.output_tokens == 5
+        return
+    answer = type(live).model_validate(got["body"])
+    volatile = {"id", "created"}
+    assert answer.model_dump(exclude=volatile) == live.model_dump(exclude=volatile)
+
+
+async def test_batch_counters_are_in_the_metrics(stack: RunningApi) -> None:
+    lines = [chat_line(f"l{i}", f"q {i}") for i in range(3)]
+    async with stack.sdk() as client:
+        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await finished(client, batch.id)
+    async with stack.client() as http:
+
+        async def counted() -> bool:
+            text = (await http.get("/metrics")).text
+            return (
+                'llmq_batch_lines_total{model="mock",outcome="completed"} 3.0' in text
+                and 'llmq_batches_total{model="mock",status="completed"} 1.0' in text
+            )
+
+        await wait_until(counted, timeout=10, what="the batch counters")
+
+
+async def test_a_batch_s_progress_is_in_the_lifecycle_stream(
+    stack: RunningApi, redis: Redis
+) -> None:
+    lines = [chat_line(f"l{i}", f"q {i}") for i in range(3)]
+    async with stack.sdk() as client:
+        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await finished(client, batch.id)
+    notes = [
+        Lifecycle.model_validate_json(fields["data"])
+        for _, fields in await lifecycle_entries(redis)
+        if fields["event"] == "batch"
+    ]
+    assert {n.request_id for n in notes} == {batch.id}
+    assert notes[-1].status == "completed" and notes[-1].completed == 3 and notes[-1].total == 3
+    done = [n.completed or 0 for n in notes]
+    assert done == sorted(done)
+    assert "status=completed completed=3 failed=0 total=3" in format_line(notes[-1])
+
+
+async def test_llmq_batch_submits_a_file_shows_progress_and_writes_the_output(
+    stack: RunningApi, tmp_path: Path
+) -> None:
+    lines = [chat_line(f"l{i}", f"q {i}") for i in range(4)]
+    lines.append({**chat_line("bad", "x"), "body": {"model": "mock", "messages": [], "n": 0}})
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl(lines[:4]))
+    out = tmp_path / "out.jsonl"
+    err = io.StringIO()
+    flags = ["--endpoint", "/v1/chat/completions", "-o", str(out), "--url", stack.url]
+    args = build_parser().parse_args(["batch", str(source), *flags, "--poll-seconds", "0.05"])
+    assert await run_batch(args, err) == 0
+    assert sorted(by_custom_id(out.read_text())) == ["l0", "l1", "l2", "l3"]
+    assert f"[{'#' * 30}] 4/4 completed" in err.getvalue()
+    source.write_bytes(jsonl(lines))
+    assert await run_batch(args, err) == 2
+    assert "line 5: invalid_request" in err.getvalue()

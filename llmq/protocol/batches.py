@@ -67,3 +67,36 @@ async def room(redis: Redis, model: str, lookahead: int) -> int:
         head: Any = as_str(term).split("|", 1)[0]
         free += int(head) if head.isdigit() else 0
     return max(0, free + lookahead - int(batch_waiting))
+
+
+#: How long a worker's claim to give a slot to one live request holds: until that
+#: request is claimed by the slot freed for it.
+YIELD_CLAIM_MS = 2000
+
+
+async def yield_for(redis: Redis, model: str, worker_id: str, most: int) -> int:
+    """How many of its batch lines a full worker should hand back now: one per live
+    request waiting in ``model``'s queue that no other worker yields for already
+    (``SET NX`` of :func:`keys.batch_yield`), at most ``most``."""
+    if most <= 0:
+        return 0
+    live = await redis.zrangebyscore(
+        keys.queue(model), "-inf", f"({BATCH_BAND_MS}", start=0, num=most
+    )
+    won = 0
+    for rid in live:
+        claimed = await redis.set(
+            keys.batch_yield(as_str(rid), model), worker_id, nx=True, px=YIELD_CLAIM_MS
+        )
+        won += 1 if claimed else 0
+    return won
+
+
+async def note_yield(redis: Redis, request_id: str) -> None:
+    """Count a batch line's yield in its record: a yield is a run, not a failure."""
+    await redis.hincrby(keys.request(request_id), "yields", 1)  # type: ignore[misc]
+
+
+async def yields(redis: Redis, request_id: str) -> int:
+    raw = await redis.hget(keys.request(request_id), "yields")  # type: ignore[misc]
+    return 0 if raw is None else int(raw)

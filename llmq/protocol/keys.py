@@ -198,6 +198,12 @@ def routing_stats(model: str) -> str:
     return _in_model("routing", model)
 
 
+def batch_yield(request_id: str, model: str) -> str:
+    """A full worker's claim to hand back a batch line for the live request
+    ``request_id`` (PX TTL), so that one live request frees one slot, not one per worker."""
+    return f"{_in_model('batch-yield', model)}:{request_id}"
+
+
 def cancel_flag_prefix(model: str) -> str:
     return _in_model("cancelled", model) + ":"
 
