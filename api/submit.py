@@ -21,11 +21,13 @@ from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
+from api.flow import check_priority_ceiling, give_back_refused, shed, take_quota
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
 from llmq.protocol.queue import Enqueue
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
+from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,7 @@ def _plan(
     attach: bool,
     messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
+    tenant: Tenant | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -126,6 +129,7 @@ def _plan(
         queue_deadline=now + common.queue_timeout,
         generation_timeout=common.generation_timeout,
         messages=messages,
+        tenant=None if tenant is None else tenant.name,
     )
     call = Enqueue.of(
         payload,
@@ -271,6 +275,7 @@ async def submit(
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
     owner: str | None = None,
+    tenant: Tenant | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     session: str | None = None,
@@ -295,6 +300,7 @@ async def submit(
         max_tokens_param=max_tokens_param,
         prompt_param=prompt_param,
         owner=owner,
+        tenant=tenant,
         attach=attach,
         extras=extras,
         session=session,
@@ -311,6 +317,7 @@ async def submit_choices(
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
     owner: str | None = None,
+    tenant: Tenant | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     messages: tuple[dict[str, Any], ...] | None = None,
@@ -335,6 +342,7 @@ async def submit_choices(
         for i, p in enumerate(prompts)
     ]
     common = await _validate(state, params, max_tokens, max_tokens_param, extras)
+    check_priority_ceiling(tenant, common.priority)
     now = time.time()
     n = params.choices
     calls: list[Enqueue] = []
@@ -343,10 +351,12 @@ async def submit_choices(
         for k in range(n):
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
-            call, sub = _plan(state, params, choice, common, now, owner, attach, messages, session)
+            call, sub = _plan(
+                state, params, choice, common, now, owner, attach, messages, session, tenant
+            )
             calls.append(call)
             subs.append(sub)
-    await _admit(state, calls, params.model, [sub.id for sub in subs])
+    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant)
     for sub in subs:
         prompt = prompts[sub.prompt_index]
         log.info(
@@ -363,11 +373,18 @@ async def submit_choices(
     return subs
 
 
-async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[str]) -> None:
-    """Enqueue ``calls`` all or none; 429 if the queue has no room for them all."""
+async def _admit(
+    state: AppState, calls: list[Enqueue], model: str, rids: list[str], tenant: Tenant | None
+) -> None:
+    """Enqueue ``calls`` all or none; 429 if the expected wait is too long
+    (:func:`api.flow.shed`), the tenant's quota is spent (:func:`api.flow.take_quota`)
+    or the queue has no room for them all."""
     settings = state.settings
+    await shed(state, calls)
+    await take_quota(state, tenant, calls)
     accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
     if not accepted:
+        await give_back_refused(state, tenant, calls)
         state.metrics.inc(metrics.REQUESTS, model, "rejected")
         limit = settings.max_queue_depth
         why = (
@@ -385,7 +402,11 @@ async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[s
 
 
 async def submit_embedding(
-    state: AppState, body: EmbeddingRequest, texts: list[str], owner: str | None
+    state: AppState,
+    body: EmbeddingRequest,
+    texts: list[str],
+    owner: str | None,
+    tenant: Tenant | None = None,
 ) -> Submitted:
     """Validate and enqueue an embedding request: one job for all its inputs, which a
     worker that declares ``embeddings`` runs; attached to this process, like an
@@ -411,6 +432,7 @@ async def submit_embedding(
     )
     priority = body.priority or 0
     _check_priority(state, priority)
+    check_priority_ceiling(tenant, priority)
     queue_timeout = _timeout(body.queue_timeout, settings.queue_timeout_seconds, "queue_timeout")
     await _check_model(state, body.model)
     await _check_declared(state, body.model, [("embeddings", "input")])
@@ -426,6 +448,7 @@ async def submit_embedding(
         queue_deadline=now + queue_timeout,
         generation_timeout=settings.generation_timeout_seconds,
         embed=EmbedTask(inputs=tuple(texts), dimensions=body.dimensions, seed=body.seed or 0),
+        tenant=None if tenant is None else tenant.name,
     )
     call = Enqueue.of(
         payload,
@@ -433,7 +456,7 @@ async def submit_embedding(
         owner=owner,
         attach_to=state.process_id,
     )
-    await _admit(state, [call], body.model, [rid])
+    await _admit(state, [call], body.model, [rid], tenant)
     log.info(
         "accepted embedding request %s (model %s, %d inputs, %d tokens)",
         rid,

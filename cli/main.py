@@ -1,4 +1,5 @@
-"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``autoscale``, ``loadgen``.
+"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``autoscale``, ``loadgen``,
+``tenant``, ``key``.
 
 Every settings field of a subcommand's settings class is also a flag
 (``redis_url`` -> ``--redis-url``), and every flag is also an ``LLMQ_*``
@@ -86,6 +87,8 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
         "run": "run the whole stack locally: Redis, one API process, N workers",
         "tail": "follow the lifecycle stream (queued, started, first token, finished...)",
         "autoscale": "decide and publish how many workers each model needs (for KEDA/HPA)",
+        "tenant": "create, list, change or delete tenants (weights and limits)",
+        "key": "create, list or revoke tenants' API keys",
     }
     parsers = {}
     for name, cls in SETTINGS.items():
@@ -95,6 +98,12 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     parsers["tail"].add_argument(
         "--from-start", action="store_true", help="print the entries Redis still keeps first"
     )
+    from cli.tenants import add_arguments as add_tenant_arguments
+
+    for name in ("tenant", "key"):
+        parsers[name] = sub.add_parser(name, help=helps[name])
+        _add_settings_flags(parsers[name], CommonSettings)
+    add_tenant_arguments(parsers["tenant"], parsers["key"])
     loadgen_parser = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
     if not loadgen:
         return parser
@@ -152,6 +161,12 @@ def _run_tail(args: argparse.Namespace) -> int:
     return _run_async(tail_lifecycle(settings, from_start=args.from_start))
 
 
+def _run_tenants(args: argparse.Namespace) -> int:
+    from cli.tenants import run
+
+    return _run_async(run(build_settings(CommonSettings, args), args))
+
+
 def _loadgen_missing() -> str | None:
     """What a server-only install (no ``loadgen`` extra) lacks to run the load
     generator, or None where it is installed."""
@@ -185,6 +200,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "loadgen": _run_loadgen,
     "tail": _run_tail,
     "autoscale": _run_autoscale,
+    "tenant": _run_tenants,
+    "key": _run_tenants,
 }
 
 

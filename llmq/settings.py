@@ -154,6 +154,30 @@ class ApiSettings(CommonSettings):
         description="Comma-separated API keys; empty: no auth. With keys, a request is "
         "visible only with the key that created it.",
     )
+    tenant_keys: bool = Field(
+        False,
+        description="Keys made with `llmq key create` authenticate requests, each for its "
+        "tenant (auth is on even if LLMQ_API_KEYS is empty).",
+    )
+    default_tenant: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The tenant of LLMQ_API_KEYS keys and of requests that name none.",
+    )
+    tenant_header: str = Field(
+        "",
+        description="Without auth: the request header that names the tenant, set by a trusted "
+        "gateway in front (e.g. X-Tenant); empty: every request is the default tenant's.",
+    )
+    tenants_file: str = Field(
+        "", description="A TOML file of tenants (and key digests) written into Redis at start."
+    )
+    shed_wait_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Refuse (429) a request whose expected queue wait exceeds this (or its "
+        "queue timeout); 0: no shedding by expected wait.",
+    )
     max_body_bytes: int = Field(
         1_048_576, ge=1024, description="Largest accepted request body, in bytes."
     )

@@ -811,6 +811,7 @@ class RequestRunner:
                 ts=time.time(),
                 worker=self.worker_id,
                 priority=payload.priority,
+                tenant=payload.tenant,
                 **fields,
             )
         )

@@ -34,6 +34,7 @@ from llmq import metrics
 from llmq.protocol import codec, keys
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
+from llmq.protocol.quota import Quota
 from llmq.protocol.routing import FIFO, Routing
 from llmq.protocol.scripts import Call, run_pipelined, scripts_for
 from llmq.protocol.streams import (
@@ -98,6 +99,7 @@ class Enqueue:
             created_at=payload.enqueued_at,
             prompt_tokens=payload.prompt_tokens,
             owner=owner,
+            tenant=payload.tenant,
         )
         return cls(
             request_id=payload.request_id,
@@ -113,6 +115,7 @@ class Enqueue:
                 model=payload.model,
                 ts=payload.enqueued_at,
                 priority=payload.priority,
+                tenant=payload.tenant,
                 prompt_tokens=payload.prompt_tokens,
             ),
             attach_to=attach_to,
@@ -145,6 +148,7 @@ class Queue:
         self.stream_maxlen = stream_maxlen
         self.ttl = ttl_seconds
         self.scripts = scripts_for(redis)
+        self.quota = Quota(redis)
         #: Models this process queued requests for: swept even if ``keys.MODELS`` is lost.
         self.models: set[str] = set()
 
@@ -422,14 +426,34 @@ class Queue:
             keys.in_progress(request_id, model),
         ]
 
+        served = keys.served(model, int(time.time()) // keys.SERVED_PERIOD_SECONDS)
+
         def delete(pipe: Pipeline) -> None:
             pipe.delete(*names)
+            pipe.incr(served)
+            pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
 
         if attempt is None:
             await self.redis.delete(*names)
-            return
-        calls = [self._release_call(model, request_id, attempt)]
-        await run_pipelined(self.redis, self.scripts.release, calls, delete)
+        else:
+            calls = [self._release_call(model, request_id, attempt)]
+            await run_pipelined(self.redis, self.scripts.release, calls, delete)
+        await self.give_back_quota([request_id])
+
+    async def give_back_quota(self, request_ids: list[str], *, unstarted: bool = False) -> None:
+        """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`):
+        their places at once, and the tokens reserved but not used (prompt + completion,
+        as their records say; nothing of a request that ended without starting). Read
+        from their records, so it holds whichever process ends them."""
+        read = self.redis.pipeline(transaction=False)
+        for rid in request_ids:
+            read.hmget(keys.request(rid), ["tenant", "prompt_tokens", "completion_tokens"])
+        for rid, (tenant, prompt, completion) in zip(
+            request_ids, await read.execute(), strict=True
+        ):
+            if tenant:
+                used = 0 if unstarted else int(prompt or 0) + int(completion or 0)
+                await self.quota.give_back(as_str(tenant), rid, used)
 
     async def renew(
         self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""
@@ -634,3 +658,4 @@ class Queue:
             )
             add_lifecycle(write, note, maxlen=self.lifecycle_maxlen)
         await write.execute()
+        await self.give_back_quota(request_ids, unstarted=True)

@@ -59,6 +59,8 @@ NAMES = (
     "fence",
     "route_beat",
     "metrics_flush",
+    "quota_take",
+    "quota_return",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -106,6 +108,8 @@ class Scripts:
     fence: AsyncScript
     route_beat: AsyncScript
     metrics_flush: AsyncScript
+    quota_take: AsyncScript
+    quota_return: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()
