@@ -735,6 +735,58 @@ MUTANTS: tuple[Mutant, ...] = (
         "prompt_tokens = len(prompt.split())",
         ("tests/test_declaration.py",),
     ),
+    Mutant(
+        "quota-all-or-none",
+        "a tenant's tokens per minute hold across API processes (one atomic take)",
+        "llmq/protocol/lua/quota_take.lua",
+        "elseif tpm > 0 and tok_level < tokens then",
+        "elseif false then",
+        (
+            "tests/test_quota.py::test_a_take_is_all_or_none_and_a_return_counts_once",
+            "tests/test_quota.py::test_unused_tokens_come_back_when_a_request_ends",
+        ),
+    ),
+    Mutant(
+        "quota-return",
+        "what a request did not use, and its place at once, come back when it ends",
+        "llmq/protocol/queue.py",
+        "        await self.give_back_quota([request_id])\n",
+        "",
+        (
+            "tests/test_quota.py::test_unused_tokens_come_back_when_a_request_ends",
+            "tests/test_quota.py::test_a_killed_api_process_leaks_no_places",
+        ),
+    ),
+    Mutant(
+        "quota-429",
+        "a request over its tenant's limit gets 429 rate_limit_exceeded",
+        "api/flow.py",
+        "    if verdict.taken:\n        return\n",
+        "    if True:\n        return\n",
+        (
+            "tests/test_quota.py::test_over_the_limit_is_openais_429",
+            "tests/test_quota.py::test_processes_share_one_quota",
+        ),
+    ),
+    Mutant(
+        "revoked-key",
+        "a revoked key is refused within 0.5 s and its stream ends",
+        "api/tenancy.py",
+        "if hit is not None and hit[0] > time.monotonic():",
+        "if hit is not None:",
+        (
+            "tests/test_tenants.py::test_a_key_is_its_tenants_until_revoked",
+            "tests/test_tenants.py::test_a_revoked_key_ends_its_stream",
+        ),
+    ),
+    Mutant(
+        "priority-ceiling",
+        "a request may not ask for a priority above its tenant's ceiling",
+        "api/flow.py",
+        "priority < tenant.min_priority:",
+        "priority < tenant.min_priority - 1000:",
+        ("tests/test_tenants.py::test_a_key_is_its_tenants_until_revoked",),
+    ),
 )
 
 
