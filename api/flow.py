@@ -22,6 +22,7 @@ from typing import cast
 
 from api.errors import InvalidRequest, Overloaded
 from api.state import AppState
+from llmq import metrics
 from llmq.protocol import keys
 from llmq.protocol.queue import Enqueue
 from llmq.protocol.quota import Limits, Verdict
@@ -56,6 +57,13 @@ def rate_headers(v: Verdict) -> dict[str, str]:
         out["x-ratelimit-remaining-tokens"] = str(v.remaining_tokens)
         out["x-ratelimit-reset-tokens"] = duration(v.reset_tokens_ms)
     return out
+
+
+async def count(state: AppState, tenant: Tenant | None, outcome: str) -> None:
+    """One request's outcome at admission, in ``llmq_tenant_requests_total``."""
+    if tenant is not None:
+        label = await state.tenancy.labels.label(tenant.name)
+        state.metrics.inc(metrics.TENANT_REQUESTS, label, outcome)
 
 
 def check_priority_ceiling(tenant: Tenant | None, priority: int) -> None:
@@ -99,6 +107,7 @@ async def take_quota(state: AppState, tenant: Tenant | None, calls: list[Enqueue
         "tokens": f"{limits.tokens_per_minute} tokens per minute",
         "concurrent": f"{limits.max_concurrent} requests at once",
     }[verdict.which]
+    await count(state, tenant, "rate_limited")
     headers = rate_headers(verdict)
     headers["Retry-After"] = str(max(1, math.ceil(verdict.retry_ms / 1000)))
     headers["retry-after-ms"] = str(max(verdict.retry_ms, 1))
@@ -118,7 +127,7 @@ async def give_back_refused(state: AppState, tenant: Tenant | None, calls: list[
         await state.queue.quota.give_back(tenant.name, c.request_id, 0)
 
 
-async def shed(state: AppState, calls: list[Enqueue]) -> None:
+async def shed(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> None:
     """429 ``wait_too_long`` if the expected queue wait exceeds the bound."""
     bound_s = state.settings.shed_wait_seconds
     if not bound_s:
@@ -137,6 +146,7 @@ async def shed(state: AppState, calls: list[Enqueue]) -> None:
     wait_ms = ahead / rate * 1000
     if wait_ms <= bound_ms:
         return
+    await count(state, tenant, "shed")
     retry_s = max(1, math.ceil((wait_ms - bound_ms) / 1000))
     raise Overloaded(
         f"the expected wait in the queue of model '{first.model}' is {wait_ms / 1000:.1f} s, "

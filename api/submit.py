@@ -21,7 +21,7 @@ from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
-from api.flow import check_priority_ceiling, give_back_refused, shed, take_quota
+from api.flow import check_priority_ceiling, count, give_back_refused, shed, take_quota
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
@@ -380,7 +380,7 @@ async def _admit(
     (:func:`api.flow.shed`), the tenant's quota is spent (:func:`api.flow.take_quota`)
     or the queue has no room for them all."""
     settings = state.settings
-    await shed(state, calls)
+    await shed(state, tenant, calls)
     await take_quota(state, tenant, calls)
     accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
     if not accepted:
@@ -397,6 +397,7 @@ async def _admit(
             code="queue_full",
             headers={"Retry-After": "1"},
         )
+    await count(state, tenant, "accepted")
     if settings.enqueue_min_replicas:
         await _replicated(state, rids, model)
 

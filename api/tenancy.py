@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Generic, TypeVar
 
-from llmq.tenants import Tenant, TenantStore
+from llmq.tenants import Tenant, TenantLabels, TenantStore
 
 T = TypeVar("T")
 
@@ -55,6 +55,8 @@ class Tenancy:
         self.default = default
         self._keys: _Cache[str | None] = _Cache()
         self._tenants: _Cache[Tenant | None] = _Cache()
+        #: The tenants' metric labels (bounded).
+        self.labels = TenantLabels(store.redis, default)
 
     async def key_tenant(self, key_digest: str) -> str | None:
         """The tenant of the key with this digest, None when there is no such key."""

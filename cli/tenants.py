@@ -2,9 +2,10 @@
 
 ``llmq tenant create NAME [--weight W] [--tokens-per-minute N] [--requests-per-minute N]
 [--max-concurrent N] [--min-priority P]``, ``tenant set NAME ...``, ``tenant list``,
-``tenant delete NAME`` (revokes its keys), ``tenant load FILE`` (a TOML tenants file);
-``llmq key create --tenant NAME`` (prints the key, once), ``key list``, ``key revoke
-ID``, ``key digest KEY`` (what a tenants file lists). Errors go to stderr, exit 2.
+``tenant delete NAME`` (revokes its keys), ``tenant stats``, ``tenant load FILE`` (a
+TOML tenants file); ``llmq key create --tenant NAME`` (prints the key, once), ``key
+list``, ``key revoke ID``, ``key digest KEY`` (what a tenants file lists). Errors go to
+stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -12,11 +13,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
+from llmq import metrics
 from llmq.connection import connect
+from llmq.metrics import field as metric_field
+from llmq.protocol import keys
 from llmq.settings import CommonSettings
-from llmq.tenants import TenantError, TenantStore, digest, key_id, load_file, parse_tenant
+from llmq.tenants import (
+    TenantError,
+    TenantStore,
+    digest,
+    key_id,
+    load_file,
+    parse_tenant,
+    text,
+)
+
+#: The outcomes of ``llmq_tenant_requests_total``, in the order ``tenant stats`` shows them.
+OUTCOMES = ("accepted", "rate_limited", "shed")
 
 #: The tenant flags: (flag, field, type).
 FIELDS = (
@@ -36,6 +51,9 @@ def add_arguments(tenant: argparse.ArgumentParser, key: argparse.ArgumentParser)
         for flag, field, kind in FIELDS:
             p.add_argument(flag, dest=field, type=kind, default=None)
     verbs.add_parser("list", help="list tenants")
+    verbs.add_parser(
+        "stats", help="each tenant's requests at once (queued, running), tokens, throttled"
+    )
     verbs.add_parser("delete", help="delete a tenant and revoke its keys").add_argument("name")
     verbs.add_parser("load", help="write the tenants of a TOML file").add_argument("file")
     kverbs = key.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -70,11 +88,37 @@ async def _tenant(store: TenantStore, args: argparse.Namespace) -> None:
             shown = [x or "-" for x in limits]
             floor = "-" if t.min_priority is None else t.min_priority
             print(_row([t.name, f"{t.weight:g}", *shown, floor]))
+    elif args.verb == "stats":
+        await _stats(store)
     elif args.verb == "delete":
         revoked = await store.delete(args.name)
         print(f"tenant {args.name} deleted ({revoked} key(s) revoked)")
     elif args.verb == "load":
         print(f"{await load_file(store, args.file)} tenant(s) written from {args.file}")
+
+
+async def _stats(store: TenantStore) -> None:
+    """Per tenant: its requests at once by status (tracked for tenants with limits), and
+    the totals of ``llmq_tenant_tokens_total`` and ``llmq_tenant_requests_total``."""
+    redis = store.redis
+    print(_row(["TENANT", "QUEUED", "RUNNING", "TOKENS", "ACCEPTED", "RATE_LIMITED", "SHED"]))
+    names = sorted({"default", *await store.names()})
+    for name in names:
+        held = await cast("Any", redis.zrange(keys.quota_keys(name)[2], 0, -1))
+        statuses = [
+            await cast("Any", redis.hget(keys.request(text(rid)), "status")) for rid in held
+        ]
+        queued = sum(1 for s in statuses if s and text(s) == "queued")
+        running = sum(1 for s in statuses if s and text(s) == "running")
+        totals = [
+            await cast("Any", redis.hget(keys.metric(family.name), metric_field("", labels)))
+            for family, labels in (
+                (metrics.TENANT_TOKENS, (name,)),
+                *((metrics.TENANT_REQUESTS, (name, o)) for o in OUTCOMES),
+            )
+        ]
+        shown = [int(float(text(t))) if t is not None else 0 for t in totals]
+        print(_row([name, queued, running, *shown]))
 
 
 async def _key(store: TenantStore, args: argparse.Namespace) -> None:

@@ -152,6 +152,18 @@ AUTOSCALER_ACTIONS = Counter(
     ("model", "direction", "reason"),
 )
 
+TENANT_REQUESTS = Counter(
+    "llmq_tenant_requests",
+    "Requests at admission by tenant and outcome: accepted, rate_limited (its quota), "
+    "shed (expected wait) (tenants beyond the first 20 by name: tenant=other).",
+    ("tenant", "outcome"),
+)
+TENANT_TOKENS = Counter(
+    "llmq_tenant_tokens",
+    "Prompt + completion tokens of the tenant's requests that ended (tenant as above).",
+    ("tenant",),
+)
+
 HISTOGRAMS: tuple[Histogram, ...] = (
     TTFT,
     E2E,
@@ -171,6 +183,8 @@ COUNTERS: tuple[Counter, ...] = (
     PREFIX_CACHE_HITS,
     LEASE_LOST_TOKENS,
     AUTOSCALER_ACTIONS,
+    TENANT_REQUESTS,
+    TENANT_TOKENS,
 )
 Family = Histogram | Counter
 _ALL: tuple[Family, ...] = (*HISTOGRAMS, *COUNTERS)

@@ -30,6 +30,14 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 KEY_PREFIX = "sk-llmq-"
 
 
+#: Tenants named in metric labels (the first by name, and the default); the rest are
+#: counted together as ``other``, so that a label set stays bounded.
+LABELED_TENANTS = 20
+
+#: How often a process rereads which tenants are named in labels.
+LABELS_REFRESH_SECONDS = 10.0
+
+
 class TenantError(ValueError):
     """A tenant or key operation refused: unknown name, bad value, duplicate."""
 
@@ -63,7 +71,7 @@ class KeyEntry(BaseModel):
     hint: str
 
 
-def _text(value: bytes | str) -> str:
+def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -98,7 +106,7 @@ class TenantStore:
         return None if raw is None else Tenant.model_validate_json(raw)
 
     async def names(self) -> list[str]:
-        return sorted(_text(n) for n in await cast("Any", self.redis.smembers(keys.TENANTS)))
+        return sorted(text(n) for n in await cast("Any", self.redis.smembers(keys.TENANTS)))
 
     async def all(self) -> list[Tenant]:
         found = [await self.get(n) for n in await self.names()]
@@ -151,7 +159,7 @@ class TenantStore:
 
     async def keys(self) -> list[tuple[str, KeyEntry]]:
         raw = await cast("Any", self.redis.hgetall(keys.API_KEYS))
-        entries = [(_text(d), KeyEntry.model_validate_json(v)) for d, v in raw.items()]
+        entries = [(text(d), KeyEntry.model_validate_json(v)) for d, v in raw.items()]
         return sorted(entries, key=lambda e: (e[1].tenant, e[1].created_at))
 
     async def key_tenant(self, key_digest: str) -> str | None:
@@ -210,3 +218,22 @@ async def load_file(store: TenantStore, path: str | Path) -> int:
     for name, key_digest in digests:
         await store.add_key(name, key_digest, hint="(file)")
     return len(tenants)
+
+
+class TenantLabels:
+    """A tenant's metric label: its name for the first :data:`LABELED_TENANTS` tenants
+    by name (and ``default``), else ``other``; the names reread every
+    :data:`LABELS_REFRESH_SECONDS`."""
+
+    def __init__(self, redis: Redis, default: str = "default") -> None:
+        self.redis = redis
+        self.named = frozenset({default})
+        self.default = default
+        self._read_at = -LABELS_REFRESH_SECONDS
+
+    async def label(self, name: str) -> str:
+        if time.monotonic() - self._read_at > LABELS_REFRESH_SECONDS:
+            self._read_at = time.monotonic()
+            names = sorted(text(n) for n in await cast("Any", self.redis.smembers(keys.TENANTS)))
+            self.named = frozenset({self.default, *names[:LABELED_TENANTS]})
+        return name if name in self.named else "other"

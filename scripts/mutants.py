@@ -787,6 +787,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "priority < tenant.min_priority - 1000:",
         ("tests/test_tenants.py::test_a_key_is_its_tenants_until_revoked",),
     ),
+    Mutant(
+        "shed-by-wait",
+        "a request expected to wait longer than LLMQ_SHED_WAIT_SECONDS gets 429 at once",
+        "api/flow.py",
+        "    if wait_ms <= bound_ms:\n        return\n",
+        "    if True:\n        return\n",
+        ("tests/test_shedding.py::test_a_request_that_would_wait_too_long_is_refused_at_once",),
+    ),
 )
 
 

@@ -22,6 +22,7 @@ from tests.support.native import wait_ready
 from tests.support.processes import Proc, children_of, clean_env, reap
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
+from tests.test_tenants import llmq
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,6 +100,17 @@ async def test_over_the_limit_is_openais_429(
     assert h["x-ratelimit-reset-requests"].endswith("s")
     assert 1 <= int(h["retry-after"]) <= 31 and h["x-should-retry"] == "true"
     assert "x-ratelimit-limit-tokens" not in h  # no token limit
+
+    async def counted() -> bool:
+        async with api.client() as client:
+            text = (await client.get("/metrics")).text
+        return 'llmq_tenant_requests_total{outcome="rate_limited",tenant="default"} 1.0' in text
+
+    await wait_until(counted, timeout=10, what="the refusal in /metrics")
+    code, out, _ = await llmq(api.settings.redis_url, "tenant", "stats")
+    row = next(line.split() for line in out.splitlines() if line.startswith("default "))
+    assert code == 0 and row[-3:] == ["2", "1", "0"]  # accepted, rate limited, shed
+    assert int(row[3]) > 0  # tokens of the requests that ended
 
 
 async def test_unused_tokens_come_back_when_a_request_ends(

@@ -45,6 +45,7 @@ from llmq.protocol.streams import (
     unstarted_end,
 )
 from llmq.schema import JobPayload, Lifecycle, RequestRecord
+from llmq.tenants import TenantLabels
 
 
 def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
@@ -149,6 +150,7 @@ class Queue:
         self.ttl = ttl_seconds
         self.scripts = scripts_for(redis)
         self.quota = Quota(redis)
+        self.tenant_labels = TenantLabels(redis)
         #: Models this process queued requests for: swept even if ``keys.MODELS`` is lost.
         self.models: set[str] = set()
 
@@ -452,8 +454,12 @@ class Queue:
             request_ids, await read.execute(), strict=True
         ):
             if tenant:
+                name = as_str(tenant)
                 used = 0 if unstarted else int(prompt or 0) + int(completion or 0)
-                await self.quota.give_back(as_str(tenant), rid, used)
+                await self.quota.give_back(name, rid, used)
+                if self.tally is not None and used:
+                    label = await self.tenant_labels.label(name)
+                    self.tally.inc(metrics.TENANT_TOKENS, label, amount=used)
 
     async def renew(
         self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""
