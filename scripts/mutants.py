@@ -795,6 +795,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if True:\n        return\n",
         ("tests/test_shedding.py::test_a_request_that_would_wait_too_long_is_refused_at_once",),
     ),
+    Mutant(
+        "script-slots-order",
+        "a script's KEYS and ARGV builder names its slots in the script's order",
+        "llmq/protocol/slots.py",
+        "    lease_ms: int\n    in_progress_prefix: str\n    in_progress_ms: int\n",
+        "    in_progress_prefix: str\n    lease_ms: int\n    in_progress_ms: int\n",
+        ("tests/test_slots.py",),
+    ),
 )
 
 

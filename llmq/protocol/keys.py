@@ -112,12 +112,15 @@ def tenant(name: str) -> str:
     return _in_tenant("tenant", name)
 
 
-def quota_keys(tenant: str) -> list[str]:
+def quota_keys(tenant: str) -> tuple[str, str, str, str]:
     """KEYS of the quota scripts (``quota_take.lua``, ``quota_return.lua``): the
     tenant's token bucket and request bucket (hashes ``level``, ``ms``), its requests
     at once (sorted set of request ids, scored by when the hold lapses, ms) and its
     reservations (hash of request id -> tokens reserved)."""
-    return [_in_tenant(n, tenant) for n in ("tpm", "rpm", "inflight", "reserved")]
+    tpm, rpm, inflight, reserved = (
+        _in_tenant(n, tenant) for n in ("tpm", "rpm", "inflight", "reserved")
+    )
+    return tpm, rpm, inflight, reserved
 
 
 # --- the model slot ---------------------------------------------------------------

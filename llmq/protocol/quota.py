@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from llmq.protocol import keys
 from llmq.protocol.codec import as_str
 from llmq.protocol.scripts import scripts_for
+from llmq.protocol.slots import QuotaReturn, QuotaTake
 
 
 @dataclass(frozen=True)
@@ -53,25 +54,19 @@ class Verdict:
     which: str
 
 
-def take_call(
+def take_slots(
     tenant: str, limits: Limits, hold_ms: int, reservations: list[tuple[str, int]]
-) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``quota_take.lua``."""
-    pairs = [x for rid, tokens in reservations for x in (rid, tokens)]
-    args = [
-        limits.tokens_per_minute,
-        limits.requests_per_minute,
-        limits.max_concurrent,
-        hold_ms,
-        len(reservations),
-        *pairs,
-    ]
-    return keys.quota_keys(tenant), args
-
-
-def return_call(tenant: str, request_id: str, used: int) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``quota_return.lua``."""
-    return keys.quota_keys(tenant), [request_id, used]
+) -> QuotaTake:
+    """The slots of ``quota_take.lua``."""
+    return QuotaTake(
+        *keys.quota_keys(tenant),
+        tpm=limits.tokens_per_minute,
+        rpm=limits.requests_per_minute,
+        max_concurrent=limits.max_concurrent,
+        hold_ms=hold_ms,
+        count=len(reservations),
+        reservations=[x for rid, tokens in reservations for x in (rid, tokens)],
+    )
 
 
 def parse_take(reply: list[Any]) -> Verdict:
@@ -90,10 +85,10 @@ class Quota:
         self, tenant: str, limits: Limits, hold_ms: int, reservations: list[tuple[str, int]]
     ) -> Verdict:
         """Take a request, its tokens and a place at once for each (id, tokens)."""
-        keys_, args = take_call(tenant, limits, hold_ms, reservations)
-        return parse_take(await self.scripts.quota_take(keys=keys_, args=args))
+        slots = take_slots(tenant, limits, hold_ms, reservations)
+        return parse_take(await slots.run(self.scripts))
 
     async def give_back(self, tenant: str, request_id: str, used: int) -> int:
         """Return the request's place and its unused tokens; the tokens given back."""
-        keys_, args = return_call(tenant, request_id, used)
-        return int(await self.scripts.quota_return(keys=keys_, args=args))
+        slots = QuotaReturn(*keys.quota_keys(tenant), id=request_id, used=used)
+        return int(await slots.run(self.scripts))
