@@ -92,6 +92,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 tally=tally,
                 lifecycle_maxlen=settings.lifecycle_maxlen,
                 routing=routing_from(settings),
+                fairness=settings.fairness,
+                fair_slack=settings.fairness_slack_tokens,
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),

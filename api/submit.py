@@ -137,6 +137,7 @@ def _plan(
         owner=owner,
         attach_to=state.process_id if attach else None,
         route=state.queue.routing.hint(choice.prompt, common.priority, session or params.user),
+        weight=1.0 if tenant is None else tenant.weight,
     )
     sub = Submitted(
         rid,

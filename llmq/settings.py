@@ -70,6 +70,18 @@ class CommonSettings(BaseSettings):
         "oldest; least-loaded; hash, of the prompt's first block; prefix, the one whose KV "
         "prefix or session the worker holds. Every process must use the same.",
     )
+    fairness: Literal["fifo", "vtc"] = Field(
+        "fifo",
+        description="How a claim shares a priority band among tenants: fifo, the queue's "
+        "order; vtc, the backlogged tenant with the least weighted service first (see "
+        "Tenants). Every process must use the same.",
+    )
+    fairness_slack_tokens: int = Field(
+        8192,
+        ge=0,
+        description="Under LLMQ_ROUTING, how far (weighted tokens) a tenant's counter may be "
+        "above the least for cache affinity to choose its requests.",
+    )
     routing_window: int = Field(
         16, ge=1, le=256, description="Routed claims choose among this many at the queue's head."
     )

@@ -803,6 +803,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "    in_progress_prefix: str\n    lease_ms: int\n    in_progress_ms: int\n",
         ("tests/test_slots.py",),
     ),
+    Mutant(
+        "fair-pick",
+        "LLMQ_FAIRNESS=vtc: a claim serves the backlogged tenant with the least weighted service",
+        "llmq/protocol/lua/claim.lua",
+        "local fair_on = fairness == 'vtc'",
+        "local fair_on = false",
+        ("tests/test_fairness.py",),
+    ),
+    Mutant(
+        "fair-lift",
+        "a tenant that was idle is lifted to the floor: it banks no idleness",
+        "llmq/protocol/lua/fair.lua",
+        "  if fair_counter(vtc_key, tenant) < floor then",
+        "  if false then",
+        ("tests/test_fairness.py::test_an_idle_tenant_banks_nothing",),
+    ),
 )
 
 

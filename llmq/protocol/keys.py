@@ -225,6 +225,28 @@ def session(session_id: str, model: str) -> str:
     return f"{session_prefix(model)}{session_id}"
 
 
+def fair(model: str) -> str:
+    """Hash of request id -> "tenant|weight|priority" (:func:`llmq.protocol.codec.fair_entry`)
+    of the model's queued and running requests, under ``LLMQ_FAIRNESS=vtc``."""
+    return _in_model("fair", model)
+
+
+def vtc(model: str) -> str:
+    """Hash of the tenants' virtual counters (``t:<tenant>``) and ``_floor``
+    (``llmq/protocol/lua/fair.lua``)."""
+    return _in_model("vtc", model)
+
+
+def fair_tenants(model: str) -> str:
+    """Set of the tenants with requests in the model's queue."""
+    return _in_model("fair-tenants", model)
+
+
+def fairq_prefix(model: str) -> str:
+    """Prefix of each tenant's sorted set of its queued request ids (scored as queued)."""
+    return _in_model("fairq", model) + ":"
+
+
 def served(model: str, period: int) -> str:
     """How many of the model's requests finished in ``period`` (unix seconds divided
     by :data:`SERVED_PERIOD_SECONDS`), with a short TTL: the pool's measured service

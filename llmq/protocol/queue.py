@@ -76,6 +76,8 @@ class Enqueue:
     attach_to: str | None = None
     #: The route hint (:class:`codec.RouteHint`, encoded; "" when not routed).
     route: str = ""
+    #: Its tenant for fair share (:func:`codec.fair_entry`; "" without a tenant).
+    fair: str = ""
 
     @classmethod
     def of(
@@ -86,6 +88,7 @@ class Enqueue:
         owner: str | None = None,
         attach_to: str | None = None,
         route: str = "",
+        weight: float = 1.0,
     ) -> Enqueue:
         """Everything enqueued for a validated job: its arq job record, its score
         (:func:`effective_score`), its cost (prompt + max_tokens, what token-aware
@@ -121,6 +124,9 @@ class Enqueue:
             ),
             attach_to=attach_to,
             route=route,
+            fair=""
+            if payload.tenant is None
+            else codec.fair_entry(payload.tenant, weight, payload.priority),
         )
 
 
@@ -139,10 +145,15 @@ class Queue:
         tally: metrics.Tally | None = None,
         lifecycle_maxlen: int = 100_000,
         routing: Routing = FIFO,
+        fairness: str = "fifo",
+        fair_slack: int = 0,
     ) -> None:
         self.redis = redis
         #: The routing policy of claims and hand-offs (:mod:`llmq.protocol.routing`).
         self.routing = routing
+        #: ``fifo`` or ``vtc``: fair share among tenants in a claim (``lua/fair.lua``).
+        self.fairness = fairness
+        self.fair_slack = fair_slack
         self.lifecycle_maxlen = lifecycle_maxlen
         #: Counts the outcome of requests that end without starting (cancelled, timeout).
         self.tally = tally
@@ -285,6 +296,9 @@ class Queue:
             leases_key=keys.leases(model),
             clock_key=keys.clock(model),
             beats_key=keys.beats(model),
+            fair_key=keys.fair(model),
+            vtc_key=keys.vtc(model),
+            tenants_key=keys.fair_tenants(model),
             id=request_id,
             score=call.score,
             job=call.job,
@@ -297,6 +311,8 @@ class Queue:
             in_progress_prefix=keys.in_progress_prefix(model),
             retry_prefix=keys.retry_prefix(model),
             retry_ttl=RETRY_TTL_SECONDS,
+            fair_entry=call.fair if self.fairness == "vtc" else "",
+            fairq_prefix=keys.fairq_prefix(model),
             route=self.routing.enqueue_route(model, call.route),
         )
 
@@ -335,6 +351,9 @@ class Queue:
             parked_key=keys.parked(model),
             terms_key=keys.parked_terms(model),
             clock_key=keys.clock(model),
+            fair_key=keys.fair(model),
+            vtc_key=keys.vtc(model),
+            tenants_key=keys.fair_tenants(model),
             deadline_now=now_ms(),
             lease_ms=lease_ms,
             in_progress_prefix=keys.in_progress_prefix(model),
@@ -348,6 +367,9 @@ class Queue:
             worker_id=worker_id,
             free_slots=free_slots,
             park_ttl_ms=PARK_TTL_MS,
+            fairness=self.fairness,
+            fair_slack=self.fair_slack,
+            fairq_prefix=keys.fairq_prefix(model),
             route=self.routing.claim_route(
                 model, running=max(capacity - free_slots, 0), capacity=capacity
             ),
@@ -409,6 +431,7 @@ class Queue:
         return slots.Release(
             running_key=keys.running(model),
             leases_key=keys.leases(model),
+            fair_key=keys.fair(model),
             id=request_id,
             attempt=attempt,
         )
@@ -582,6 +605,7 @@ class Queue:
             routes_key=keys.routes(model),
             overtaken_key=keys.overtaken(model),
             held_key=keys.held(model),
+            fair_key=keys.fair(model),
             id=request_id,
             flag_ttl_ms=self.ttl * 1000,
             cancel_channel=keys.cancel_channel(model),
@@ -628,6 +652,7 @@ class Queue:
                 routes_key=keys.routes(model),
                 overtaken_key=keys.overtaken(model),
                 held_key=keys.held(model),
+                fair_key=keys.fair(model),
                 now_ms=now_ms(),
                 limit=limit,
                 job_prefix=keys.job_prefix(model),

@@ -41,6 +41,9 @@ HELPERS = "clock"
 ROUTING_HELPERS = "affinity"
 ROUTED = frozenset({"claim", "enqueue", "enqueue_batch"})
 
+#: Prepended as well to the same scripts: fair share among tenants.
+FAIR_HELPERS = "fair"
+
 NAMES = (
     "enqueue",
     "claim",
@@ -76,6 +79,7 @@ def source(name: str) -> str:
     helpers = (folder / f"{HELPERS}.lua").read_text()
     if name in ROUTED:
         helpers += "\n" + (folder / f"{ROUTING_HELPERS}.lua").read_text()
+        helpers += "\n" + (folder / f"{FAIR_HELPERS}.lua").read_text()
     embedded = ""
     if name in EMBEDS:
         function, body = EMBEDS[name]
