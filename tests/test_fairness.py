@@ -10,6 +10,8 @@ from redis.asyncio import Redis
 from llmq.protocol import keys
 from llmq.protocol.codec import fair_entry
 from llmq.protocol.queue import Queue
+from llmq.protocol.routing import routing_from
+from llmq.settings import CommonSettings
 from llmq.tenants import Tenant, TenantStore
 from tests.support.jobs import claim_with, enqueue_costing
 from tests.support.native import wait_ready, wait_status
@@ -122,3 +124,26 @@ async def test_through_the_api_a_light_tenant_overtakes_a_noisy_backlog(
             if status["status"] == "done" and status["finished_at"] < done["finished_at"]:
                 finished_before += 1
     assert finished_before <= 3, finished_before  # FIFO: all 12 before it
+
+
+@pytest.mark.parametrize("slack", [0, 10 * COST])
+async def test_under_routing_affinity_chooses_within_the_slack(redis: Redis, slack: int) -> None:
+    """A routed claim's window holds only the tenants within the slack of the least
+    counter: with slack 0 the light tenant's request goes next, though it is queued
+    behind a backlog the routed window (16) does not reach."""
+    settings = CommonSettings(routing="prefix", routing_window=16)
+    queue = Queue(
+        redis,
+        stream_maxlen=100,
+        ttl_seconds=60,
+        routing=routing_from(settings),
+        fairness="vtc",
+        fair_slack=slack,
+    )
+    await backlog(queue, "noisy", 30)
+    await backlog(queue, "light", 1, start=1000)
+    served = await claims(queue, 3)
+    if slack == 0:
+        assert served == ["noisy", "light", "noisy"]
+    else:  # within the slack: the queue's order (no hints) until light falls behind
+        assert served == ["noisy", "noisy", "noisy"]
