@@ -24,6 +24,7 @@ from api.relay import StreamRelay
 from api.routes import batches, embeddings, files, health, native, openai, responses
 from api.routes import metrics as metrics_routes
 from api.state import AppState
+from api.tenancy import Tenancy
 from llmq import __version__, metrics
 from llmq.connection import connect, is_cluster
 from llmq.protocol import keys
@@ -32,6 +33,7 @@ from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
 from llmq.tasks import run_periodically, stop_tasks
+from llmq.tenants import TenantStore, load_file
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +93,16 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 tally=tally,
                 lifecycle_maxlen=settings.lifecycle_maxlen,
                 routing=routing_from(settings),
+                fairness=settings.fairness,
+                fair_slack=settings.fairness_slack_tokens,
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),
+            tenancy=Tenancy(TenantStore(redis), settings.default_tenant),
             metrics=tally,
         )
+        if settings.tenants_file:
+            await load_file(TenantStore(redis), settings.tenants_file)
         await relay.start()
         # The first beat before serving, so the process is known before it attaches requests.
         with contextlib.suppress(Exception):

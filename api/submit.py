@@ -21,11 +21,13 @@ from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
+from api.flow import check_priority_ceiling, count, give_back_refused, shed, take_quota
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
 from llmq.protocol.queue import Enqueue, batch_score
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
+from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,7 @@ def _plan(
     messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
     band: BatchBand | None = None,
+    tenant: Tenant | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -142,6 +145,7 @@ def _plan(
         generation_timeout=common.generation_timeout,
         messages=messages,
         batch=None if band is None else band.batch_id,
+        tenant=None if tenant is None else tenant.name,
     )
     call = Enqueue.of(
         payload,
@@ -149,6 +153,7 @@ def _plan(
         owner=owner,
         attach_to=state.process_id if attach else None,
         route=state.queue.routing.hint(choice.prompt, common.priority, session or params.user),
+        weight=1.0 if tenant is None else tenant.weight,
     )
     if band is not None:
         call = replace(call, score=batch_score(int(now * 1000)))
@@ -290,6 +295,7 @@ async def submit(
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
     owner: str | None = None,
+    tenant: Tenant | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     session: str | None = None,
@@ -315,6 +321,7 @@ async def submit(
         max_tokens_param=max_tokens_param,
         prompt_param=prompt_param,
         owner=owner,
+        tenant=tenant,
         attach=attach,
         extras=extras,
         session=session,
@@ -332,6 +339,7 @@ async def submit_choices(
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
     owner: str | None = None,
+    tenant: Tenant | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     messages: tuple[dict[str, Any], ...] | None = None,
@@ -359,6 +367,7 @@ async def submit_choices(
     ]
     room = None if declared.context_length is None else declared.context_length - max(counts)
     common = await _validate(state, params, max_tokens, max_tokens_param, extras, room)
+    check_priority_ceiling(tenant, common.priority)
     now = time.time()
     if band is not None:
         common = replace(common, queue_timeout=max(band.deadline - now, 0.001))
@@ -370,11 +379,21 @@ async def submit_choices(
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
             call, sub = _plan(
-                state, params, choice, common, now, owner, attach, messages, session, band
+                state,
+                params,
+                choice,
+                common,
+                now,
+                owner,
+                attach,
+                messages,
+                session,
+                band,
+                tenant,
             )
             calls.append(call)
             subs.append(sub)
-    await _admit(state, calls, params.model, [sub.id for sub in subs])
+    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant)
     for sub in subs:
         prompt = prompts[sub.prompt_index]
         log.info(
@@ -391,11 +410,18 @@ async def submit_choices(
     return subs
 
 
-async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[str]) -> None:
-    """Enqueue ``calls`` all or none; 429 if the queue has no room for them all."""
+async def _admit(
+    state: AppState, calls: list[Enqueue], model: str, rids: list[str], tenant: Tenant | None
+) -> None:
+    """Enqueue ``calls`` all or none; 429 if the expected wait is too long
+    (:func:`api.flow.shed`), the tenant's quota is spent (:func:`api.flow.take_quota`)
+    or the queue has no room for them all."""
     settings = state.settings
+    await shed(state, tenant, calls)
+    await take_quota(state, tenant, calls)
     accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
     if not accepted:
+        await give_back_refused(state, tenant, calls)
         state.metrics.inc(metrics.REQUESTS, model, "rejected")
         limit = settings.max_queue_depth
         why = (
@@ -408,6 +434,7 @@ async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[s
             code="queue_full",
             headers={"Retry-After": "1"},
         )
+    await count(state, tenant, "accepted")
     if settings.enqueue_min_replicas:
         await _replicated(state, rids, model)
 
@@ -418,6 +445,7 @@ async def submit_embedding(
     texts: list[str],
     owner: str | None,
     band: BatchBand | None = None,
+    tenant: Tenant | None = None,
 ) -> Submitted:
     """Validate and enqueue an embedding request: one job for all its inputs, which a
     worker that declares ``embeddings`` runs; attached to this process, like an
@@ -443,6 +471,7 @@ async def submit_embedding(
     )
     priority = body.priority or 0
     _check_priority(state, priority)
+    check_priority_ceiling(tenant, priority)
     queue_timeout = _timeout(body.queue_timeout, settings.queue_timeout_seconds, "queue_timeout")
     await _check_model(state, body.model)
     await _check_declared(state, body.model, [("embeddings", "input")])
@@ -461,6 +490,7 @@ async def submit_embedding(
         generation_timeout=settings.generation_timeout_seconds,
         embed=EmbedTask(inputs=tuple(texts), dimensions=body.dimensions, seed=body.seed or 0),
         batch=None if band is None else band.batch_id,
+        tenant=None if tenant is None else tenant.name,
     )
     call = Enqueue.of(
         payload,
@@ -470,7 +500,7 @@ async def submit_embedding(
     )
     if band is not None:
         call = replace(call, score=batch_score(int(now * 1000)))
-    await _admit(state, [call], body.model, [rid])
+    await _admit(state, [call], body.model, [rid], tenant)
     log.info(
         "accepted embedding request %s (model %s, %d inputs, %d tokens)",
         rid,

@@ -1,4 +1,5 @@
-"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``autoscale``, ``loadgen``.
+"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``autoscale``, ``loadgen``,
+``tenant``, ``key``.
 
 Every settings field of a subcommand's settings class is also a flag
 (``redis_url`` -> ``--redis-url``), and every flag is also an ``LLMQ_*``
@@ -88,6 +89,8 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
         "run": "run the whole stack locally: Redis, one API process, N workers",
         "tail": "follow the lifecycle stream (queued, started, first token, finished...)",
         "autoscale": "decide and publish how many workers each model needs (for KEDA/HPA)",
+        "tenant": "create, list, change or delete tenants (weights and limits)",
+        "key": "create, list or revoke tenants' API keys",
     }
     parsers = {}
     for name, cls in SETTINGS.items():
@@ -107,6 +110,12 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     from cli.batch import add_arguments as batch_arguments
 
     batch_arguments(sub.add_parser("batch", help="run a JSONL file through the Batch API"))
+    from cli.tenants import add_arguments as add_tenant_arguments
+
+    for name in ("tenant", "key"):
+        parsers[name] = sub.add_parser(name, help=helps[name])
+        _add_settings_flags(parsers[name], CommonSettings)
+    add_tenant_arguments(parsers["tenant"], parsers["key"])
     loadgen_parser = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
     if not loadgen:
         return parser
@@ -172,6 +181,12 @@ def _run_batch(args: argparse.Namespace) -> int:
     return _run_async(run_batch(args))
 
 
+def _run_tenants(args: argparse.Namespace) -> int:
+    from cli.tenants import run
+
+    return _run_async(run(build_settings(CommonSettings, args), args))
+
+
 def _loadgen_missing() -> str | None:
     """What a server-only install (no ``loadgen`` extra) lacks to run the load
     generator, or None where it is installed."""
@@ -206,6 +221,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tail": _run_tail,
     "autoscale": _run_autoscale,
     "batch": _run_batch,
+    "tenant": _run_tenants,
+    "key": _run_tenants,
 }
 
 

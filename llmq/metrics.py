@@ -164,6 +164,18 @@ BATCHES = Counter(
     ("model", "status"),
 )
 
+TENANT_REQUESTS = Counter(
+    "llmq_tenant_requests",
+    "Requests at admission by tenant and outcome: accepted, rate_limited (its quota), "
+    "shed (expected wait) (tenants beyond the first 20 by name: tenant=other).",
+    ("tenant", "outcome"),
+)
+TENANT_TOKENS = Counter(
+    "llmq_tenant_tokens",
+    "Prompt + completion tokens of the tenant's requests that ended (tenant as above).",
+    ("tenant",),
+)
+
 HISTOGRAMS: tuple[Histogram, ...] = (
     TTFT,
     E2E,
@@ -185,6 +197,8 @@ COUNTERS: tuple[Counter, ...] = (
     AUTOSCALER_ACTIONS,
     BATCH_LINES,
     BATCHES,
+    TENANT_REQUESTS,
+    TENANT_TOKENS,
 )
 Family = Histogram | Counter
 _ALL: tuple[Family, ...] = (*HISTOGRAMS, *COUNTERS)

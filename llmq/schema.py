@@ -104,6 +104,9 @@ class JobPayload(_Frozen):
     embed: EmbedTask | None = Field(None, exclude_if=lambda v: v is None)
     #: The batch a batch line belongs to (queued in the batch band); left out otherwise.
     batch: str | None = Field(None, exclude_if=lambda v: v is None)
+    #: The tenant the request belongs to (:mod:`llmq.tenants`): whose quota it took
+    #: and whose share of the pool it is served from; left out when None.
+    tenant: str | None = Field(None, exclude_if=lambda v: v is None)
 
     def required_capabilities(self) -> list[tuple[str, str]]:
         """What the serving model must honour, each with the parameter that asks for it."""
@@ -304,6 +307,8 @@ class RequestRecord(BaseModel):
     finish_reason: FinishReason | None = None
     error: str | None = None
     owner: str | None = None
+    #: The tenant whose quota the request holds (returned when it ends).
+    tenant: str | None = None
 
     def to_redis(self) -> dict[str, str]:
         """Hash fields; unset fields are left out."""
@@ -320,7 +325,7 @@ class RequestRecord(BaseModel):
                 data[k] = json.loads(v)
             except ValueError:
                 data[k] = v
-        for k in ("id", "model", "status", "worker", "finish_reason", "error", "owner"):
+        for k in ("id", "model", "status", "worker", "finish_reason", "error", "owner", "tenant"):
             if k in fields:
                 data[k] = fields[k]
         return cls.model_validate(data)
@@ -345,6 +350,8 @@ class Lifecycle(BaseModel):
     model: str
     ts: float
     priority: int | None = None
+    #: The request's tenant (absent for requests without one).
+    tenant: str | None = None
     worker: str | None = None
     attempt: int | None = None
     queue_ms: float | None = None

@@ -70,6 +70,18 @@ class CommonSettings(BaseSettings):
         "oldest; least-loaded; hash, of the prompt's first block; prefix, the one whose KV "
         "prefix or session the worker holds. Every process must use the same.",
     )
+    fairness: Literal["fifo", "vtc"] = Field(
+        "fifo",
+        description="How a claim shares a priority band among tenants: fifo, the queue's "
+        "order; vtc, the backlogged tenant with the least weighted service first (see "
+        "Tenants). Every process must use the same.",
+    )
+    fairness_slack_tokens: int = Field(
+        8192,
+        ge=0,
+        description="Under LLMQ_ROUTING, how far (weighted tokens) a tenant's counter may be "
+        "above the least for cache affinity to choose its requests.",
+    )
     routing_window: int = Field(
         16, ge=1, le=256, description="Routed claims choose among this many at the queue's head."
     )
@@ -153,6 +165,30 @@ class ApiSettings(CommonSettings):
         "",
         description="Comma-separated API keys; empty: no auth. With keys, a request is "
         "visible only with the key that created it.",
+    )
+    tenant_keys: bool = Field(
+        False,
+        description="Keys made with `llmq key create` authenticate requests, each for its "
+        "tenant (auth is on even if LLMQ_API_KEYS is empty).",
+    )
+    default_tenant: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The tenant of LLMQ_API_KEYS keys and of requests that name none.",
+    )
+    tenant_header: str = Field(
+        "",
+        description="Without auth: the request header that names the tenant, set by a trusted "
+        "gateway in front (e.g. X-Tenant); empty: every request is the default tenant's.",
+    )
+    tenants_file: str = Field(
+        "", description="A TOML file of tenants (and key digests) written into Redis at start."
+    )
+    shed_wait_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Refuse (429) a request whose expected queue wait exceeds this (or its "
+        "queue timeout); 0: no shedding by expected wait.",
     )
     max_body_bytes: int = Field(
         1_048_576, ge=1024, description="Largest accepted request body, in bytes."

@@ -263,6 +263,8 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) 
         tally=tally,
         lifecycle_maxlen=settings.lifecycle_maxlen,
         routing=routing_from(settings),
+        fairness=settings.fairness,
+        fair_slack=settings.fairness_slack_tokens,
     )
     worker = QueueWorker(
         model=settings.model,

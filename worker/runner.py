@@ -825,6 +825,7 @@ class RequestRunner:
                 ts=time.time(),
                 worker=self.worker_id,
                 priority=payload.priority,
+                tenant=payload.tenant,
                 **fields,
             )
         )

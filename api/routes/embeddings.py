@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api.auth import Caller
+from api.auth import Caller, tenant_of
 from api.bodies import EmbeddingRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
@@ -67,7 +67,7 @@ async def _vectors(state: AppState, sub: Submitted, count: int) -> list[str] | J
 async def embeddings(body: EmbeddingRequest, request: Request, owner: Caller) -> Response:
     state = state_of(request)
     texts = body.texts()
-    sub = await submit_embedding(state, body, texts, owner)
+    sub = await submit_embedding(state, body, texts, owner, tenant=tenant_of(request))
     response = None
     try:
         response = await unless_disconnected(request, embedding_answer(state, body, sub))

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from api import event_stream
-from api.auth import Caller
+from api.auth import Caller, revoked, tenant_of
 from api.bodies import ChatCompletionRequest, CompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute, SessionHeader
@@ -265,7 +265,14 @@ async def _respond(
     request: Request, state: AppState, fmt: CompletionFormat, stream: bool, arrived: float
 ) -> Response:
     if stream:
-        return event_stream.EventStream(_stream(state, fmt, arrived))
+        ended = error_body(
+            "the API key was revoked", "invalid_request_error", code="invalid_api_key"
+        )
+        return event_stream.EventStream(
+            _stream(state, fmt, arrived),
+            until=revoked(request),
+            final=event_stream.data(ended) + event_stream.DONE,
+        )
     response = None
     try:
         response = await unless_disconnected(request, _collect(state, fmt, arrived))
@@ -291,6 +298,7 @@ async def completions(
         body.prompts(),
         max_tokens=body.max_tokens,
         owner=owner,
+        tenant=tenant_of(request),
         attach=True,
         extras=completion_extras(body),
         session=session,
@@ -317,6 +325,7 @@ async def chat_completions(
         max_tokens_param=param,
         prompt_param="messages",
         owner=owner,
+        tenant=tenant_of(request),
         attach=True,
         extras=chat_extras(body),
         messages=body.message_dicts(),

@@ -2,7 +2,7 @@
 
 A Redis Cluster runs a script or transaction only when all its keys hash to one
 slot, and a key's slot is that of its *hash tag* (the text between the first
-``{`` and the next ``}``). Every key a script touches carries one of four tags, chosen
+``{`` and the next ``}``). Every key a script touches carries one of five tags, chosen
 so that each script touches a single slot (``tests/test_cluster_slots.py`` checks it):
 
 - the **model slot** ``{m:<model>}``: the model's queue and everything a claim,
@@ -20,6 +20,9 @@ so that each script touches a single slot (``tests/test_cluster_slots.py`` check
 - the **global slot** ``{g}``: API processes, attached requests, the worker
   registry and its lease clock, and the set of models that have ever queued
   (the sweep's list).
+- the **tenant slot** ``{t:<tenant>}``: a tenant's settings and its quota state
+  (token and request buckets, requests at once, reservations), so that one script
+  takes or returns a tenant's quota atomically.
 - the **metrics slot** ``{metrics}``: the metric totals, the per-second counter
   totals and the flush markers, so that one process's flush is one script call.
 
@@ -64,6 +67,13 @@ MODELS = f"{PREFIX}:{GLOBAL}:models"
 
 ATTACHED_PREFIX = f"{PREFIX}:{GLOBAL}:attached:"
 
+#: Set of every tenant's name (:mod:`llmq.tenants`).
+TENANTS = f"{PREFIX}:{GLOBAL}:tenants"
+
+#: Hash of API key digest -> the key's entry (:class:`llmq.tenants.KeyEntry`, JSON):
+#: a key itself is never stored.
+API_KEYS = f"{PREFIX}:{GLOBAL}:api-keys"
+
 # arq's prefixes, re-exported so that no other module spells them.
 JOB_PREFIX: str = job_key_prefix
 IN_PROGRESS_PREFIX: str = in_progress_key_prefix
@@ -88,6 +98,29 @@ def group_tag(group: int) -> str:
 def request_tag(request_id: str) -> str:
     """The hash tag of a request's slot (that of its group)."""
     return group_tag(request_group(request_id))
+
+
+# --- the tenant slot ---------------------------------------------------------------
+
+
+def _in_tenant(name: str, tenant: str) -> str:
+    return f"{PREFIX}:{name}:{{t:{tenant}}}"
+
+
+def tenant(name: str) -> str:
+    """A tenant's settings (:class:`llmq.tenants.Tenant`, as JSON in field ``spec``)."""
+    return _in_tenant("tenant", name)
+
+
+def quota_keys(tenant: str) -> tuple[str, str, str, str]:
+    """KEYS of the quota scripts (``quota_take.lua``, ``quota_return.lua``): the
+    tenant's token bucket and request bucket (hashes ``level``, ``ms``), its requests
+    at once (sorted set of request ids, scored by when the hold lapses, ms) and its
+    reservations (hash of request id -> tokens reserved)."""
+    tpm, rpm, inflight, reserved = (
+        _in_tenant(n, tenant) for n in ("tpm", "rpm", "inflight", "reserved")
+    )
+    return tpm, rpm, inflight, reserved
 
 
 # --- the model slot ---------------------------------------------------------------
@@ -190,6 +223,39 @@ def session(session_id: str, model: str) -> str:
     """The worker that last took a request of the session (a hashed ``user`` or
     ``X-Session-Id``), with a TTL: session affinity."""
     return f"{session_prefix(model)}{session_id}"
+
+
+def fair(model: str) -> str:
+    """Hash of request id -> "tenant|weight|priority" (:func:`llmq.protocol.codec.fair_entry`)
+    of the model's queued and running requests, under ``LLMQ_FAIRNESS=vtc``."""
+    return _in_model("fair", model)
+
+
+def vtc(model: str) -> str:
+    """Hash of the tenants' virtual counters (``t:<tenant>``) and ``_floor``
+    (``llmq/protocol/lua/fair.lua``)."""
+    return _in_model("vtc", model)
+
+
+def fair_tenants(model: str) -> str:
+    """Set of the tenants with requests in the model's queue."""
+    return _in_model("fair-tenants", model)
+
+
+def fairq_prefix(model: str) -> str:
+    """Prefix of each tenant's sorted set of its queued request ids (scored as queued)."""
+    return _in_model("fairq", model) + ":"
+
+
+def served(model: str, period: int) -> str:
+    """How many of the model's requests finished in ``period`` (unix seconds divided
+    by :data:`SERVED_PERIOD_SECONDS`), with a short TTL: the pool's measured service
+    rate, which shedding by expected wait divides the queue by."""
+    return f"{_in_model('served', model)}:{period}"
+
+
+#: The length of one period of :func:`served`.
+SERVED_PERIOD_SECONDS = 5
 
 
 def routing_stats(model: str) -> str:

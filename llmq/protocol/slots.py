@@ -152,6 +152,9 @@ class Claim(Slots):
     parked_key: str
     terms_key: str
     clock_key: str
+    fair_key: str
+    vtc_key: str
+    tenants_key: str
     deadline_now: int
     lease_ms: int
     in_progress_prefix: str
@@ -165,6 +168,9 @@ class Claim(Slots):
     worker_id: str
     free_slots: int
     park_ttl_ms: int
+    fairness: str
+    fair_slack: int
+    fairq_prefix: str
     route: ClaimRoute | None = field(default=None, metadata=part(ClaimRoute))
 
 
@@ -204,6 +210,9 @@ class Enqueue(Slots):
     leases_key: str
     clock_key: str
     beats_key: str
+    fair_key: str
+    vtc_key: str
+    tenants_key: str
     id: str
     score: int
     job: bytes
@@ -216,6 +225,8 @@ class Enqueue(Slots):
     in_progress_prefix: str
     retry_prefix: str
     retry_ttl: int
+    fair_entry: str
+    fairq_prefix: str
     route: EnqueueRoute | None = field(default=None, metadata=part(EnqueueRoute))
 
 
@@ -310,6 +321,7 @@ class Release(Slots):
 
     running_key: str
     leases_key: str
+    fair_key: str
     id: str
     attempt: int
 
@@ -411,6 +423,7 @@ class Cancel(Slots):
     routes_key: str
     overtaken_key: str
     held_key: str
+    fair_key: str
     id: str
     flag_ttl_ms: int
     cancel_channel: str
@@ -440,6 +453,7 @@ class Sweep(Slots):
     routes_key: str
     overtaken_key: str
     held_key: str
+    fair_key: str
     now_ms: int
     limit: int
     job_prefix: str
@@ -483,3 +497,36 @@ class Publish(Slots):
     n_notes: str
     #: Per event ``type, data, index, count``; record pairs; per note four fields.
     writes: Sequence[str] = tail()
+
+
+@dataclass(frozen=True)
+class QuotaTake(Slots):
+    """``quota_take.lua``: take a tenant's quota for the requests of one client request."""
+
+    SCRIPT: ClassVar[str] = "quota_take"
+
+    tpm_key: str
+    rpm_key: str
+    inflight_key: str
+    reserved_key: str
+    tpm: int
+    rpm: int
+    max_concurrent: int
+    hold_ms: int
+    count: int
+    #: (request id, tokens) pairs, flat.
+    reservations: Sequence[Any] = tail()
+
+
+@dataclass(frozen=True)
+class QuotaReturn(Slots):
+    """``quota_return.lua``: give back an ended request's place and unused tokens."""
+
+    SCRIPT: ClassVar[str] = "quota_return"
+
+    tpm_key: str
+    rpm_key: str
+    inflight_key: str
+    reserved_key: str
+    id: str
+    used: int
