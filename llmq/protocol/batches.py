@@ -18,35 +18,35 @@ from llmq.protocol import keys
 from llmq.protocol.codec import as_str
 from llmq.protocol.queue import BATCH_BAND_MS
 from llmq.protocol.scripts import scripts_for
+from llmq.protocol.slots import BatchResult, BatchStatus, BatchTake
 
 
 async def take(redis: Redis, batch_id: str, count: int) -> list[str]:
     """The next ``count`` lines of an in-progress batch, now running (JSON each)."""
-    taken = await scripts_for(redis).batch_take(
-        keys=[keys.batch(batch_id), keys.batch_lines(batch_id), keys.batch_running(batch_id)],
-        args=[count],
-    )
+    taken = await BatchTake(
+        keys.batch(batch_id), keys.batch_lines(batch_id), keys.batch_running(batch_id), count
+    ).run(scripts_for(redis))
     return [as_str(line) for line in taken]
 
 
 async def record(redis: Redis, batch_id: str, custom_id: str, line: str, *, ok: bool) -> bool:
     """Record a line's result unless it has one; True if this call recorded it."""
-    recorded = await scripts_for(redis).batch_result(
-        keys=[
-            keys.batch(batch_id),
-            keys.batch_running(batch_id),
-            keys.batch_output(batch_id),
-            keys.batch_errors(batch_id),
-        ],
-        args=[custom_id, line, "1" if ok else "0"],
-    )
+    recorded = await BatchResult(
+        keys.batch(batch_id),
+        keys.batch_running(batch_id),
+        keys.batch_output(batch_id),
+        keys.batch_errors(batch_id),
+        custom_id,
+        line,
+        "1" if ok else "0",
+    ).run(scripts_for(redis))
     return bool(recorded)
 
 
 async def move(redis: Redis, batch_id: str, status: str, *, since: tuple[str, ...]) -> bool:
     """Move the batch to ``status`` if it is in one of ``since``; True if it moved."""
-    moved = await scripts_for(redis).batch_status(
-        keys=[keys.batch(batch_id)], args=[status, int(time.time()), *since]
+    moved = await BatchStatus(keys.batch(batch_id), status, int(time.time()), since).run(
+        scripts_for(redis)
     )
     return bool(moved)
 
