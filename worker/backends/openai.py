@@ -19,7 +19,8 @@ assumes only this of the upstream:
   interrupted sequence: a re-run resumes by sending the prompt followed by the text
   already published, with the remaining ``max_tokens`` (see ``docs/backends.md``
   for the engines and tokenizers where the result equals an uninterrupted run);
-- with ``chat`` (``LLMQ_UPSTREAM_API=chat``), ``/v1/chat/completions`` streams
+- with ``chat`` (wherever the engine has a chat template, found at :meth:`connect`,
+  unless ``LLMQ_UPSTREAM_API`` says otherwise), ``/v1/chat/completions`` streams
   ``choices[0].delta.content`` likewise, and continues a final assistant message
   (``continue_final_message``); an engine that echoes the continued text first
   (llama.cpp) has it dropped;
@@ -35,9 +36,10 @@ Its tokenizer is declared as ``chars`` (the API's approximation); the upstream
 counts exactly: the prompt's true count comes back in a :class:`Report`, and a
 prompt that might not fit is counted with the engine's ``/tokenize`` first, so that
 one over the context length ends as ``context_length_exceeded``. Errors are mapped
-in one place (:func:`_raise_for`): a 4xx is the request's fault and ends it with the
-upstream's message (:class:`Refused`); a 5xx, a refused or dropped connection or
-a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
+in one place (:func:`_raise_for`): a 4xx, before the stream or as an error event in
+it, is the request's fault and ends it with the upstream's message
+(:class:`Refused`: the client gets a 400); a 5xx, a refused or dropped connection
+or a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
 """
 
 from __future__ import annotations
