@@ -315,12 +315,15 @@ class OpenAIUpstream:
                 outputs = self._outputs(response, len(resumed), echoed, request.seed, tools)
                 if len(resumed) < len(request.generated):
                     outputs = _after_published(outputs, request.generated)
-                async for out in outputs:
-                    yield out
-                if self.engine.closes_streams:
-                    # the server closes it after the stream, but a stream read to its
-                    # end would go back to the pool, where a health check could meet it
-                    response.close()
+                try:
+                    async for out in outputs:
+                        yield out
+                finally:
+                    if self.engine.closes_streams:
+                        # the server closes it after the stream, but a stream read to
+                        # its end (or left once all of it arrived) would go back to the
+                        # pool, where a health check could meet it
+                        response.close()
         except HTTP_ERRORS as exc:
             failed = True
             self._down()
