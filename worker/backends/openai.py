@@ -445,7 +445,7 @@ class OpenAIUpstream:
                 # llama.cpp holds back a token that ends inside a character)
                 if special or (count is not None and (count != 1 or not text)):
                     outs = (
-                        _choice_outputs(echo, call, text, logprobs, reason, tool_calls)
+                        _choice_outputs(echo, call, text, (logprobs, count), reason, tool_calls)
                         if special
                         else _per_token(text, logprobs, count or 0)
                     )
@@ -517,15 +517,22 @@ def _choice_outputs(
     echo: _Echo,
     call: _ToolCall,
     text: str,
-    logprobs: Any,
+    counted: tuple[Any, int | None],
     reason: Any,
     tool_calls: Any,
 ) -> list[str]:
-    """A choice's outputs while an echo may still come back or a tool is called."""
+    """A choice's outputs while an echo may still come back or a tool is called;
+    ``counted``: the chunk's log-probabilities and its tokens where the engine says
+    (held with its text while the echo is undecided: a character of two tokens right
+    after a resume still counts two)."""
     outs: list[str] = []
-    for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
+    for piece, (piece_logprobs, tokens) in echo.feed(text, counted, last=bool(reason)):
         if call.started is None:  # text after a call has no place
-            outs.append(_token(piece, piece_logprobs))
+            if tokens is None:
+                outs.append(_token(piece, piece_logprobs))
+            else:
+                outs += _per_token(piece, piece_logprobs, tokens)
+    logprobs = counted[0]
     for out in call.outputs(tool_calls or ()):
         outs.append(out if isinstance(out, ToolCallStart) else _token(out, logprobs))
     return outs
