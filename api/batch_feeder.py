@@ -139,7 +139,8 @@ class BatchFeeder:
             await self._follow(batch, running, rooms)
         if batch.status == "in_progress":
             fed = int(await cast("Any", self.redis.hget(keys.batch(batch.id), "next")) or 0)
-            if fed >= batch.total and not running:
+            left = await cast("Any", self.redis.hlen(keys.batch_running(batch.id)))
+            if fed >= batch.total and not left:
                 await batch_store.move(self.redis, batch.id, "finalizing", since=("in_progress",))
             return
         if not running and batch.status in ("finalizing", "cancelling"):
