@@ -107,6 +107,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py",),
     ),
     Mutant(
+        "batch-yield-no-failure",
+        "a batch line's yields do not count against LLMQ_MAX_TRIES",
+        "worker/queue_worker.py",
+        'and attempt - await ctx["yields"](job.request_id) > runner.max_tries',
+        "and attempt > runner.max_tries",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "max-tries-runs",
+        "a request fails after LLMQ_MAX_TRIES runs that were not yields",
+        "worker/queue_worker.py",
+        "        attempt > runner.max_tries\n        and",
+        "        False\n        and",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
         "api/follow.py",

@@ -437,3 +437,22 @@ async def test_llmq_batch_submits_a_file_shows_progress_and_writes_the_output(
     source.write_bytes(jsonl(lines))
     assert await run_batch(args, err) == 2
     assert "line 5: invalid_request" in err.getvalue()
+
+
+async def test_runs_past_max_tries_fail_unless_they_were_yields(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """A yield is a run that is no failure: a request whose next run is its fourth
+    fails with max_tries 3, unless one of the runs before was a batch line's yield."""
+    api = await start_api(accept_models="mock")
+    async with api.client() as http:
+        plain = await post_request(http, "plain", max_tokens=3)
+        yielded = await post_request(http, "yielded", max_tokens=3)
+        for rid in (plain, yielded):
+            await redis.set(keys.retry(rid, "mock"), 3)
+        await batches.note_yield(redis, yielded)
+        await start_worker(max_tries=3)
+        failed = await wait_status(http, plain, "failed", timeout=20)
+        done = await wait_status(http, yielded, "done", timeout=20)
+    assert failed["error"] == "the request could not be run"
+    assert done["completion_tokens"] == 3
