@@ -88,10 +88,13 @@ class BatchFeeder:
         if not await self._lease():
             return
         rooms: dict[str, int] = {}
-        for raw in await self.redis.zrange(keys.BATCHES_ACTIVE, 0, -1):
+        listed = await self.redis.zrange(keys.BATCHES_ACTIVE, 0, -1, withscores=True)
+        for raw, created in listed:
             batch = await batch_store.load(self.redis, str(raw))
             if batch is None:
-                await self.redis.zrem(keys.BATCHES_ACTIVE, str(raw))
+                # listed before it is written (api/batch_store.py): dropped once stale
+                if time.time() - created > batch_store.UNWRITTEN_SECONDS:
+                    await self.redis.zrem(keys.BATCHES_ACTIVE, str(raw))
                 continue
             await self._advance(batch, rooms)
 
