@@ -85,9 +85,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "cancel-latency",
         "a cancelled running request stops within about one token interval",
-        "worker/runner.py",
-        "            return False\n        task.cancel()",
-        "            return False\n        asyncio.get_running_loop().call_later(0.1, task.cancel)",
+        "worker/run.py",
+        "or self.generation is None:\n            return False\n        self._stop_model()",
+        "or self.generation is None:\n            return False\n"
+        "        asyncio.get_running_loop().call_later(0.1, self._stop_model)",
         ("tests/test_cancel_latency.py",),
     ),
     Mutant(

@@ -405,17 +405,16 @@ class QueueWorker(Worker):
         incr_score: int | None,
         keep_in_progress: float | None,
     ) -> None:
-        if job_id in self.runner.fenced:
+        if self.runner.lost(job_id):
             # Lost to another attempt: arq's bookkeeping (delete the job, drop it from
             # the queue) would now hit the request that attempt runs or has requeued.
-            self.runner.fenced.discard(job_id)
             self._claims.pop(job_id, None)
             return
         if finish:
             await self.runner.end_unfinished(job_id)
             await self._finish(job_id)
         else:
-            self.runner.unfinished.pop(job_id, None)  # handed back: a later run ends it
+            self.runner.forget(job_id)  # handed back: a later run ends it
             await self._hand_back(job_id)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
