@@ -61,6 +61,7 @@ from llmq.model.interface import (
     Embedder,
     GenerationRequest,
     Model,
+    Output,
     Refused,
     Report,
     SteppedModel,
@@ -593,11 +594,11 @@ class RequestRunner:
         token, texts = self.publisher.token, progress.texts
         loop = asyncio.get_running_loop()
 
-        def take(out: str) -> None:
+        def take(out: Output) -> None:
             """One output of the model: queued for the flush, no await."""
             if type(out) is str:  # a plain token: nearly every output
                 token(rid, progress.produced, out)
-            elif isinstance(out, ToolCallStart | Report):
+            elif not isinstance(out, str):  # a tool call's start, a report
                 self._aside(rid, progress, out)
                 return
             elif isinstance(out, Token):
@@ -642,19 +643,20 @@ class RequestRunner:
 
     def _aside(self, rid: str, progress: Progress, out: ToolCallStart | Report) -> None:
         """An output that is not a token: a tool call's start, or the backend's report."""
-        if isinstance(out, ToolCallStart):
-            # Before its argument tokens, in stream order; not a token itself.
-            event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
-            # Not awaited: a failed write surfaces with the tokens' flush.
-            written = self.publisher.post(rid, event)
-            written.add_done_callback(lambda f: f.cancelled() or f.exception())
-            return
-        if out.prompt_tokens is not None:
-            progress.prompt_tokens = out.prompt_tokens
-        if out.cached_tokens is not None:
-            progress.cached_tokens = out.cached_tokens
-        if out.finish_reason is not None:
-            progress.finish_reason = out.finish_reason
+        match out:
+            case ToolCallStart(id=call_id, name=name):
+                # Before its argument tokens, in stream order; not a token itself.
+                event = ToolCallEvent(index=progress.produced, id=call_id, name=name)
+                # Not awaited: a failed write surfaces with the tokens' flush.
+                written = self.publisher.post(rid, event)
+                written.add_done_callback(lambda f: f.cancelled() or f.exception())
+            case Report(prompt_tokens=prompt, cached_tokens=cached, finish_reason=reason):
+                if prompt is not None:
+                    progress.prompt_tokens = prompt
+                if cached is not None:
+                    progress.cached_tokens = cached
+                if reason is not None:
+                    progress.finish_reason = reason
 
     async def _finish_done(self, run: Run, finish: FinishReason, queue_ms: float) -> None:
         payload, progress, started = run.payload, run.progress, run.started
