@@ -35,6 +35,7 @@ from redis.asyncio import Redis
 
 from llmq.protocol import keys
 from llmq.protocol.scripts import scripts_for
+from llmq.protocol.slots import MetricsFlush
 from llmq.tasks import run_periodically
 
 log = logging.getLogger(__name__)
@@ -267,15 +268,22 @@ class Tally:
             per_family[name] += (field(kind, labels), value)
             if kind == "":
                 per_second[name] += value
-        args: list[str | float] = [FLUSH_MARKER_SECONDS, WINDOW_KEEP_SECONDS, len(per_second)]
+        deltas_: list[str | float] = []
         for name, value in per_second.items():
-            args += (name, value)
+            deltas_ += (name, value)
         for pairs in per_family.values():
-            args += (len(pairs) // 2, *pairs)
-        family_keys = [keys.metric(name) for name in per_family]
-        flush = scripts_for(redis).metrics_flush
+            deltas_ += (len(pairs) // 2, *pairs)
+        flush = MetricsFlush(
+            marker_key=marker,
+            window_key=keys.metrics_second(second),
+            marker_ttl=FLUSH_MARKER_SECONDS,
+            window_ttl=WINDOW_KEEP_SECONDS,
+            n_window=len(per_second),
+            families=[keys.metric(name) for name in per_family],
+            deltas=deltas_,
+        )
         try:
-            await flush(keys=[marker, keys.metrics_second(second), *family_keys], args=args)
+            await flush.run(scripts_for(redis))
         except Exception:
             # Not on cancellation: the call may have been applied, and counting a
             # second twice is worse than missing it.

@@ -22,16 +22,22 @@ from redis.asyncio import Redis
 
 from llmq.protocol import keys
 from llmq.protocol.scripts import scripts_for
+from llmq.protocol.slots import WorkerBeat
 from llmq.schema import WorkerInfo
 
 log = logging.getLogger(__name__)
 
 
 async def heartbeat(redis: Redis, info: WorkerInfo, ttl_seconds: float) -> None:
-    await scripts_for(redis).worker_beat(
-        keys=[keys.WORKERS, keys.worker(info.id), keys.CLOCK],
-        args=[info.id, info.model_dump_json(), int(ttl_seconds * 1000), keys.worker("")],
-    )
+    await WorkerBeat(
+        workers_key=keys.WORKERS,
+        info_key=keys.worker(info.id),
+        clock_key=keys.CLOCK,
+        worker_id=info.id,
+        info=info.model_dump_json(),
+        ttl_ms=int(ttl_seconds * 1000),
+        info_prefix=keys.worker(""),
+    ).run(scripts_for(redis))
 
 
 async def unregister(redis: Redis, worker_id: str) -> None:

@@ -142,9 +142,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "cancel-latency",
         "a cancelled running request stops within about one token interval",
-        "worker/runner.py",
-        "            return False\n        task.cancel()",
-        "            return False\n        asyncio.get_running_loop().call_later(0.1, task.cancel)",
+        "worker/run.py",
+        "or self.generation is None:\n            return False\n        self._stop_model()",
+        "or self.generation is None:\n            return False\n"
+        "        asyncio.get_running_loop().call_later(0.1, self._stop_model)",
         ("tests/test_cancel_latency.py",),
     ),
     Mutant(
@@ -226,7 +227,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "body-limit",
         "a body over LLMQ_MAX_BODY_BYTES gets 413, with or without Content-Length",
         "api/limits.py",
-        "            if size > self.max_bytes:",
+        "            if size > limit:",
         "            if False:",
         ("tests/test_validation.py::test_oversized_body",),
     ),
@@ -429,8 +430,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "batch-all-or-none",
         "a request's choices are admitted all or none",
         "llmq/protocol/lua/enqueue_batch.lua",
-        "if redis.call('ZCARD', queue_key) + n > max_depth then",
-        "if redis.call('ZCARD', queue_key) + 1 > max_depth then",
+        "if live_depth(queue_key) + n > max_depth then",
+        "if live_depth(queue_key) + 1 > max_depth then",
         ("tests/test_choices.py::test_choices_are_admitted_all_or_none",),
     ),
     Mutant(
@@ -626,8 +627,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "enqueue-queue-full",
         "a full queue refuses a request (queue_full) and keeps nothing of it",
         "llmq/protocol/lua/enqueue.lua",
-        "if redis.call('ZCARD', queue_key) >= max_depth then",
-        "if redis.call('ZCARD', queue_key) > max_depth then",
+        "if live_depth(queue_key) >= max_depth then",
+        "if live_depth(queue_key) > max_depth then",
         ("tests/test_scripts.py::test_enqueue_refuses_a_full_queue_and_leaves_no_trace",),
     ),
     Mutant(
@@ -791,6 +792,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "prompt_tokens = declared.tokenizer.count(prompt)",
         "prompt_tokens = len(prompt.split())",
         ("tests/test_declaration.py",),
+    ),
+    Mutant(
+        "script-slots-order",
+        "a script's KEYS and ARGV builder names its slots in the script's order",
+        "llmq/protocol/slots.py",
+        "    lease_ms: int\n    in_progress_prefix: str\n    in_progress_ms: int\n",
+        "    in_progress_prefix: str\n    lease_ms: int\n    in_progress_ms: int\n",
+        ("tests/test_slots.py",),
     ),
 )
 

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from llmq.protocol import codec, keys, streams
+from llmq.protocol import codec, keys, slots, streams
 from llmq.protocol.queue import Enqueue, Queue, now_ms
 from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
@@ -316,15 +316,20 @@ async def test_orphans_takes_at_most_the_limit_and_forgets_a_dead_process_once_e
     """``orphans.lua``: the attached requests of API processes dead in lease time,
     at most ``limit`` per call; a dead process is forgotten only once it has none
     left, and a live one is not touched."""
-    orphans = scripts_for(redis).orphans
+    scripts = scripts_for(redis)
     await redis.zadd(keys.APIS, {"dead-1": 1, "dead-2": 2, "live": 2**50})
     attached = {"dead-1": ["a:mock"], "dead-2": ["b:mock", "c:mock", "d:mock"], "live": ["e:mock"]}
     for process, members in attached.items():
         await cast("Awaitable[int]", redis.sadd(keys.attached(process), *members))
 
     async def take(limit: int) -> list[str]:
-        reply = await orphans(keys=[keys.APIS, keys.CLOCK], args=[keys.ATTACHED_PREFIX, limit])
-        return list(reply)
+        orphans = slots.Orphans(
+            apis_key=keys.APIS,
+            clock_key=keys.CLOCK,
+            attached_prefix=keys.ATTACHED_PREFIX,
+            limit=limit,
+        )
+        return list(await orphans.run(scripts))
 
     # dead-1's one, then as many of dead-2's as the limit leaves room for
     first = await take(2)
@@ -343,14 +348,19 @@ async def test_worker_beat_scores_by_lease_time_and_drops_the_dead_with_their_in
 ) -> None:
     """``worker_beat.lua``: a stall of Redis does not age the other workers' entries;
     lease time beyond the TTL drops an entry and its info key."""
-    beat = scripts_for(redis).worker_beat
+    scripts = scripts_for(redis)
     ttl_ms = 1000
 
     async def beat_as(worker: str) -> None:
-        await beat(
-            keys=[keys.WORKERS, keys.worker(worker), keys.CLOCK],
-            args=[worker, f'{{"id": "{worker}"}}', ttl_ms, keys.worker("")],
-        )
+        await slots.WorkerBeat(
+            workers_key=keys.WORKERS,
+            info_key=keys.worker(worker),
+            clock_key=keys.CLOCK,
+            worker_id=worker,
+            info=f'{{"id": "{worker}"}}',
+            ttl_ms=ttl_ms,
+            info_prefix=keys.worker(""),
+        ).run(scripts)
 
     await beat_as("w1")
     _, lease = await lease_clock(redis, keys.CLOCK)
@@ -431,12 +441,18 @@ async def test_sweep_expires_only_queued_requests_past_their_deadline_up_to_the_
     scripts = scripts_for(redis)
 
     async def sweep(limit: int) -> list[str]:
-        return list(
-            await scripts.sweep(
-                keys=[keys.deadlines("mock"), keys.queue("mock"), keys.costs("mock")],
-                args=[now_ms(), limit, keys.job_prefix("mock")],
-            )
+        sweep = slots.Sweep(
+            deadlines_key=keys.deadlines("mock"),
+            queue_key=keys.queue("mock"),
+            costs_key=keys.costs("mock"),
+            routes_key=keys.routes("mock"),
+            overtaken_key=keys.overtaken("mock"),
+            held_key=keys.held("mock"),
+            now_ms=now_ms(),
+            limit=limit,
+            job_prefix=keys.job_prefix("mock"),
         )
+        return list(await sweep.run(scripts))
 
     swept = await sweep(2)
     swept += await sweep(2)

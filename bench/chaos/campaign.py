@@ -91,7 +91,7 @@ async def reference(spec: Spec) -> list[str]:
         prompt_tokens=0,
         ignore_eos=True,
     )
-    return [str(token) async for token in model.generate(request)]
+    return [str(token) async for token in model.generate(request) if isinstance(token, str)]
 
 
 def specs(plan: Plan) -> list[tuple[float, Spec]]:

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 
 from llmq import metrics
-from llmq.protocol import codec, keys
+from llmq.protocol import codec, keys, slots
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.protocol.routing import FIFO, Routing
@@ -194,12 +194,12 @@ class Queue:
         before the run's notes. A refused request's record, note and attached
         member are deleted again.
         """
-        keys_, args = self._enqueue_call(call, max_depth)
+        enqueue = self._enqueue_slots(call, max_depth)
         if isinstance(self.redis, RedisCluster):  # other nodes: the record lands first
             notes, _ = await self._record([call])
-            admitted = bool(await self.scripts.enqueue(keys=keys_, args=args))
+            admitted = bool(await enqueue.run(self.scripts))
         else:  # one connection runs them in order: one round trip
-            notes, reply = await self._record([call], then=(keys_, args))
+            notes, reply = await self._record([call], then=enqueue.call())
             admitted = bool(int(reply))
         if not admitted:
             await self._unrecord([call], notes)
@@ -213,23 +213,14 @@ class Queue:
         ``llmq/protocol/lua/enqueue_batch.lua``), its record and note written first as there.
         """
         notes, _ = await self._record(calls)
-        all_keys: list[str] = []
-        counts: list[int] = []
-        all_args: list[Any] = []
-        for call in calls:
-            keys_, args = self._enqueue_call(call, max_depth)
-            all_keys.extend(keys_)
-            all_args.extend(args)
-            counts.extend((len(keys_), len(args)))
-        admitted = await self.scripts.enqueue_batch(
-            keys=all_keys, args=[len(calls), max_depth, *counts, *all_args]
-        )
+        batch = slots.EnqueueBatch([self._enqueue_slots(c, max_depth) for c in calls], max_depth)
+        admitted = await batch.run(self.scripts)
         if not admitted:
             await self._unrecord(calls, notes)
         return bool(admitted)
 
     async def _record(
-        self, calls: list[Enqueue], then: tuple[list[str], list[Any]] | None = None
+        self, calls: list[Enqueue], then: Call | None = None
     ) -> tuple[list[str], Any]:
         """The requests' records and ``queued`` notes, and their attached members, in
         one round trip; returns the notes' entry ids. Also makes the model known to
@@ -242,17 +233,16 @@ class Queue:
             self.models.add(model)
         script = self.scripts.record
         calls_ = [
-            (
-                [keys.request(c.request_id), keys.lifecycle(c.request_id)],
-                [
-                    self.ttl * 1000,
-                    self.lifecycle_maxlen,
-                    c.request_id,
-                    c.model,
-                    c.lifecycle.model_dump_json(exclude_none=True),
-                    *(x for kv in c.record.items() for x in kv),
-                ],
-            )
+            slots.Record(
+                record_key=keys.request(c.request_id),
+                lifecycle_key=keys.lifecycle(c.request_id),
+                ttl_ms=self.ttl * 1000,
+                lifecycle_maxlen=self.lifecycle_maxlen,
+                id=c.request_id,
+                model=c.model,
+                lifecycle_data=c.lifecycle.model_dump_json(exclude_none=True),
+                fields=[x for kv in c.record.items() for x in kv],
+            ).call()
             for c in calls
         ]
         attach_to = calls[0].attach_to
@@ -272,7 +262,11 @@ class Queue:
     async def _unrecord(self, calls: list[Enqueue], notes: list[str]) -> None:
         """Undo :meth:`_record` for refused requests (``llmq/protocol/lua/unrecord.lua``)."""
         calls_ = [
-            ([keys.request(c.request_id), keys.lifecycle(c.request_id)], [note])
+            slots.Unrecord(
+                record_key=keys.request(c.request_id),
+                lifecycle_key=keys.lifecycle(c.request_id),
+                note_id=note,
+            ).call()
             for c, note in zip(calls, notes, strict=True)
         ]
         attach_to = calls[0].attach_to
@@ -284,37 +278,34 @@ class Queue:
 
         await run_pipelined(self.redis, self.scripts.unrecord, calls_, extra)
 
-    def _enqueue_call(self, call: Enqueue, max_depth: int) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the enqueue script for one request (all in the model's slot)."""
+    def _enqueue_slots(self, call: Enqueue, max_depth: int) -> slots.Enqueue:
+        """The enqueue script's slots for one request (all in the model's slot)."""
         request_id, model = call.request_id, call.model
-        route_keys, route_args = self.routing.enqueue_call(model, call.route)
-        return [
-            keys.queue(model),
-            keys.job(request_id, model),
-            keys.costs(model),
-            keys.deadlines(model),
-            keys.parked(model),
-            keys.parked_terms(model),
-            keys.running(model),
-            keys.leases(model),
-            keys.clock(model),
-            keys.beats(model),
-            *route_keys,
-        ], [
-            request_id,
-            call.score,
-            call.job,
-            self.ttl * 1000,
-            max_depth,
-            keys.wake(model),
-            call.cost,
-            call.deadline_ms,
-            keys.handoff_prefix(model),
-            keys.in_progress_prefix(model),
-            keys.retry_prefix(model),
-            RETRY_TTL_SECONDS,
-            *route_args,
-        ]
+        return slots.Enqueue(
+            queue_key=keys.queue(model),
+            job_key=keys.job(request_id, model),
+            costs_key=keys.costs(model),
+            deadlines_key=keys.deadlines(model),
+            parked_key=keys.parked(model),
+            terms_key=keys.parked_terms(model),
+            running_key=keys.running(model),
+            leases_key=keys.leases(model),
+            clock_key=keys.clock(model),
+            beats_key=keys.beats(model),
+            id=request_id,
+            score=call.score,
+            job=call.job,
+            ttl_ms=self.ttl * 1000,
+            max_depth=max_depth,
+            wake_channel=keys.wake(model),
+            cost=call.cost,
+            deadline_ms=call.deadline_ms,
+            handoff_prefix=keys.handoff_prefix(model),
+            in_progress_prefix=keys.in_progress_prefix(model),
+            retry_prefix=keys.retry_prefix(model),
+            retry_ttl=RETRY_TTL_SECONDS,
+            route=self.routing.enqueue_route(model, call.route),
+        )
 
     async def claim(
         self,
@@ -342,38 +333,32 @@ class Queue:
         says when to try again if it left requests to other workers
         (:attr:`Claim.retry_ms`).
         """
-        route_keys, route_args = self.routing.claim_call(
-            model, running=max(capacity - free_slots, 0), capacity=capacity
-        )
-        reply = await self.scripts.claim(
-            keys=[
-                keys.queue(model),
-                keys.running(model),
-                keys.costs(model),
-                keys.deadlines(model),
-                keys.leases(model),
-                keys.parked(model),
-                keys.parked_terms(model),
-                keys.clock(model),
-                *route_keys,
-            ],
-            args=[
-                now_ms(),
-                lease_ms,
-                keys.in_progress_prefix(model),
-                in_progress_ms,
-                -1 if budget_left is None else max(budget_left, 0),
-                "1" if idle else "0",
-                keys.job_prefix(model),
-                keys.cancel_flag_prefix(model),
-                keys.retry_prefix(model),
-                RETRY_TTL_SECONDS,
-                worker_id,
-                free_slots,
-                PARK_TTL_MS,
-                *route_args,
-            ],
-        )
+        reply = await slots.Claim(
+            queue_key=keys.queue(model),
+            running_key=keys.running(model),
+            costs_key=keys.costs(model),
+            deadlines_key=keys.deadlines(model),
+            leases_key=keys.leases(model),
+            parked_key=keys.parked(model),
+            terms_key=keys.parked_terms(model),
+            clock_key=keys.clock(model),
+            deadline_now=now_ms(),
+            lease_ms=lease_ms,
+            in_progress_prefix=keys.in_progress_prefix(model),
+            in_progress_ms=in_progress_ms,
+            budget=-1 if budget_left is None else max(budget_left, 0),
+            idle="1" if idle else "0",
+            job_prefix=keys.job_prefix(model),
+            cancel_prefix=keys.cancel_flag_prefix(model),
+            retry_prefix=keys.retry_prefix(model),
+            retry_ttl=RETRY_TTL_SECONDS,
+            worker_id=worker_id,
+            free_slots=free_slots,
+            park_ttl_ms=PARK_TTL_MS,
+            route=self.routing.claim_route(
+                model, running=max(capacity - free_slots, 0), capacity=capacity
+            ),
+        ).run(self.scripts)
         claim = codec.parse_claim(reply)
         if end_dropped and claim.expired:
             await self.end_unstarted(claim.expired, "timeout")
@@ -398,10 +383,16 @@ class Queue:
         more; the fence only stops what its publisher still holds, and the next
         attempt's first write raises it as well (``publish.lua``).
         """
-        done = await self.scripts.requeue(
-            keys=[keys.queue(model), keys.running(model), keys.leases(model), keys.costs(model)],
-            args=[request_id, attempt, keys.wake(model), keys.in_progress(request_id, model)],
-        )
+        done = await slots.Requeue(
+            queue_key=keys.queue(model),
+            running_key=keys.running(model),
+            leases_key=keys.leases(model),
+            costs_key=keys.costs(model),
+            id=request_id,
+            attempt=attempt,
+            wake_channel=keys.wake(model),
+            in_progress_marker=keys.in_progress(request_id, model),
+        ).run(self.scripts)
         if done:
             await self.raise_fences([(request_id, attempt)])
         return bool(done)
@@ -410,17 +401,24 @@ class Queue:
         """Fence off each (id, attempt): its writes are refused from now on
         (``llmq/protocol/lua/fence.lua``, one call per request slot, in one round trip)."""
         if lost:
-            calls = [([keys.fence(rid)], [attempt + 1, self.ttl]) for rid, attempt in lost]
+            calls = [
+                slots.Fence(fence_key=keys.fence(rid), lowest=attempt + 1, ttl=self.ttl).call()
+                for rid, attempt in lost
+            ]
             await run_pipelined(self.redis, self.scripts.fence, calls)
 
     async def release(self, model: str, request_id: str, attempt: int) -> bool:
         """Drop the lease of a run that ended, if ``attempt`` still holds it."""
-        keys_, args = self._release_call(model, request_id, attempt)
-        return bool(await self.scripts.release(keys=keys_, args=args))
+        return bool(await self._release_slots(model, request_id, attempt).run(self.scripts))
 
     @staticmethod
-    def _release_call(model: str, request_id: str, attempt: int) -> Call:
-        return [keys.running(model), keys.leases(model)], [request_id, attempt]
+    def _release_slots(model: str, request_id: str, attempt: int) -> slots.Release:
+        return slots.Release(
+            running_key=keys.running(model),
+            leases_key=keys.leases(model),
+            id=request_id,
+            attempt=attempt,
+        )
 
     async def finish(self, model: str, request_id: str, attempt: int | None) -> None:
         """A run ended for good: :meth:`release` the lease of ``attempt`` (None: the
@@ -441,7 +439,7 @@ class Queue:
         if attempt is None:
             await self.redis.delete(*names)
             return
-        calls = [self._release_call(model, request_id, attempt)]
+        calls = [self._release_slots(model, request_id, attempt).call()]
         await run_pipelined(self.redis, self.scripts.release, calls, delete)
 
     async def renew(
@@ -455,16 +453,17 @@ class Queue:
         """
         if not held and not worker_id:
             return {}
-        reply = await self.scripts.renew(
-            keys=[keys.running(model), keys.leases(model), keys.clock(model), keys.beats(model)],
-            args=[
-                lease_ms,
-                keys.cancel_flag_prefix(model),
-                worker_id,
-                PARK_TTL_MS,
-                *codec.renew_args(held),
-            ],
-        )
+        reply = await slots.Renew(
+            running_key=keys.running(model),
+            leases_key=keys.leases(model),
+            clock_key=keys.clock(model),
+            beats_key=keys.beats(model),
+            lease_ms=lease_ms,
+            cancel_prefix=keys.cancel_flag_prefix(model),
+            worker_id=worker_id,
+            forget_ms=PARK_TTL_MS,
+            held=codec.renew_args(held),
+        ).run(self.scripts)
         return codec.parse_renew(held, reply)
 
     async def reap(self, model: str, limit: int = 100) -> list[tuple[str, int]]:
@@ -478,20 +477,22 @@ class Queue:
         A crash after the fences leaves fenced attempts whose leases are still due:
         the next sweep reaps them. A sweep with nothing due costs one call.
         """
-        keys_ = [
-            keys.running(model),
-            keys.queue(model),
-            keys.leases(model),
-            keys.costs(model),
-            keys.clock(model),
-        ]
-        args: list[Any] = [limit, keys.wake(model), keys.in_progress_prefix(model)]
-        due = codec.parse_reaped(await self.scripts.reap(keys=keys_, args=args))
+        reap = slots.Reap(
+            running_key=keys.running(model),
+            queue_key=keys.queue(model),
+            leases_key=keys.leases(model),
+            costs_key=keys.costs(model),
+            clock_key=keys.clock(model),
+            limit=limit,
+            wake_channel=keys.wake(model),
+            in_progress_prefix=keys.in_progress_prefix(model),
+        )
+        due = codec.parse_reaped(await reap.run(self.scripts))
         if not due:
             return []
         await self.raise_fences(due)
         pairs = [x for rid, attempt in due for x in (rid, attempt)]
-        return codec.parse_reaped(await self.scripts.reap(keys=keys_, args=[*args, *pairs]))
+        return codec.parse_reaped(await replace(reap, fenced=pairs).run(self.scripts))
 
     async def route_beat(
         self,
@@ -511,20 +512,19 @@ class Queue:
         ``full``, ``stored`` is the whole cache. False: the published set is gone
         while it should hold ``cache_size`` blocks already (it expired, or Redis lost
         it): nothing was applied; send the cache whole."""
-        done = await self.scripts.route_beat(
-            keys=[keys.cache(worker_id, model), keys.loads(model), keys.beats(model)],
-            args=[
-                worker_id,
-                running,
-                capacity,
-                ttl_ms,
-                "1" if full else "0",
-                cache_size,
-                len(stored),
-                *stored,
-                *evicted,
-            ],
-        )
+        done = await slots.RouteBeat(
+            cache_key=keys.cache(worker_id, model),
+            loads_key=keys.loads(model),
+            beats_key=keys.beats(model),
+            worker_id=worker_id,
+            running=running,
+            capacity=capacity,
+            ttl_ms=ttl_ms,
+            full="1" if full else "0",
+            cache_size=cache_size,
+            n_stored=len(stored),
+            blocks=[*stored, *evicted],
+        ).run(self.scripts)
         return bool(done)
 
     async def forget_worker(self, model: str, worker_id: str) -> None:
@@ -542,9 +542,12 @@ class Queue:
     async def api_beat(self, process_id: str, grace_seconds: float) -> None:
         """Renew an API process's liveness lease: dead ``grace_seconds`` of lease time
         from now (a stall of Redis does not make it look dead)."""
-        await self.scripts.api_beat(
-            keys=[keys.APIS, keys.CLOCK], args=[process_id, int(grace_seconds * 1000)]
-        )
+        await slots.ApiBeat(
+            apis_key=keys.APIS,
+            clock_key=keys.CLOCK,
+            process_id=process_id,
+            grace_ms=int(grace_seconds * 1000),
+        ).run(self.scripts)
 
     async def api_gone(self, process_id: str) -> None:
         """An API process stops: its lease ends now, so the sweep cancels whatever is
@@ -553,19 +556,19 @@ class Queue:
 
     async def cancel(self, model: str, request_id: str) -> bool:
         """Cancel a request; True if it was still queued (and is now gone)."""
-        was_queued = await self.scripts.cancel(
-            keys=[
-                keys.queue(model),
-                keys.costs(model),
-                keys.deadlines(model),
-                keys.job(request_id, model),
-                keys.cancel_flag(request_id, model),
-                keys.routes(model),
-                keys.overtaken(model),
-                keys.held(model),
-            ],
-            args=[request_id, self.ttl * 1000, keys.cancel_channel(model)],
-        )
+        was_queued = await slots.Cancel(
+            queue_key=keys.queue(model),
+            costs_key=keys.costs(model),
+            deadlines_key=keys.deadlines(model),
+            job_key=keys.job(request_id, model),
+            flag_key=keys.cancel_flag(request_id, model),
+            routes_key=keys.routes(model),
+            overtaken_key=keys.overtaken(model),
+            held_key=keys.held(model),
+            id=request_id,
+            flag_ttl_ms=self.ttl * 1000,
+            cancel_channel=keys.cancel_channel(model),
+        ).run(self.scripts)
         if was_queued:
             await self.end_unstarted([request_id], "cancelled")
         return bool(was_queued)
@@ -581,9 +584,12 @@ class Queue:
         Their clients' connections died with the process and an OpenAI client cannot
         resume, so finishing them would only waste worker slots. Returns their ids.
         """
-        reply = await self.scripts.orphans(
-            keys=[keys.APIS, keys.CLOCK], args=[keys.ATTACHED_PREFIX, limit]
-        )
+        reply = await slots.Orphans(
+            apis_key=keys.APIS,
+            clock_key=keys.CLOCK,
+            attached_prefix=keys.ATTACHED_PREFIX,
+            limit=limit,
+        ).run(self.scripts)
         cancelled = []
         for member in reply:
             request_id, model = codec.parse_member(member)
@@ -598,17 +604,17 @@ class Queue:
         known = await cast("Awaitable[set[Any]]", self.redis.smembers(keys.MODELS))
         expired: list[str] = []
         for model in sorted(self.models | {as_str(m) for m in known}):
-            reply = await self.scripts.sweep(
-                keys=[
-                    keys.deadlines(model),
-                    keys.queue(model),
-                    keys.costs(model),
-                    keys.routes(model),
-                    keys.overtaken(model),
-                    keys.held(model),
-                ],
-                args=[now_ms(), limit, keys.job_prefix(model)],
-            )
+            reply = await slots.Sweep(
+                deadlines_key=keys.deadlines(model),
+                queue_key=keys.queue(model),
+                costs_key=keys.costs(model),
+                routes_key=keys.routes(model),
+                overtaken_key=keys.overtaken(model),
+                held_key=keys.held(model),
+                now_ms=now_ms(),
+                limit=limit,
+                job_prefix=keys.job_prefix(model),
+            ).run(self.scripts)
             expired += [as_str(x) for x in reply]
         await self.end_unstarted(expired, "timeout")
         return expired

@@ -1,9 +1,10 @@
 """Routing: which queued request a worker claims, which parked worker an arrival goes to.
 
 llmq is a pull queue, so routing is the claim's choice, not a gateway's: each policy
-is a small object (:class:`Policy`) whose ``mode`` the routed scripts read
-(``lua/affinity.lua``, ``lua/claim.lua``, ``lua/enqueue.lua``), chosen by
-``LLMQ_ROUTING`` so that a benchmark runs them side by side on one stack:
+is a small object (:class:`Policy`) whose one name the routed scripts look up in
+their table of policies (``lua/affinity.lua``, read by ``lua/claim.lua`` and
+``lua/enqueue.lua``), chosen by ``LLMQ_ROUTING`` so that a benchmark runs them side
+by side on one stack:
 
 - ``fifo``: today's claim, the lowest score; the scripts run exactly as before,
   nothing extra is written or read.
@@ -35,81 +36,45 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from llmq.model.blocks import block_hashes
 from llmq.model.tokenizer import TOKENIZERS, Tokenizer
 from llmq.protocol import codec, keys
+from llmq.protocol.slots import ClaimRoute, EnqueueRoute
 
 PolicyName = Literal["fifo", "least-loaded", "hash", "prefix"]
 
 
-class Policy(Protocol):
-    """A routing policy: its name, its mode in the scripts ("" for none), and how many
-    leading blocks of a prompt it needs named (0: none) and whether it uses sessions."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def mode(self) -> str: ...
-
-    def blocks(self, limit: int) -> int: ...
-
-    @property
-    def sessions(self) -> bool: ...
-
-
 @dataclass(frozen=True)
-class Fifo:
-    """The lowest score first: today's claim, at today's cost."""
+class Policy:
+    """A routing policy: its one name (the ``LLMQ_ROUTING`` value, and the scripts'
+    key into their table of policies, ``lua/affinity.lua``), how many leading blocks
+    of a prompt it needs named (``None``: all there are, up to the routing's
+    ``max_blocks``; 0: none) and whether it follows sessions."""
 
-    name: str = "fifo"
-    mode: str = ""
+    name: PolicyName
+    blocks_named: int | None = 0
     sessions: bool = False
 
     def blocks(self, limit: int) -> int:
-        return 0
+        return limit if self.blocks_named is None else self.blocks_named
 
 
-@dataclass(frozen=True)
-class LeastLoaded:
-    """The live worker running fewest requests (a push router's least-requests)."""
-
-    name: str = "least-loaded"
-    mode: str = "load"
-    sessions: bool = False
-
-    def blocks(self, limit: int) -> int:
-        return 0
-
-
-@dataclass(frozen=True)
-class FirstBlockHash:
-    """Rendezvous hashing of the prompt's first block: a fixed worker per prefix."""
-
-    name: str = "hash"
-    mode: str = "hash"
-    sessions: bool = False
-
-    def blocks(self, limit: int) -> int:
-        return 1
-
-
-@dataclass(frozen=True)
-class CacheAware:
-    """The worker whose KV cache holds most of the prompt's prefix, or the session's."""
-
-    name: str = "prefix"
-    mode: str = "prefix"
-    sessions: bool = True
-
-    def blocks(self, limit: int) -> int:
-        return limit
-
+#: The lowest score first: today's claim, at today's cost (the scripts route nothing).
+FIFO_POLICY = Policy("fifo")
 
 POLICIES: dict[str, Policy] = {
-    p.name: p for p in (Fifo(), LeastLoaded(), FirstBlockHash(), CacheAware())
+    p.name: p
+    for p in (
+        FIFO_POLICY,
+        # The live worker running fewest requests (a push router's least-requests).
+        Policy("least-loaded"),
+        # Rendezvous hashing of the prompt's first block: a fixed worker per prefix.
+        Policy("hash", blocks_named=1),
+        # The worker whose KV cache holds most of the prompt's prefix, or the session's.
+        Policy("prefix", blocks_named=None, sessions=True),
+    )
 }
 
 
@@ -140,7 +105,7 @@ def session_id(raw: str) -> str:
 class Routing:
     """A policy with its guards, and what the API and the workers pass the scripts."""
 
-    policy: Policy = Fifo()
+    policy: Policy = FIFO_POLICY
     guards: Guards = Guards()
     #: Most leading blocks of a prompt named at admission (``prefix``).
     max_blocks: int = 256
@@ -148,7 +113,7 @@ class Routing:
 
     @property
     def routed(self) -> bool:
-        return bool(self.policy.mode)
+        return self.policy.name != "fifo"
 
     def hint(self, prompt: str, priority: int, session: str | None) -> str:
         """The route hint of a request ("" under ``fifo``)."""
@@ -159,56 +124,54 @@ class Routing:
         sid = session_id(session) if session and self.policy.sessions else ""
         return codec.RouteHint(priority, sid, tuple(names)).encode()
 
-    def claim_call(self, model: str, *, running: int, capacity: int) -> tuple[list[str], list[Any]]:
-        """The keys and arguments a routed claim adds to claim.lua's (none for fifo)."""
+    def claim_route(self, model: str, *, running: int, capacity: int) -> ClaimRoute | None:
+        """The slots a routed claim adds to claim.lua's (none for fifo)."""
         if not self.routed:
-            return [], []
+            return None
         g = self.guards
-        return [
-            keys.routes(model),
-            keys.overtaken(model),
-            keys.loads(model),
-            keys.beats(model),
-            keys.routing_stats(model),
-            keys.held(model),
-        ], [
-            self.policy.mode,
-            g.window,
-            g.max_wait_ms,
-            g.max_overtakes,
-            g.imbalance,
-            "1" if g.priority else "0",
-            running,
-            capacity,
-            keys.cache_prefix(model),
-            keys.session_prefix(model),
-            g.session_ttl_ms,
-            g.live_ms,
-            g.max_workers,
-        ]
+        return ClaimRoute(
+            routes_key=keys.routes(model),
+            overtaken_key=keys.overtaken(model),
+            loads_key=keys.loads(model),
+            beats_key=keys.beats(model),
+            stats_key=keys.routing_stats(model),
+            held_key=keys.held(model),
+            policy_name=self.policy.name,
+            window=g.window,
+            max_wait_ms=g.max_wait_ms,
+            max_overtakes=g.max_overtakes,
+            imbalance=g.imbalance,
+            priority_guard="1" if g.priority else "0",
+            running=running,
+            capacity=capacity,
+            cache_prefix=keys.cache_prefix(model),
+            session_prefix=keys.session_prefix(model),
+            session_ttl_ms=g.session_ttl_ms,
+            live_ms=g.live_ms,
+            max_workers=g.max_workers,
+        )
 
-    def enqueue_call(self, model: str, hint: str) -> tuple[list[str], list[Any]]:
-        """The keys and arguments a routed enqueue adds to enqueue.lua's (none for fifo)."""
+    def enqueue_route(self, model: str, hint: str) -> EnqueueRoute | None:
+        """The slots a routed enqueue adds to enqueue.lua's (none for fifo, or no hint)."""
         if not self.routed or not hint:
-            return [], []
+            return None
         g = self.guards
-        return [
-            keys.routes(model),
-            keys.loads(model),
-            keys.routing_stats(model),
-            keys.held(model),
-        ], [
-            self.policy.mode,
-            hint,
-            keys.cache_prefix(model),
-            keys.session_prefix(model),
-            g.session_ttl_ms,
-            g.imbalance,
-            g.max_workers,
-            g.max_wait_ms,
-            g.live_ms,
-            int(time.time() * 1000),
-        ]
+        return EnqueueRoute(
+            routes_key=keys.routes(model),
+            loads_key=keys.loads(model),
+            stats_key=keys.routing_stats(model),
+            held_key=keys.held(model),
+            policy_name=self.policy.name,
+            hint_text=hint,
+            cache_prefix=keys.cache_prefix(model),
+            session_prefix=keys.session_prefix(model),
+            session_ttl_ms=g.session_ttl_ms,
+            imbalance=g.imbalance,
+            max_workers=g.max_workers,
+            max_wait_ms=g.max_wait_ms,
+            live_ms=g.live_ms,
+            now_ms=int(time.time() * 1000),
+        )
 
 
 FIFO = Routing()

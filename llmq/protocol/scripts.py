@@ -1,7 +1,8 @@
 """The Lua scripts that make every queue transition atomic: the loader.
 
 Each script is a file in ``llmq/protocol/lua/``, beginning with a named local for every key
-and argument. The shared helpers (the lease clock, lease parsing, the fence) live in
+and argument; its KEYS and ARGV are built by one builder of the same names
+(:mod:`llmq.protocol.slots`). The shared helpers (the lease clock, lease parsing, the fence) live in
 ``llmq/protocol/lua/clock.lua`` and are prepended to every script when it is read. Files are
 read once per process; :func:`scripts_for` registers them once per client. The
 values the scripts and Python exchange are encoded and decoded in :mod:`llmq.protocol.codec`.

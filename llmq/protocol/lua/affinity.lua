@@ -3,8 +3,8 @@
 -- an arriving one). A route hint is "priority|session|b1,b2,..."
 -- (llmq.protocol.codec.RouteHint); a worker's load "running|capacity"
 -- (llmq.protocol.codec.load). A route is a table of what the calling script was given:
--- mode ('prefix', 'load' or 'hash'), cache_prefix, session_prefix, loads_key,
--- beats_key, now (lease time), live_ms, max_workers.
+-- policy (an entry of POLICIES, below, by the policy's name), cache_prefix,
+-- session_prefix, loads_key, beats_key, now (lease time), live_ms, max_workers.
 
 -- A hint as a table {priority, session, blocks}; nil if absent or malformed.
 local function parse_hint(value)
@@ -66,25 +66,59 @@ local function session_worker(route, hint)
   return redis.call('GET', route.session_prefix .. hint.session) or ''
 end
 
--- How much worker w wants the request of `hint` (higher: more; equal: no preference).
--- prefix: its cached leading blocks, and above any cache the session's last worker;
--- load: fewer running (a full worker least); hash: rendezvous hash of the first block.
+-- The routing policies by their one name (llmq.protocol.routing.POLICIES; fifo routes
+-- nothing, so it has none). rank(route, w, hint, last, load): how much worker w wants
+-- the request of `hint` (higher: more; equal: no preference), `last` being the
+-- session's last worker and `load` w's {running, capacity}. gains: a claim takes, among
+-- the requests it may, the one it wants most (not the first). caches: a worker that
+-- takes a request holds its blocks from then on (remember). holds: a request may wait
+-- for a busy worker that wants it more, and a worker busier than the least loaded by
+-- more than `imbalance` is not preferred for what it holds.
+local POLICIES = {
+  -- Its cached leading blocks, and above any cache the session's last worker.
+  ['prefix'] = {
+    rank = function(route, w, hint, last, load)
+      local held = held_blocks(route.cache_prefix .. w, hint.blocks)
+      if last == w then
+        held = held + #hint.blocks + 1
+      end
+      return held
+    end,
+    gains = true, caches = true, holds = true,
+  },
+  -- Fewer running (a full worker least).
+  ['least-loaded'] = {
+    rank = function(route, w, hint, last, load)
+      if load[2] > 0 and load[1] >= load[2] then
+        return -1000000
+      end
+      return -load[1]
+    end,
+    gains = false, caches = false, holds = false,
+  },
+  -- Rendezvous hash of the first block.
+  ['hash'] = {
+    rank = function(route, w, hint, last, load)
+      if #hint.blocks == 0 then
+        return 0
+      end
+      return tonumber(string.sub(redis.sha1hex(hint.blocks[1] .. '|' .. w), 1, 8), 16)
+    end,
+    gains = false, caches = false, holds = true,
+  },
+}
+
+-- The route of a routed script (see the top), from its slots of the same names.
+local function route_of(policy_name, cache_prefix, session_prefix, loads_key, beats_key,
+    live_ms, max_workers)
+  return {policy = POLICIES[policy_name], cache_prefix = cache_prefix,
+    session_prefix = session_prefix, loads_key = loads_key, beats_key = beats_key,
+    live_ms = live_ms, max_workers = max_workers}
+end
+
+-- How much worker w wants the request of `hint`, by the route's policy.
 local function rank(route, w, hint, last, load)
-  if route.mode == 'prefix' then
-    local held = held_blocks(route.cache_prefix .. w, hint.blocks)
-    if last == w then
-      held = held + #hint.blocks + 1
-    end
-    return held
-  elseif route.mode == 'load' then
-    if load[2] > 0 and load[1] >= load[2] then
-      return -1000000
-    end
-    return -load[1]
-  elseif route.mode == 'hash' and #hint.blocks > 0 then
-    return tonumber(string.sub(redis.sha1hex(hint.blocks[1] .. '|' .. w), 1, 8), 16)
-  end
-  return 0
+  return route.policy.rank(route, w, hint, last, load)
 end
 
 -- Worker w took the request of `hint`: the session remembers it, and (prefix) w's
@@ -101,7 +135,7 @@ local function remember(route, hint, w, ttl_ms)
     redis.call('SET', route.session_prefix .. hint.session, w, 'PX', ttl_ms)
   end
   local set_key = route.cache_prefix .. w
-  if route.mode == 'prefix' and #hint.blocks > 0 then
+  if route.policy.caches and #hint.blocks > 0 then
     redis.call('SADD', set_key, unpack(hint.blocks))
     if redis.call('PTTL', set_key) < 0 then
       redis.call('PEXPIRE', set_key, route.live_ms)

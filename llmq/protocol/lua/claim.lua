@@ -8,8 +8,8 @@
 -- newcomer, or a worker handed a request, goes to the back: workers take turns).
 -- Reply: llmq.protocol.codec.parse_claim.
 --
--- Routed (a mode in ARGV[14], llmq.protocol.routing; KEYS 9-13 given): instead of the
--- head, the worker takes from the queue's first `window` requests the one it wants
+-- Routed (a policy's name in ARGV[14], llmq.protocol.routing; KEYS 9-14 given): instead
+-- of the head, the worker takes from the queue's first `window` requests the one it wants
 -- most (lua/affinity.lua: its cached prefix, its session, its load, its hash), and
 -- leaves a request that another live worker wants more, unless a guard says the
 -- request is anyone's now: it was left for another `max_wait_ms` ago (held_key: when
@@ -19,6 +19,7 @@
 -- more urgent one (lower priority number) when the priority guard is on. A worker
 -- that takes nothing is parked and told when the first request it left becomes
 -- anyone's (the reply's retry ms).
+-- KEYS and ARGV: llmq.protocol.slots.Claim (routed: and ClaimRoute).
 local queue_key = KEYS[1]
 local running_key = KEYS[2]
 local costs_key = KEYS[3]
@@ -42,29 +43,32 @@ local worker_id = ARGV[11]
 local free_slots = tonumber(ARGV[12])
 local park_ttl_ms = ARGV[13]
 
-local mode = ARGV[14] or ''
-local routed = mode ~= ''
-local routes_key, overtaken_key, loads_key, beats_key, stats_key, held_key
-local window, max_wait_ms, max_overtakes, imbalance, priority_guard
-local running, capacity, session_ttl_ms, route
+-- Routed only (nil under fifo):
+local routes_key = KEYS[9]
+local overtaken_key = KEYS[10]
+local loads_key = KEYS[11]
+local beats_key = KEYS[12]
+local stats_key = KEYS[13]
+local held_key = KEYS[14]
+local policy_name = ARGV[14]
+local window = tonumber(ARGV[15])
+local max_wait_ms = tonumber(ARGV[16])
+local max_overtakes = tonumber(ARGV[17])
+local imbalance = tonumber(ARGV[18])
+local priority_guard = ARGV[19] == '1'
+local running = tonumber(ARGV[20])
+local capacity = tonumber(ARGV[21])
+local cache_prefix = ARGV[22]
+local session_prefix = ARGV[23]
+local session_ttl_ms = ARGV[24]
+local live_ms = tonumber(ARGV[25])
+local max_workers = tonumber(ARGV[26])
+
+local routed = policy_name ~= nil
+local route
 if routed then
-  routes_key = KEYS[9]
-  overtaken_key = KEYS[10]
-  loads_key = KEYS[11]
-  beats_key = KEYS[12]
-  stats_key = KEYS[13]
-  held_key = KEYS[14]
-  window = tonumber(ARGV[15])
-  max_wait_ms = tonumber(ARGV[16])
-  max_overtakes = tonumber(ARGV[17])
-  imbalance = tonumber(ARGV[18])
-  priority_guard = ARGV[19] == '1'
-  running = tonumber(ARGV[20])
-  capacity = tonumber(ARGV[21])
-  session_ttl_ms = ARGV[24]
-  route = {mode = mode, cache_prefix = ARGV[22], session_prefix = ARGV[23],
-    loads_key = loads_key, beats_key = beats_key, live_ms = tonumber(ARGV[25]),
-    max_workers = tonumber(ARGV[26])}
+  route = route_of(policy_name, cache_prefix, session_prefix, loads_key, beats_key, live_ms,
+    max_workers)
 end
 
 local now = lease_now(clock_key)
@@ -196,11 +200,11 @@ local function choose()
     end
     if priority_guard and hint and urgent and hint.priority > urgent then
       -- would overtake a more urgent request: not a candidate
-      if mode == 'prefix' and want > gain and want > 0 then outranked_wanted = true end
+      if route.policy.gains and want > gain and want > 0 then outranked_wanted = true end
     else
       local wanted = best == nil or want >= best
       if wanted or forced then
-        local g = (mode == 'prefix' and wanted) and want or 0
+        local g = (route.policy.gains and wanted) and want or 0
         if chosen == nil or g > gain then
           chosen, gain = i, g
           why = nil

@@ -13,7 +13,7 @@
 -- time: the model's beats, bumped by renew.lua) is older than its lease is skipped
 -- and unparked too: it could not renew the lease it would be handed.
 --
--- Routed (a mode in ARGV[13], llmq.protocol.routing; KEYS 11-14 given): the request's
+-- Routed (a policy's name in ARGV[13], llmq.protocol.routing; KEYS 11-14 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
 -- parked worker that wants it most (lua/affinity.lua), among holders alike the least
 -- loaded, else the first parked, and not a parked one busier than the least loaded by more than
@@ -22,6 +22,7 @@
 -- busier than that parked worker by more than `imbalance`, the request is queued for
 -- it instead (when `max_wait_ms` > 0): the holder claims it when a slot frees, anyone
 -- once it waited `max_wait_ms`.
+-- KEYS and ARGV: llmq.protocol.slots.Enqueue (routed: and EnqueueRoute).
 local queue_key = KEYS[1]
 local job_key = KEYS[2]
 local costs_key = KEYS[3]
@@ -46,23 +47,28 @@ local in_progress_prefix = ARGV[10]
 local retry_prefix = ARGV[11]
 local retry_ttl = ARGV[12]
 
-local mode = ARGV[13] or ''
-local routed = mode ~= ''
-local routes_key, loads_key, stats_key, held_key, hint_text, hint, session_ttl_ms, imbalance, max_wait_ms
-local route
+-- Routed only (nil under fifo, or for a request without a hint):
+local routes_key = KEYS[11]
+local loads_key = KEYS[12]
+local stats_key = KEYS[13]
+local held_key = KEYS[14]
+local policy_name = ARGV[13]
+local hint_text = ARGV[14]
+local cache_prefix = ARGV[15]
+local session_prefix = ARGV[16]
+local session_ttl_ms = ARGV[17]
+local imbalance = tonumber(ARGV[18])
+local max_workers = tonumber(ARGV[19])
+local max_wait_ms = tonumber(ARGV[20])
+local live_ms = tonumber(ARGV[21])
+local now_ms = ARGV[22]
+
+local routed = policy_name ~= nil
+local hint, route
 if routed then
-  routes_key = KEYS[11]
-  loads_key = KEYS[12]
-  stats_key = KEYS[13]
-  held_key = KEYS[14]
-  hint_text = ARGV[14]
   hint = parse_hint(hint_text)
-  session_ttl_ms = ARGV[17]
-  imbalance = tonumber(ARGV[18])
-  max_wait_ms = tonumber(ARGV[20])
-  route = {mode = mode, cache_prefix = ARGV[15], session_prefix = ARGV[16],
-    loads_key = loads_key, beats_key = beats_key, live_ms = tonumber(ARGV[21]),
-    max_workers = tonumber(ARGV[19])}
+  route = route_of(policy_name, cache_prefix, session_prefix, loads_key, beats_key, live_ms,
+    max_workers)
 end
 
 if live_depth(queue_key) >= max_depth then
@@ -139,7 +145,7 @@ local function routed_order(now, found)
   for i, t in ipairs(found) do
     local load = (loads[t[1]] or {0, 0})[1]
     local r = rank(route, t[1], hint, last, loads[t[1]] or {0, 0})
-    if mode ~= 'load' and r > 0 and load - least > imbalance and t[1] ~= last then
+    if route.policy.holds and r > 0 and load - least > imbalance and t[1] ~= last then
       r, demoted = 0, true
     end
     ranks[i] = {r, i, t, load}
@@ -153,13 +159,13 @@ local function routed_order(now, found)
   if demoted and top[1] == 0 then
     redis.call('HINCRBY', stats_key, 'guard_load', 1)
   end
-  if max_wait_ms > 0 and mode ~= 'load' then
+  if max_wait_ms > 0 and route.policy.holds then
     local top_load = (loads[top[3][1]] or {0, 0})[1]
     for _, w in ipairs(live) do
       if not parked_here[w] and loads[w][1] - top_load <= imbalance
           and rank(route, w, hint, last, loads[w]) > top[1] then
         redis.call('HINCRBY', stats_key, 'handoff_held', 1)
-        redis.call('HSET', held_key, id, ARGV[22])
+        redis.call('HSET', held_key, id, now_ms)
         redis.call('PEXPIRE', held_key, ttl_ms)
         return {}
       end

@@ -33,6 +33,7 @@ local function publish_one(k, a, last)
   local lifecycle_maxlen = ARGV[a + 4]
   local n_events = tonumber(ARGV[a + 5])
   local n_record = tonumber(ARGV[a + 6])
+  local n_notes = tonumber(ARGV[a + 7])  -- they run to `last`
   local events_from = a + 8
   local record_from = events_from + 4 * n_events
   local notes_from = record_from + 2 * n_record
@@ -141,8 +142,9 @@ end
 local replies = {}
 local k, a = 0, 0
 while k < #KEYS do
-  local nargs = tonumber(ARGV[a + 1])
-  local ok, reply = pcall(publish_one, k, a + 1, a + 1 + nargs)
+  local count_at = a + 1  -- then the request's own arguments
+  local nargs = tonumber(ARGV[count_at])
+  local ok, reply = pcall(publish_one, k, count_at, count_at + nargs)
   if ok then
     replies[#replies + 1] = reply
   elseif type(reply) == 'table' and reply.err then

@@ -11,7 +11,7 @@ local costs_key = KEYS[4]
 local id = ARGV[1]
 local attempt = tonumber(ARGV[2])
 local wake_channel = ARGV[3]
-local in_progress_key = ARGV[4]
+local in_progress_marker = ARGV[4]
 
 local score, cost, held = parse_lease(redis.call('HGET', leases_key, id))
 if held ~= attempt then
@@ -19,7 +19,7 @@ if held ~= attempt then
 end
 redis.call('HDEL', leases_key, id)
 redis.call('ZREM', running_key, id)
-redis.call('DEL', in_progress_key)
+redis.call('DEL', in_progress_marker)
 redis.call('ZADD', queue_key, score, id)
 redis.call('HSET', costs_key, id, cost)
 redis.call('PUBLISH', wake_channel, id)

@@ -1,0 +1,485 @@
+"""The KEYS and ARGV of every Lua script, named once: one builder per script.
+
+A builder is a frozen dataclass whose fields are the script's slots in their order,
+each named as the script's own ``local x = KEYS[n]`` / ``local x = ARGV[n]`` line
+names it (``tests/test_slots.py`` holds each builder against its script, so a slot
+out of order fails a test). A field named ``*_key`` is a KEY, any other an ARGV; a
+field marked :data:`SPREAD` (a sequence, always the last ARGV) is spread into ARGV
+as the variable part the script reads in a loop; a field holding another builder (a
+routed claim's or enqueue's extra slots, ``None`` when not routed) adds its KEYS
+after these KEYS and its ARGV after these ARGV. :meth:`Slots.call` flattens a
+builder into the (KEYS, ARGV) a script call or :func:`~llmq.protocol.scripts.run_pipelined`
+takes; :meth:`Slots.run` calls the builder's script (:attr:`Slots.SCRIPT`).
+
+``publish.lua`` and ``enqueue_batch.lua`` take many requests in one call; their
+per-request layouts are :class:`Publish` and :class:`Enqueue`, put together by
+:func:`llmq.protocol.streams.publish_calls` and :class:`EnqueueBatch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from llmq.protocol.scripts import Call, Scripts
+
+#: A slot's kind in a layout: a KEY, an ARGV, a tail spread into ARGV or into KEYS, a
+#: nested builder.
+KEY, ARG, TAIL, KEYS_TAIL, PART = "key", "arg", "tail", "keys_tail", "part"
+
+
+def tail(*, into: str = TAIL) -> Any:
+    """A sequence field spread into ARGV (or, ``into=KEYS_TAIL``, KEYS) after the named
+    slots: what the script reads in a loop."""
+    return field(default=(), metadata={"kind": into})
+
+
+def part(cls: type[Slots]) -> dict[str, Any]:
+    """The metadata of a field holding ``cls``'s slots, or None: they follow this
+    builder's KEYS and ARGV."""
+    return {"kind": PART, "part": cls}
+
+
+_LAYOUTS: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def layout(cls: type[Slots]) -> tuple[tuple[str, str], ...]:
+    """(field name, kind) of a builder's fields, in order (computed once per class)."""
+    found = _LAYOUTS.get(cls)
+    if found is None:
+        found = _LAYOUTS[cls] = tuple(
+            (f.name, f.metadata.get("kind") or (KEY if f.name.endswith("_key") else ARG))
+            for f in fields(cls)
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class Slots:
+    """A script's KEYS and ARGV as fields in their order (see the module docstring)."""
+
+    #: The script (a field of :class:`~llmq.protocol.scripts.Scripts`) these slots are of.
+    SCRIPT: ClassVar[str] = ""
+
+    def call(self) -> Call:
+        """The KEYS and ARGV of the script call."""
+        keys_: list[Any] = []
+        args: list[Any] = []
+        self._into(keys_, args)
+        return keys_, args
+
+    def _into(self, keys_: list[Any], args: list[Any]) -> None:
+        part: Slots | None = None
+        for name, kind in layout(type(self)):
+            value = getattr(self, name)
+            if kind == KEY:
+                keys_.append(value)
+            elif kind == ARG:
+                args.append(value)
+            elif kind == TAIL:
+                args.extend(value)
+            elif kind == KEYS_TAIL:
+                keys_.extend(value)
+            elif value is not None:
+                part = value
+        if part is not None:
+            part._into(keys_, args)
+
+    @classmethod
+    def names(cls) -> tuple[list[str], list[str]]:
+        """The named KEYS and ARGV slots in order, parts included (what the script's
+        ``local`` lines name); a spread tail has no name of its own."""
+        keys_: list[str] = []
+        args: list[str] = []
+        parts: list[type[Slots]] = []
+        for f in fields(cls):
+            kind = f.metadata.get("kind") or (KEY if f.name.endswith("_key") else ARG)
+            if kind == KEY:
+                keys_.append(f.name)
+            elif kind == ARG:
+                args.append(f.name)
+            elif kind == PART:
+                parts.append(f.metadata["part"])
+        for p in parts:
+            k, a = p.names()
+            keys_ += k
+            args += a
+        return keys_, args
+
+    async def run(self, scripts: Scripts) -> Any:
+        """Call the script with these slots."""
+        keys_, args = self.call()
+        return await getattr(scripts, self.SCRIPT)(keys=keys_, args=args)
+
+
+@dataclass(frozen=True)
+class ClaimRoute(Slots):
+    """What a routed claim adds to :class:`Claim` (absent under ``fifo``)."""
+
+    routes_key: str
+    overtaken_key: str
+    loads_key: str
+    beats_key: str
+    stats_key: str
+    held_key: str
+    policy_name: str
+    window: int
+    max_wait_ms: int
+    max_overtakes: int
+    imbalance: int
+    priority_guard: str
+    running: int
+    capacity: int
+    cache_prefix: str
+    session_prefix: str
+    session_ttl_ms: int
+    live_ms: int
+    max_workers: int
+
+
+@dataclass(frozen=True)
+class Claim(Slots):
+    """``claim.lua``: take the next request for a worker (or park it)."""
+
+    SCRIPT: ClassVar[str] = "claim"
+
+    queue_key: str
+    running_key: str
+    costs_key: str
+    deadlines_key: str
+    leases_key: str
+    parked_key: str
+    terms_key: str
+    clock_key: str
+    deadline_now: int
+    lease_ms: int
+    in_progress_prefix: str
+    in_progress_ms: int
+    budget: int
+    idle: str
+    job_prefix: str
+    cancel_prefix: str
+    retry_prefix: str
+    retry_ttl: int
+    worker_id: str
+    free_slots: int
+    park_ttl_ms: int
+    route: ClaimRoute | None = field(default=None, metadata=part(ClaimRoute))
+
+
+@dataclass(frozen=True)
+class EnqueueRoute(Slots):
+    """What a routed enqueue of a hinted request adds to :class:`Enqueue`."""
+
+    routes_key: str
+    loads_key: str
+    stats_key: str
+    held_key: str
+    policy_name: str
+    hint_text: str
+    cache_prefix: str
+    session_prefix: str
+    session_ttl_ms: int
+    imbalance: int
+    max_workers: int
+    max_wait_ms: int
+    live_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Enqueue(Slots):
+    """``enqueue.lua``: admit one request, or hand it to a parked worker."""
+
+    SCRIPT: ClassVar[str] = "enqueue"
+
+    queue_key: str
+    job_key: str
+    costs_key: str
+    deadlines_key: str
+    parked_key: str
+    terms_key: str
+    running_key: str
+    leases_key: str
+    clock_key: str
+    beats_key: str
+    id: str
+    score: int
+    job: bytes
+    ttl_ms: int
+    max_depth: int
+    wake_channel: str
+    cost: int
+    deadline_ms: int
+    handoff_prefix: str
+    in_progress_prefix: str
+    retry_prefix: str
+    retry_ttl: int
+    route: EnqueueRoute | None = field(default=None, metadata=part(EnqueueRoute))
+
+
+@dataclass(frozen=True)
+class EnqueueBatch(Slots):
+    """``enqueue_batch.lua``: several :class:`Enqueue` calls, all or none. Its KEYS are
+    the calls' KEYS in turn (the first is the model's queue); its ARGV a header (the
+    number of calls, ``max_depth``, each call's key and argument counts), then the
+    calls' ARGV in turn."""
+
+    SCRIPT: ClassVar[str] = "enqueue_batch"
+
+    calls: Sequence[Enqueue]
+    max_depth: int
+
+    def call(self) -> Call:
+        all_keys: list[Any] = []
+        counts: list[int] = []
+        all_args: list[Any] = []
+        for one in self.calls:
+            keys_, args = one.call()
+            all_keys.extend(keys_)
+            all_args.extend(args)
+            counts.extend((len(keys_), len(args)))
+        return all_keys, [len(self.calls), self.max_depth, *counts, *all_args]
+
+    @classmethod
+    def names(cls) -> tuple[list[str], list[str]]:
+        return ["queue_key"], ["n", "max_depth"]
+
+
+@dataclass(frozen=True)
+class Record(Slots):
+    """``record.lua``: a request's ``queued`` record and lifecycle note."""
+
+    SCRIPT: ClassVar[str] = "record"
+
+    record_key: str
+    lifecycle_key: str
+    ttl_ms: int
+    lifecycle_maxlen: int
+    id: str
+    model: str
+    lifecycle_data: str
+    #: The record's field/value pairs.
+    fields: Sequence[str] = tail()
+
+
+@dataclass(frozen=True)
+class Unrecord(Slots):
+    """``unrecord.lua``: undo :class:`Record` for a refused request."""
+
+    SCRIPT: ClassVar[str] = "unrecord"
+
+    record_key: str
+    lifecycle_key: str
+    note_id: str
+
+
+@dataclass(frozen=True)
+class Requeue(Slots):
+    """``requeue.lua``: hand a claimed request back at its original score."""
+
+    SCRIPT: ClassVar[str] = "requeue"
+
+    queue_key: str
+    running_key: str
+    leases_key: str
+    costs_key: str
+    id: str
+    attempt: int
+    wake_channel: str
+    in_progress_marker: str
+
+
+@dataclass(frozen=True)
+class Fence(Slots):
+    """``fence.lua``: refuse the writes of attempts below ``lowest``."""
+
+    SCRIPT: ClassVar[str] = "fence"
+
+    fence_key: str
+    lowest: int
+    ttl: int
+
+
+@dataclass(frozen=True)
+class Release(Slots):
+    """``release.lua``: drop the lease of a run that ended."""
+
+    SCRIPT: ClassVar[str] = "release"
+
+    running_key: str
+    leases_key: str
+    id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Renew(Slots):
+    """``renew.lua``: extend the leases a worker holds, and record its beat."""
+
+    SCRIPT: ClassVar[str] = "renew"
+
+    running_key: str
+    leases_key: str
+    clock_key: str
+    beats_key: str
+    lease_ms: int
+    cancel_prefix: str
+    worker_id: str
+    forget_ms: int
+    #: (id, attempt) pairs, flat (:func:`llmq.protocol.codec.renew_args`).
+    held: Sequence[Any] = tail()
+
+
+@dataclass(frozen=True)
+class Reap(Slots):
+    """``reap.lua``: which leases are due, or (with ``fenced``) requeue them."""
+
+    SCRIPT: ClassVar[str] = "reap"
+
+    running_key: str
+    queue_key: str
+    leases_key: str
+    costs_key: str
+    clock_key: str
+    limit: int
+    wake_channel: str
+    in_progress_prefix: str
+    #: (id, fenced attempt) pairs, flat: the second call's.
+    fenced: Sequence[Any] = tail()
+
+
+@dataclass(frozen=True)
+class RouteBeat(Slots):
+    """``route_beat.lua``: a worker's load and what its KV cache gained and lost."""
+
+    SCRIPT: ClassVar[str] = "route_beat"
+
+    cache_key: str
+    loads_key: str
+    beats_key: str
+    worker_id: str
+    running: int
+    capacity: int
+    ttl_ms: int
+    full: str
+    cache_size: int
+    n_stored: int
+    #: The stored block names, then the evicted ones.
+    blocks: Sequence[str] = tail()
+
+
+@dataclass(frozen=True)
+class ApiBeat(Slots):
+    """``api_beat.lua``: renew an API process's liveness lease."""
+
+    SCRIPT: ClassVar[str] = "api_beat"
+
+    apis_key: str
+    clock_key: str
+    process_id: str
+    grace_ms: int
+
+
+@dataclass(frozen=True)
+class WorkerBeat(Slots):
+    """``worker_beat.lua``: a worker's registry entry and info."""
+
+    SCRIPT: ClassVar[str] = "worker_beat"
+
+    workers_key: str
+    info_key: str
+    clock_key: str
+    worker_id: str
+    info: str
+    ttl_ms: int
+    info_prefix: str
+
+
+@dataclass(frozen=True)
+class Cancel(Slots):
+    """``cancel.lua``: remove a queued request, or flag a running one."""
+
+    SCRIPT: ClassVar[str] = "cancel"
+
+    queue_key: str
+    costs_key: str
+    deadlines_key: str
+    job_key: str
+    flag_key: str
+    routes_key: str
+    overtaken_key: str
+    held_key: str
+    id: str
+    flag_ttl_ms: int
+    cancel_channel: str
+
+
+@dataclass(frozen=True)
+class Orphans(Slots):
+    """``orphans.lua``: the attached requests of API processes whose lease ran out."""
+
+    SCRIPT: ClassVar[str] = "orphans"
+
+    apis_key: str
+    clock_key: str
+    attached_prefix: str
+    limit: int
+
+
+@dataclass(frozen=True)
+class Sweep(Slots):
+    """``sweep.lua``: remove a model's queued requests past their deadline."""
+
+    SCRIPT: ClassVar[str] = "sweep"
+
+    deadlines_key: str
+    queue_key: str
+    costs_key: str
+    routes_key: str
+    overtaken_key: str
+    held_key: str
+    now_ms: int
+    limit: int
+    job_prefix: str
+
+
+@dataclass(frozen=True)
+class MetricsFlush(Slots):
+    """``metrics_flush.lua``: one process's metric deltas with their marker. After the
+    named keys come the family hashes (``families``); after the named ARGV the
+    window's pairs and each family's count and pairs (``deltas``)."""
+
+    SCRIPT: ClassVar[str] = "metrics_flush"
+
+    marker_key: str
+    window_key: str
+    marker_ttl: int
+    window_ttl: int
+    n_window: int
+    families: Sequence[str] = tail(into=KEYS_TAIL)
+    deltas: Sequence[Any] = tail()
+
+
+@dataclass(frozen=True)
+class Publish(Slots):
+    """``publish.lua``'s slots of one request (a call carries many, each after its
+    argument count: :func:`llmq.protocol.streams.publish_calls`). The ARGV are those
+    :func:`llmq.protocol.codec.publish_args` builds."""
+
+    SCRIPT: ClassVar[str] = "publish"
+
+    stream_key: str
+    record_key: str
+    fence_key: str
+    lifecycle_key: str
+    attempt: str
+    ttl: str
+    maxlen: str
+    lifecycle_maxlen: str
+    n_events: str
+    n_record: str
+    n_notes: str
+    #: Per event ``type, data, index, count``; record pairs; per note four fields.
+    writes: Sequence[str] = tail()

@@ -1,0 +1,109 @@
+"""Each script's KEYS and ARGV builder (:mod:`llmq.protocol.slots`) against the script.
+
+The builder's slot names, in order, must be the script's own ``local x = KEYS[n]`` /
+``local x = ARGV[n]`` names at those positions: a slot out of order, missing or extra
+fails here, before any Redis test meets a script reading the wrong argument.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from importlib import resources
+
+import pytest
+
+from llmq.protocol import codec, keys, slots
+from llmq.protocol.scripts import NAMES, Scripts
+from llmq.protocol.slots import Slots
+
+pytestmark = pytest.mark.timeout(30)
+
+#: ``local name = KEYS[3]``, ``local name = tonumber(ARGV[k + 2])`` ...
+LOCAL = re.compile(r"^\s*local (\w+) = (?:tonumber\()?(KEYS|ARGV)\[(?:[ak] \+ )?(\d+)\]")
+
+BUILDERS: list[type[Slots]] = [
+    c
+    for c in vars(slots).values()
+    if isinstance(c, type) and issubclass(c, Slots) and c is not Slots and c.SCRIPT
+]
+
+
+def declared(script: str) -> tuple[list[str], list[str]]:
+    """The script's named KEYS and ARGV, by position (1-based, no gaps allowed)."""
+    text = (resources.files("llmq.protocol") / "lua" / f"{script}.lua").read_text()
+    found: dict[str, dict[int, str]] = {"KEYS": {}, "ARGV": {}}
+    for line in text.splitlines():
+        m = LOCAL.match(line)
+        if m:
+            name, table, n = m.group(1), m.group(2), int(m.group(3))
+            assert n not in found[table], f"{script}.lua names {table}[{n}] twice"
+            found[table][n] = name
+    out = []
+    for table in ("KEYS", "ARGV"):
+        by_n = found[table]
+        assert sorted(by_n) == list(range(1, len(by_n) + 1)), f"{script}.lua: {table} gaps"
+        out.append([by_n[n] for n in sorted(by_n)])
+    return out[0], out[1]
+
+
+def test_every_script_has_exactly_one_builder() -> None:
+    assert sorted(b.SCRIPT for b in BUILDERS) == sorted(NAMES)
+    assert {f.name for f in fields(Scripts)} == set(NAMES)
+
+
+@pytest.mark.parametrize("builder", BUILDERS, ids=lambda b: b.SCRIPT)
+def test_a_builder_names_its_scripts_slots_in_the_scripts_order(builder: type[Slots]) -> None:
+    assert builder.names() == declared(builder.SCRIPT)
+
+
+def test_the_check_fails_on_a_builder_with_two_slots_swapped() -> None:
+    keys_, args = slots.Claim.names()
+    swapped = (keys_, [args[1], args[0], *args[2:]])
+    assert swapped != declared("claim")
+
+
+def named(cls: type[Slots], **given: object) -> Slots:
+    """A builder whose every named slot holds its own name."""
+    return cls(**{f.name: f.name for f in fields(cls) if f.name not in given}, **given)
+
+
+def test_a_builder_puts_each_value_at_its_slot_and_its_part_after_its_own() -> None:
+    claim = named(slots.Claim, route=named(slots.ClaimRoute))
+    assert claim.call() == slots.Claim.names()
+    enqueue = named(slots.Enqueue, route=named(slots.EnqueueRoute))
+    assert enqueue.call() == slots.Enqueue.names()
+    keys_, args = named(slots.Claim, route=None).call()
+    assert (keys_, args) == (keys_[:8], args[:13]) and len(keys_) == 8 and len(args) == 13
+
+
+def test_a_tail_is_spread_last_and_a_keys_tail_after_the_named_keys() -> None:
+    flush = slots.MetricsFlush("m", "w", 1, 2, 0, families=["f1", "f2"], deltas=[3, "x", 4])
+    assert flush.call() == (["m", "w", "f1", "f2"], [1, 2, 0, 3, "x", 4])
+
+
+def test_publish_args_and_run_keys_fill_publishs_named_slots() -> None:
+    """publish.lua's per-request slots come from keys.run_keys and codec.publish_args
+    (:func:`llmq.protocol.streams.publish_calls`): they must be in Publish's order."""
+    rid = "req-1"
+    key_names, arg_names = slots.Publish.names()
+    by_key = dict(zip(key_names, keys.run_keys(rid), strict=True))
+    assert by_key == {
+        "stream_key": keys.stream(rid),
+        "record_key": keys.request(rid),
+        "fence_key": keys.fence(rid),
+        "lifecycle_key": keys.lifecycle(rid),
+    }
+    args = codec.publish_args(
+        7, ttl=8, maxlen=9, lifecycle_maxlen=10, events=[], record={"a": "b"}, notes=[]
+    )
+    by_arg = dict(zip(arg_names, args, strict=False))
+    assert by_arg == {
+        "attempt": "7",
+        "ttl": "8",
+        "maxlen": "9",
+        "lifecycle_maxlen": "10",
+        "n_events": "0",
+        "n_record": "1",
+        "n_notes": "0",
+    }
