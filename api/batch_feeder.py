@@ -85,10 +85,10 @@ class BatchFeeder:
         for key, task in list(self.collecting.items()):
             if task.done():
                 del self.collecting[key]
-        if not await self._lease():
-            return
-        rooms: dict[str, int] = {}
         listed = await self.redis.zrange(keys.BATCHES_ACTIVE, 0, -1, withscores=True)
+        if not listed or not await self._lease():
+            return  # nothing to feed (no lease taken), or another process feeds
+        rooms: dict[str, int] = {}
         for raw, created in listed:
             batch = await batch_store.load(self.redis, str(raw))
             if batch is None:
