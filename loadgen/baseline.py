@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from llmq.model.interface import GenerationRequest, Model, Report, seed_for
+from llmq.model.interface import GenerationRequest, Model, seed_for
 from loadgen.config import LoadConfig
 from loadgen.measurements import StreamClock
 from loadgen.workload import RequestSpec
@@ -81,8 +81,8 @@ class InferenceServer:
             )
             count = 0
             async for token in self.model.generate(generation):
-                if isinstance(token, Report):
-                    continue  # the model's cache report: not a token
+                if not isinstance(token, str):
+                    continue  # a report of the model's cache, a tool call's start: no token
                 count += 1
                 yield InferenceResponse(request.request_id, token, False, count)
             self.completed += 1

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from llmq.model.interface import GenerationRequest, Model
+from llmq.model.interface import GenerationRequest, Model, Output
 from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from llmq.settings import WorkerSettings
@@ -260,7 +260,7 @@ class WithContext:
     def count_tokens(self, text: str) -> int:
         return self.mock.count_tokens(text)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         return self.mock.generate(request)
 
 

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from llmq.embedded import free_port
-from llmq.model.interface import GenerationRequest
+from llmq.model.interface import GenerationRequest, Output
 from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from llmq.protocol.streams import contiguous_tokens, published_tokens
@@ -147,7 +147,7 @@ class FailsOnce:
     def count_tokens(self, text: str) -> int:
         return count_tokens(text)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         first_run = not self.resumed
         self.resumed.append(len(request.generated))
         index = len(request.generated)

@@ -142,7 +142,7 @@ async def _heartbeat(
             pid=os.getpid(),
             model=settings.model,
             concurrency=worker.max_jobs,
-            running=len(runner.running),
+            running=len(runner.runs),
             started_at=started_at,
             heartbeat_at=time.time(),
             capabilities=runner.capabilities(),
@@ -172,8 +172,8 @@ async def _heartbeat(
             elif renewal == "cancelled":
                 runner.cancel(rid)
             if renewal == "ok":
-                if runner.leases is not None and rid in produced:
-                    runner.leases.renewed(rid, sent_at, produced[rid])
+                if rid in produced:
+                    runner.renewed(rid, sent_at, produced[rid])
                 runner.resume(rid)  # a generation paused by the lease clock goes on
 
     await run_periodically(beat, settings.heartbeat_seconds, what="heartbeat", logger=log)

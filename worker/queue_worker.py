@@ -345,12 +345,13 @@ class QueueWorker(Worker):
         """Every slot is taken and live requests wait: hand back a batch line for each
         (one worker per live request, :func:`batches.yield_for`); it goes back to the
         batch band at its score, and resumes later from its last published token."""
-        if self.busy_slots < self.max_jobs or not self.runner.batch_lines:
+        running = self.runner.batch_lines
+        if self.busy_slots < self.max_jobs or not running:
             return
         lines = [
             rid
             for rid, (_, attempt) in self._claims.items()
-            if rid in self.runner.batch_lines and attempt < MAX_YIELDS
+            if rid in running and attempt < MAX_YIELDS
         ]
         count = await batches.yield_for(self.queue.redis, self.model, self.worker_id, len(lines))
         for rid in lines[-count:] if count else ():
@@ -441,17 +442,16 @@ class QueueWorker(Worker):
         incr_score: int | None,
         keep_in_progress: float | None,
     ) -> None:
-        if job_id in self.runner.fenced:
+        if self.runner.lost(job_id):
             # Lost to another attempt: arq's bookkeeping (delete the job, drop it from
             # the queue) would now hit the request that attempt runs or has requeued.
-            self.runner.fenced.discard(job_id)
             self._claims.pop(job_id, None)
             return
         if finish:
             await self.runner.end_unfinished(job_id)
             await self._finish(job_id)
         else:
-            self.runner.unfinished.pop(job_id, None)  # handed back: a later run ends it
+            self.runner.forget(job_id)  # handed back: a later run ends it
             await self._hand_back(job_id)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:

@@ -55,6 +55,7 @@ from pydantic_core import from_json
 
 from llmq.model.interface import (
     GenerationRequest,
+    Output,
     Refused,
     Report,
     Token,
@@ -283,7 +284,7 @@ class OpenAIUpstream:
     def count_tokens(self, text: str) -> int:
         return CHARS.count(text)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         if request.max_tokens <= len(request.generated):
             return
         chat = self.chat and bool(request.messages)
@@ -406,7 +407,7 @@ class OpenAIUpstream:
         echoed: str = "",
         seed: int = 0,
         tools: bool = False,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[Output]:
         """Tokens and reports from the stream; ``echoed``: the continued message's text,
         which the upstream sends back first (dropped: it was published already);
         ``tools``: the request offered tools (its body asked for the counts early)."""
@@ -520,12 +521,12 @@ def _choice_outputs(
     counted: tuple[Any, int | None],
     reason: Any,
     tool_calls: Any,
-) -> list[str]:
+) -> list[Output]:
     """A choice's outputs while an echo may still come back or a tool is called;
     ``counted``: the chunk's log-probabilities and its tokens where the engine says
     (held with its text while the echo is undecided: a character of two tokens right
     after a resume still counts two)."""
-    outs: list[str] = []
+    outs: list[Output] = []
     for piece, (piece_logprobs, tokens) in echo.feed(text, counted, last=bool(reason)):
         if call.started is None:  # text after a call has no place
             if tokens is None:
@@ -549,8 +550,8 @@ class _ToolCall:
         self.started: int | None = None
         self.ended = False
 
-    def outputs(self, deltas: Any) -> list[str]:
-        outs: list[str] = []
+    def outputs(self, deltas: Any) -> list[str | ToolCallStart]:
+        outs: list[str | ToolCallStart] = []
         for delta in deltas:
             index = delta.get("index", 0)
             function = delta.get("function") or {}
@@ -570,8 +571,8 @@ class _ToolCall:
 
 
 async def _after_published(
-    outputs: AsyncIterator[str], published: tuple[str, ...]
-) -> AsyncIterator[str]:
+    outputs: AsyncIterator[Output], published: tuple[str, ...]
+) -> AsyncIterator[Output]:
     """A replay's outputs after the tokens already ``published`` (a re-run of a request
     that offers tools starts over), which it must repeat: a tool call's start among
     them was published with them; a token that differs raises :class:`ReplayDiverged`."""
