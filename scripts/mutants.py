@@ -744,6 +744,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "    in_progress_prefix: str\n    lease_ms: int\n    in_progress_ms: int\n",
         ("tests/test_slots.py",),
     ),
+    Mutant(
+        "run-fence-wins",
+        "a fenced run stays fenced: no hand-back or cancel moves it (it writes nothing more)",
+        "worker/run.py",
+        "if self.generation is None or not self._move(RunStatus.HANDING_BACK, LIVE):",
+        "if self.generation is None or not self._move(RunStatus.HANDING_BACK, set(RunStatus)):",
+        ("tests/test_run.py",),
+    ),
 )
 
 
