@@ -933,6 +933,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "  if false then",
         ("tests/test_fairness.py::test_an_idle_tenant_banks_nothing",),
     ),
+    Mutant(
+        "run-fence-wins",
+        "a fenced run stays fenced: no hand-back or cancel moves it (it writes nothing more)",
+        "worker/run.py",
+        "if self.generation is None or not self._move(RunStatus.HANDING_BACK, LIVE):",
+        "if self.generation is None or not self._move(RunStatus.HANDING_BACK, set(RunStatus)):",
+        ("tests/test_run.py",),
+    ),
 )
 
 

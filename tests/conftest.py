@@ -19,7 +19,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from api.app import create_app
 from llmq.embedded import EmbeddedRedis, free_port
-from llmq.model.interface import Model
+from llmq.model.interface import Backend
 from llmq.protocol import keys
 from llmq.settings import ApiSettings, WorkerSettings
 from rigs.embedded_cluster import EmbeddedCluster
@@ -106,7 +106,7 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     """Start real workers in this event loop; each is stopped at teardown."""
     workers: list[RunningWorker] = []
 
-    async def start(backend: Model | None = None, **overrides: Any) -> RunningWorker:
+    async def start(backend: Backend | None = None, **overrides: Any) -> RunningWorker:
         """``backend``: run this model object instead of the settings' mock (e.g. one
         that fails)."""
         chosen: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""The mock model: timing like the seed's, deterministic output, no hidden cap; one step
+"""The mock model: timing like the prototype's, deterministic output, no hidden cap; one step
 loop for all its sequences."""
 
 from __future__ import annotations

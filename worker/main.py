@@ -24,8 +24,8 @@ from redis.asyncio import Redis
 from llmq import metrics, registry
 from llmq.connection import connect_cluster, is_cluster, make_pool, slot_pool
 from llmq.model.interface import (
+    Backend,
     KVCacheUsage,
-    Model,
     context_length_of,
     tokenizer_of,
 )
@@ -110,7 +110,7 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
     await worker.take_handoff(claim)
 
 
-def _kv_usage(backend: Model) -> float | None:
+def _kv_usage(backend: Backend) -> float | None:
     return round(backend.kv_usage(), 4) if isinstance(backend, KVCacheUsage) else None
 
 
@@ -195,7 +195,7 @@ async def _expire_leases(runner: RequestRunner, settings: WorkerSettings) -> NoR
 
 
 async def serve(
-    settings: WorkerSettings, *, stop: asyncio.Event | None = None, backend: Model | None = None
+    settings: WorkerSettings, *, stop: asyncio.Event | None = None, backend: Backend | None = None
 ) -> None:
     """Run a worker until ``stop`` is set (or SIGTERM/SIGINT arrives)."""
     stop = stop or asyncio.Event()
@@ -213,7 +213,7 @@ async def serve(
         await backends.close(backend)
 
 
-async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) -> None:
+async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend) -> None:
     """The worker's resources and tasks around ``backend`` (connected), until ``stop``."""
     worker_id = new_worker_id()
     # On a Redis Cluster the arq pool and the pub/sub listener talk to the node that

@@ -141,11 +141,12 @@ async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class ClaimedJob:
-    """What the claim script read for arq: the job record and the bumped try number."""
+    """What the claim script read for arq: the job record and the attempt (arq's try
+    number, bumped by the claim)."""
 
     request_id: str
     job: bytes | None
-    job_try: int
+    attempt: int
 
 
 #: The claim of the job that the current task's ``run_job`` is about to read.
@@ -193,7 +194,7 @@ class _ClaimedRead:
     async def execute(self) -> list[Any]:
         if self._queued != ["GET", "INCR", "EXPIRE"]:
             raise RuntimeError(f"arq's run_job read {self._queued}; the claim read GET/INCR/EXPIRE")
-        return [self._claimed.job, self._claimed.job_try, True]
+        return [self._claimed.job, self._claimed.attempt, True]
 
 
 class ClaimingRedis(ArqRedis):
@@ -387,7 +388,7 @@ class QueueWorker(Worker):
         await asyncio.wait({older}, timeout=OLDER_ATTEMPT_SECONDS)
         if older.done():
             return True
-        await self.queue.requeue(self.model, rid, claim.job_try)
+        await self.queue.requeue(self.model, rid, claim.attempt)
         log.warning(
             "request %s handed back: an older attempt still runs here",
             rid,
@@ -406,7 +407,7 @@ class QueueWorker(Worker):
         if self.allow_pick_jobs and self.busy_slots < self.max_jobs:
             await self._take(claim)
             return
-        await self.queue.requeue(self.model, claim.request_id, claim.job_try)
+        await self.queue.requeue(self.model, claim.request_id, claim.attempt)
         log.info(
             "request %s handed back: no free slot",
             claim.request_id,
@@ -417,11 +418,11 @@ class QueueWorker(Worker):
         """Run arq's ``run_job`` for ``claim`` in a task whose read the claim answers."""
         rid = claim.request_id
         assert rid is not None
-        self._claims[rid] = (claim.cost, claim.job_try)
-        slot = (rid, claim.job_try)
+        self._claims[rid] = (claim.cost, claim.attempt)
+        slot = (rid, claim.attempt)
         self._slots.add(slot)
         context = contextvars.copy_context()  # only this run_job's read sees the claim
-        context.run(carry, ClaimedJob(rid, claim.job, claim.job_try))
+        context.run(carry, ClaimedJob(rid, claim.job, claim.attempt))
         task = asyncio.create_task(self.run_job(rid, claim.score), context=context)
         task.add_done_callback(lambda _: self._free_slot(*slot))  # if the model never ran
         self.tasks[rid] = task

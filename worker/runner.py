@@ -57,14 +57,14 @@ from redis.asyncio import Redis
 from llmq import metrics
 from llmq.metrics import Tally
 from llmq.model.interface import (
+    Backend,
     CacheReporting,
     Embedder,
     GenerationRequest,
-    Model,
     Output,
     Refused,
     Report,
-    SteppedModel,
+    SteppedBackend,
     Token,
     ToolCallStart,
     capabilities_of,
@@ -147,7 +147,7 @@ class RequestRunner:
     """
 
     worker_id: str
-    backend: Model
+    backend: Backend
     publisher: StreamPublisher
     metrics: Tally = field(default_factory=Tally)
     model: str = ""
@@ -175,7 +175,7 @@ class RequestRunner:
         # What the backend offers, asked once: an isinstance check against a runtime
         # protocol inspects the class's attributes every time, on every run's path to
         # its model.
-        self._stepped = self.backend if isinstance(self.backend, SteppedModel) else None
+        self._stepped = self.backend if isinstance(self.backend, SteppedBackend) else None
         self._reports_cache = isinstance(self.backend, CacheReporting)
 
     def cancel(self, request_id: str) -> bool:

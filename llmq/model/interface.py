@@ -1,6 +1,6 @@
 """The model's declaration: what every backend implements and what the API relies on.
 
-A backend implements :class:`Model`: count a prompt's tokens, and turn a
+A backend implements :class:`Backend`: count a prompt's tokens, and turn a
 :class:`GenerationRequest` into an async iterator of outputs (:data:`Output`): token
 texts (a :class:`Token` carries a log-probability), a :class:`ToolCallStart` before
 the arguments of a tool call, a :class:`Report` of what the backend counted. The
@@ -9,7 +9,7 @@ iterator ending before ``max_tokens`` means the model stopped by itself
 around it (queueing, streaming, cancellation) is the pipeline's job, not the model's.
 
 A backend that runs its own step loop (continuous batching: every running sequence
-advances one token per step) may also implement :class:`SteppedModel`: it calls
+advances one token per step) may also implement :class:`SteppedBackend`: it calls
 back with each token from that loop instead of waking one iterator per token per
 request, and the worker then takes the callbacks (see ``worker.runner``). The
 iterator stays the interface every backend has.
@@ -180,7 +180,7 @@ def message_text(message: Mapping[str, Any]) -> str:
     return " ".join([text, *calls]) if calls else text
 
 
-class Model(Protocol):
+class Backend(Protocol):
     """A generator of tokens. Implementations must be safe to call concurrently.
 
     ``generate`` yields the tokens that follow ``request.generated``, not those
@@ -201,7 +201,7 @@ Emit = Callable[[Output], None]
 
 
 @runtime_checkable
-class SteppedModel(Model, Protocol):
+class SteppedBackend(Backend, Protocol):
     """A backend with its own step loop, which can hand tokens over by callback.
 
     ``generate_into`` produces what ``generate`` would yield, in the same order,

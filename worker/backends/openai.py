@@ -114,7 +114,7 @@ def _raise_for(status: int, body: bytes) -> None:
 
 
 class OpenAIUpstream:
-    """A :class:`~llmq.model.interface.Model` that streams from an upstream server.
+    """A :class:`~llmq.model.interface.Backend` that streams from an upstream server.
 
     :meth:`connect` asks the upstream what it serves (model, slots, context length,
     capabilities) where the settings leave it open (``capabilities`` None); ``on_down``
