@@ -11,6 +11,7 @@ from bench.scenarios import (
     chaos,
     choices,
     cluster,
+    fairness,
     light,
     multihost,
     overload,
@@ -45,4 +46,5 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "upstream-small-ttft": upstream.run_small_ttft,
     "routing": routing.run,
     "chaos": chaos.run,
+    "fairness": fairness.run,
 }
