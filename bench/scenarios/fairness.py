@@ -14,6 +14,8 @@ far); *served* the completion tokens of requests finished in the window.
 - ``lone``: one tenant at 1.5x capacity: its throughput (target: at least 98 % of fifo's).
 - ``shed``: 1.5x capacity with ``LLMQ_SHED_WAIT_SECONDS``: the accepted requests' p99
   wait against the bound, and how fast refusals come back (target: p99 within 50 ms).
+- ``tpm``: a tenant limited to N tokens per minute, offered 1.6 N through 4 API
+  processes for 3 minutes: what it was admitted per minute (target 0.9 N to 1.05 N).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class Sizes:
     tokens_per_second: float = 40.0
     duration_s: float = 30.0
     shed_bound_s: float = 4.0
+    #: The quota case: a tenant's tokens per minute, through this many API processes.
+    tpm: int = 30_000
+    tpm_api_processes: int = 4
+    tpm_duration_s: float = 180.0
 
     @property
     def capacity(self) -> float:
@@ -50,7 +56,9 @@ class Sizes:
         return self.workers * self.slots * self.tokens_per_second / self.output_tokens
 
 
-QUICK = Sizes(duration_s=8.0, output_tokens=10, tokens_per_second=40.0, shed_bound_s=1.0)
+QUICK = Sizes(
+    duration_s=8.0, output_tokens=10, tokens_per_second=40.0, shed_bound_s=1.0, tpm_duration_s=20
+)
 
 POLICIES = ("fifo", "vtc")
 
@@ -72,8 +80,10 @@ async def _send(client: httpx.AsyncClient, tenant: str, body: dict[str, Any]) ->
     return Sent(tenant, time.time(), rid, r.status_code, ms)
 
 
-async def _drive(url: str, s: Sizes, rates: dict[str, float], seed: int) -> list[Sent]:
-    """Poisson arrivals per tenant for ``s.duration_s``."""
+async def _drive(
+    url: str, s: Sizes, rates: dict[str, float], seed: int, duration: float | None = None
+) -> list[Sent]:
+    """Poisson arrivals per tenant for ``duration`` (default ``s.duration_s``)."""
     body = {
         "model": "mock",
         "prompt": "fair share",
@@ -85,7 +95,7 @@ async def _drive(url: str, s: Sizes, rates: dict[str, float], seed: int) -> list
         tasks: list[asyncio.Task[Sent]] = []
 
         async def arrivals(tenant: str, rate: float, rng: random.Random) -> None:
-            end = time.monotonic() + s.duration_s
+            end = time.monotonic() + (duration or s.duration_s)
             while True:
                 await asyncio.sleep(rng.expovariate(rate))
                 if time.monotonic() >= end:
@@ -119,6 +129,7 @@ async def _records(redis_url: str, sent: list[Sent]) -> list[dict[str, Any]]:
                 "wait_ms": ((started or now) - created) * 1000,
                 "finished": finished,
                 "tokens": int(rec.get("completion_tokens") or 0) if finished else 0,
+                "prompt_tokens": int(rec.get("prompt_tokens") or 0),
             }
         )
     return out
@@ -132,6 +143,7 @@ def _case(
     rates: dict[str, float],
     seed: int,
     api_env: dict[str, str] | None = None,
+    duration: float | None = None,
 ) -> tuple[list[Sent], list[dict[str, Any]]]:
     env = {"LLMQ_FAIRNESS": policy, "LLMQ_TENANT_HEADER": "X-Tenant"}
     env.update({"LLMQ_MAX_QUEUE_DEPTH": "20000", **(api_env or {})})
@@ -149,7 +161,7 @@ def _case(
             for t in tenants:
                 await store.put(t)
             await redis.aclose()
-            sent = await _drive(stack.url, s, rates, seed)
+            sent = await _drive(stack.url, s, rates, seed, duration)
             return sent, await _records(stack.redis.url, sent)
 
         return asyncio.run(go())
@@ -231,9 +243,33 @@ def _shed(ctx: Context, s: Sizes) -> dict[str, Any]:
     }
 
 
+def _tpm(ctx: Context, s: Sizes) -> dict[str, Any]:
+    """A tenant limited to ``s.tpm`` tokens per minute, offered 1.6 times that through
+    ``s.tpm_api_processes`` API processes: what it was admitted, per minute."""
+    env = {"LLMQ_API_PROCESSES": str(s.tpm_api_processes)}
+    cost = 2 + s.output_tokens  # the prompt "fair share" and max_tokens
+    rate = 1.6 * s.tpm / 60 / cost
+    ctx.say(f"  tpm: {s.tpm} tokens a minute, {rate:.1f} req/s offered")
+    tenant = Tenant(name="metered", tokens_per_minute=s.tpm)
+    sent, records = _case(
+        ctx, s, "fifo", [tenant], {"metered": rate}, 5, env, duration=s.tpm_duration_s
+    )
+    admitted = sum(r["prompt_tokens"] + s.output_tokens for r in records)
+    per_minute = admitted / (s.tpm_duration_s / 60)
+    return {
+        "limit": s.tpm,
+        "duration_s": s.tpm_duration_s,
+        "admitted_tokens": admitted,
+        "per_minute": per_minute,
+        "share_of_limit": per_minute / s.tpm,
+        "refused": sum(1 for x in sent if x.status == 429),
+    }
+
+
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
     noisy, weights, lone, shed = _noisy(ctx, s), _weights(ctx, s), _lone(ctx, s), _shed(ctx, s)
+    tpm = _tpm(ctx, s)
     rows = []
     for policy in POLICIES:
         n, w = noisy[policy], weights[policy]
@@ -274,6 +310,12 @@ def run(ctx: Context) -> ScenarioResult:
             f"{fmt(shed['accepted_wait_p99_ms'])} ms against {fmt(bound)} ms",
         ),
         Target(
+            f"a tenant limited to N tokens a minute through {s.tpm_api_processes} API processes "
+            f"gets 0.9 N to 1.05 N over {s.tpm_duration_s:g} s",
+            0.9 <= tpm["share_of_limit"] <= 1.05,
+            f"{fmt(tpm['per_minute'], 0)} a minute of {s.tpm}",
+        ),
+        Target(
             "shedding: refusals answered within 50 ms (p99)",
             None if shed["refusal_ms_p99"] is None else shed["refusal_ms_p99"] <= 50,
             f"{fmt(shed['refusal_ms_p99'])} ms, {shed['refused']} refused",
@@ -304,5 +346,6 @@ def run(ctx: Context) -> ScenarioResult:
         "weights": weights,
         "lone": lone,
         "shed": shed,
+        "tpm": tpm,
     }
     return ScenarioResult("fairness", "Fair share among tenants", data, md, targets)
