@@ -739,7 +739,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "quota-all-or-none",
         "a tenant's tokens per minute hold across API processes (one atomic take)",
         "llmq/protocol/lua/quota_take.lua",
-        "elseif tpm > 0 and tok_level < tokens then",
+        "elseif tpm > 0 and tok_level <= 0 then",
         "elseif false then",
         (
             "tests/test_quota.py::test_a_take_is_all_or_none_and_a_return_counts_once",
