@@ -750,7 +750,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "quota-return",
         "what a request did not use, and its place at once, come back when it ends",
         "llmq/protocol/queue.py",
-        "        await self.give_back_quota([request_id])\n",
+        "        if reserved:\n            await self.quota.give_back(name, request_id, used)\n",
         "",
         (
             "tests/test_quota.py::test_unused_tokens_come_back_when_a_request_ends",
