@@ -16,11 +16,12 @@ from redis.asyncio import Redis, RedisCluster
 from starlette.types import Receive, Scope, Send
 
 from api import errors, event_stream, openapi
+from api.batch_feeder import BatchFeeder
 from api.catalog import Catalog
 from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
 from api.relay import StreamRelay
-from api.routes import embeddings, health, native, openai, responses
+from api.routes import batches, embeddings, files, health, native, openai, responses
 from api.routes import metrics as metrics_routes
 from api.state import AppState
 from api.tenancy import Tenancy
@@ -112,6 +113,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             asyncio.create_task(metrics.flush_forever(state.metrics, redis)),
             asyncio.create_task(_heartbeat(state.queue, settings, process_id)),
             asyncio.create_task(state.catalog.refresh_forever()),
+            asyncio.create_task(BatchFeeder(state).run_forever()),
         ]
         app.state.llmq = state
         try:
@@ -144,9 +146,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(responses.generation)
     app.include_router(responses.router)
     app.include_router(embeddings.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(native.generation)
     app.include_router(native.router)
     app.include_router(health.router)
     app.include_router(metrics_routes.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, upload_bytes=settings.batch_max_file_bytes
+    )
     return app

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -80,6 +81,7 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     """``loadgen=False`` leaves out the load generator's flags, whose imports (numpy)
     would add their import time to every worker's start-up."""
     parser = argparse.ArgumentParser(prog="llmq", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('llmq')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
         "api": "run one API process (uvicorn)",
@@ -95,9 +97,19 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
         parsers[name] = sub.add_parser(name, help=helps[name])
         _add_settings_flags(parsers[name], cls)
     parsers["api"].add_argument(REUSE_PORT, action="store_true", help=argparse.SUPPRESS)
+    parsers["run"].add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help="an inference server (llama-server, vLLM, ...) to serve through a worker of "
+        "its own; repeat for more [adds to --upstreams]",
+    )
     parsers["tail"].add_argument(
         "--from-start", action="store_true", help="print the entries Redis still keeps first"
     )
+    from cli.batch import add_arguments as batch_arguments
+
+    batch_arguments(sub.add_parser("batch", help="run a JSONL file through the Batch API"))
     from cli.tenants import add_arguments as add_tenant_arguments
 
     for name in ("tenant", "key"):
@@ -141,6 +153,8 @@ def _run_worker(args: argparse.Namespace) -> int:
 def _run_stack(args: argparse.Namespace) -> int:
     from cli.stack import run_stack
 
+    if args.upstream:
+        args.upstreams = ",".join(filter(None, [args.upstreams, *args.upstream]))
     settings = build_settings(RunSettings, args)
     setup_logging(settings, "run")
     return _run_async(run_stack(settings))
@@ -159,6 +173,12 @@ def _run_tail(args: argparse.Namespace) -> int:
 
     settings = build_settings(CommonSettings, args)
     return _run_async(tail_lifecycle(settings, from_start=args.from_start))
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from cli.batch import run_batch
+
+    return _run_async(run_batch(args))
 
 
 def _run_tenants(args: argparse.Namespace) -> int:
@@ -200,6 +220,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "loadgen": _run_loadgen,
     "tail": _run_tail,
     "autoscale": _run_autoscale,
+    "batch": _run_batch,
     "tenant": _run_tenants,
     "key": _run_tenants,
 }

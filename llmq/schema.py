@@ -102,6 +102,8 @@ class JobPayload(_Frozen):
     generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
     #: An embedding request (its ``prompt`` is empty); left out of a generation's job.
     embed: EmbedTask | None = Field(None, exclude_if=lambda v: v is None)
+    #: The batch a batch line belongs to (queued in the batch band); left out otherwise.
+    batch: str | None = Field(None, exclude_if=lambda v: v is None)
     #: The tenant the request belongs to (:mod:`llmq.tenants`): whose quota it took
     #: and whose share of the pool it is served from; left out when None.
     tenant: str | None = Field(None, exclude_if=lambda v: v is None)
@@ -214,6 +216,11 @@ class ErrorEvent(_Frozen):
     message: str
     finish_reason: FinishReason = "error"
     usage: Usage | None = None
+    #: The request's own fault (the model refused it: a prompt over the context length,
+    #: a parameter the engine rejects): a client's error, not the server's.
+    refused: bool = Field(False, exclude_if=lambda v: not v)
+    #: The request parameter at fault, where the model said.
+    param: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 Event = Annotated[
@@ -328,7 +335,7 @@ class RequestRecord(BaseModel):
 
 
 LifecycleKind = Literal[
-    "queued", "started", "first_token", "finished", "cancelled", "failed", "scaled"
+    "queued", "started", "first_token", "finished", "cancelled", "failed", "scaled", "batch"
 ]
 
 
@@ -362,6 +369,11 @@ class Lifecycle(BaseModel):
     desired: int | None = None
     actual: int | None = None
     target: int | None = None
+    #: ``batch`` entries (the batch feeder's progress; ``request_id`` is the batch's id).
+    status: str | None = None
+    completed: int | None = None
+    failed: int | None = None
+    total: int | None = None
 
     def fields(self) -> dict[str, str]:
         return {
@@ -403,6 +415,10 @@ class WorkerInfo(BaseModel):
     #: False while the worker's model (an upstream server) does not answer: the worker
     #: stays registered but claims nothing.
     ready: bool = True
+    #: What the worker found of its upstream inference server (None: the mock):
+    #: ``engine``, whether it was ``identified`` (else set), its ``slots``,
+    #: ``context_length``, ``tokenize`` endpoint and ``chat`` API (the model's template).
+    upstream: dict[str, Any] | None = None
 
 
 class ScaleState(_Frozen):

@@ -32,7 +32,7 @@ CLIENT_NAME = "llmq-tail"
 
 _DETAILS = (
     "tenant", "worker", "attempt", "priority", "queue_ms", "ttft_ms", "e2e_ms",
-    "direction", "reason", "actual", "target",
+    "direction", "reason", "actual", "target", "status", "completed", "failed", "total",
 )  # fmt: skip
 
 

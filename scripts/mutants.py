@@ -66,6 +66,47 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_claim.py",),
     ),
     Mutant(
+        "batch-result-once",
+        "a batch line's result is recorded once per custom_id, and counted once",
+        "llmq/protocol/lua/batch_result.lua",
+        "if redis.call('HEXISTS', output_key, custom_id) == 1\n"
+        "    or redis.call('HEXISTS', errors_key, custom_id) == 1 then",
+        "if false then",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "batch-band",
+        "batch lines wait in a band below every interactive priority",
+        "llmq/protocol/queue.py",
+        "return BATCH_BAND_MS + arrival_ms",
+        "return arrival_ms",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "batch-yield",
+        "a batch line gives its slot to a live request and resumes later",
+        "worker/queue_worker.py",
+        "                await self._yield_to_live()\n",
+        "",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "batch-admission",
+        "batch lines waiting do not count toward a model's queue bound",
+        "llmq/protocol/lua/clock.lua",
+        "  return redis.call('ZCOUNT', queue_key, '-inf', '(' .. BATCH_BAND_MS)",
+        "  return redis.call('ZCARD', queue_key)",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "batch-stopped-line",
+        "a line stopped by its batch's cancel or expiry is an error line, not a partial answer",
+        "api/batch_feeder.py",
+        "if status != 200 or await self._any_cancelled(subs):",
+        "if status != 200:",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
         "api/follow.py",
@@ -201,9 +242,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "default-max-tokens",
         "LLMQ_DEFAULT_MAX_TOKENS applies to a request without max_tokens",
         "api/submit.py",
-        "return min(state.settings.default_max_tokens, limit)",
-        "return limit",
+        "return min(tokens, cap) if cap else tokens",
+        "return tokens",
         (f"{CONTRACT}::test_default_max_tokens_applies_when_a_request_sets_none",),
+    ),
+    Mutant(
+        "unset-max-tokens-context",
+        "a request without max_tokens gets what the model's context leaves",
+        "api/submit.py",
+        "tokens = limit if room is None else max(1, room)",
+        "tokens = limit",
+        (
+            f"{CONTRACT}::test_a_request_without_max_tokens_gets_what_the_context_leaves",
+            "tests/test_upstream.py::test_a_request_without_max_tokens_runs_to_the_end_of_the_context",
+        ),
     ),
     Mutant(
         "sse-keepalive",
@@ -725,6 +777,51 @@ MUTANTS: tuple[Mutant, ...] = (
         "ready=True,",
         (
             "tests/test_upstream.py::test_a_killed_server_hands_its_request_to_the_other_workers_server",
+        ),
+    ),
+    Mutant(
+        "upstream-identified",
+        "a worker finds which engine serves its upstream, and takes its slots and context",
+        "worker/backends/openai.py",
+        'self.engine = await identify(self._get_json) or ENGINES["generic"]',
+        'self.engine = ENGINES["generic"]',
+        (
+            "tests/test_upstream_engines.py",
+            "tests/test_upstream.py::test_tokens_through_llmq_equal_the_server_directly",
+        ),
+    ),
+    Mutant(
+        "upstream-chat-default",
+        "chat requests reach the model's own chat template by default",
+        "worker/backends/openai.py",
+        "self.chat = renders is not False",
+        "self.chat = False",
+        (
+            "tests/test_upstream.py::test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url",
+        ),
+    ),
+    Mutant(
+        "upstream-engine-tokens",
+        "a llama.cpp worker counts the engine's tokens (timings.predicted_n), not its chunks",
+        "worker/backends/engines.py",
+        """        # ``timings.predicted_n`` counts them
+        body["timings_per_token"] = True""",
+        """        pass""",
+        (
+            "tests/test_upstream.py::test_usage_and_max_tokens_count_the_servers_tokens_not_its_chunks",
+            "tests/test_upstream.py::test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken",
+        ),
+    ),
+    Mutant(
+        "refused-is-4xx",
+        "a request the model refuses (its own fault) gets 400 invalid_request_error, not 500",
+        "api/routes/openai.py",
+        """    if event.refused or event.code == "unsupported_parameter":
+        return 400""",
+        """    if event.code == "unsupported_parameter":
+        return 400""",
+        (
+            "tests/test_upstream.py::test_a_prompt_the_server_refuses_is_the_clients_error_streamed_or_not",
         ),
     ),
     Mutant(

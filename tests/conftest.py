@@ -131,7 +131,14 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
     apis: list[RunningApi] = []
 
     async def start(**overrides: Any) -> RunningApi:
-        chosen: dict[str, Any] = {"redis_url": redis_url, "port": free_port(), **overrides}
+        # the mock of the tests never stops by itself: a bound for requests without
+        # max_tokens (the default is the limit, 4096 tokens)
+        chosen: dict[str, Any] = {
+            "redis_url": redis_url,
+            "port": free_port(),
+            "default_max_tokens": 128,
+            **overrides,
+        }
         settings = ApiSettings(**chosen)
         responses = ResponseLog(create_app(settings))
         server, task = start_uvicorn(responses, settings.port, lifespan="on")

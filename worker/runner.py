@@ -209,6 +209,8 @@ class RequestRunner:
     cache_hits: int = 0
     #: Running requests stopped to go back to the queue (see :meth:`hand_back`).
     _handing_back: set[str] = field(default_factory=set)
+    #: Running batch lines (``JobPayload.batch``): what gives its slot to a live request.
+    batch_lines: set[str] = field(default_factory=set)
     #: Told (request id, attempt) when a run's model is done with it for good, before
     #: the run writes its outcome: the model's slot is free from then on.
     on_model_done: Callable[[str, int], None] | None = None
@@ -236,8 +238,9 @@ class RequestRunner:
 
     def hand_back(self, request_id: str) -> None:
         """Stop a running request and return it to the queue: this worker's model cannot
-        run it now (its inference server stopped answering). The next attempt, on
-        another worker, resumes after the tokens published so far."""
+        run it now (its inference server stopped answering), or a batch line gives its
+        slot to a live request. The next attempt resumes after the tokens published so
+        far."""
         task = self._generations.get(request_id)
         if task is not None and request_id not in self.fenced:
             self._handing_back.add(request_id)
@@ -343,6 +346,8 @@ class RequestRunner:
         rid = payload.request_id
         started = time.time()
         self.running[rid] = started
+        if payload.batch is not None:
+            self.batch_lines.add(rid)
         self.publisher.own(rid, attempt, self.fence)
         progress = self._progress[rid] = _Progress()
         if self.leases is not None:
@@ -361,6 +366,7 @@ class RequestRunner:
         finally:
             self.publisher.disown(rid)
             self.running.pop(rid, None)
+            self.batch_lines.discard(rid)
             self._cancelled.pop(rid, None)
             self._progress.pop(rid, None)
             if rid in self.fenced:
@@ -584,7 +590,7 @@ class RequestRunner:
             finish = "cancelled"
         except Refused as exc:
             # The request's own fault (an upstream's 4xx): it would fail alike anywhere.
-            await self._finish_error(payload, progress, exc.code, exc.message, "error")
+            await self._finish_error(payload, progress, exc.code, exc.message, "error", refused=exc)
             return
         except Exception as exc:
             log.exception(
@@ -766,6 +772,7 @@ class RequestRunner:
         code: str,
         message: str,
         finish: FinishReason,
+        refused: Refused | None = None,
     ) -> None:
         produced = progress.produced
         usage = _usage(payload, progress)
@@ -779,7 +786,14 @@ class RequestRunner:
         )
         await self.publisher.emit(
             payload.request_id,
-            ErrorEvent(code=code, message=message, finish_reason=finish, usage=usage),
+            ErrorEvent(
+                code=code,
+                message=message,
+                finish_reason=finish,
+                usage=usage,
+                refused=refused is not None,
+                param=refused.param if refused is not None else None,
+            ),
             record={
                 "status": "failed",
                 "finished_at": str(time.time()),

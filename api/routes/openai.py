@@ -58,14 +58,16 @@ CLIENT_CLOSED = 499
 
 
 def error_status(event: ErrorEvent) -> int:
-    if event.code == "unsupported_parameter":
+    """A failed request's status by whose fault it failed: 400 for the request's own
+    (the model refused it), 5xx only for llmq's or the model's failures."""
+    if event.refused or event.code == "unsupported_parameter":
         return 400
     return 504 if event.finish_reason == "timeout" else 500
 
 
 def error_of(event: ErrorEvent) -> dict[str, Any]:
-    if event.code == "unsupported_parameter":
-        return error_body(event.message, "invalid_request_error", None, event.code)
+    if event.refused or event.code == "unsupported_parameter":
+        return error_body(event.message, "invalid_request_error", event.param, event.code)
     kind = "timeout_error" if event.finish_reason == "timeout" else "server_error"
     return error_body(event.message, kind, None, event.code)
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from bench.scenario import Context, ScenarioResult
 from bench.scenarios import (
     autoscale,
+    batch,
     capacity,
     chaos,
     choices,
@@ -47,4 +48,5 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "routing": routing.run,
     "chaos": chaos.run,
     "fairness": fairness.run,
+    "batch": batch.run,
 }

@@ -264,6 +264,12 @@ def routing_stats(model: str) -> str:
     return _in_model("routing", model)
 
 
+def batch_yield(request_id: str, model: str) -> str:
+    """A full worker's claim to hand back a batch line for the live request
+    ``request_id`` (PX TTL), so that one live request frees one slot, not one per worker."""
+    return f"{_in_model('batch-yield', model)}:{request_id}"
+
+
 def cancel_flag_prefix(model: str) -> str:
     return _in_model("cancelled", model) + ":"
 
@@ -449,3 +455,63 @@ AUTOSCALER_LEADER = f"{PREFIX}:autoscaler:leader"
 #: JSON), renewed every control period and expiring with the controller: while a
 #: model's entry is fresh, the API accepts its requests with no live worker.
 AUTOSCALER_STATE = f"{PREFIX}:autoscaler:state"
+
+
+# --- files and batches (the Batch API: api/files.py, api/batches.py) ----------------
+# A file is one key (its own slot); a batch's keys share the batch's tag ``{b:<id>}``,
+# so that recording a line's result (``llmq/protocol/lua/batch_result.lua``) is one
+# script. Ids are made by the API (``file-<hex>``, ``batch_<hex>``), never braced.
+
+
+def file(file_id: str) -> str:
+    """Hash of an uploaded or output file: ``meta`` (:class:`api.files.FileObject`
+    JSON) and ``content`` (its text); expires with ``LLMQ_BATCH_TTL_SECONDS``."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def files_of(owner: str) -> str:
+    """Sorted set of an owner's file ids by creation time (``-``: auth off)."""
+    return f"{PREFIX}:files:{owner}"
+
+
+def batches_of(owner: str) -> str:
+    """Sorted set of an owner's batch ids by creation time (``-``: auth off)."""
+    return f"{PREFIX}:batches:{owner}"
+
+
+#: Sorted set of the batches that are not ended yet, by creation time: what the
+#: feeder (``api/batch_feeder.py``) feeds, collects and finalizes.
+BATCHES_ACTIVE = f"{PREFIX}:batches-active"
+
+#: The batch feeder's lease: the id of the one API process that feeds (PX TTL).
+BATCH_FEEDER = f"{PREFIX}:batch-feeder"
+
+
+def _in_batch(name: str, batch_id: str) -> str:
+    return f"{PREFIX}:{name}:{{b:{batch_id}}}"
+
+
+def batch(batch_id: str) -> str:
+    """Hash of a batch: ``meta`` (:class:`api.batch_store.BatchObject` JSON), ``status``,
+    ``next`` (the next line to feed), ``completed``, ``failed``."""
+    return _in_batch("batch", batch_id)
+
+
+def batch_lines(batch_id: str) -> str:
+    """List of the batch's input lines (JSON), copied from its file when it was created."""
+    return _in_batch("batch-lines", batch_id)
+
+
+def batch_running(batch_id: str) -> str:
+    """Hash of custom_id -> the fed line's requests (JSON), until its result is recorded."""
+    return _in_batch("batch-running", batch_id)
+
+
+def batch_output(batch_id: str) -> str:
+    """Hash of custom_id -> output line (JSON) of each line that succeeded."""
+    return _in_batch("batch-output", batch_id)
+
+
+def batch_errors(batch_id: str) -> str:
+    """Hash of custom_id -> error line (JSON) of each line that failed or did not run."""
+    return _in_batch("batch-errors", batch_id)

@@ -53,6 +53,19 @@ def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
     return max(1, arrival_ms + priority * step_ms)
 
 
+#: Where the batch band starts: a batch line's score is this plus its arrival (ms),
+#: above the score of any interactive request (arrival + priority * step, a few
+#: thousand seconds at most past now), so that workers take a batch line only when no
+#: interactive request waits. 14 digits: a score survives Lua's number formatting
+#: (``%.14g``) exactly when a script requeues it.
+BATCH_BAND_MS = 10**13
+
+
+def batch_score(arrival_ms: int) -> int:
+    """The queue score of a batch line: first in, first out within the batch band."""
+    return BATCH_BAND_MS + arrival_ms
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 

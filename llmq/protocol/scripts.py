@@ -63,6 +63,9 @@ NAMES = (
     "fence",
     "route_beat",
     "metrics_flush",
+    "batch_take",
+    "batch_result",
+    "batch_status",
     "quota_take",
     "quota_return",
 )
@@ -113,6 +116,9 @@ class Scripts:
     fence: AsyncScript
     route_beat: AsyncScript
     metrics_flush: AsyncScript
+    batch_take: AsyncScript
+    batch_result: AsyncScript
+    batch_status: AsyncScript
     quota_take: AsyncScript
     quota_return: AsyncScript
 

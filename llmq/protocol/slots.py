@@ -530,3 +530,44 @@ class QuotaReturn(Slots):
     reserved_key: str
     id: str
     used: int
+
+
+@dataclass(frozen=True)
+class BatchTake(Slots):
+    """``batch_take.lua``: the next lines of an in-progress batch, now running."""
+
+    SCRIPT: ClassVar[str] = "batch_take"
+
+    batch_key: str
+    lines_key: str
+    running_key: str
+    count: int
+
+
+@dataclass(frozen=True)
+class BatchResult(Slots):
+    """``batch_result.lua``: record one line's result, once per ``custom_id``."""
+
+    SCRIPT: ClassVar[str] = "batch_result"
+
+    batch_key: str
+    running_key: str
+    output_key: str
+    errors_key: str
+    custom_id: str
+    line: str
+    #: ``'1'`` for the output file, ``'0'`` for the error file.
+    ok: str
+
+
+@dataclass(frozen=True)
+class BatchStatus(Slots):
+    """``batch_status.lua``: move a batch's status if it is in one of ``since``."""
+
+    SCRIPT: ClassVar[str] = "batch_status"
+
+    batch_key: str
+    status: str
+    now: int
+    #: The statuses it may move from.
+    since: Sequence[str] = tail()

@@ -79,7 +79,7 @@ if routed then
     max_workers)
 end
 
-if redis.call('ZCARD', queue_key) >= max_depth then
+if live_depth(queue_key) >= max_depth then
   return 0
 end
 redis.call('SET', job_key, job, 'PX', ttl_ms)
