@@ -42,12 +42,15 @@ def identity(batch: BatchObject) -> str | None:
 
 
 async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any]) -> list[Submitted]:
-    """Enqueue one line in the batch band; its requests (one per choice)."""
+    """Enqueue one line in the batch band; its requests (one per choice), its batch's
+    tenant's (its quota, its share of the band)."""
     request = batch_lines.body_model(batch.endpoint, body)
     owner = identity(batch)
     band = BatchBand(batch.id, float(batch.expires_at))
+    tenant = None if batch.tenant is None else await state.tenancy.tenant(batch.tenant)
     if isinstance(request, EmbeddingRequest):
-        return [await submit_embedding(state, request, request.texts(), owner, band)]
+        texts = request.texts()
+        return [await submit_embedding(state, request, texts, owner, band, tenant=tenant)]
     if isinstance(request, ResponsesRequest):
         chat = chat_request(request, [])
         sub = await submit(
@@ -60,6 +63,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
             owner=owner,
             extras=chat_extras(chat),
             band=band,
+            tenant=tenant,
         )
         return [sub]
     if isinstance(request, ChatCompletionRequest):
@@ -76,6 +80,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
             extras=chat_extras(request),
             messages=request.message_dicts(),
             band=band,
+            tenant=tenant,
         )
     assert isinstance(request, CompletionRequest)
     return await submit_choices(
@@ -86,6 +91,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
         owner=owner,
         extras=completion_extras(request),
         band=band,
+        tenant=tenant,
     )
 
 
