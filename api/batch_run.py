@@ -37,7 +37,7 @@ __all__ = ["Submitted", "collect_line", "submit_line"]
 
 
 def identity(batch: BatchObject) -> str | None:
-    """Whose a batch line's requests are: the batch's owner (where a tenant would be set)."""
+    """Whose a batch line's requests are: the batch's owner (its tenant: ``batch.tenant``)."""
     return batch.owner
 
 

@@ -61,6 +61,11 @@ def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
 BATCH_BAND_MS = 10**13
 
 
+#: The priority fair share gives batch lines (``lua/fair.lua``): a band of their own,
+#: below every interactive priority, in which tenants' batches share in turn.
+BATCH_FAIR_PRIORITY = 2**31
+
+
 def batch_score(arrival_ms: int) -> int:
     """The queue score of a batch line: first in, first out within the batch band."""
     return BATCH_BAND_MS + arrival_ms
@@ -144,7 +149,11 @@ class Enqueue:
             route=route,
             fair=""
             if payload.tenant is None
-            else codec.fair_entry(payload.tenant, weight, payload.priority),
+            else codec.fair_entry(
+                payload.tenant,
+                weight,
+                payload.priority if payload.batch is None else BATCH_FAIR_PRIORITY,
+            ),
         )
 
 
