@@ -38,20 +38,23 @@ __all__ = ["Submitted", "collect_line", "submit_line"]
 
 
 def identity(batch: BatchObject) -> str | None:
-    """Whose a batch line's requests are: the batch's owner (where a tenant would be set)."""
+    """Whose a batch line's requests are: the batch's owner (its tenant: ``batch.tenant``)."""
     return batch.owner
 
 
 async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any]) -> list[Submitted]:
-    """Enqueue one line in the batch band; its requests (one per choice)."""
+    """Enqueue one line in the batch band; its requests (one per choice), its batch's
+    tenant's (its quota, its share of the band)."""
     request = batch_lines.body_model(batch.endpoint, body)
     owner = identity(batch)
     band = BatchBand(batch.id, float(batch.expires_at))
+    tenant = None if batch.tenant is None else await state.tenancy.tenant(batch.tenant)
     if isinstance(request, EmbeddingRequest):
-        return [await submit_embedding(state, request, request.texts(), owner, band)]
+        texts = request.texts()
+        return [await submit_embedding(state, request, texts, owner, band, tenant=tenant)]
     if isinstance(request, ResponsesRequest):
         chat = chat_request(request, [])
-        sub = await submit_turn(state, chat, owner, attach=False, band=band)
+        sub = await submit_turn(state, chat, owner, attach=False, band=band, tenant=tenant)
         return [sub]
     if isinstance(request, ChatCompletionRequest):
         requested = request.max_completion_tokens or request.max_tokens
@@ -67,6 +70,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
             extras=chat_extras(request),
             messages=request.message_dicts(),
             band=band,
+            tenant=tenant,
         )
     assert isinstance(request, CompletionRequest)
     return await submit_choices(
@@ -77,6 +81,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
         owner=owner,
         extras=completion_extras(request),
         band=band,
+        tenant=tenant,
     )
 
 

@@ -93,9 +93,12 @@ class BatchObject(BaseModel):
     model: str = ""
     #: How the batch ends if it stops early: ``expired`` or ``cancelled``.
     ending: str | None = None
+    #: Not OpenAI's: the tenant of the key that created it, whose lines it sends
+    #: (their quota and their share of the pool, docs/tenants.md).
+    tenant: str | None = None
 
     def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"owner", "model", "ending"})
+        return self.model_dump(exclude={"owner", "model", "ending", "tenant"})
 
     @property
     def total(self) -> int:
@@ -110,6 +113,7 @@ def new_batch(
     window_seconds: int,
     metadata: dict[str, str] | None,
     owner: str | None,
+    tenant: str | None = None,
 ) -> BatchObject:
     now = int(time.time())
     return BatchObject(
@@ -121,6 +125,7 @@ def new_batch(
         expires_at=now + window_seconds,
         metadata=metadata,
         owner=owner,
+        tenant=tenant,
         request_counts={"total": 0, "completed": 0, "failed": 0},
     )
 

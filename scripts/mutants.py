@@ -853,7 +853,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "quota-all-or-none",
         "a tenant's tokens per minute hold across API processes (one atomic take)",
         "llmq/protocol/lua/quota_take.lua",
-        "elseif tpm > 0 and tok_level < tokens then",
+        "elseif tpm > 0 and tok_level <= 0 then",
         "elseif false then",
         (
             "tests/test_quota.py::test_a_take_is_all_or_none_and_a_return_counts_once",
@@ -864,7 +864,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "quota-return",
         "what a request did not use, and its place at once, come back when it ends",
         "llmq/protocol/queue.py",
-        "        await self.give_back_quota([request_id])\n",
+        "        if reserved:\n            await self.quota.give_back(name, request_id, used)\n",
         "",
         (
             "tests/test_quota.py::test_unused_tokens_come_back_when_a_request_ends",
