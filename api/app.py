@@ -16,13 +16,15 @@ from redis.asyncio import Redis, RedisCluster
 from starlette.types import Receive, Scope, Send
 
 from api import errors, event_stream, openapi
+from api.batch_feeder import BatchFeeder
 from api.catalog import Catalog
 from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
 from api.relay import StreamRelay
-from api.routes import embeddings, health, native, openai, responses
+from api.routes import batches, embeddings, files, health, native, openai, responses
 from api.routes import metrics as metrics_routes
 from api.state import AppState
+from api.tenancy import Tenancy
 from llmq import __version__, metrics
 from llmq.connection import connect, is_cluster
 from llmq.protocol import keys
@@ -31,6 +33,7 @@ from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
 from llmq.tasks import run_periodically, stop_tasks
+from llmq.tenants import TenantStore, load_file
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +93,16 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 tally=tally,
                 lifecycle_maxlen=settings.lifecycle_maxlen,
                 routing=routing_from(settings),
+                fairness=settings.fairness,
+                fair_slack=settings.fairness_slack_tokens,
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),
+            tenancy=Tenancy(TenantStore(redis), settings.default_tenant),
             metrics=tally,
         )
+        if settings.tenants_file:
+            await load_file(TenantStore(redis), settings.tenants_file)
         await relay.start()
         # The first beat before serving, so the process is known before it attaches requests.
         with contextlib.suppress(Exception):
@@ -105,6 +113,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             asyncio.create_task(metrics.flush_forever(state.metrics, redis)),
             asyncio.create_task(_heartbeat(state.queue, settings, process_id)),
             asyncio.create_task(state.catalog.refresh_forever()),
+            asyncio.create_task(BatchFeeder(state).run_forever()),
         ]
         app.state.llmq = state
         try:
@@ -137,9 +146,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(responses.generation)
     app.include_router(responses.router)
     app.include_router(embeddings.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(native.generation)
     app.include_router(native.router)
     app.include_router(health.router)
     app.include_router(metrics_routes.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, upload_bytes=settings.batch_max_file_bytes
+    )
     return app

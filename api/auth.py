@@ -1,23 +1,32 @@
-"""Optional API keys: bearer auth, and requests visible only to the key that made them.
+"""Optional API keys: bearer auth, each key a tenant's, and requests visible only to
+the key that made them.
 
-With ``LLMQ_API_KEYS`` empty, auth is off. Otherwise every generation, request and
-model endpoint needs ``Authorization: Bearer <key>``; keys are compared in
-constant time (every configured key is compared, whichever matches). A request
+Auth is on when ``LLMQ_API_KEYS`` lists keys or ``LLMQ_TENANT_KEYS`` is set. Then
+every generation, request and model endpoint needs ``Authorization: Bearer <key>``:
+a key of ``LLMQ_API_KEYS`` (compared in constant time, every configured key
+compared whichever matches) is the default tenant's; a key made with ``llmq key
+create`` is found by its digest in Redis (:mod:`api.tenancy`, cached for half a
+second, so a revoked key stops working everywhere within that time). A request
 records only a digest of its key (its *owner*), and its status, stream and cancel
 answer 404 to any other key, as if it did not exist. Health and metrics stay open
 for probes and scrapers.
+
+Every request gets its tenant here (:func:`tenant_of`): the key's, or with auth off
+the one the trusted ``LLMQ_TENANT_HEADER`` names, else the default tenant.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from api.errors import ApiError
-from api.state import state_of
+from api.state import AppState, state_of
+from api.tenancy import CACHE_SECONDS
+from llmq.tenants import Tenant, digest
 
 
 class Unauthorized(ApiError):
@@ -26,7 +35,20 @@ class Unauthorized(ApiError):
 
 def owner_of(key: str) -> str:
     """What a request stores about its key: a digest, never the key."""
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+    return digest(key)
+
+
+def _refused(
+    message: str = "a valid API key is required: Authorization: Bearer <key>",
+) -> Unauthorized:
+    return Unauthorized(message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _tenant(state: AppState, name: str) -> Tenant:
+    tenant = await state.tenancy.tenant(name)
+    if tenant is None:
+        raise Unauthorized(f"no tenant '{name}'", code="invalid_tenant")
+    return tenant
 
 
 async def caller(request: Request) -> str | None:
@@ -35,20 +57,47 @@ async def caller(request: Request) -> str | None:
     It reads the state directly rather than through the ``State`` dependency: one
     resolution step less on every request."""
     state = state_of(request)
-    if not state.api_keys:
+    settings = state.settings
+    if not state.api_keys and not settings.tenant_keys:
+        named = settings.tenant_header and request.headers.get(settings.tenant_header)
+        request.state.tenant = await _tenant(state, named or settings.default_tenant)
         return None
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    given = token.strip().encode()
+    given = token.strip()
+    if scheme.lower() != "bearer" or not given:
+        raise _refused()
     matched = False
     for key in state.api_keys:
-        matched |= hmac.compare_digest(given, key.encode())
-    if scheme.lower() != "bearer" or not matched:
-        raise Unauthorized(
-            "a valid API key is required: Authorization: Bearer <key>",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    return owner_of(token.strip())
+        matched |= hmac.compare_digest(given.encode(), key.encode())
+    owner = owner_of(given)
+    if matched:
+        name: str | None = settings.default_tenant
+    elif settings.tenant_keys:
+        name = await state.tenancy.key_tenant(owner)
+        request.state.revocable = owner
+    else:
+        name = None
+    if name is None:
+        raise _refused()
+    request.state.tenant = await _tenant(state, name)
+    return owner
+
+
+def tenant_of(request: Request) -> Tenant | None:
+    """The tenant :func:`caller` found for this request."""
+    found: Tenant | None = getattr(request.state, "tenant", None)
+    return found
+
+
+async def revoked(request: Request) -> None:
+    """Return once the request's key is revoked (never for a key that cannot be: one of
+    ``LLMQ_API_KEYS``, or auth off); a stream that waits on it ends with its key."""
+    key_digest: str | None = getattr(request.state, "revocable", None)
+    state = state_of(request)
+    if key_digest is None:
+        await asyncio.Event().wait()
+    while await state.tenancy.key_tenant(key_digest or "") is not None:
+        await asyncio.sleep(CACHE_SECONDS)
 
 
 #: The authenticated caller as a FastAPI dependency (None when auth is off).

@@ -252,6 +252,14 @@ class EmbeddingRequest(_Body):
         None, gt=0, description="Seconds the request may wait in the queue."
     )
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        # before the union: each of its branches would refuse [] in its own words
+        if isinstance(value, list) and not value:
+            raise PydanticCustomError("too_short", "must hold at least one text")
+        return value
+
     def texts(self) -> list[str]:
         if isinstance(self.input, str):
             return [self.input]

@@ -4,8 +4,8 @@ FastAPI resolves a route's parameters on every request: it walks the route's
 dependency graph and reads the body as JSON, then validates the parsed objects. On a
 generation route that CPU is spent between a request's arrival and its enqueue, so
 every first token waits for it; filling the few kinds of parameter these routes take
-directly costs less than half as much (``python -m bench.route_dispatch``;
-docs/upstream-benchmark.md, "A first token's path").
+directly costs less than half as much (docs/upstream-benchmark.md, "A first
+token's path").
 
 A :class:`DirectRoute` still declares its parameters in its endpoint's signature,
 so the OpenAPI document is FastAPI's own, but fills them itself from a fixed set of

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 from starlette.responses import Response
@@ -52,12 +52,21 @@ class EventStream(Response):
     media_type = MEDIA_TYPE
 
     def __init__(
-        self, body: AsyncIterator[bytes], headers: Mapping[str, str] | None = None
+        self,
+        body: AsyncIterator[bytes],
+        headers: Mapping[str, str] | None = None,
+        *,
+        until: Coroutine[Any, Any, None] | None = None,
+        final: bytes = b"",
     ) -> None:
         self.chunks = body
         self.status_code = 200
         self.background = None
         self.init_headers(HEADERS if headers is None else headers)
+        #: Ends the stream when it returns (as a disconnect would), then ``final`` is sent:
+        #: a revoked key (:func:`api.auth.revoked`).
+        self.until = until
+        self.final = final
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -71,10 +80,22 @@ class EventStream(Response):
             streaming.cancel()
 
         watcher = asyncio.create_task(watch(), name="sse-disconnect")
+        stopper = None if self.until is None else asyncio.create_task(self.until)
         try:
-            await asyncio.wait({streaming})
+            await asyncio.wait(
+                {streaming} if stopper is None else {streaming, stopper},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if stopper is not None and stopper.done() and not streaming.done():
+                streaming.cancel()
+                await asyncio.wait({streaming})
+                write = scope.get(SERVER_SEND, send)
+                await write({"type": "http.response.body", "body": self.final, "more_body": False})
+                return
         finally:  # also when this task is cancelled: the stream ends with it
             watcher.cancel()
+            if stopper is not None:
+                stopper.cancel()
             if not streaming.done():
                 streaming.cancel()
                 await asyncio.wait({streaming})

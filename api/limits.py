@@ -2,7 +2,9 @@
 
 The body is read (at most ``max_bytes``) before the app sees it: a larger body is
 answered with 413 in OpenAI's error shape, however it is sent (with or without
-Content-Length, chunked or not), and the app never parses it.
+Content-Length, chunked or not), and the app never parses it. A file upload
+(``POST /v1/files``) has its own bound, the largest batch file plus room for the
+multipart framing.
 """
 
 from __future__ import annotations
@@ -18,20 +20,25 @@ from api.errors import error_body
 #: How much of an oversized chunked body is read and dropped before the 413 is sent.
 DISCARD_LIMIT = 64 * 1024 * 1024
 DISCARD_SECONDS = 5.0
+#: Room for a multipart upload's framing beyond the file itself.
+MULTIPART_SLACK = 64 * 1024
+UPLOADS = "/v1/files"
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_bytes: int = 0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.upload_bytes = max(max_bytes, upload_bytes + MULTIPART_SLACK)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
+        limit = self.upload_bytes if scope["path"] == UPLOADS else self.max_bytes
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(send, limit)
             return
         chunks: list[bytes] = []
         size = 0
@@ -41,10 +48,10 @@ class BodyLimit:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
+            if size > limit:
                 if message.get("more_body", False):
                     await self._discard_rest(receive)
-                await self._reject(send)
+                await self._reject(send, limit)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -77,10 +84,10 @@ class BodyLimit:
             async with asyncio.timeout(DISCARD_SECONDS):
                 await drain()
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, send: Send, limit: int) -> None:
         payload = json.dumps(
             error_body(
-                f"the request body exceeds {self.max_bytes} bytes",
+                f"the request body exceeds {limit} bytes",
                 "invalid_request_error",
                 None,
                 "request_too_large",

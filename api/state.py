@@ -15,6 +15,7 @@ from api.catalog import Catalog
 from api.grouped_relay import GroupedRelay
 from api.relay import StreamRelay
 from api.subscription import Subscription
+from api.tenancy import Tenancy
 from llmq.metrics import Tally
 from llmq.protocol.queue import Queue
 from llmq.settings import ApiSettings
@@ -31,6 +32,8 @@ class AppState:
     catalog: Catalog
     queue: Queue
     accept_models: frozenset[str]
+    #: Key and tenant lookups (:mod:`api.tenancy`).
+    tenancy: Tenancy
     api_keys: frozenset[str] = frozenset()
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     #: This process's not-yet-flushed metrics (see :mod:`llmq.metrics`).

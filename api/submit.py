@@ -14,22 +14,33 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
+from api.flow import check_priority_ceiling, count, give_back_refused, shed, take_quota
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
-from llmq.protocol.queue import Enqueue
+from llmq.protocol.queue import Enqueue, batch_score
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
+from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
 NO_EXTRAS = Extras()
+
+
+@dataclass(frozen=True)
+class BatchBand:
+    """A batch line's place in the queue: the batch band (:func:`batch_score`), not
+    its body's priority, and a queue deadline at the batch's completion window."""
+
+    batch_id: str
+    deadline: float
 
 
 @dataclass(frozen=True)
@@ -81,10 +92,15 @@ async def _check_model(state: AppState, model: str) -> None:
     )
 
 
-def _max_tokens(state: AppState, requested: int | None, param: str) -> int:
+def _max_tokens(state: AppState, requested: int | None, param: str, room: int | None) -> int:
+    """The request's ``max_tokens``; unset: what the context leaves after the longest
+    prompt (``room``; None: the workers declare no context, and the limit applies),
+    as vLLM and OpenAI do, bounded by ``LLMQ_DEFAULT_MAX_TOKENS`` where set."""
     limit = state.settings.max_tokens_limit
     if requested is None:
-        return min(state.settings.default_max_tokens, limit)
+        tokens = limit if room is None else max(1, room)
+        cap = state.settings.default_max_tokens
+        return min(tokens, cap) if cap else tokens
     if requested > limit:
         raise InvalidRequest(
             f"{param} must be at most {limit}, got {requested}", param=param, code="invalid_value"
@@ -110,6 +126,8 @@ def _plan(
     attach: bool,
     messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
+    band: BatchBand | None = None,
+    tenant: Tenant | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -126,6 +144,8 @@ def _plan(
         queue_deadline=now + common.queue_timeout,
         generation_timeout=common.generation_timeout,
         messages=messages,
+        batch=None if band is None else band.batch_id,
+        tenant=None if tenant is None else tenant.name,
     )
     call = Enqueue.of(
         payload,
@@ -133,7 +153,10 @@ def _plan(
         owner=owner,
         attach_to=state.process_id if attach else None,
         route=state.queue.routing.hint(choice.prompt, common.priority, session or params.user),
+        weight=1.0 if tenant is None else tenant.weight,
     )
+    if band is not None:
+        call = replace(call, score=batch_score(int(now * 1000)))
     sub = Submitted(
         rid,
         params.model,
@@ -190,9 +213,10 @@ async def _validate(
     max_tokens: int | None,
     max_tokens_param: str,
     extras: Extras,
+    room: int | None = None,
 ) -> _Common:
     settings = state.settings
-    tokens = _max_tokens(state, max_tokens, max_tokens_param)
+    tokens = _max_tokens(state, max_tokens, max_tokens_param, room)
     priority = params.priority or 0
     _check_priority(state, priority)
     sampling = SamplingParams(
@@ -271,9 +295,11 @@ async def submit(
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
     owner: str | None = None,
+    tenant: Tenant | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     session: str | None = None,
+    band: BatchBand | None = None,
 ) -> Submitted:
     """Validate and enqueue one request; raise an :class:`~api.errors.ApiError` to refuse.
 
@@ -295,9 +321,11 @@ async def submit(
         max_tokens_param=max_tokens_param,
         prompt_param=prompt_param,
         owner=owner,
+        tenant=tenant,
         attach=attach,
         extras=extras,
         session=session,
+        band=band,
     )
     return subs[0]
 
@@ -311,10 +339,12 @@ async def submit_choices(
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
     owner: str | None = None,
+    tenant: Tenant | None = None,
     attach: bool = False,
     extras: Extras = NO_EXTRAS,
     messages: tuple[dict[str, Any], ...] | None = None,
     session: str | None = None,
+    band: BatchBand | None = None,
 ) -> list[Submitted]:
     """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.
 
@@ -323,7 +353,8 @@ async def submit_choices(
     enqueued in one atomic script call that refuses them all (429) unless the
     queue has room for every one. Under a routing policy each carries its route
     hint (:meth:`llmq.protocol.routing.Routing.hint`: its leading KV blocks by the
-    ``LLMQ_ROUTING_TOKENIZER``, and its ``session``, else its ``user``).
+    ``LLMQ_ROUTING_TOKENIZER``, and its ``session``, else its ``user``). A batch
+    line's choices go in the batch band (``band``).
     """
     settings = state.settings
     _check_choices(state, params, len(prompts))
@@ -334,8 +365,12 @@ async def submit_choices(
         )
         for i, p in enumerate(prompts)
     ]
-    common = await _validate(state, params, max_tokens, max_tokens_param, extras)
+    room = None if declared.context_length is None else declared.context_length - max(counts)
+    common = await _validate(state, params, max_tokens, max_tokens_param, extras, room)
+    check_priority_ceiling(tenant, common.priority)
     now = time.time()
+    if band is not None:
+        common = replace(common, queue_timeout=max(band.deadline - now, 0.001))
     n = params.choices
     calls: list[Enqueue] = []
     subs: list[Submitted] = []
@@ -343,10 +378,22 @@ async def submit_choices(
         for k in range(n):
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p)
-            call, sub = _plan(state, params, choice, common, now, owner, attach, messages, session)
+            call, sub = _plan(
+                state,
+                params,
+                choice,
+                common,
+                now,
+                owner,
+                attach,
+                messages,
+                session,
+                band,
+                tenant,
+            )
             calls.append(call)
             subs.append(sub)
-    await _admit(state, calls, params.model, [sub.id for sub in subs])
+    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant)
     for sub in subs:
         prompt = prompts[sub.prompt_index]
         log.info(
@@ -363,11 +410,18 @@ async def submit_choices(
     return subs
 
 
-async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[str]) -> None:
-    """Enqueue ``calls`` all or none; 429 if the queue has no room for them all."""
+async def _admit(
+    state: AppState, calls: list[Enqueue], model: str, rids: list[str], tenant: Tenant | None
+) -> None:
+    """Enqueue ``calls`` all or none; 429 if the expected wait is too long
+    (:func:`api.flow.shed`), the tenant's quota is spent (:func:`api.flow.take_quota`)
+    or the queue has no room for them all."""
     settings = state.settings
+    await shed(state, tenant, calls)
+    await take_quota(state, tenant, calls)
     accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
     if not accepted:
+        await give_back_refused(state, tenant, calls)
         state.metrics.inc(metrics.REQUESTS, model, "rejected")
         limit = settings.max_queue_depth
         why = (
@@ -380,12 +434,18 @@ async def _admit(state: AppState, calls: list[Enqueue], model: str, rids: list[s
             code="queue_full",
             headers={"Retry-After": "1"},
         )
+    await count(state, tenant, "accepted")
     if settings.enqueue_min_replicas:
         await _replicated(state, rids, model)
 
 
 async def submit_embedding(
-    state: AppState, body: EmbeddingRequest, texts: list[str], owner: str | None
+    state: AppState,
+    body: EmbeddingRequest,
+    texts: list[str],
+    owner: str | None,
+    band: BatchBand | None = None,
+    tenant: Tenant | None = None,
 ) -> Submitted:
     """Validate and enqueue an embedding request: one job for all its inputs, which a
     worker that declares ``embeddings`` runs; attached to this process, like an
@@ -411,10 +471,13 @@ async def submit_embedding(
     )
     priority = body.priority or 0
     _check_priority(state, priority)
+    check_priority_ceiling(tenant, priority)
     queue_timeout = _timeout(body.queue_timeout, settings.queue_timeout_seconds, "queue_timeout")
     await _check_model(state, body.model)
     await _check_declared(state, body.model, [("embeddings", "input")])
     now, rid = time.time(), uuid.uuid4().hex
+    if band is not None:
+        queue_timeout = max(band.deadline - now, 0.001)
     payload = JobPayload(
         request_id=rid,
         model=body.model,
@@ -426,14 +489,18 @@ async def submit_embedding(
         queue_deadline=now + queue_timeout,
         generation_timeout=settings.generation_timeout_seconds,
         embed=EmbedTask(inputs=tuple(texts), dimensions=body.dimensions, seed=body.seed or 0),
+        batch=None if band is None else band.batch_id,
+        tenant=None if tenant is None else tenant.name,
     )
     call = Enqueue.of(
         payload,
         priority_step_ms=settings.priority_step_ms,
         owner=owner,
-        attach_to=state.process_id,
+        attach_to=state.process_id if band is None else None,
     )
-    await _admit(state, [call], body.model, [rid])
+    if band is not None:
+        call = replace(call, score=batch_score(int(now * 1000)))
+    await _admit(state, [call], body.model, [rid], tenant)
     log.info(
         "accepted embedding request %s (model %s, %d inputs, %d tokens)",
         rid,

@@ -14,8 +14,11 @@ that the noise of a shared machine hits both sides of every comparison:
   API processes) against the floor (:mod:`bench.floor`, a bare in-process
   server), with CPU per delivered token by process.
 
-Results go to ``bench/results/<UTC timestamp>.json`` (every figure, the
-settings, the machine) and ``.md`` (tables; also copied to ``latest.md``).
+Results go to ``<UTC timestamp>.json`` (every figure, the settings, the machine)
+and ``.md`` (tables; also copied to ``latest.md``) under ``--out``, by default
+``~/.cache/llmq/bench-results`` (:func:`bench.report.results_dir`), outside the
+checkout. ``bench/results/<scenario>.md`` holds the one result per scenario that
+the docs cite, made with ``--out bench/results --name <scenario>``.
 
 Modules: :mod:`~bench.floor` (the floor server), :mod:`~bench.procs`
 (processes), :mod:`~bench.sysinfo` (machine and CPU accounting),

@@ -24,13 +24,10 @@ from types import FrameType
 from typing import Any
 
 from bench import report
-from bench.procs import ROOT
 from bench.scenario import Context, ScenarioResult
 from bench.scenarios import ON_REQUEST, SCENARIOS
 from bench.sysinfo import machine_info
 from llmq.embedded import find_redis_server
-
-DEFAULT_OUT = ROOT / "bench" / "results"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--duration", type=float, default=None, help="chaos: seconds of faults (default 300)"
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: $LLMQ_CACHE/bench-results, else "
+        "~/.cache/llmq/bench-results)",
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="the results' file name without suffix (default: the UTC timestamp, "
+        "and a copy as latest.md)",
+    )
     return parser
 
 
@@ -212,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scenarios": {r.name: r.to_dict() for r in results},
     }
     markdown = _markdown(stamp, info, args, results, interrupted)
-    paths = report.write(args.out, stamp, payload, markdown)
+    out = args.out if args.out is not None else report.results_dir()
+    paths = report.write(out, stamp, payload, markdown, args.name)
     print(markdown)
     ctx.say("wrote " + ", ".join(str(p) for p in paths))
     if keep_logs:

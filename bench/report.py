@@ -2,14 +2,18 @@
 
 The JSON is the record (settings, machine, each run's figures, the medians); the
 markdown is a view of it, so a table can always be checked against the JSON of
-the same timestamp. ``latest.md`` is a copy of the newest markdown for a stable
-link.
+the same name. A run is named by its UTC timestamp unless it is given a name, and
+``latest.md`` is then a copy of the newest markdown for a stable link.
+
+Results go outside the checkout unless asked: :func:`results_dir`. The repository
+keeps one named result per scenario that the docs cite (``bench/results/``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -62,13 +66,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write(out: Path, stamp: str, payload: dict[str, Any], markdown: str) -> list[Path]:
-    """Write ``<stamp>.json``, ``<stamp>.md`` and ``latest.md`` under ``out``."""
+def results_dir() -> Path:
+    """Where results go by default: ``bench-results`` in llmq's cache
+    (``$LLMQ_CACHE``, else ``~/.cache/llmq``, as the engine builds use), outside
+    the checkout."""
+    cache = os.environ.get("LLMQ_CACHE") or Path.home() / ".cache" / "llmq"
+    return Path(cache) / "bench-results"
+
+
+def write(
+    out: Path, stamp: str, payload: dict[str, Any], markdown: str, name: str | None = None
+) -> list[Path]:
+    """Write ``<name>.json`` and ``<name>.md`` under ``out``; without a name,
+    ``<stamp>.json``, ``<stamp>.md`` and a copy of the markdown as ``latest.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    json_path = out / f"{stamp}.json"
-    md_path = out / f"{stamp}.md"
+    json_path = out / f"{name or stamp}.json"
+    md_path = out / f"{name or stamp}.md"
     json_path.write_text(json.dumps(_jsonable(payload), indent=1) + "\n")
     md_path.write_text(markdown)
+    if name:
+        return [json_path, md_path]
     latest = out / "latest.md"
     shutil.copyfile(md_path, latest)
     return [json_path, md_path, latest]

@@ -6,7 +6,8 @@ constant concurrency for ``--duration`` seconds and samples, every
 count, Redis memory and its connected clients. A resource is *flat* when its
 average over the last third of the run is within ``--tolerance`` of its average
 over the middle third (the first third is warm-up: pools fill, caches settle).
-The report goes to ``bench/results/soak-<timestamp>.{json,md}``; the exit code
+The report goes to ``soak-<timestamp>.{json,md}`` under ``--out`` (default
+:func:`bench.report.results_dir`, outside the checkout); the exit code
 is non-zero if anything grew.
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 import redis
 
 from bench.procs import Stack
+from bench.report import results_dir
 from llmq.protocol import keys
 from loadgen import LoadConfig, run_load
 
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--tolerance", type=float, default=0.10)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--name", default=None, help="file name without suffix")
     args = parser.parse_args(argv)
     started = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     series: list[dict[str, float]] = []
@@ -134,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         "samples": series,
         "verdict": verdict(series, args.tolerance),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"soak-{started}.json").write_text(json.dumps(report, indent=2))
+    out = args.out if args.out is not None else results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name or f"soak-{started}"
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
     text = markdown(report)
-    (args.out / f"soak-{started}.md").write_text(text)
+    (out / f"{name}.md").write_text(text)
     print(text)
     flat = all(v["flat"] for v in report["verdict"].values())
     return 0 if flat and not summary["failed"] else 1

@@ -58,56 +58,6 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
 
 
-@dataclass(frozen=True)
-class ThreadSched:
-    """What the scheduler did with one thread (``/proc/<pid>/task/<tid>/schedstat`` and
-    its ``status``): seconds on a CPU, seconds runnable but waiting on a run queue,
-    and how often it left a CPU (``slices``), of itself (``voluntary``: it slept) or
-    not (the rest: preempted). The two files are read one after the other, and a
-    thread on a CPU has arrived without leaving yet, so ``voluntary`` can run a switch
-    or two past ``slices``: :attr:`preempted` is never below 0."""
-
-    cpu_s: float
-    waited_s: float
-    slices: int
-    voluntary: int
-
-    @property
-    def preempted(self) -> int:
-        return max(0, self.slices - self.voluntary)
-
-    def __sub__(self, before: ThreadSched) -> ThreadSched:
-        return ThreadSched(
-            self.cpu_s - before.cpu_s,
-            self.waited_s - before.waited_s,
-            self.slices - before.slices,
-            self.voluntary - before.voluntary,
-        )
-
-
-def thread_sched(pid: int) -> dict[int, ThreadSched]:
-    """Every thread of ``pid`` by its id, as :class:`ThreadSched` (threads that end
-    while being read are left out)."""
-    threads: dict[int, ThreadSched] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            cpu_ns, wait_ns, slices = map(int, (task / "schedstat").read_text().split())
-            status = (task / "status").read_text()
-        except (OSError, ValueError):
-            continue
-        voluntary = int(status.split("voluntary_ctxt_switches:", 1)[1].split(None, 1)[0])
-        threads[int(task.name)] = ThreadSched(cpu_ns / 1e9, wait_ns / 1e9, slices, voluntary)
-    return threads
-
-
-def busiest_thread(before: dict[int, ThreadSched], after: dict[int, ThreadSched]) -> ThreadSched:
-    """The thread that ran longest between two :func:`thread_sched` readings, its
-    figures over that interval (an engine's decoding thread, beside its HTTP threads)."""
-    return max(
-        (after[tid] - before[tid] for tid in before.keys() & after.keys()), key=lambda t: t.cpu_s
-    )
-
-
 def redis_cpu_seconds(url: str) -> float:
     """``used_cpu_sys + used_cpu_user`` of the Redis server (main thread and children)."""
     client = redis.Redis.from_url(url)

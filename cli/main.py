@@ -1,4 +1,5 @@
-"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``autoscale``, ``loadgen``.
+"""The ``llmq`` command: ``api``, ``worker``, ``run``, ``autoscale``, ``loadgen``,
+``tenant``, ``key``.
 
 Every settings field of a subcommand's settings class is also a flag
 (``redis_url`` -> ``--redis-url``), and every flag is also an ``LLMQ_*``
@@ -11,6 +12,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -79,6 +81,7 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     """``loadgen=False`` leaves out the load generator's flags, whose imports (numpy)
     would add their import time to every worker's start-up."""
     parser = argparse.ArgumentParser(prog="llmq", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('llmq')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
         "api": "run one API process (uvicorn)",
@@ -86,15 +89,33 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
         "run": "run the whole stack locally: Redis, one API process, N workers",
         "tail": "follow the lifecycle stream (queued, started, first token, finished...)",
         "autoscale": "decide and publish how many workers each model needs (for KEDA/HPA)",
+        "tenant": "create, list, change or delete tenants (weights and limits)",
+        "key": "create, list or revoke tenants' API keys",
     }
     parsers = {}
     for name, cls in SETTINGS.items():
         parsers[name] = sub.add_parser(name, help=helps[name])
         _add_settings_flags(parsers[name], cls)
     parsers["api"].add_argument(REUSE_PORT, action="store_true", help=argparse.SUPPRESS)
+    parsers["run"].add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help="an inference server (llama-server, vLLM, ...) to serve through a worker of "
+        "its own; repeat for more [adds to --upstreams]",
+    )
     parsers["tail"].add_argument(
         "--from-start", action="store_true", help="print the entries Redis still keeps first"
     )
+    from cli.batch import add_arguments as batch_arguments
+
+    batch_arguments(sub.add_parser("batch", help="run a JSONL file through the Batch API"))
+    from cli.tenants import add_arguments as add_tenant_arguments
+
+    for name in ("tenant", "key"):
+        parsers[name] = sub.add_parser(name, help=helps[name])
+        _add_settings_flags(parsers[name], CommonSettings)
+    add_tenant_arguments(parsers["tenant"], parsers["key"])
     loadgen_parser = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
     if not loadgen:
         return parser
@@ -132,6 +153,8 @@ def _run_worker(args: argparse.Namespace) -> int:
 def _run_stack(args: argparse.Namespace) -> int:
     from cli.stack import run_stack
 
+    if args.upstream:
+        args.upstreams = ",".join(filter(None, [args.upstreams, *args.upstream]))
     settings = build_settings(RunSettings, args)
     setup_logging(settings, "run")
     return _run_async(run_stack(settings))
@@ -150,6 +173,18 @@ def _run_tail(args: argparse.Namespace) -> int:
 
     settings = build_settings(CommonSettings, args)
     return _run_async(tail_lifecycle(settings, from_start=args.from_start))
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from cli.batch import run_batch
+
+    return _run_async(run_batch(args))
+
+
+def _run_tenants(args: argparse.Namespace) -> int:
+    from cli.tenants import run
+
+    return _run_async(run(build_settings(CommonSettings, args), args))
 
 
 def _loadgen_missing() -> str | None:
@@ -185,6 +220,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "loadgen": _run_loadgen,
     "tail": _run_tail,
     "autoscale": _run_autoscale,
+    "batch": _run_batch,
+    "tenant": _run_tenants,
+    "key": _run_tenants,
 }
 
 

@@ -2,7 +2,8 @@
 
 Starts Redis (embedded unless ``LLMQ_REDIS_URL`` is set), one API process and the
 workers (``--workers N``, or ``--autoscale MIN:MAX``: ``MIN`` at start and an
-autoscaler that adds and removes workers), all under one
+autoscaler that adds and removes workers; or ``--upstream URL``, repeated: one
+worker per inference server, which it finds out about itself), all under one
 :class:`~cli.supervisor.Supervisor`: a child that dies is restarted with backoff,
 a crash loop stops the stack with exit code 1.
 
@@ -62,9 +63,13 @@ class Stack:
         self.workers: list[Child] = []
         self.env: dict[str, str] = {}
 
-    async def add_worker(self) -> Child:
+    async def add_worker(self, upstream: str | None = None) -> Child:
+        """A worker of the mock, or of the inference server at ``upstream``."""
+        env = self.env
+        if upstream is not None:
+            env = {**env, "LLMQ_BACKEND": "openai", "LLMQ_UPSTREAM_URL": upstream}
         child = await self.supervisor.start(
-            f"worker-{next(self._numbers)}", llmq_command("worker"), self.env
+            f"worker-{next(self._numbers)}", llmq_command("worker"), env
         )
         self.workers.append(child)
         return child
@@ -102,7 +107,9 @@ class Stack:
         try:
             for name, argv in api_commands(settings.api_processes):
                 api.append(await self.supervisor.start(name, argv, self.env))
-            for _ in range(bounds[0] if bounds else settings.workers):
+            for url in settings.upstream_urls:
+                await self.add_worker(url)
+            for _ in range(0 if settings.upstreams else bounds[0] if bounds else settings.workers):
                 await self.add_worker()
             if bounds is not None:
                 driver = LocalDriver(self.supervisor, self.add_worker)

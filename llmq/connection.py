@@ -114,7 +114,7 @@ class PooledReplyParser(_AsyncHiredisParser):
     unread replies or was closed by the server. redis-py before 8.1 (arq pins it
     below 6) answers by reading the socket with a zero timeout: a cancelled read and
     a turn of the event loop before every command, a seventh to a fifth of a short
-    command's CPU in the client (`python -m bench.pool_check`). What the connection
+    command's CPU in the client (docs/upstream-benchmark.md). What the connection
     already holds answers the same question, and redis-py 8.1 asks it the same way:
     a reply the parser has buffered, bytes the event loop has received for it and
     not handed over, or the end of its stream.

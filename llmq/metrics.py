@@ -152,6 +152,29 @@ AUTOSCALER_ACTIONS = Counter(
     "Scale actions of the autoscaler by direction (up, down) and reason.",
     ("model", "direction", "reason"),
 )
+BATCH_LINES = Counter(
+    "llmq_batch_lines",
+    "Batch lines by outcome: completed, failed (each custom_id once), yielded (a line "
+    "that gave its slot to a live request).",
+    ("model", "outcome"),
+)
+BATCHES = Counter(
+    "llmq_batches",
+    "Batches ended, by status: completed, expired, cancelled.",
+    ("model", "status"),
+)
+
+TENANT_REQUESTS = Counter(
+    "llmq_tenant_requests",
+    "Requests at admission by tenant and outcome: accepted, rate_limited (its quota), "
+    "shed (expected wait) (tenants beyond the first 20 by name: tenant=other).",
+    ("tenant", "outcome"),
+)
+TENANT_TOKENS = Counter(
+    "llmq_tenant_tokens",
+    "Prompt + completion tokens of the tenant's requests that ended (tenant as above).",
+    ("tenant",),
+)
 
 HISTOGRAMS: tuple[Histogram, ...] = (
     TTFT,
@@ -172,6 +195,10 @@ COUNTERS: tuple[Counter, ...] = (
     PREFIX_CACHE_HITS,
     LEASE_LOST_TOKENS,
     AUTOSCALER_ACTIONS,
+    BATCH_LINES,
+    BATCHES,
+    TENANT_REQUESTS,
+    TENANT_TOKENS,
 )
 Family = Histogram | Counter
 _ALL: tuple[Family, ...] = (*HISTOGRAMS, *COUNTERS)

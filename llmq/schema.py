@@ -102,6 +102,11 @@ class JobPayload(_Frozen):
     generation_timeout: float = Field(gt=0, description="Seconds it may run once started.")
     #: An embedding request (its ``prompt`` is empty); left out of a generation's job.
     embed: EmbedTask | None = Field(None, exclude_if=lambda v: v is None)
+    #: The batch a batch line belongs to (queued in the batch band); left out otherwise.
+    batch: str | None = Field(None, exclude_if=lambda v: v is None)
+    #: The tenant the request belongs to (:mod:`llmq.tenants`): whose quota it took
+    #: and whose share of the pool it is served from; left out when None.
+    tenant: str | None = Field(None, exclude_if=lambda v: v is None)
 
     def required_capabilities(self) -> list[tuple[str, str]]:
         """What the serving model must honour, each with the parameter that asks for it."""
@@ -211,6 +216,11 @@ class ErrorEvent(_Frozen):
     message: str
     finish_reason: FinishReason = "error"
     usage: Usage | None = None
+    #: The request's own fault (the model refused it: a prompt over the context length,
+    #: a parameter the engine rejects): a client's error, not the server's.
+    refused: bool = Field(False, exclude_if=lambda v: not v)
+    #: The request parameter at fault, where the model said.
+    param: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 Event = Annotated[
@@ -297,6 +307,8 @@ class RequestRecord(BaseModel):
     finish_reason: FinishReason | None = None
     error: str | None = None
     owner: str | None = None
+    #: The tenant whose quota the request holds (returned when it ends).
+    tenant: str | None = None
 
     def to_redis(self) -> dict[str, str]:
         """Hash fields; unset fields are left out."""
@@ -313,14 +325,14 @@ class RequestRecord(BaseModel):
                 data[k] = json.loads(v)
             except ValueError:
                 data[k] = v
-        for k in ("id", "model", "status", "worker", "finish_reason", "error", "owner"):
+        for k in ("id", "model", "status", "worker", "finish_reason", "error", "owner", "tenant"):
             if k in fields:
                 data[k] = fields[k]
         return cls.model_validate(data)
 
 
 LifecycleKind = Literal[
-    "queued", "started", "first_token", "finished", "cancelled", "failed", "scaled"
+    "queued", "started", "first_token", "finished", "cancelled", "failed", "scaled", "batch"
 ]
 
 
@@ -338,6 +350,8 @@ class Lifecycle(BaseModel):
     model: str
     ts: float
     priority: int | None = None
+    #: The request's tenant (absent for requests without one).
+    tenant: str | None = None
     worker: str | None = None
     attempt: int | None = None
     queue_ms: float | None = None
@@ -352,6 +366,11 @@ class Lifecycle(BaseModel):
     desired: int | None = None
     actual: int | None = None
     target: int | None = None
+    #: ``batch`` entries (the batch feeder's progress; ``request_id`` is the batch's id).
+    status: str | None = None
+    completed: int | None = None
+    failed: int | None = None
+    total: int | None = None
 
     def fields(self) -> dict[str, str]:
         return {
@@ -393,6 +412,10 @@ class WorkerInfo(BaseModel):
     #: False while the worker's model (an upstream server) does not answer: the worker
     #: stays registered but claims nothing.
     ready: bool = True
+    #: What the worker found of its upstream inference server (None: the mock):
+    #: ``engine``, whether it was ``identified`` (else set), its ``slots``,
+    #: ``context_length``, ``tokenize`` endpoint and ``chat`` API (the model's template).
+    upstream: dict[str, Any] | None = None
 
 
 class ScaleState(_Frozen):

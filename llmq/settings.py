@@ -70,6 +70,18 @@ class CommonSettings(BaseSettings):
         "oldest; least-loaded; hash, of the prompt's first block; prefix, the one whose KV "
         "prefix or session the worker holds. Every process must use the same.",
     )
+    fairness: Literal["fifo", "vtc"] = Field(
+        "fifo",
+        description="How a claim shares a priority band among tenants: fifo, the queue's "
+        "order; vtc, the backlogged tenant with the least weighted service first (see "
+        "Tenants). Every process must use the same.",
+    )
+    fairness_slack_tokens: int = Field(
+        8192,
+        ge=0,
+        description="Under LLMQ_ROUTING, how far (weighted tokens) a tenant's counter may be "
+        "above the least for cache affinity to choose its requests.",
+    )
     routing_window: int = Field(
         16, ge=1, le=256, description="Routed claims choose among this many at the queue's head."
     )
@@ -154,6 +166,30 @@ class ApiSettings(CommonSettings):
         description="Comma-separated API keys; empty: no auth. With keys, a request is "
         "visible only with the key that created it.",
     )
+    tenant_keys: bool = Field(
+        False,
+        description="Keys made with `llmq key create` authenticate requests, each for its "
+        "tenant (auth is on even if LLMQ_API_KEYS is empty).",
+    )
+    default_tenant: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The tenant of LLMQ_API_KEYS keys and of requests that name none.",
+    )
+    tenant_header: str = Field(
+        "",
+        description="Without auth: the request header that names the tenant, set by a trusted "
+        "gateway in front (e.g. X-Tenant); empty: every request is the default tenant's.",
+    )
+    tenants_file: str = Field(
+        "", description="A TOML file of tenants (and key digests) written into Redis at start."
+    )
+    shed_wait_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Refuse (429) a request whose expected queue wait exceeds this (or its "
+        "queue timeout); 0: no shedding by expected wait.",
+    )
     max_body_bytes: int = Field(
         1_048_576, ge=1024, description="Largest accepted request body, in bytes."
     )
@@ -162,7 +198,11 @@ class ApiSettings(CommonSettings):
     )
     max_tokens_limit: int = Field(4096, ge=1, description="Largest accepted max_tokens.")
     default_max_tokens: int = Field(
-        128, ge=1, description="max_tokens of a request that does not set it."
+        0,
+        ge=0,
+        description="Most tokens a request that sets no max_tokens may generate; 0: no "
+        "bound but what the model's context leaves after the prompt (LLMQ_MAX_TOKENS_LIMIT "
+        "where its workers declare no context length).",
     )
     min_priority: int = Field(-1000, description="Lowest accepted priority value.")
     max_priority: int = Field(1000, description="Highest accepted priority value.")
@@ -214,6 +254,31 @@ class ApiSettings(CommonSettings):
     )
     max_embedding_dimensions: int = Field(
         4096, ge=1, le=65_536, description="Largest dimensions an embeddings request may ask for."
+    )
+    batch_max_file_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        le=200 * 1024 * 1024,
+        description="Largest file POST /v1/files accepts (stored in Redis), in bytes.",
+    )
+    batch_max_lines: int = Field(
+        10_000, ge=1, le=50_000, description="Most lines (requests) one batch input file may hold."
+    )
+    batch_ttl_seconds: int = Field(
+        7 * 86_400,
+        ge=60,
+        description="Lifetime in Redis of an uploaded file, and of a batch and its output "
+        "files once the batch ends.",
+    )
+    batch_lookahead: int = Field(
+        8,
+        ge=0,
+        le=1000,
+        description="Batch lines kept waiting in a model's queue (in the batch band) beyond "
+        "its workers' free slots, so a slot that frees starts the next line at once.",
+    )
+    batch_feed_seconds: float = Field(
+        0.05, gt=0, le=10, description="Interval of the batch feeder's loop."
     )
 
     enqueue_min_replicas: int = Field(
@@ -370,17 +435,21 @@ class WorkerSettings(CommonSettings):
         "is then slots + this); they are no longer reordered by priority, and each waits "
         "there for a slot within LLMQ_UPSTREAM_TIMEOUT_SECONDS. 0: the cap is the slots.",
     )
-    upstream_engine: Literal["generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = Field(
-        "generic",
-        description="The upstream's kind, for what plain OpenAI does not say: its tokenize "
-        "and context-length endpoints, how it continues a chat's last message, how its "
-        "chunks are counted.",
+    upstream_engine: Literal["auto", "generic", "vllm", "llamacpp", "sglang", "tgi", "ollama"] = (
+        Field(
+            "auto",
+            description="The upstream's kind, for what plain OpenAI does not say: its "
+            "tokenize and context-length endpoints, how it continues a chat's last message, "
+            "how its chunks are counted. auto: identified at connect from what it serves "
+            "(generic, with a log line, where nothing matches).",
+        )
     )
-    upstream_api: Literal["completions", "chat"] = Field(
-        "completions",
-        description="How chat requests reach the upstream: its /v1/completions with llmq's "
-        "plain rendering of the messages, or its /v1/chat/completions with the messages "
-        "themselves (the model's chat template).",
+    upstream_api: Literal["auto", "completions", "chat"] = Field(
+        "auto",
+        description="How chat requests reach the upstream: its /v1/chat/completions with the "
+        "messages themselves (chat: the model's chat template), or its /v1/completions with "
+        "llmq's plain rendering of them (completions). auto: chat wherever the engine has a "
+        "chat template, else completions, with a log line.",
     )
     upstream_capabilities: str | None = Field(
         None,
@@ -504,6 +573,11 @@ class RunSettings(ControllerSettings):
     """Settings of ``llmq run``: the whole stack as local processes."""
 
     workers: int = Field(2, ge=0, le=64, description="Worker processes started by llmq run.")
+    upstreams: str = Field(
+        "",
+        description="Comma-separated URLs of inference servers (--upstream URL, repeated): "
+        "one worker per server, backend openai, instead of the mock's workers.",
+    )
     concurrency: int = Field(8, ge=1, le=10_000)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -524,3 +598,13 @@ class RunSettings(ControllerSettings):
     restart_backoff_seconds: float = Field(
         0.5, gt=0, description="First restart delay; doubles with each recent restart (max 10 s)."
     )
+
+    @property
+    def upstream_urls(self) -> list[str]:
+        return [url.strip() for url in self.upstreams.split(",") if url.strip()]
+
+    @model_validator(mode="after")
+    def _one_worker_per_upstream(self) -> RunSettings:
+        if self.upstreams and self.bounds is not None:
+            raise ValueError("upstreams: one worker per server, not autoscaled")
+        return self

@@ -31,8 +31,8 @@ POLL_SECONDS = 0.2
 CLIENT_NAME = "llmq-tail"
 
 _DETAILS = (
-    "worker", "attempt", "priority", "queue_ms", "ttft_ms", "e2e_ms",
-    "direction", "reason", "actual", "target",
+    "tenant", "worker", "attempt", "priority", "queue_ms", "ttft_ms", "e2e_ms",
+    "direction", "reason", "actual", "target", "status", "completed", "failed", "total",
 )  # fmt: skip
 
 

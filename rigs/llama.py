@@ -53,6 +53,10 @@ class TinyModel:
     seed: int = 7
     #: Scale of the query and key weights: sharper attention, livelier output.
     attention_scale: float = 4.0
+    #: The model's own chat template (None: none; llama-server then uses ChatML).
+    chat_template: str | None = None
+    #: The model also writes ``é``, as its two byte tokens (:func:`write_tiny_gguf`).
+    multibyte: bool = False
 
 
 def _vocabulary() -> tuple[list[str], list[int]]:
@@ -97,6 +101,8 @@ def write_tiny_gguf(path: Path, shape: TinyModel = TinyModel()) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
+    if shape.chat_template is not None:
+        writer.add_chat_template(shape.chat_template)
 
     # Dimension 0 of the residual stream: a constant 4 from every embedding, which
     # no layer changes (rows 0 of attn_output and ffn_down are zero).
@@ -106,14 +112,17 @@ def write_tiny_gguf(path: Path, shape: TinyModel = TinyModel()) -> Path:
     output[:, 0] = 0.0
     first_word = n_vocab - len(WORD_CHARACTERS)
     output[:first_word, 0] = -1000.0  # special and byte tokens: never the greedy choice
+    if shape.multibyte:
+        _write_multibyte(embedding, output, tokens)
+    clean = (0, 1) if shape.multibyte else (0,)  # residual dimensions no layer writes
     writer.add_tensor("token_embd.weight", embedding)
     writer.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
     writer.add_tensor("output.weight", output)
     for layer in range(shape.n_layer):
         name = f"blk.{layer}."
         attn_output, ffn_down = weights(d, d), weights(d, ff)
-        attn_output[0, :] = 0.0
-        ffn_down[0, :] = 0.0
+        attn_output[clean, :] = 0.0
+        ffn_down[clean, :] = 0.0
         writer.add_tensor(name + "attn_norm.weight", np.ones(d, dtype=np.float32))
         writer.add_tensor(name + "attn_q.weight", weights(d, d, scale=shape.attention_scale))
         writer.add_tensor(name + "attn_k.weight", weights(d, d, scale=shape.attention_scale))
@@ -128,6 +137,25 @@ def write_tiny_gguf(path: Path, shape: TinyModel = TinyModel()) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _write_multibyte(
+    embedding: np.typing.NDArray[np.float32],
+    output: np.typing.NDArray[np.float32],
+    tokens: list[str],
+) -> None:
+    """Let the model write ``é`` (UTF-8 ``C3 A9``) as two byte tokens, so that
+    llama-server holds the first back and sends both in one chunk: ``<0xC3>`` competes
+    with the letters, and after it ``<0xA9>`` always wins. Residual dimension 1 (which
+    no layer writes to) is 4 only at a ``<0xC3>``, and the output layer weighs it
+    strongly for ``<0xA9>``. The text round-trips: llama.cpp tokenizes an ``é`` back
+    into the same two byte tokens (the vocabulary has no ``é``)."""
+    lead, tail = tokens.index("<0xC3>"), tokens.index("<0xA9>")
+    embedding[:, 1] = 0.0
+    embedding[lead, 1] = 4.0
+    output[:, 1] = 0.0
+    output[lead, 0] = 0.0  # a letter among the letters
+    output[tail, 1] = 2000.0
 
 
 #: A chat template that takes tools, in Functionary v3.2's format (llama-server knows it

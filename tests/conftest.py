@@ -49,11 +49,13 @@ def redis_server() -> Iterator[EmbeddedRedis]:
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     """A private Redis with AOF on, that a test may kill, stall and restart (it accepts
-    ``DEBUG SLEEP``)."""
+    ``DEBUG SLEEP``). Every write is on disk before its reply (``appendfsync always``):
+    with ``everysec`` a write may wait behind a slow fsync on a busy disk while its
+    reply goes out, and a SIGKILL then loses what Redis had acknowledged."""
     server = EmbeddedRedis(
         appendonly=True,
         directory=str(tmp_path),
-        extra_args=("--enable-debug-command", "local"),
+        extra_args=("--enable-debug-command", "local", "--appendfsync", "always"),
     )
     server.start()
     yield server
@@ -131,7 +133,14 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
     apis: list[RunningApi] = []
 
     async def start(**overrides: Any) -> RunningApi:
-        chosen: dict[str, Any] = {"redis_url": redis_url, "port": free_port(), **overrides}
+        # the mock of the tests never stops by itself: a bound for requests without
+        # max_tokens (the default is the limit, 4096 tokens)
+        chosen: dict[str, Any] = {
+            "redis_url": redis_url,
+            "port": free_port(),
+            "default_max_tokens": 128,
+            **overrides,
+        }
         settings = ApiSettings(**chosen)
         responses = ResponseLog(create_app(settings))
         server, task = start_uvicorn(responses, settings.port, lifespan="on")

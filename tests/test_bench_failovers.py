@@ -18,8 +18,8 @@ def _failover(failover_s: float, stall_s: float, events: list[str]) -> dict[str,
 
 
 def test_a_slow_failover_is_the_sentinels_not_llmq_and_says_why() -> None:
-    """bench/results/20261130T160024Z: the Sentinels took 14.66 s once; the clients
-    waited 1.35 s beyond it. That meets the target, and the slow one is explained."""
+    """A multihost run where the Sentinels took 14.66 s once and the clients waited
+    1.35 s beyond it. That meets the target, and the slow one is explained."""
     quick = [_failover(2.25, 2.7, ["+switch-master"]) for _ in range(9)]
     slow = _failover(14.66, 16.01, ["+sdown", "-failover-abort-not-elected"])
     part = _failover_part([*quick[:1], slow, *quick[1:]])

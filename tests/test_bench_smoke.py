@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-#: The end of an ``upstream_cpu`` run's line: what the scheduler did with the server's
-#: busiest thread over the run (it ran for a while, and a busy server is switched out).
-DECODING_THREAD = (
-    r", its decoding thread: CPU (?!0\.00)\d+\.\d\d s, waited \d+\.\d\d s, preempted \d+ times$"
-)
 
 
 def _run(argv: list[str | Path], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -201,80 +196,3 @@ def test_paired_ttft_times_each_system_once_per_round() -> None:
     assert out["difference_ms_median"] == {
         "b - a": pytest.approx((differences[1] + differences[2]) / 2)
     }
-
-
-@pytest.mark.timeout(150)
-def test_first_token_cpu_reads_each_process_off_the_scheduler() -> None:
-    done = _run(["-m", "bench.first_token_cpu", "5"], timeout=120)
-    direct, llmq = done.stdout.split("\nllmq:\n")
-    assert re.search(r"first token +\d+\.\d+", direct) and re.search(r"cpu\d+ client", direct)
-    for process in ("client", "api", "worker", "redis"):
-        assert re.search(rf"cpu\d+ {process} +\d+\.\d+", llmq), (process, llmq)
-
-
-@pytest.mark.timeout(60)
-def test_pool_check_times_both_checks_of_a_pooled_connection() -> None:
-    done = _run(["-m", "bench.pool_check", "--commands", "20", "--repeats", "1"], timeout=45)
-    for check in ("reading check", "no-read check"):
-        for kind in ("GET", "pipeline of 2 EVALSHA"):
-            line = rf"^  {check}, {kind} +client CPU +\d+\.\d us +wall +\d+\.\d us$"
-            assert re.search(line, done.stdout, re.M), done.stdout
-
-
-@pytest.mark.timeout(90)
-def test_route_dispatch_compares_fastapi_and_a_direct_route() -> None:
-    done = _run(["-m", "bench.route_dispatch", "50"], timeout=60)
-    for name in ("FastAPI", "DirectRoute", "difference"):
-        assert re.search(rf"^  {name} +-?\d+\.\d", done.stdout, re.M), done.stdout
-
-
-@pytest.mark.timeout(150)
-def test_upstream_cpu_alternates_two_checkouts_run_by_run() -> None:
-    argv: list[str | Path] = ["-m", "bench.upstream_cpu", "--runs", "1", "--seconds", "1"]
-    argv += ["--compare", ROOT]
-    done = _run(argv, timeout=120)
-    for name in ("this", "other"):
-        row = (
-            rf"^{name} +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+"
-            r".*, server's batch \d\.\d\d tokens/step" + DECODING_THREAD
-        )
-        assert re.search(row, done.stdout, re.M), done.stdout
-        assert re.search(rf"^{name} +median .* llmq/server \d\.\d+$", done.stdout, re.M)
-
-
-@pytest.mark.timeout(120)
-def test_upstream_cpu_direct_runs_the_load_straight_to_the_server() -> None:
-    done = _run(["-m", "bench.upstream_cpu", "--runs", "1", "--seconds", "1", "--direct"], 100)
-    row = (
-        r"^direct +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ loadgen=\S+, "
-        r"server's batch \d\.\d\d tokens/step" + DECODING_THREAD
-    )
-    assert re.search(row, done.stdout, re.M), done.stdout
-    assert re.search(
-        r"^direct +median +\d+\.\d tok/s, CPU ms/token llama=\S+ loadgen=\S+$", done.stdout, re.M
-    )
-    assert "api=" not in done.stdout and "llmq/server" not in done.stdout
-
-
-@pytest.mark.timeout(150)
-def test_upstream_cpu_runs_direct_and_the_relay_floor_in_turn_with_llmq() -> None:
-    argv: list[str | Path] = ["-m", "bench.upstream_cpu", "--runs", "2", "--seconds", "1"]
-    done = _run([*argv, "--beside", "direct", "--beside", "floor"], timeout=120)
-    rows = [line.split()[0] for line in done.stdout.splitlines() if " tok/s, failed 0," in line]
-    assert rows == ["this", "direct", "floor", "direct", "floor", "this"], done.stdout
-    floor = r"^floor +\d+\.\d tok/s, failed 0, CPU ms/token llama=\S+ api=\S+ workers=\S+ redis="
-    assert re.search(floor, done.stdout, re.M), done.stdout
-    for name in ("this", "floor"):
-        share = rf"^{name} +share of direct \d+\.\d % \(median; run by run \d+\.\d, \d+\.\d\)$"
-        assert re.search(share, done.stdout, re.M), done.stdout
-    assert not re.search(r"^direct +share", done.stdout, re.M)
-
-
-@pytest.mark.timeout(120)
-def test_engine_neighbour_runs_each_condition_on_one_pinned_server() -> None:
-    done = _run(["-m", "bench.engine_neighbour", "--rounds", "1", "--seconds", "1"], timeout=100)
-    assert re.search(r"^model tiny, server on CPU \d+, 8 streams$", done.stdout, re.M)
-    for name in ("idle", "python loop", "numpy 64 MiB"):
-        run = rf"^round 1 {name} +\d+\.\d tok/s, server \d\.\d{{3}} CPU ms/token, failed \d+$"
-        assert re.search(run, done.stdout, re.M), done.stdout
-        assert re.search(rf"^median  {name} +\d+\.\d tok/s", done.stdout, re.M)

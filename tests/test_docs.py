@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The README is the front door: a newcomer reads it in minutes; the rest is in docs/.
 MAX_README_LINES = 450
 
+#: A date or a results file's timestamp: the mark of a run log, which docs/ does not keep.
+DATED = re.compile(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}|[0-9]{8}T[0-9]{4}")
+
 #: ``[text](target)``; images (``![...](...)``) are links too.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
@@ -76,3 +79,10 @@ def test_the_readme_is_a_short_front_page_that_links_into_docs() -> None:
     linked = {target.partition("#")[0] for target in LINK.findall(readme)}
     every_page = {f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
     assert every_page <= linked, f"the README does not link {sorted(every_page - linked)}"
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda page: page.name)
+def test_a_page_is_reference_not_a_dated_run_log(page: Path) -> None:
+    """A page says what is true now and how to reproduce it; what changed when is in
+    the changelog, and a figure's run is the result file the page links."""
+    assert not DATED.findall(page.read_text()), f"{page.name}: {DATED.findall(page.read_text())}"

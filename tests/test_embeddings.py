@@ -143,6 +143,13 @@ async def test_bad_input_gets_openai_errors(
     assert error["param"] == param
 
 
+async def test_an_empty_input_list_is_refused_in_its_own_words(fast: RunningApi) -> None:
+    async with fast.client() as http:
+        reply = await http.post("/v1/embeddings", json={"model": "mock", "input": []})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == "input: must hold at least one text"
+
+
 async def test_refused_without_the_capability(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:

@@ -5,8 +5,9 @@ Fields, codes and settings that no other test would miss: ``stop`` and the stop
 probability ending with ``finish_reason: "stop"``, unknown fields ignored,
 ``events_url``, ``run_ms``, ``?last_event_id=``, ``context_length_exceeded``,
 ``model_not_found``, a non-streaming model error (500), the fields of
-``/v1/workers``, the open endpoints, and the settings ``LLMQ_DEFAULT_MAX_TOKENS``,
-``LLMQ_SSE_KEEPALIVE_SECONDS`` and ``LLMQ_JOB_TIMEOUT_SECONDS``.
+``/v1/workers``, the open endpoints, an unset ``max_tokens`` (what the context leaves),
+and the settings ``LLMQ_DEFAULT_MAX_TOKENS``, ``LLMQ_SSE_KEEPALIVE_SECONDS`` and
+``LLMQ_JOB_TIMEOUT_SECONDS``.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from llmq.model.interface import GenerationRequest
+from llmq.model.interface import Backend, GenerationRequest, Output
 from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
+from llmq.settings import WorkerSettings
 from tests.support.exposition import value
 from tests.support.models import Flaky
 from tests.support.native import post_request, record, wait_ready, wait_status
-from tests.support.servers import RunningApi, StartApi, StartWorker
+from tests.support.servers import FAST_MODEL, RunningApi, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
 from tests.support.waiting import wait_until
+from worker.backends import mock_backend
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -193,13 +196,16 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "tokenizer",
         "context_length",
         "ready",
+        "upstream",
     }
-    # the model's declaration (docs/backends.md): the mock counts whitespace words
-    assert (worker["tokenizer"], worker["context_length"], worker["ready"]) == (
-        "whitespace",
-        None,
-        True,
-    )
+    # the model's declaration (docs/backends.md): the mock counts whitespace words, and
+    # has no upstream engine
+    assert (
+        worker["tokenizer"],
+        worker["context_length"],
+        worker["ready"],
+        worker["upstream"],
+    ) == ("whitespace", None, True, None)
     assert worker["model"] == "mock" and worker["concurrency"] == 8
     assert worker["running"] == 1
     assert worker["started_at"] <= worker["heartbeat_at"] <= time.time()
@@ -228,16 +234,54 @@ async def test_only_the_endpoints_the_readme_lists_as_open_answer_without_a_key(
     assert opened == listed == {"/healthz", "/readyz", "/metrics", "/v1/metrics/summary"}
 
 
+async def _without_max_tokens(api: RunningApi, prompt: str = "p") -> dict[str, Any]:
+    async with api.client() as client:
+        await wait_ready(client)
+        r = await client.post("/v1/completions", json={"model": "mock", "prompt": prompt})
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
 async def test_default_max_tokens_applies_when_a_request_sets_none(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:
     await start_worker()
-    api = await start_api(default_max_tokens=7, max_tokens_limit=20)
-    async with api.client() as client:
-        await wait_ready(client)
-        r = await client.post("/v1/completions", json={"model": "mock", "prompt": "p"})
-    assert r.json()["usage"]["completion_tokens"] == 7
-    assert r.json()["choices"][0]["finish_reason"] == "length"
+    answer = await _without_max_tokens(await start_api(default_max_tokens=7, max_tokens_limit=20))
+    assert answer["usage"]["completion_tokens"] == 7
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+class WithContext:
+    """The mock behind a context length of ``length`` tokens."""
+
+    def __init__(self, mock: Backend, length: int) -> None:
+        self.mock, self.context_length = mock, length
+
+    def count_tokens(self, text: str) -> int:
+        return self.mock.count_tokens(text)
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
+        return self.mock.generate(request)
+
+
+async def test_a_request_without_max_tokens_gets_what_the_context_leaves(
+    start_api: StartApi, start_worker: StartWorker
+) -> None:
+    mock = mock_backend(WorkerSettings.model_validate(FAST_MODEL))  # never stops by itself
+    await start_worker(backend=WithContext(mock, 24))
+    api = await start_api(default_max_tokens=0, max_tokens_limit=8)
+    answer = await _without_max_tokens(api, "a b c d")
+    # 24 - 4 prompt tokens: not the limit of explicit max_tokens (8), as vLLM does
+    assert answer["usage"]["completion_tokens"] == 20
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+async def test_without_a_context_length_a_request_without_max_tokens_gets_the_limit(
+    start_api: StartApi, start_worker: StartWorker
+) -> None:
+    await start_worker()
+    answer = await _without_max_tokens(await start_api(default_max_tokens=0, max_tokens_limit=9))
+    assert answer["usage"]["completion_tokens"] == 9
 
 
 async def test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval(

@@ -69,6 +69,7 @@ def assert_resumed(before: list[TokensEvent], after: list[TokensEvent], expected
 # -- a worker SIGKILLed mid-stream ---------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_rerun_after_a_killed_worker_resumes_after_the_published_tokens(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:

@@ -448,6 +448,7 @@ async def test_sweep_expires_only_queued_requests_past_their_deadline_up_to_the_
             routes_key=keys.routes("mock"),
             overtaken_key=keys.overtaken("mock"),
             held_key=keys.held("mock"),
+            fair_key=keys.fair("mock"),
             now_ms=now_ms(),
             limit=limit,
             job_prefix=keys.job_prefix("mock"),

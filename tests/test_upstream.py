@@ -9,6 +9,7 @@ binary these tests fail, they do not skip (``scripts/llama-server.sh`` builds it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,11 +29,12 @@ from rigs.llama import TOOLS_CHAT_TEMPLATE, TinyModel, write_tiny_gguf
 from tests.support.completions import chat_text, direct, sdk, streamed
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import ready_workers, record, wait_status, workers
+from tests.support.processes import children_of, live_workers, reap, start_run, wait_for
 from tests.support.recording_proxy import Connection, RecordingProxy
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.engine]
 
 StartLlama = Callable[..., Awaitable[LlamaServer]]
 
@@ -52,7 +54,7 @@ async def start_llama(tiny_gguf: Path) -> AsyncIterator[StartLlama]:
     servers: list[LlamaServer] = []
 
     async def start(**kwargs: Any) -> LlamaServer:
-        server = LlamaServer(tiny_gguf, **kwargs)
+        server = LlamaServer(kwargs.pop("model", tiny_gguf), **kwargs)
         servers.append(server)
         return await server.start()
 
@@ -80,8 +82,98 @@ async def test_tokens_through_llmq_equal_the_server_directly(
     # the worker's cap is the server's slots; the API counts with the declared tokenizer
     assert entry["concurrency"] == 2 and entry["tokenizer"] == "chars"
     assert entry["context_length"] == 2048 and entry["ready"] is True
+    # configured with the backend and the URL only: the engine was found
+    assert entry["upstream"]["engine"] == "llamacpp" and entry["upstream"]["identified"]
+    assert entry["upstream"]["slots"] == 2 and entry["upstream"]["tokenize"] == "/tokenize"
     await direct.close()
     await through.close()
+
+
+def _counts(usage: Any) -> tuple[int, int]:
+    return usage.prompt_tokens, usage.completion_tokens
+
+
+#: The model's own chat template, unlike the ChatML llama-server falls back to.
+TEMPLATE = (
+    "{% for m in messages %}{{ '[' + m['role'] + '] ' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '[assistant] ' }}{% endif %}"
+)
+
+CHATS: list[list[Any]] = [
+    [{"role": "user", "content": "hello there"}],
+    [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is the time"},
+        {"role": "assistant", "content": "late"},
+        {"role": "user", "content": "how late"},
+    ],
+]
+
+
+@pytest.fixture(scope="session")
+def templated_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shape = dataclasses.replace(SHAPE, chat_template=TEMPLATE)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "templated.gguf", shape)
+
+
+@pytest.mark.parametrize("templated", [True, False], ids=["own-template", "no-template"])
+async def test_chat_through_llmq_equals_the_servers_own_chat_given_only_its_url(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    templated_gguf: Path,
+    templated: bool,
+) -> None:
+    """Configured with the backend and the URL alone, a worker sends chat requests to the
+    server's chat API: its answers and counts are the server's own (the model's template,
+    or the server's ChatML for a model without one), and its cap and context are the
+    server's."""
+    server = await start_llama(slots=2, **({"model": templated_gguf} if templated else {}))
+    await spawn_workers(1, model=MODEL, backend="openai", upstream_url=server.url)
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        for messages in CHATS:
+            want = await chat_text(direct_client, messages, 60)
+            assert await chat_text(through, messages, 60) == want
+            answers = [
+                await c.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=60, temperature=0
+                )
+                for c in (direct_client, through)
+            ]
+            assert _counts(answers[1].usage) == _counts(answers[0].usage)
+            assert answers[1].choices[0].message.content == want
+    async with api.client() as client:
+        (entry,) = (await client.get("/v1/workers")).json()["data"]
+    assert (entry["concurrency"], entry["context_length"]) == (2, 2048)
+    assert entry["upstream"]["chat"] is True
+
+
+async def test_llmq_run_serves_each_upstream_through_a_worker_of_its_own(
+    start_llama: StartLlama,
+) -> None:
+    """``llmq run --upstream URL --upstream URL``: one worker per server, each finding
+    its engine, slots and context; the answers are the servers'."""
+    servers = [await start_llama(slots=2), await start_llama(slots=1)]
+    argv = ["--model", MODEL, "--upstream", servers[0].url, "--upstream", servers[1].url]
+    url, proc = start_run(*argv)
+    kids: list[int] = []
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: live_workers(url) == 2, 60, "a worker per upstream", proc
+        )
+        kids = children_of(proc.pid)
+        async with httpx.AsyncClient(base_url=url) as client:
+            listed = (await client.get("/v1/workers")).json()["data"]
+        found = sorted((w["upstream"]["engine"], w["concurrency"]) for w in listed)
+        assert found == [("llamacpp", 1), ("llamacpp", 2)]
+        async with sdk(url) as through:
+            text, finish, _ = await streamed(through, "two servers", 40)
+        assert text == await direct(servers[0].url, "two servers", 40) and finish == "length"
+    finally:
+        proc.stop()
+        reap(kids)
 
 
 async def test_each_stream_finds_a_connection_opened_ahead(
@@ -178,10 +270,77 @@ async def _busy(server: LlamaServer) -> bool:
     return await server.busy() > 0
 
 
-async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
-    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+@pytest.fixture(scope="session")
+def multibyte_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model that also writes ``é``, as two byte tokens in one chunk."""
+    shape = dataclasses.replace(SHAPE, multibyte=True)
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "multibyte.gguf", shape)
+
+
+async def test_usage_and_max_tokens_count_the_servers_tokens_not_its_chunks(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    multibyte_gguf: Path,
 ) -> None:
-    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    """llama-server holds a token that ends inside a character back and sends it with
+    the next, in one chunk: the worker counts the engine's tokens (its running count,
+    ``timings.predicted_n``), so the text, its length and the usage are the server's."""
+    server = await start_llama(slots=1, model=multibyte_gguf)
+    await spawn_workers(1, **server.worker_settings())
+    api = await start_api()
+    await ready_workers(api, 1)
+    async with sdk(server.url) as direct_client, sdk(api.url) as through:
+        want = await streamed(direct_client, "many bytes", 300)
+        got = await streamed(through, "many bytes", 300)
+        chat = [
+            await c.chat.completions.create(
+                model=MODEL, messages=CHATS[0], max_tokens=300, temperature=0
+            )
+            for c in (direct_client, through)
+        ]
+    assert "é" in want[0] and len(want[0]) < 300  # chunks of two tokens
+    assert got[0] == want[0] and got[1] == want[1] == "length"
+    assert got[2].completion_tokens == want[2].completion_tokens == 300
+    assert _counts(chat[1].usage) == _counts(chat[0].usage)  # the cached part may differ
+    assert chat[1].choices[0].message.content == chat[0].choices[0].message.content
+
+
+async def test_a_request_without_max_tokens_runs_to_the_end_of_the_context(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """No max_tokens: what the context leaves, as the server itself gives it (not a
+    default of a few tokens)."""
+    server = await start_llama(slots=4, context=2048)  # 512 tokens per slot
+    await spawn_workers(1, **server.worker_settings())
+    api = await start_api(default_max_tokens=0)
+    await ready_workers(api, 1)
+    answers = []
+    for url in (server.url, api.url):
+        async with sdk(url) as client:
+            answers.append(
+                await client.completions.create(model=MODEL, prompt="a" * 300, temperature=0)
+            )
+    direct_answer, through = answers
+    assert through.choices[0].text == direct_answer.choices[0].text
+    assert through.choices[0].finish_reason == "length"
+    assert through.usage is not None and direct_answer.usage is not None
+    assert through.usage.completion_tokens == direct_answer.usage.completion_tokens > 150
+
+
+@pytest.mark.parametrize("multibyte", [False, True], ids=["letters", "multibyte"])
+async def test_a_killed_worker_resumes_on_the_other_and_the_text_is_unbroken(
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    redis: Redis,
+    multibyte_gguf: Path,
+    multibyte: bool,
+) -> None:
+    """On the multi-byte model the resume's remaining budget is the engine's tokens:
+    the text is the uninterrupted run's, to its length."""
+    model = {"model": multibyte_gguf} if multibyte else {}
+    servers = [await start_llama(slots=1, **model), await start_llama(slots=1, **model)]
     procs = [(await spawn_workers(1, lease_seconds=2, **s.worker_settings()))[0] for s in servers]
     api = await start_api()
     await ready_workers(api, 2)
@@ -271,10 +430,15 @@ async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
     await ready_workers(api, 1)
     client = sdk(api.url)
     # ~750 tokens by the API's estimate (chars), 3000 by the server's count: the worker
-    # counts with the server, and refuses it
+    # counts with the server, and refuses it: the request's fault, a 400 (not a 500)
     with pytest.raises(openai.APIError) as refused:
         await streamed(client, "a" * 3000, 10)
     assert "context length is 2048" in str(refused.value)
+    assert refused.value.type == "invalid_request_error"
+    assert refused.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as answered:
+        await client.completions.create(model=MODEL, prompt="a" * 3000, max_tokens=10)
+    assert answered.value.code == "context_length_exceeded"
     # over the context even by the estimate: refused at admission
     with pytest.raises(openai.BadRequestError) as admitted:
         await client.completions.create(model=MODEL, prompt="ab " * 3000, max_tokens=10)
@@ -282,6 +446,29 @@ async def test_context_length_is_the_servers_and_a_longer_prompt_is_refused(
     text, finish, _ = await streamed(client, "a" * 1000, 10)  # fits: served
     assert len(text) == 10 and finish == "length"
     await client.close()
+
+
+async def test_a_prompt_the_server_refuses_is_the_clients_error_streamed_or_not(
+    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """The chat template makes a prompt too long that llmq's plain rendering of it fits
+    (no count asked of the server): the server's own 400 reaches the client as a 400 in
+    OpenAI's shape, and as an ``invalid_request_error`` event in a stream."""
+    server = await start_llama(slots=2)  # 2048 tokens per slot
+    await spawn_workers(1, **server.worker_settings(upstream_api="chat"))
+    api = await start_api()
+    await ready_workers(api, 1)
+    messages: list[Any] = [{"role": "user", "content": "a" * 2025}]
+    async with sdk(api.url) as client:
+        with pytest.raises(openai.BadRequestError) as answered:
+            await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
+        with pytest.raises(openai.APIError) as streamed_error:
+            await chat_text(client, messages, 5)
+    assert answered.value.code == "context_length_exceeded"
+    assert "exceeds the available context size" in answered.value.message
+    assert answered.value.type == "invalid_request_error"
+    assert streamed_error.value.type == "invalid_request_error"
+    assert streamed_error.value.code == "context_length_exceeded"
 
 
 async def test_priority_cap_and_queue_bound_as_with_the_mock(
@@ -431,14 +618,21 @@ async def test_stop_sequences_and_logprobs_pass_through(
         assert alternatives[token] == pytest.approx(logprob)
 
 
+@pytest.mark.parametrize("multibyte", [False, True], ids=["letters", "multibyte"])
 async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
-    start_llama: StartLlama, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+    start_llama: StartLlama,
+    spawn_workers: SpawnWorkers,
+    start_api: StartApi,
+    redis: Redis,
+    multibyte_gguf: Path,
+    multibyte: bool,
 ) -> None:
     """With LLMQ_UPSTREAM_API=chat the server's own chat template renders the messages;
     a re-run sends the text so far as the final assistant message, which the server
     continues (and echoes, which the worker drops): the client's text equals an
-    uninterrupted run."""
-    servers = [await start_llama(slots=1), await start_llama(slots=1)]
+    uninterrupted run, on the multi-byte model to its length in tokens too."""
+    model = {"model": multibyte_gguf} if multibyte else {}
+    servers = [await start_llama(slots=1, **model), await start_llama(slots=1, **model)]
     settings = {"upstream_api": "chat", "lease_seconds": 2}
     procs = [(await spawn_workers(1, **s.worker_settings(**settings)))[0] for s in servers]
     api = await start_api()
@@ -463,7 +657,7 @@ async def test_chat_uses_the_servers_template_and_a_rerun_continues_its_message(
         await killer
     differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
     assert got == want, f"{len(got)} vs {len(want)} characters, first difference at {differ}"
-    assert len(got) == max_tokens
+    assert "é" in got if multibyte else len(got) == max_tokens
     async with api.client() as client:
         (key,) = await _requests(redis)
         assert int((await record(client, key.rsplit(":", 1)[-1]))["attempts"]) >= 2

@@ -43,7 +43,7 @@ from tests.support.native import ready_workers, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test starts the server
+pytestmark = [pytest.mark.timeout(300), pytest.mark.engine]  # the first test starts the server
 
 #: Tokens per chunk, at most (the first token comes alone).
 STREAM_INTERVAL = 3
@@ -92,7 +92,6 @@ def settings(url: str, **more: Any) -> dict[str, Any]:
         "model": MODEL,
         "backend": "openai",
         "upstream_url": url,
-        "upstream_engine": "vllm",
         "upstream_slots": 2,
         "upstream_probe_seconds": 0.2,
         "upstream_timeout_seconds": 30,
@@ -133,6 +132,21 @@ async def test_tokens_through_llmq_equal_vllm_directly_counted_by_its_token_ids(
         (entry,) = (await client.get("/v1/workers")).json()["data"]
     # the context length is the server's (/v1/models max_model_len); the cap a setting
     assert entry["context_length"] == 1024 and entry["concurrency"] == 2
+    # the engine found, not set; chat goes to its template (its /tokenize renders it)
+    assert entry["upstream"]["engine"] == "vllm" and entry["upstream"]["identified"]
+    assert entry["upstream"]["chat"] is True
+    messages: list[Any] = [{"role": "user", "content": "what now"}]
+    async with sdk(vllm.url) as direct, sdk(api.url) as through:
+        answers = [
+            await c.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=40, temperature=0
+            )
+            for c in (direct, through)
+        ]
+    assert answers[1].choices[0].message.content == answers[0].choices[0].message.content
+    assert answers[1].usage is not None and answers[0].usage is not None
+    assert answers[1].usage.prompt_tokens == answers[0].usage.prompt_tokens
+    assert answers[1].usage.completion_tokens == answers[0].usage.completion_tokens == 40
 
 
 async def test_a_prompt_over_vllms_context_is_refused_by_its_count(
@@ -147,8 +161,38 @@ async def test_a_prompt_over_vllms_context_is_refused_by_its_count(
         with pytest.raises(openai.APIError) as refused:
             await streamed(client, "a" * 1500, 10)
         assert "context length is 1024" in str(refused.value)
+        assert refused.value.type == "invalid_request_error"  # the client's error
+        with pytest.raises(openai.BadRequestError) as answered:
+            await client.completions.create(model=MODEL, prompt="a" * 1500, max_tokens=10)
+        assert answered.value.code == "context_length_exceeded"
         text, finish, _ = await streamed(client, "a" * 600, 10)  # fits: served
         assert len(text) == 10 and finish == "length"
+
+
+async def test_a_request_without_max_tokens_gets_what_vllms_context_leaves(
+    vllm: VllmServer, spawn_workers: SpawnWorkers, start_api: StartApi
+) -> None:
+    """By the API's estimate (four characters a token) the context leaves far more than
+    vLLM counts (a token a character): vLLM bounds the estimate by what its context
+    leaves, and the answer is what vLLM itself gives when asked for all of it."""
+    await spawn_workers(1, **settings(vllm.url))
+    api = await start_api(default_max_tokens=0)
+    await ready_workers(api, 1)
+    answers = []
+    for url in (vllm.url, api.url):
+        async with sdk(url) as client:
+            # direct: the whole context (absent or null: the legacy 16; over it: refused)
+            limit = 1024 if url == vllm.url else openai.omit
+            answers.append(
+                await client.completions.create(
+                    model=MODEL, prompt="a" * 700, temperature=0, max_tokens=limit
+                )
+            )
+    direct, through = answers
+    assert through.choices[0].text == direct.choices[0].text
+    assert through.choices[0].finish_reason == direct.choices[0].finish_reason == "length"
+    assert through.usage is not None and direct.usage is not None
+    assert through.usage.completion_tokens == direct.usage.completion_tokens == 1024 - 701
 
 
 async def test_a_cancel_ends_vllms_sequence(

@@ -152,6 +152,7 @@ async def _heartbeat(
             tokenizer=tokenizer_of(runner.backend),
             context_length=context_length_of(runner.backend),
             ready=watch is None or watch.ready,
+            upstream=backends.upstream_found(runner.backend),
         )
         produced, sent_at = runner.produced(), asyncio.get_running_loop().time()
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
@@ -262,6 +263,8 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
         tally=tally,
         lifecycle_maxlen=settings.lifecycle_maxlen,
         routing=routing_from(settings),
+        fairness=settings.fairness,
+        fair_slack=settings.fairness_slack_tokens,
     )
     worker = QueueWorker(
         model=settings.model,

@@ -87,6 +87,7 @@ import contextvars
 import logging
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -94,8 +95,9 @@ from arq.connections import ArqRedis
 from arq.constants import job_key_prefix, retry_key_prefix
 from arq.worker import Worker, func
 
+from llmq import metrics
 from llmq.outage import OUTAGE, Outage
-from llmq.protocol import keys
+from llmq.protocol import batches, keys
 from llmq.protocol.arq_job import JOB_FUNCTION, deserialize, serialize
 from llmq.protocol.queue import Claim, Queue
 from llmq.schema import JobPayload
@@ -109,6 +111,11 @@ ARQ_CHECKED = "0.28.0"
 #: How long a new claim waits for this process's own older attempt of it to end.
 OLDER_ATTEMPT_SECONDS = 5.0
 
+#: How many times a batch line may give its slot to a live request. Each yield is a run
+#: (an attempt: the fencing token), so arq's try limit is ``max_tries`` plus this, and
+#: :func:`generate` keeps ``max_tries`` for the runs that were not yields.
+MAX_YIELDS = 100
+
 
 async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
     """The arq job: validate the payload and hand it to the runner."""
@@ -121,7 +128,15 @@ async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
         if isinstance(rid, str):
             await runner.fail(rid, "invalid_job", "the job payload is malformed")
         return
-    await runner.run(job, attempt=int(ctx.get("job_try", 1)))
+    attempt = int(ctx.get("job_try", 1))
+    if (
+        attempt > runner.max_tries
+        and attempt - await ctx["yields"](job.request_id) > runner.max_tries
+    ):
+        log.warning("request %s: max %d tries exceeded", job.request_id, runner.max_tries)
+        await runner.fail(job.request_id, "job_failed", "the request could not be run")
+        return
+    await runner.run(job, attempt=attempt)
 
 
 @dataclass(frozen=True)
@@ -227,7 +242,7 @@ class QueueWorker(Worker):
         max_tries: int = 3,
     ) -> None:
         super().__init__(
-            functions=[func(generate, name=JOB_FUNCTION, max_tries=max_tries)],
+            functions=[func(generate, name=JOB_FUNCTION, max_tries=max_tries + MAX_YIELDS)],
             queue_name=keys.queue(model),
             redis_pool=redis,
             handle_signals=False,
@@ -235,8 +250,8 @@ class QueueWorker(Worker):
             poll_delay=poll_seconds,
             job_timeout=job_timeout,
             keep_result=0,
-            max_tries=max_tries,
-            ctx={"runner": runner},
+            max_tries=max_tries + MAX_YIELDS,
+            ctx={"runner": runner, "yields": partial(batches.yields, queue.redis)},
             job_serializer=serialize,
             job_deserializer=deserialize,
             log_results=False,
@@ -285,6 +300,7 @@ class QueueWorker(Worker):
             self.wake.clear()
             try:
                 await self._claim_free_slots()
+                await self._yield_to_live()
             except OUTAGE as exc:
                 # Redis is away: keep the running requests, retry claiming with the
                 # backoff every retry uses; one warning per outage, not per retry.
@@ -325,6 +341,26 @@ class QueueWorker(Worker):
                 del self.tasks[job_id]
                 task.result()
         await self.heart_beat()
+
+    async def _yield_to_live(self) -> None:
+        """Every slot is taken and live requests wait: hand back a batch line for each
+        (one worker per live request, :func:`batches.yield_for`); it goes back to the
+        batch band at its score, and resumes later from its last published token."""
+        if self.busy_slots < self.max_jobs or not self.runner.batch_lines:
+            return
+        lines = [
+            rid
+            for rid, (_, attempt) in self._claims.items()
+            if rid in self.runner.batch_lines and attempt < MAX_YIELDS
+        ]
+        count = await batches.yield_for(self.queue.redis, self.model, self.worker_id, len(lines))
+        for rid in lines[-count:] if count else ():
+            await batches.note_yield(self.queue.redis, rid)
+            self.runner.metrics.inc(metrics.BATCH_LINES, self.model, "yielded")
+            log.info(
+                "batch line %s gives its slot to a live request", rid, extra={"request_id": rid}
+            )
+            self.runner.hand_back(rid)
 
     async def _take(self, claim: Claim) -> None:
         assert claim.request_id is not None

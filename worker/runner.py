@@ -192,8 +192,9 @@ class RequestRunner:
 
     def hand_back(self, request_id: str) -> None:
         """Stop a running request and return it to the queue: this worker's model cannot
-        run it now (its inference server stopped answering). The next attempt, on
-        another worker, resumes after the tokens published so far."""
+        run it now (its inference server stopped answering), or a batch line gives its
+        slot to a live request. The next attempt resumes after the tokens published so
+        far."""
         run = self.runs.get(request_id)
         if run is not None:
             run.hand_back()
@@ -211,6 +212,12 @@ class RequestRunner:
             extra={"request_id": request_id},
         )
         run.fence()
+
+    @property
+    def batch_lines(self) -> set[str]:
+        """The running batch lines (``JobPayload.batch``): what gives its slot to a
+        live request."""
+        return {rid for rid, run in self.runs.items() if run.payload.batch is not None}
 
     def lost(self, request_id: str) -> bool:
         """Whether the run that ended was fenced (then forgotten): arq's bookkeeping of
@@ -531,7 +538,7 @@ class RequestRunner:
             finish = "cancelled"
         except Refused as exc:
             # The request's own fault (an upstream's 4xx): it would fail alike anywhere.
-            await self._finish_error(run, exc.code, exc.message, "error")
+            await self._finish_error(run, exc.code, exc.message, "error", refused=exc)
             return
         except Exception as exc:
             log.exception(
@@ -698,7 +705,14 @@ class RequestRunner:
         if decoded > 1:
             m.observe(metrics.TPOT, (now - first) / (decoded - 1), model)
 
-    async def _finish_error(self, run: Run, code: str, message: str, finish: FinishReason) -> None:
+    async def _finish_error(
+        self,
+        run: Run,
+        code: str,
+        message: str,
+        finish: FinishReason,
+        refused: Refused | None = None,
+    ) -> None:
         payload, progress = run.payload, run.progress
         produced = progress.produced
         usage = _usage(payload, progress)
@@ -712,7 +726,14 @@ class RequestRunner:
         )
         await self.publisher.emit(
             payload.request_id,
-            ErrorEvent(code=code, message=message, finish_reason=finish, usage=usage),
+            ErrorEvent(
+                code=code,
+                message=message,
+                finish_reason=finish,
+                usage=usage,
+                refused=refused is not None,
+                param=refused.param if refused is not None else None,
+            ),
             record={
                 "status": "failed",
                 "finished_at": str(time.time()),
@@ -744,6 +765,7 @@ class RequestRunner:
                 ts=time.time(),
                 worker=self.worker_id,
                 priority=payload.priority,
+                tenant=payload.tenant,
                 **fields,
             )
         )

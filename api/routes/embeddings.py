@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api.auth import Caller
+from api.auth import Caller, tenant_of
 from api.bodies import EmbeddingRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
@@ -67,14 +67,20 @@ async def _vectors(state: AppState, sub: Submitted, count: int) -> list[str] | J
 async def embeddings(body: EmbeddingRequest, request: Request, owner: Caller) -> Response:
     state = state_of(request)
     texts = body.texts()
-    sub = await submit_embedding(state, body, texts, owner)
-    result = None
+    sub = await submit_embedding(state, body, texts, owner, tenant=tenant_of(request))
+    response = None
     try:
-        result = await unless_disconnected(request, _vectors(state, sub, len(texts)))
+        response = await unless_disconnected(request, embedding_answer(state, body, sub))
     finally:
-        release_later(state, sub.model, sub.id, cancel=result is None)
-    if result is None:
+        release_later(state, sub.model, sub.id, cancel=response is None)
+    if response is None:
         return Response(status_code=CLIENT_CLOSED)
+    return response
+
+
+async def embedding_answer(state: AppState, body: EmbeddingRequest, sub: Submitted) -> JSONResponse:
+    """The answer of an embeddings request: its vectors, or its error."""
+    result = await _vectors(state, sub, len(body.texts()))
     if isinstance(result, JSONResponse):
         return result
     as_base64 = body.encoding_format == "base64"

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from api import event_stream
-from api.auth import Caller
+from api.auth import Caller, tenant_of
 from api.bodies import NativeRequest
 from api.cancel import cancel
 from api.direct_route import DirectRoute, SessionHeader
@@ -54,6 +54,7 @@ async def create(
         body.prompt,
         max_tokens=body.max_tokens,
         owner=owner,
+        tenant=tenant_of(request),
         session=session,
     )
     answer = {

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from api import event_stream
-from api.auth import Caller
+from api.auth import Caller, revoked, tenant_of
 from api.bodies import ChatCompletionRequest, CompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute, SessionHeader
@@ -58,14 +58,16 @@ CLIENT_CLOSED = 499
 
 
 def error_status(event: ErrorEvent) -> int:
-    if event.code == "unsupported_parameter":
+    """A failed request's status by whose fault it failed: 400 for the request's own
+    (the model refused it), 5xx only for llmq's or the model's failures."""
+    if event.refused or event.code == "unsupported_parameter":
         return 400
     return 504 if event.finish_reason == "timeout" else 500
 
 
 def error_of(event: ErrorEvent) -> dict[str, Any]:
-    if event.code == "unsupported_parameter":
-        return error_body(event.message, "invalid_request_error", None, event.code)
+    if event.refused or event.code == "unsupported_parameter":
+        return error_body(event.message, "invalid_request_error", event.param, event.code)
     kind = "timeout_error" if event.finish_reason == "timeout" else "server_error"
     return error_body(event.message, kind, None, event.code)
 
@@ -263,7 +265,14 @@ async def _respond(
     request: Request, state: AppState, fmt: CompletionFormat, stream: bool, arrived: float
 ) -> Response:
     if stream:
-        return event_stream.EventStream(_stream(state, fmt, arrived))
+        ended = error_body(
+            "the API key was revoked", "invalid_request_error", code="invalid_api_key"
+        )
+        return event_stream.EventStream(
+            _stream(state, fmt, arrived),
+            until=revoked(request),
+            final=event_stream.data(ended) + event_stream.DONE,
+        )
     response = None
     try:
         response = await unless_disconnected(request, _collect(state, fmt, arrived))
@@ -289,6 +298,7 @@ async def completions(
         body.prompts(),
         max_tokens=body.max_tokens,
         owner=owner,
+        tenant=tenant_of(request),
         attach=True,
         extras=completion_extras(body),
         session=session,
@@ -315,6 +325,7 @@ async def chat_completions(
         max_tokens_param=param,
         prompt_param="messages",
         owner=owner,
+        tenant=tenant_of(request),
         attach=True,
         extras=chat_extras(body),
         messages=body.message_dicts(),

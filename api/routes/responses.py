@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from api import event_stream, responses_store
-from api.auth import Caller
+from api.auth import Caller, tenant_of
 from api.bodies import ChatCompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
@@ -100,6 +100,7 @@ async def create_response(body: ResponsesRequest, request: Request, owner: Calle
         max_tokens_param="max_output_tokens",
         prompt_param="input",
         owner=owner,
+        tenant=tenant_of(request),
         attach=True,
         extras=_extras(chat),
     )

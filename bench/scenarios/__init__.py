@@ -7,6 +7,7 @@ from collections.abc import Callable
 from bench.scenario import Context, ScenarioResult
 from bench.scenarios import (
     autoscale,
+    batch,
     capacity,
     chaos,
     choices,
@@ -45,4 +46,5 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "upstream-small-ttft": upstream.run_small_ttft,
     "routing": routing.run,
     "chaos": chaos.run,
+    "batch": batch.run,
 }

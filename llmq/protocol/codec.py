@@ -169,6 +169,11 @@ def parse_routing_stats(raw: Mapping[Any, Any]) -> dict[str, int]:
 Renewal = Literal["ok", "lost", "cancelled"]
 
 
+def fair_entry(tenant: str, weight: float, priority: int) -> str:
+    """What ``lua/fair.lua`` keeps of a queued request: ``tenant|weight|priority``."""
+    return f"{tenant}|{weight:g}|{priority}"
+
+
 def renew_args(held: Mapping[str, int]) -> list[str | int]:
     """(id, attempt) pairs, flattened."""
     return [x for rid, attempt in held.items() for x in (rid, attempt)]

@@ -2,7 +2,7 @@
 
 A Redis Cluster runs a script or transaction only when all its keys hash to one
 slot, and a key's slot is that of its *hash tag* (the text between the first
-``{`` and the next ``}``). Every key a script touches carries one of four tags, chosen
+``{`` and the next ``}``). Every key a script touches carries one of five tags, chosen
 so that each script touches a single slot (``tests/test_cluster_slots.py`` checks it):
 
 - the **model slot** ``{m:<model>}``: the model's queue and everything a claim,
@@ -20,6 +20,9 @@ so that each script touches a single slot (``tests/test_cluster_slots.py`` check
 - the **global slot** ``{g}``: API processes, attached requests, the worker
   registry and its lease clock, and the set of models that have ever queued
   (the sweep's list).
+- the **tenant slot** ``{t:<tenant>}``: a tenant's settings and its quota state
+  (token and request buckets, requests at once, reservations), so that one script
+  takes or returns a tenant's quota atomically.
 - the **metrics slot** ``{metrics}``: the metric totals, the per-second counter
   totals and the flush markers, so that one process's flush is one script call.
 
@@ -64,6 +67,13 @@ MODELS = f"{PREFIX}:{GLOBAL}:models"
 
 ATTACHED_PREFIX = f"{PREFIX}:{GLOBAL}:attached:"
 
+#: Set of every tenant's name (:mod:`llmq.tenants`).
+TENANTS = f"{PREFIX}:{GLOBAL}:tenants"
+
+#: Hash of API key digest -> the key's entry (:class:`llmq.tenants.KeyEntry`, JSON):
+#: a key itself is never stored.
+API_KEYS = f"{PREFIX}:{GLOBAL}:api-keys"
+
 # arq's prefixes, re-exported so that no other module spells them.
 JOB_PREFIX: str = job_key_prefix
 IN_PROGRESS_PREFIX: str = in_progress_key_prefix
@@ -88,6 +98,29 @@ def group_tag(group: int) -> str:
 def request_tag(request_id: str) -> str:
     """The hash tag of a request's slot (that of its group)."""
     return group_tag(request_group(request_id))
+
+
+# --- the tenant slot ---------------------------------------------------------------
+
+
+def _in_tenant(name: str, tenant: str) -> str:
+    return f"{PREFIX}:{name}:{{t:{tenant}}}"
+
+
+def tenant(name: str) -> str:
+    """A tenant's settings (:class:`llmq.tenants.Tenant`, as JSON in field ``spec``)."""
+    return _in_tenant("tenant", name)
+
+
+def quota_keys(tenant: str) -> tuple[str, str, str, str]:
+    """KEYS of the quota scripts (``quota_take.lua``, ``quota_return.lua``): the
+    tenant's token bucket and request bucket (hashes ``level``, ``ms``), its requests
+    at once (sorted set of request ids, scored by when the hold lapses, ms) and its
+    reservations (hash of request id -> tokens reserved)."""
+    tpm, rpm, inflight, reserved = (
+        _in_tenant(n, tenant) for n in ("tpm", "rpm", "inflight", "reserved")
+    )
+    return tpm, rpm, inflight, reserved
 
 
 # --- the model slot ---------------------------------------------------------------
@@ -192,10 +225,49 @@ def session(session_id: str, model: str) -> str:
     return f"{session_prefix(model)}{session_id}"
 
 
+def fair(model: str) -> str:
+    """Hash of request id -> "tenant|weight|priority" (:func:`llmq.protocol.codec.fair_entry`)
+    of the model's queued and running requests, under ``LLMQ_FAIRNESS=vtc``."""
+    return _in_model("fair", model)
+
+
+def vtc(model: str) -> str:
+    """Hash of the tenants' virtual counters (``t:<tenant>``) and ``_floor``
+    (``llmq/protocol/lua/fair.lua``)."""
+    return _in_model("vtc", model)
+
+
+def fair_tenants(model: str) -> str:
+    """Set of the tenants with requests in the model's queue."""
+    return _in_model("fair-tenants", model)
+
+
+def fairq_prefix(model: str) -> str:
+    """Prefix of each tenant's sorted set of its queued request ids (scored as queued)."""
+    return _in_model("fairq", model) + ":"
+
+
+def served(model: str, period: int) -> str:
+    """How many of the model's requests finished in ``period`` (unix seconds divided
+    by :data:`SERVED_PERIOD_SECONDS`), with a short TTL: the pool's measured service
+    rate, which shedding by expected wait divides the queue by."""
+    return f"{_in_model('served', model)}:{period}"
+
+
+#: The length of one period of :func:`served`.
+SERVED_PERIOD_SECONDS = 5
+
+
 def routing_stats(model: str) -> str:
     """Hash of counters of routed claims and hand-offs: how often affinity chose and
     how often each guard fired (:data:`llmq.protocol.codec.ROUTING_COUNTERS`)."""
     return _in_model("routing", model)
+
+
+def batch_yield(request_id: str, model: str) -> str:
+    """A full worker's claim to hand back a batch line for the live request
+    ``request_id`` (PX TTL), so that one live request frees one slot, not one per worker."""
+    return f"{_in_model('batch-yield', model)}:{request_id}"
 
 
 def cancel_flag_prefix(model: str) -> str:
@@ -383,3 +455,63 @@ AUTOSCALER_LEADER = f"{PREFIX}:autoscaler:leader"
 #: JSON), renewed every control period and expiring with the controller: while a
 #: model's entry is fresh, the API accepts its requests with no live worker.
 AUTOSCALER_STATE = f"{PREFIX}:autoscaler:state"
+
+
+# --- files and batches (the Batch API: api/files.py, api/batches.py) ----------------
+# A file is one key (its own slot); a batch's keys share the batch's tag ``{b:<id>}``,
+# so that recording a line's result (``llmq/protocol/lua/batch_result.lua``) is one
+# script. Ids are made by the API (``file-<hex>``, ``batch_<hex>``), never braced.
+
+
+def file(file_id: str) -> str:
+    """Hash of an uploaded or output file: ``meta`` (:class:`api.files.FileObject`
+    JSON) and ``content`` (its text); expires with ``LLMQ_BATCH_TTL_SECONDS``."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def files_of(owner: str) -> str:
+    """Sorted set of an owner's file ids by creation time (``-``: auth off)."""
+    return f"{PREFIX}:files:{owner}"
+
+
+def batches_of(owner: str) -> str:
+    """Sorted set of an owner's batch ids by creation time (``-``: auth off)."""
+    return f"{PREFIX}:batches:{owner}"
+
+
+#: Sorted set of the batches that are not ended yet, by creation time: what the
+#: feeder (``api/batch_feeder.py``) feeds, collects and finalizes.
+BATCHES_ACTIVE = f"{PREFIX}:batches-active"
+
+#: The batch feeder's lease: the id of the one API process that feeds (PX TTL).
+BATCH_FEEDER = f"{PREFIX}:batch-feeder"
+
+
+def _in_batch(name: str, batch_id: str) -> str:
+    return f"{PREFIX}:{name}:{{b:{batch_id}}}"
+
+
+def batch(batch_id: str) -> str:
+    """Hash of a batch: ``meta`` (:class:`api.batch_store.BatchObject` JSON), ``status``,
+    ``next`` (the next line to feed), ``completed``, ``failed``."""
+    return _in_batch("batch", batch_id)
+
+
+def batch_lines(batch_id: str) -> str:
+    """List of the batch's input lines (JSON), copied from its file when it was created."""
+    return _in_batch("batch-lines", batch_id)
+
+
+def batch_running(batch_id: str) -> str:
+    """Hash of custom_id -> the fed line's requests (JSON), until its result is recorded."""
+    return _in_batch("batch-running", batch_id)
+
+
+def batch_output(batch_id: str) -> str:
+    """Hash of custom_id -> output line (JSON) of each line that succeeded."""
+    return _in_batch("batch-output", batch_id)
+
+
+def batch_errors(batch_id: str) -> str:
+    """Hash of custom_id -> error line (JSON) of each line that failed or did not run."""
+    return _in_batch("batch-errors", batch_id)

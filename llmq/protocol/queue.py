@@ -34,6 +34,7 @@ from llmq import metrics
 from llmq.protocol import codec, keys, slots
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
+from llmq.protocol.quota import Quota
 from llmq.protocol.routing import FIFO, Routing
 from llmq.protocol.scripts import Call, run_pipelined, scripts_for
 from llmq.protocol.streams import (
@@ -44,11 +45,25 @@ from llmq.protocol.streams import (
     unstarted_end,
 )
 from llmq.schema import JobPayload, Lifecycle, RequestRecord
+from llmq.tenants import TenantLabels
 
 
 def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
     """The queue score: arrival shifted by priority; at least 1 (arq ignores 0)."""
     return max(1, arrival_ms + priority * step_ms)
+
+
+#: Where the batch band starts: a batch line's score is this plus its arrival (ms),
+#: above the score of any interactive request (arrival + priority * step, a few
+#: thousand seconds at most past now), so that workers take a batch line only when no
+#: interactive request waits. 14 digits: a score survives Lua's number formatting
+#: (``%.14g``) exactly when a script requeues it.
+BATCH_BAND_MS = 10**13
+
+
+def batch_score(arrival_ms: int) -> int:
+    """The queue score of a batch line: first in, first out within the batch band."""
+    return BATCH_BAND_MS + arrival_ms
 
 
 def now_ms() -> int:
@@ -74,6 +89,8 @@ class Enqueue:
     attach_to: str | None = None
     #: The route hint (:class:`codec.RouteHint`, encoded; "" when not routed).
     route: str = ""
+    #: Its tenant for fair share (:func:`codec.fair_entry`; "" without a tenant).
+    fair: str = ""
 
     @classmethod
     def of(
@@ -84,6 +101,7 @@ class Enqueue:
         owner: str | None = None,
         attach_to: str | None = None,
         route: str = "",
+        weight: float = 1.0,
     ) -> Enqueue:
         """Everything enqueued for a validated job: its arq job record, its score
         (:func:`effective_score`), its cost (prompt + max_tokens, what token-aware
@@ -98,6 +116,7 @@ class Enqueue:
             created_at=payload.enqueued_at,
             prompt_tokens=payload.prompt_tokens,
             owner=owner,
+            tenant=payload.tenant,
         )
         return cls(
             request_id=payload.request_id,
@@ -113,10 +132,14 @@ class Enqueue:
                 model=payload.model,
                 ts=payload.enqueued_at,
                 priority=payload.priority,
+                tenant=payload.tenant,
                 prompt_tokens=payload.prompt_tokens,
             ),
             attach_to=attach_to,
             route=route,
+            fair=""
+            if payload.tenant is None
+            else codec.fair_entry(payload.tenant, weight, payload.priority),
         )
 
 
@@ -135,16 +158,23 @@ class Queue:
         tally: metrics.Tally | None = None,
         lifecycle_maxlen: int = 100_000,
         routing: Routing = FIFO,
+        fairness: str = "fifo",
+        fair_slack: int = 0,
     ) -> None:
         self.redis = redis
         #: The routing policy of claims and hand-offs (:mod:`llmq.protocol.routing`).
         self.routing = routing
+        #: ``fifo`` or ``vtc``: fair share among tenants in a claim (``lua/fair.lua``).
+        self.fairness = fairness
+        self.fair_slack = fair_slack
         self.lifecycle_maxlen = lifecycle_maxlen
         #: Counts the outcome of requests that end without starting (cancelled, timeout).
         self.tally = tally
         self.stream_maxlen = stream_maxlen
         self.ttl = ttl_seconds
         self.scripts = scripts_for(redis)
+        self.quota = Quota(redis)
+        self.tenant_labels = TenantLabels(redis)
         #: Models this process queued requests for: swept even if ``keys.MODELS`` is lost.
         self.models: set[str] = set()
 
@@ -279,6 +309,9 @@ class Queue:
             leases_key=keys.leases(model),
             clock_key=keys.clock(model),
             beats_key=keys.beats(model),
+            fair_key=keys.fair(model),
+            vtc_key=keys.vtc(model),
+            tenants_key=keys.fair_tenants(model),
             id=request_id,
             score=call.score,
             job=call.job,
@@ -291,6 +324,8 @@ class Queue:
             in_progress_prefix=keys.in_progress_prefix(model),
             retry_prefix=keys.retry_prefix(model),
             retry_ttl=RETRY_TTL_SECONDS,
+            fair_entry=call.fair if self.fairness == "vtc" else "",
+            fairq_prefix=keys.fairq_prefix(model),
             route=self.routing.enqueue_route(model, call.route),
         )
 
@@ -329,6 +364,9 @@ class Queue:
             parked_key=keys.parked(model),
             terms_key=keys.parked_terms(model),
             clock_key=keys.clock(model),
+            fair_key=keys.fair(model),
+            vtc_key=keys.vtc(model),
+            tenants_key=keys.fair_tenants(model),
             deadline_now=now_ms(),
             lease_ms=lease_ms,
             in_progress_prefix=keys.in_progress_prefix(model),
@@ -342,6 +380,9 @@ class Queue:
             worker_id=worker_id,
             free_slots=free_slots,
             park_ttl_ms=PARK_TTL_MS,
+            fairness=self.fairness,
+            fair_slack=self.fair_slack,
+            fairq_prefix=keys.fairq_prefix(model),
             route=self.routing.claim_route(
                 model, running=max(capacity - free_slots, 0), capacity=capacity
             ),
@@ -403,6 +444,7 @@ class Queue:
         return slots.Release(
             running_key=keys.running(model),
             leases_key=keys.leases(model),
+            fair_key=keys.fair(model),
             id=request_id,
             attempt=attempt,
         )
@@ -420,14 +462,38 @@ class Queue:
             keys.in_progress(request_id, model),
         ]
 
+        served = keys.served(model, int(time.time()) // keys.SERVED_PERIOD_SECONDS)
+
         def delete(pipe: Pipeline) -> None:
             pipe.delete(*names)
+            pipe.incr(served)
+            pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
 
         if attempt is None:
             await self.redis.delete(*names)
-            return
-        calls = [self._release_slots(model, request_id, attempt).call()]
-        await run_pipelined(self.redis, self.scripts.release, calls, delete)
+        else:
+            calls = [self._release_slots(model, request_id, attempt).call()]
+            await run_pipelined(self.redis, self.scripts.release, calls, delete)
+        await self.give_back_quota([request_id])
+
+    async def give_back_quota(self, request_ids: list[str], *, unstarted: bool = False) -> None:
+        """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`):
+        their places at once, and the tokens reserved but not used (prompt + completion,
+        as their records say; nothing of a request that ended without starting). Read
+        from their records, so it holds whichever process ends them."""
+        read = self.redis.pipeline(transaction=False)
+        for rid in request_ids:
+            read.hmget(keys.request(rid), ["tenant", "prompt_tokens", "completion_tokens"])
+        for rid, (tenant, prompt, completion) in zip(
+            request_ids, await read.execute(), strict=True
+        ):
+            if tenant:
+                name = as_str(tenant)
+                used = 0 if unstarted else int(prompt or 0) + int(completion or 0)
+                await self.quota.give_back(name, rid, used)
+                if self.tally is not None and used:
+                    label = await self.tenant_labels.label(name)
+                    self.tally.inc(metrics.TENANT_TOKENS, label, amount=used)
 
     async def renew(
         self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""
@@ -552,6 +618,7 @@ class Queue:
             routes_key=keys.routes(model),
             overtaken_key=keys.overtaken(model),
             held_key=keys.held(model),
+            fair_key=keys.fair(model),
             id=request_id,
             flag_ttl_ms=self.ttl * 1000,
             cancel_channel=keys.cancel_channel(model),
@@ -598,6 +665,7 @@ class Queue:
                 routes_key=keys.routes(model),
                 overtaken_key=keys.overtaken(model),
                 held_key=keys.held(model),
+                fair_key=keys.fair(model),
                 now_ms=now_ms(),
                 limit=limit,
                 job_prefix=keys.job_prefix(model),
@@ -640,3 +708,4 @@ class Queue:
             )
             add_lifecycle(write, note, maxlen=self.lifecycle_maxlen)
         await write.execute()
+        await self.give_back_quota(request_ids, unstarted=True)

@@ -41,6 +41,9 @@ HELPERS = "clock"
 ROUTING_HELPERS = "affinity"
 ROUTED = frozenset({"claim", "enqueue", "enqueue_batch"})
 
+#: Prepended as well to the same scripts: fair share among tenants.
+FAIR_HELPERS = "fair"
+
 NAMES = (
     "enqueue",
     "claim",
@@ -60,6 +63,11 @@ NAMES = (
     "fence",
     "route_beat",
     "metrics_flush",
+    "batch_take",
+    "batch_result",
+    "batch_status",
+    "quota_take",
+    "quota_return",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -74,6 +82,7 @@ def source(name: str) -> str:
     helpers = (folder / f"{HELPERS}.lua").read_text()
     if name in ROUTED:
         helpers += "\n" + (folder / f"{ROUTING_HELPERS}.lua").read_text()
+        helpers += "\n" + (folder / f"{FAIR_HELPERS}.lua").read_text()
     embedded = ""
     if name in EMBEDS:
         function, body = EMBEDS[name]
@@ -107,6 +116,11 @@ class Scripts:
     fence: AsyncScript
     route_beat: AsyncScript
     metrics_flush: AsyncScript
+    batch_take: AsyncScript
+    batch_result: AsyncScript
+    batch_status: AsyncScript
+    quota_take: AsyncScript
+    quota_return: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()

@@ -145,6 +145,9 @@ class Claim(Slots):
     parked_key: str
     terms_key: str
     clock_key: str
+    fair_key: str
+    vtc_key: str
+    tenants_key: str
     deadline_now: int
     lease_ms: int
     in_progress_prefix: str
@@ -158,6 +161,9 @@ class Claim(Slots):
     worker_id: str
     free_slots: int
     park_ttl_ms: int
+    fairness: str
+    fair_slack: int
+    fairq_prefix: str
     route: ClaimRoute | None = field(default=None, metadata=part(ClaimRoute))
 
 
@@ -197,6 +203,9 @@ class Enqueue(Slots):
     leases_key: str
     clock_key: str
     beats_key: str
+    fair_key: str
+    vtc_key: str
+    tenants_key: str
     id: str
     score: int
     job: bytes
@@ -209,6 +218,8 @@ class Enqueue(Slots):
     in_progress_prefix: str
     retry_prefix: str
     retry_ttl: int
+    fair_entry: str
+    fairq_prefix: str
     route: EnqueueRoute | None = field(default=None, metadata=part(EnqueueRoute))
 
 
@@ -303,6 +314,7 @@ class Release(Slots):
 
     running_key: str
     leases_key: str
+    fair_key: str
     id: str
     attempt: int
 
@@ -404,6 +416,7 @@ class Cancel(Slots):
     routes_key: str
     overtaken_key: str
     held_key: str
+    fair_key: str
     id: str
     flag_ttl_ms: int
     cancel_channel: str
@@ -433,6 +446,7 @@ class Sweep(Slots):
     routes_key: str
     overtaken_key: str
     held_key: str
+    fair_key: str
     now_ms: int
     limit: int
     job_prefix: str
@@ -476,3 +490,77 @@ class Publish(Slots):
     n_notes: str
     #: Per event ``type, data, index, count``; record pairs; per note four fields.
     writes: Sequence[str] = tail()
+
+
+@dataclass(frozen=True)
+class QuotaTake(Slots):
+    """``quota_take.lua``: take a tenant's quota for the requests of one client request."""
+
+    SCRIPT: ClassVar[str] = "quota_take"
+
+    tpm_key: str
+    rpm_key: str
+    inflight_key: str
+    reserved_key: str
+    tpm: int
+    rpm: int
+    max_concurrent: int
+    hold_ms: int
+    count: int
+    #: (request id, tokens) pairs, flat.
+    reservations: Sequence[Any] = tail()
+
+
+@dataclass(frozen=True)
+class QuotaReturn(Slots):
+    """``quota_return.lua``: give back an ended request's place and unused tokens."""
+
+    SCRIPT: ClassVar[str] = "quota_return"
+
+    tpm_key: str
+    rpm_key: str
+    inflight_key: str
+    reserved_key: str
+    id: str
+    used: int
+
+
+@dataclass(frozen=True)
+class BatchTake(Slots):
+    """``batch_take.lua``: the next lines of an in-progress batch, now running."""
+
+    SCRIPT: ClassVar[str] = "batch_take"
+
+    batch_key: str
+    lines_key: str
+    running_key: str
+    count: int
+
+
+@dataclass(frozen=True)
+class BatchResult(Slots):
+    """``batch_result.lua``: record one line's result, once per ``custom_id``."""
+
+    SCRIPT: ClassVar[str] = "batch_result"
+
+    batch_key: str
+    running_key: str
+    output_key: str
+    errors_key: str
+    custom_id: str
+    line: str
+    #: ``'1'`` for the output file, ``'0'`` for the error file.
+    ok: str
+
+
+@dataclass(frozen=True)
+class BatchStatus(Slots):
+    """``batch_status.lua``: move a batch's status if it is in one of ``since``."""
+
+    SCRIPT: ClassVar[str] = "batch_status"
+
+    batch_key: str
+    status: str
+    now: int
+    #: The statuses it may move from.
+    since: Sequence[str] = tail()

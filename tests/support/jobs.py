@@ -32,6 +32,7 @@ async def enqueue_costing(
     *,
     job: bytes | None = None,
     route: str = "",
+    fair: str = "",
 ) -> Admission:
     """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget,
     the way the API admits one (:meth:`Queue.admit`)."""
@@ -45,6 +46,7 @@ async def enqueue_costing(
         record={"id": rid, "model": "mock", "status": "queued", "created_at": "1"},
         lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
         route=route,
+        fair=fair,
     )
     if not await queue.admit([call], max_depth=100):
         return Admission.FULL

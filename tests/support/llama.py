@@ -109,7 +109,6 @@ class LlamaServer:
             "model": MODEL,
             "backend": "openai",
             "upstream_url": self.url,
-            "upstream_engine": "llamacpp",
             "upstream_probe_seconds": 0.2,
             "upstream_timeout_seconds": 10,
             **more,

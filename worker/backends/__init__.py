@@ -69,7 +69,7 @@ def upstream_capabilities(settings: WorkerSettings) -> frozenset[str] | None:
             f"LLMQ_UPSTREAM_CAPABILITIES: unknown {', '.join(sorted(unknown))}; "
             f"known: {', '.join(sorted(CAPABILITIES))}"
         )
-    if "tools" in names and settings.upstream_api != "chat":
+    if "tools" in names and settings.upstream_api == "completions":
         raise ValueError(
             "LLMQ_UPSTREAM_CAPABILITIES: tools need the upstream's chat API "
             "(LLMQ_UPSTREAM_API=chat); /v1/completions takes no tools"
@@ -85,7 +85,7 @@ def build_backend(settings: WorkerSettings) -> Backend:
         raise ValueError("LLMQ_BACKEND=openai needs LLMQ_UPSTREAM_URL")
     return OpenAIUpstream(
         settings.upstream_url,
-        ENGINES[settings.upstream_engine],
+        None if settings.upstream_engine == "auto" else ENGINES[settings.upstream_engine],
         model=settings.upstream_model or settings.model,
         api_key=settings.upstream_api_key,
         slots=settings.upstream_slots,
@@ -93,7 +93,7 @@ def build_backend(settings: WorkerSettings) -> Backend:
         context_length=settings.upstream_context_length,
         capabilities=upstream_capabilities(settings),
         timeout=settings.upstream_timeout_seconds,
-        chat=settings.upstream_api == "chat",
+        chat=None if settings.upstream_api == "auto" else settings.upstream_api == "chat",
     )
 
 
@@ -114,9 +114,24 @@ async def connect(backend: Backend, stop: asyncio.Event) -> bool:
             await outage.failed(exc)
             continue
         outage.recovered()
+        if backend.identified and backend.engine.name == "generic":
+            log.warning(
+                "upstream %s is none of the engines llmq knows (llama.cpp, vLLM, SGLang, "
+                "TGI, Ollama): served as generic, with what the settings give "
+                "(LLMQ_UPSTREAM_ENGINE names it)",
+                backend.url,
+            )
+        if backend.identified_chat and not backend.chat:
+            log.warning(
+                "upstream %s has no chat template: chat requests reach its /v1/completions "
+                "as llmq's plain rendering of the messages",
+                backend.url,
+            )
         log.info(
-            "upstream %s serves %r: %s slots, context %s tokens, capabilities: %s",
+            "upstream %s (%s, %s) serves %r: %s slots, context %s tokens, capabilities: %s",
             backend.url,
+            backend.engine.name,
+            "identified" if backend.identified else "set",
             backend.model,
             backend.slots or "unknown",
             backend.context_length or "unknown",
@@ -132,6 +147,11 @@ def concurrency(backend: Backend, settings: WorkerSettings) -> int:
     if isinstance(backend, OpenAIUpstream) and backend.slots:
         return backend.slots + backend.queued
     return settings.concurrency
+
+
+def upstream_found(backend: Backend) -> dict[str, Any] | None:
+    """What the worker found of its upstream (None: the mock), for its registry entry."""
+    return backend.found() if isinstance(backend, OpenAIUpstream) else None
 
 
 async def close(backend: Backend) -> None:

@@ -5,11 +5,16 @@ slots, context length and capabilities, whether they tokenize, and how they answ
 health check. Each :class:`Engine` names those endpoints and reads their answers; an
 engine that lacks one leaves it to the settings (or to the documented
 approximation). Checked against: vLLM (``/tokenize``, ``/v1/models``
-``max_model_len``, ``/health``, ``return_token_ids``; run in the tests as its CPU
-build), llama.cpp's ``llama-server`` (``/tokenize``,
-``/props`` ``total_slots``, ``default_generation_settings.n_ctx`` and
-``chat_template_caps``, ``/health``), SGLang, TGI and Ollama (``/v1/models`` only,
-here).
+``max_model_len`` and ``owned_by: "vllm"``, ``/version``, ``/health``,
+``return_token_ids``; run in the tests as its CPU build), llama.cpp's
+``llama-server`` (``/tokenize``, ``/props`` ``total_slots``,
+``default_generation_settings.n_ctx`` and ``chat_template_caps``, ``/health``),
+SGLang (``/server_info``, formerly ``/get_server_info``: its server arguments,
+``max_running_requests`` and ``context_length`` among them, and ``version``), TGI
+(``/info``: ``model_id``, ``max_total_tokens``) and Ollama (``/api/version``).
+
+:func:`identify` tells which engine serves, from those endpoints, where the settings
+do not name it.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
 #: GET of a path of the upstream, its JSON answer (raises on an error status).
 GetJson = Callable[[str], Awaitable[Any]]
+#: POST of a JSON body to a path of the upstream, the answer's status.
+PostStatus = Callable[[str, dict[str, Any]], Awaitable[int]]
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,9 @@ class Discovered:
     context_length: int | None = None
     #: Capabilities (:data:`~llmq.model.interface.CAPABILITIES`) the engine says it has.
     capabilities: frozenset[str] = frozenset()
+    #: Whether it renders chat messages with a chat template (None: it does not say;
+    #: its chat API is then assumed to).
+    chat: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,17 @@ class Engine:
     #: none with text (a token that ends inside a character) still counts exactly.
     lists_token_ids: bool = False
 
+    def ask_token_counts(self, body: dict[str, Any]) -> None:
+        """Ask, in a request's ``body``, for the tokens each chunk of the stream carries
+        (:meth:`generated`, or the ids vLLM lists). Engines that cannot: nothing."""
+        if self.lists_token_ids:
+            body["return_token_ids"] = True
+
+    def generated(self, chunk: dict[str, Any]) -> int | None:
+        """The tokens generated so far in this stream, as ``chunk`` reports them where
+        :meth:`ask_token_counts` asked (None: it does not say)."""
+        return None
+
     def ask_counts_early(self, body: dict[str, Any]) -> None:
         """Ask, in a request's ``body``, for the prompt's token count in the first chunk
         of the stream, not only in its usage after the last (which a stream the worker
@@ -68,6 +91,10 @@ class Engine:
         return Discovered(
             model=first.get("id"), context_length=int(length) if length else None, slots=None
         )
+
+    async def renders_chat(self, post: PostStatus, model: str) -> bool | None:
+        """Whether the engine has a chat template to apply (None: it cannot say)."""
+        return None
 
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
         return {"model": model, "prompt": text, "add_special_tokens": True}
@@ -96,6 +123,8 @@ class LlamaCpp(Engine):
             slots=int(props["total_slots"]) if props.get("total_slots") else None,
             context_length=int(n_ctx) if n_ctx else found.context_length,
             capabilities=frozenset({"tools"}) if tools else frozenset(),
+            # the model's template, else the server's ChatML
+            chat=bool(props.get("chat_template")),
         )
 
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
@@ -103,6 +132,17 @@ class LlamaCpp(Engine):
 
     def ask_counts_early(self, body: dict[str, Any]) -> None:
         body["timings_per_token"] = True  # every chunk then carries ``timings``
+
+    def ask_token_counts(self, body: dict[str, Any]) -> None:
+        # a chunk that completes a character held back carries several tokens:
+        # ``timings.predicted_n`` counts them
+        body["timings_per_token"] = True
+
+    def generated(self, chunk: dict[str, Any]) -> int | None:
+        timings = chunk.get("timings")
+        if not isinstance(timings, dict) or timings.get("predicted_n") is None:
+            return None
+        return int(timings["predicted_n"])
 
     def counted_early(self, chunk: dict[str, Any]) -> tuple[int, int] | None:
         timings = chunk.get("timings")
@@ -112,11 +152,51 @@ class LlamaCpp(Engine):
         return int(timings["prompt_n"]) + cached, cached
 
 
+@dataclass(frozen=True)
+class VLLM(Engine):
+    """vLLM: its ``/tokenize`` takes chat messages too, and refuses them (400) where the
+    model has no chat template, as its chat API then does."""
+
+    async def renders_chat(self, post: PostStatus, model: str) -> bool | None:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+        status = await post("/tokenize", body)
+        return status < 400 if status < 500 else None
+
+
+@dataclass(frozen=True)
+class SGLang(Engine):
+    """SGLang: ``/server_info`` holds its server arguments, among them the most
+    requests it runs at once (``max_running_requests``, where set) and the context
+    length (``context_length``, where set; ``/v1/models`` has the model's)."""
+
+    async def discover(self, get: GetJson) -> Discovered:
+        found = await super().discover(get)
+        info = await _sglang_info(get) or {}
+        running, length = info.get("max_running_requests"), info.get("context_length")
+        return Discovered(
+            model=found.model,
+            slots=int(running) if isinstance(running, int) and running > 0 else None,
+            context_length=found.context_length or (int(length) if length else None),
+        )
+
+
+@dataclass(frozen=True)
+class TGI(Engine):
+    """Hugging Face's text-generation-inference: ``/info`` has the longest prompt plus
+    output (``max_total_tokens``); its ``max_concurrent_requests`` bounds its queue,
+    not the sequences it runs, so the slots stay the settings'."""
+
+    async def discover(self, get: GetJson) -> Discovered:
+        found = await super().discover(get)
+        total = (await get("/info")).get("max_total_tokens")
+        return Discovered(model=found.model, context_length=int(total) if total else None)
+
+
 ENGINES: dict[str, Engine] = {
     "generic": Engine("generic"),
-    "vllm": Engine("vllm", health_path="/health", tokenize_path="/tokenize", lists_token_ids=True),
-    "sglang": Engine("sglang", health_path="/health"),
-    "tgi": Engine("tgi", health_path="/health"),
+    "vllm": VLLM("vllm", health_path="/health", tokenize_path="/tokenize", lists_token_ids=True),
+    "sglang": SGLang("sglang", health_path="/health"),
+    "tgi": TGI("tgi", health_path="/health"),
     "ollama": Engine("ollama"),
     "llamacpp": LlamaCpp(
         "llamacpp",
@@ -126,3 +206,52 @@ ENGINES: dict[str, Engine] = {
         closes_streams=True,
     ),
 }
+
+
+async def _answer(get: GetJson, path: str) -> dict[str, Any] | None:
+    """``path``'s JSON object, None where the engine does not serve it (a 4xx, or an
+    answer that is not JSON). A 5xx or a refused connection raises: the engine is not
+    up yet (llama.cpp answers 503 while it loads), and the caller asks again later."""
+    try:
+        answer = await get(path)
+    except aiohttp.ClientResponseError as exc:
+        if exc.status >= 500:
+            raise
+        return None
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+async def _sglang_info(get: GetJson) -> dict[str, Any] | None:
+    for path in ("/server_info", "/get_server_info"):
+        info = await _answer(get, path)
+        if info is not None and "model_path" in info:
+            return info
+    return None
+
+
+async def identify(get: GetJson) -> Engine | None:
+    """The engine that serves, from what only it answers; None: none of those known.
+
+    In order: llama.cpp's ``/props`` (``total_slots``), vLLM's ``/v1/models``
+    (``owned_by: "vllm"``, confirmed by its ``/version``), SGLang's ``/server_info``
+    (its ``model_path``), TGI's ``/info`` (``model_id``, ``max_total_tokens``),
+    Ollama's ``/api/version``.
+    """
+    props = await _answer(get, "/props")
+    if props is not None and "total_slots" in props:
+        return ENGINES["llamacpp"]
+    models = (await _answer(get, "/v1/models") or {}).get("data") or [{}]
+    owner = models[0].get("owned_by") if isinstance(models[0], dict) else None
+    if owner == "vllm" and await _answer(get, "/version") is not None:
+        return ENGINES["vllm"]
+    if await _sglang_info(get) is not None:
+        return ENGINES["sglang"]
+    info = await _answer(get, "/info")
+    if info is not None and "model_id" in info and "max_total_tokens" in info:
+        return ENGINES["tgi"]
+    version = await _answer(get, "/api/version")
+    if version is not None and "version" in version:
+        return ENGINES["ollama"]
+    return None

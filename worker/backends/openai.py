@@ -8,9 +8,10 @@ assumes only this of the upstream:
   per chunk (``choices[0].text``; a chunk with no text is not a token), the last one
   with ``finish_reason``, then (with ``stream_options.include_usage``, where honoured)
   one with ``usage``; llmq counts a chunk as a token, so ``max_tokens`` and resumes
-  count in chunks, except where the engine lists each chunk's token ids
-  (:attr:`~worker.backends.engines.Engine.lists_token_ids`: vLLM, whose chunks can
-  carry several tokens, or none with text): then by those (:func:`_per_token`);
+  count in chunks, except where the engine says how many tokens a chunk carries
+  (:meth:`~worker.backends.engines.Engine.ask_token_counts`: vLLM lists their ids,
+  llama.cpp keeps a running count; a chunk can carry several tokens, or none with
+  text): then by that (:func:`_per_token`);
 - the upstream aborts a sequence when its client disconnects (vLLM and llama.cpp
   do): closing the response is how a cancelled, timed-out or fenced request frees
   its slot;
@@ -18,7 +19,8 @@ assumes only this of the upstream:
   interrupted sequence: a re-run resumes by sending the prompt followed by the text
   already published, with the remaining ``max_tokens`` (see ``docs/backends.md``
   for the engines and tokenizers where the result equals an uninterrupted run);
-- with ``chat`` (``LLMQ_UPSTREAM_API=chat``), ``/v1/chat/completions`` streams
+- with ``chat`` (wherever the engine has a chat template, found at :meth:`connect`,
+  unless ``LLMQ_UPSTREAM_API`` says otherwise), ``/v1/chat/completions`` streams
   ``choices[0].delta.content`` likewise, and continues a final assistant message
   (``continue_final_message``); an engine that echoes the continued text first
   (llama.cpp) has it dropped;
@@ -34,9 +36,10 @@ Its tokenizer is declared as ``chars`` (the API's approximation); the upstream
 counts exactly: the prompt's true count comes back in a :class:`Report`, and a
 prompt that might not fit is counted with the engine's ``/tokenize`` first, so that
 one over the context length ends as ``context_length_exceeded``. Errors are mapped
-in one place (:func:`_raise_for`): a 4xx is the request's fault and ends it with the
-upstream's message (:class:`Refused`); a 5xx, a refused or dropped connection or
-a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
+in one place (:func:`_raise_for`): a 4xx, before the stream or as an error event in
+it, is the request's fault and ends it with the upstream's message
+(:class:`Refused`: the client gets a 400); a 5xx, a refused or dropped connection
+or a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from llmq.schema import TokenLogprob
 from llmq.sse import DONE, frames
 from llmq.stale_connections import STALE_RETRIES, unsent
 from llmq.tasks import stop_tasks
-from worker.backends.engines import Engine
+from worker.backends.engines import ENGINES, Engine, identify
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +100,8 @@ def _raise_for(status: int, body: bytes) -> None:
         error = {}
     if isinstance(error, dict):
         message = str(error.get("message") or message)
-        code = str(error.get("code") or error.get("type") or code)
+        named = error.get("code")  # llama.cpp's is the status, a number
+        code = str(named if isinstance(named, str) and named else error.get("type") or code)
         param = error.get("param")
     elif isinstance(error, str):
         message = error
@@ -123,7 +127,7 @@ class OpenAIUpstream:
     def __init__(
         self,
         url: str,
-        engine: Engine,
+        engine: Engine | None,
         *,
         model: str = "",
         api_key: str = "",
@@ -132,10 +136,12 @@ class OpenAIUpstream:
         context_length: int = 0,
         capabilities: frozenset[str] | None = None,
         timeout: float = 30.0,
-        chat: bool = False,
+        chat: bool | None = False,
     ) -> None:
         self.url = url.rstrip("/")
-        self.engine = engine
+        #: The engine, named by the settings or (None) identified at :meth:`connect`.
+        self.engine = engine or ENGINES["generic"]
+        self.identified = engine is None
         self.model = model
         self.slots = slots or None
         #: Requests kept waiting in the upstream's own queue beyond its slots.
@@ -143,8 +149,10 @@ class OpenAIUpstream:
         self.context_length = context_length or None
         self.capabilities = capabilities or frozenset()
         self._discover_capabilities = capabilities is None
-        #: Chat requests go to /v1/chat/completions with their messages.
-        self.chat = chat
+        #: Chat requests go to /v1/chat/completions with their messages (the model's
+        #: chat template); None: wherever the engine has one, found at :meth:`connect`.
+        self.chat = bool(chat)
+        self.identified_chat = chat is None
         self.on_down: Callable[[], None] | None = None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A stall is a read that waits longer than ``timeout``, however long the stream.
@@ -184,6 +192,11 @@ class OpenAIUpstream:
                     raise
         return await self._http().post(self.url + path, json=body)
 
+    async def _post_status(self, path: str, body: dict[str, Any]) -> int:
+        async with await self._post(path, body) as response:
+            await response.read()
+            return response.status
+
     async def _get_json(self, path: str) -> Any:
         async with self._http().get(self.url + path) as response:
             response.raise_for_status()
@@ -192,10 +205,17 @@ class OpenAIUpstream:
     async def connect(self) -> None:
         """Learn what the settings left open; raises :class:`UpstreamDown` if it cannot."""
         try:
+            if self.identified:
+                self.engine = await identify(self._get_json) or ENGINES["generic"]
             found = await self.engine.discover(self._get_json)
+            self.model = self.model or found.model or ""
+            if self.identified_chat:
+                renders = found.chat
+                if renders is None:
+                    renders = await self.engine.renders_chat(self._post_status, self.model)
+                self.chat = renders is not False
         except (*HTTP_ERRORS, ValueError, KeyError) as exc:
             raise UpstreamDown(f"upstream {self.url} did not answer discovery: {exc}") from exc
-        self.model = self.model or found.model or ""
         self.slots = self.slots or found.slots
         self.context_length = self.context_length or found.context_length
         if self._discover_capabilities:
@@ -205,6 +225,17 @@ class OpenAIUpstream:
             await self._client.close()  # sized by the slots, now known
             self._client = None
         self._keep_warm()
+
+    def found(self) -> dict[str, Any]:
+        """What the worker knows of the upstream, for ``/v1/workers``."""
+        return {
+            "engine": self.engine.name,
+            "identified": self.identified,
+            "slots": self.slots,
+            "context_length": self.context_length,
+            "tokenize": self.engine.tokenize_path,
+            "chat": self.chat,
+        }
 
     async def probe(self) -> bool:
         """Whether the upstream answers its health check now. The answer is read whole,
@@ -285,12 +316,15 @@ class OpenAIUpstream:
                 outputs = self._outputs(response, len(resumed), echoed, request.seed, tools)
                 if len(resumed) < len(request.generated):
                     outputs = _after_published(outputs, request.generated)
-                async for out in outputs:
-                    yield out
-                if self.engine.closes_streams:
-                    # the server closes it after the stream, but a stream read to its
-                    # end would go back to the pool, where a health check could meet it
-                    response.close()
+                try:
+                    async for out in outputs:
+                        yield out
+                finally:
+                    if self.engine.closes_streams:
+                        # the server closes it after the stream, but a stream read to
+                        # its end (or left once all of it arrived) would go back to the
+                        # pool, where a health check could meet it
+                        response.close()
         except HTTP_ERRORS as exc:
             failed = True
             self._down()
@@ -334,8 +368,7 @@ class OpenAIUpstream:
             body["ignore_eos"] = True
         if request.min_tokens > resumed:
             body["min_tokens"] = request.min_tokens - resumed
-        if self.engine.lists_token_ids:
-            body["return_token_ids"] = True
+        self.engine.ask_token_counts(body)
         return body
 
     def _chat_body(
@@ -382,6 +415,7 @@ class OpenAIUpstream:
         call = _ToolCall(f"call_{seed:016x}")
         echo = _Echo(echoed)
         counted = not tools  # the counts come early only where the body asked for them
+        generated = 0  # the engine's count of this stream's tokens, where it reports one
         # Every token of every stream passes here: the common case (a chunk of plain
         # text, nothing echoed or called) takes no helper calls.
         async for frame in frames(response.content.iter_any()):
@@ -389,11 +423,16 @@ class OpenAIUpstream:
             if not data.startswith("{") and data.strip() == DONE:
                 break  # a [DONE] without a finish reason is a stream cut short
             chunk = from_json(data)
-            if chunk.get("error"):
-                _raise_for(500, data.encode())
+            if error := chunk.get("error"):
+                # an error after the stream began: the request's fault where it says so
+                status = error.get("code") if isinstance(error, dict) else None
+                _raise_for(
+                    status if isinstance(status, int) and status >= 400 else 500, data.encode()
+                )
             if not counted and (early := self.engine.counted_early(chunk)) is not None:
                 counted = True
                 yield Report(prompt_tokens=max(1, early[0] - resumed), cached_tokens=early[1])
+            tokens, generated = _chunk_tokens(self.engine, chunk, generated)
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 text = choice.get("text") or delta.get("content") or ""
@@ -401,13 +440,15 @@ class OpenAIUpstream:
                 reason = choice.get("finish_reason")
                 tool_calls = delta.get("tool_calls")
                 ids = choice.get("token_ids")
+                count = len(ids) if ids is not None else tokens
                 special = echo.left or tool_calls or call.started is not None
-                # listed ids matter only where they are not one per text (vLLM merges)
-                if special or (ids is not None and (len(ids) != 1 or not text)):
+                # counts matter only where they are not one per text (vLLM merges, and
+                # llama.cpp holds back a token that ends inside a character)
+                if special or (count is not None and (count != 1 or not text)):
                     outs = (
-                        _choice_outputs(echo, call, text, logprobs, reason, tool_calls)
+                        _choice_outputs(echo, call, text, (logprobs, count), reason, tool_calls)
                         if special
-                        else _per_token(text, logprobs, len(ids))
+                        else _per_token(text, logprobs, count or 0)
                     )
                     for out in outs:
                         yield out
@@ -454,6 +495,13 @@ class OpenAIUpstream:
         return count
 
 
+def _chunk_tokens(engine: Engine, chunk: dict[str, Any], before: int) -> tuple[int | None, int]:
+    """The tokens in ``chunk`` by the engine's running count of the stream's tokens
+    (llama.cpp's ``timings.predicted_n``; None: it reports none), and the count now."""
+    so_far = engine.generated(chunk)
+    return (None, before) if so_far is None else (so_far - before, so_far)
+
+
 def _per_token(text: str, logprobs: Any, count: int) -> list[str]:
     """A chunk's text as ``count`` outputs, ``count`` the token ids the engine listed
     for it (vLLM merges the tokens of several steps into one chunk when its reader
@@ -470,15 +518,22 @@ def _choice_outputs(
     echo: _Echo,
     call: _ToolCall,
     text: str,
-    logprobs: Any,
+    counted: tuple[Any, int | None],
     reason: Any,
     tool_calls: Any,
 ) -> list[Output]:
-    """A choice's outputs while an echo may still come back or a tool is called."""
+    """A choice's outputs while an echo may still come back or a tool is called;
+    ``counted``: the chunk's log-probabilities and its tokens where the engine says
+    (held with its text while the echo is undecided: a character of two tokens right
+    after a resume still counts two)."""
     outs: list[Output] = []
-    for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
+    for piece, (piece_logprobs, tokens) in echo.feed(text, counted, last=bool(reason)):
         if call.started is None:  # text after a call has no place
-            outs.append(_token(piece, piece_logprobs))
+            if tokens is None:
+                outs.append(_token(piece, piece_logprobs))
+            else:
+                outs += _per_token(piece, piece_logprobs, tokens)
+    logprobs = counted[0]
     for out in call.outputs(tool_calls or ()):
         outs.append(out if isinstance(out, ToolCallStart) else _token(out, logprobs))
     return outs

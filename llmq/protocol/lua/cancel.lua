@@ -9,6 +9,7 @@ local flag_key = KEYS[5]
 local routes_key = KEYS[6]
 local overtaken_key = KEYS[7]
 local held_key = KEYS[8]
+local fair_key = KEYS[9]
 
 local id = ARGV[1]
 local flag_ttl_ms = ARGV[2]
@@ -18,6 +19,7 @@ if redis.call('ZREM', queue_key, id) == 1 then
   redis.call('HDEL', costs_key, id)
   redis.call('ZREM', deadlines_key, id)
   redis.call('DEL', job_key)
+  redis.call('HDEL', fair_key, id)
   if routes_key then
     redis.call('HDEL', routes_key, id)
     redis.call('HDEL', overtaken_key, id)

@@ -8,7 +8,7 @@
 -- newcomer, or a worker handed a request, goes to the back: workers take turns).
 -- Reply: llmq.protocol.codec.parse_claim.
 --
--- Routed (a policy's name in ARGV[14], llmq.protocol.routing; KEYS 9-14 given): instead
+-- Routed (a policy's name in ARGV[17], llmq.protocol.routing; KEYS 12-17 given): instead
 -- of the head, the worker takes from the queue's first `window` requests the one it wants
 -- most (lua/affinity.lua: its cached prefix, its session, its load, its hash), and
 -- leaves a request that another live worker wants more, unless a guard says the
@@ -19,6 +19,12 @@
 -- more urgent one (lower priority number) when the priority guard is on. A worker
 -- that takes nothing is parked and told when the first request it left becomes
 -- anyone's (the reply's retry ms).
+-- Fair share (fairness 'vtc': lua/fair.lua): instead of the head, the claim takes the
+-- first request of the tenant with the least counter among those with requests in the
+-- head's priority band (the head's when it has no tenant); routed, the window is the
+-- first requests of the tenants within `fair_slack` of the least counter, and affinity
+-- chooses among them. The claimed request's tenant is charged its prompt + max_tokens
+-- divided by its weight.
 -- KEYS and ARGV: llmq.protocol.slots.Claim (routed: and ClaimRoute).
 local queue_key = KEYS[1]
 local running_key = KEYS[2]
@@ -28,6 +34,9 @@ local leases_key = KEYS[5]
 local parked_key = KEYS[6]
 local terms_key = KEYS[7]
 local clock_key = KEYS[8]
+local fair_key = KEYS[9]
+local vtc_key = KEYS[10]
+local tenants_key = KEYS[11]
 
 local deadline_now = tonumber(ARGV[1])
 local lease_ms = tonumber(ARGV[2])
@@ -42,27 +51,30 @@ local retry_ttl = ARGV[10]
 local worker_id = ARGV[11]
 local free_slots = tonumber(ARGV[12])
 local park_ttl_ms = ARGV[13]
+local fairness = ARGV[14]
+local fair_slack = tonumber(ARGV[15])
+local fairq_prefix = ARGV[16]
 
 -- Routed only (nil under fifo):
-local routes_key = KEYS[9]
-local overtaken_key = KEYS[10]
-local loads_key = KEYS[11]
-local beats_key = KEYS[12]
-local stats_key = KEYS[13]
-local held_key = KEYS[14]
-local policy_name = ARGV[14]
-local window = tonumber(ARGV[15])
-local max_wait_ms = tonumber(ARGV[16])
-local max_overtakes = tonumber(ARGV[17])
-local imbalance = tonumber(ARGV[18])
-local priority_guard = ARGV[19] == '1'
-local running = tonumber(ARGV[20])
-local capacity = tonumber(ARGV[21])
-local cache_prefix = ARGV[22]
-local session_prefix = ARGV[23]
-local session_ttl_ms = ARGV[24]
-local live_ms = tonumber(ARGV[25])
-local max_workers = tonumber(ARGV[26])
+local routes_key = KEYS[12]
+local overtaken_key = KEYS[13]
+local loads_key = KEYS[14]
+local beats_key = KEYS[15]
+local stats_key = KEYS[16]
+local held_key = KEYS[17]
+local policy_name = ARGV[17]
+local window = tonumber(ARGV[18])
+local max_wait_ms = tonumber(ARGV[19])
+local max_overtakes = tonumber(ARGV[20])
+local imbalance = tonumber(ARGV[21])
+local priority_guard = ARGV[22] == '1'
+local running = tonumber(ARGV[23])
+local capacity = tonumber(ARGV[24])
+local cache_prefix = ARGV[25]
+local session_prefix = ARGV[26]
+local session_ttl_ms = ARGV[27]
+local live_ms = tonumber(ARGV[28])
+local max_workers = tonumber(ARGV[29])
 
 local routed = policy_name ~= nil
 local route
@@ -102,6 +114,7 @@ local function gone(id)
     return false
   end
   drop(id)
+  redis.call('HDEL', fair_key, id)
   redis.call('DEL', job_prefix .. id)
   table.insert(into, id)
   return true
@@ -132,7 +145,13 @@ local function reply(id, score, cost, job, attempt)
   return out
 end
 
+local fair_on = fairness == 'vtc'
+local fair_least = nil
+
 local function take(id, score, cost)
+  if fair_on then
+    fair_charge(fair_key, vtc_key, fairq_prefix, id, cost, fair_least)
+  end
   drop(id)
   local job = redis.call('GET', job_prefix .. id)
   local attempt = redis.call('INCR', retry_prefix .. id)
@@ -156,6 +175,13 @@ local function choose()
   for i = 1, #raw, 2 do
     ids[#ids + 1] = raw[i]
     scores[#scores + 1] = raw[i + 1]
+  end
+  if fair_on and #ids > 0 then
+    local fair_ids, fair_scores, least = fair_window(queue_key, fair_key, vtc_key,
+      tenants_key, fairq_prefix, ids[1], scores[1], fair_slack, window)
+    if fair_ids then
+      ids, scores, fair_least = fair_ids, fair_scores, least
+    end
   end
   local hints = redis.call('HMGET', routes_key, unpack(ids))
   local overtakes = redis.call('HMGET', overtaken_key, unpack(ids))
@@ -280,15 +306,24 @@ for _ = 1, 100 do
     park(free_slots, budget, idle)
     return reply('', '0', '0')
   end
-  local id = head[1]
-  if not gone(id) then
+  local id, score = head[1], head[2]
+  local here = not gone(id)
+  if here and fair_on and not routed then
+    local ids, scores, least = fair_window(queue_key, fair_key, vtc_key, tenants_key,
+      fairq_prefix, id, score, 0, 1)
+    if ids then
+      id, score, fair_least = ids[1], scores[1], least
+      here = id == head[1] or not gone(id)
+    end
+  end
+  if here then
     local cost = redis.call('HGET', costs_key, id) or '0'
     if budget >= 0 and idle ~= '1' and tonumber(cost) > budget then
       park(0)
       return reply('', '0', '0')
     end
     if not routed then
-      return take(id, head[2], cost)
+      return take(id, score, cost)
     end
     local out = routed_claim()
     if out then

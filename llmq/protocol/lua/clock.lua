@@ -12,6 +12,15 @@
 -- never falls behind, and well below a lease (1 s) minus a heartbeat (0.25 s).
 local CLOCK_CAP_MS = 300
 
+-- Where the batch band starts (llmq.protocol.queue.BATCH_BAND_MS): the batch lines
+-- waiting above it, which the batch feeder bounds itself, do not count toward a
+-- model's queue bound, so live admission is the same with a batch running.
+local BATCH_BAND_MS = '10000000000000'
+
+local function live_depth(queue_key)
+  return redis.call('ZCOUNT', queue_key, '-inf', '(' .. BATCH_BAND_MS)
+end
+
 local function ms(n)
   return string.format('%d', n)
 end

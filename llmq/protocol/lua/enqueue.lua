@@ -13,7 +13,7 @@
 -- time: the model's beats, bumped by renew.lua) is older than its lease is skipped
 -- and unparked too: it could not renew the lease it would be handed.
 --
--- Routed (a policy's name in ARGV[13], llmq.protocol.routing; KEYS 11-14 given): the request's
+-- Routed (a policy's name in ARGV[15], llmq.protocol.routing; KEYS 14-17 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
 -- parked worker that wants it most (lua/affinity.lua), among holders alike the least
 -- loaded, else the first parked, and not a parked one busier than the least loaded by more than
@@ -22,6 +22,9 @@
 -- busier than that parked worker by more than `imbalance`, the request is queued for
 -- it instead (when `max_wait_ms` > 0): the holder claims it when a slot frees, anyone
 -- once it waited `max_wait_ms`.
+-- Fair share (fair_entry "tenant|weight|priority", '' when off: lua/fair.lua): the
+-- request's tenant is kept beside its queue entry, and a tenant that was idle is lifted
+-- to the least counter of the backlogged tenants.
 -- KEYS and ARGV: llmq.protocol.slots.Enqueue (routed: and EnqueueRoute).
 local queue_key = KEYS[1]
 local job_key = KEYS[2]
@@ -33,6 +36,9 @@ local running_key = KEYS[7]
 local leases_key = KEYS[8]
 local clock_key = KEYS[9]
 local beats_key = KEYS[10]
+local fair_key = KEYS[11]
+local vtc_key = KEYS[12]
+local tenants_key = KEYS[13]
 
 local id = ARGV[1]
 local score = ARGV[2]
@@ -46,22 +52,24 @@ local handoff_prefix = ARGV[9]
 local in_progress_prefix = ARGV[10]
 local retry_prefix = ARGV[11]
 local retry_ttl = ARGV[12]
+local fair_entry = ARGV[13]
+local fairq_prefix = ARGV[14]
 
 -- Routed only (nil under fifo, or for a request without a hint):
-local routes_key = KEYS[11]
-local loads_key = KEYS[12]
-local stats_key = KEYS[13]
-local held_key = KEYS[14]
-local policy_name = ARGV[13]
-local hint_text = ARGV[14]
-local cache_prefix = ARGV[15]
-local session_prefix = ARGV[16]
-local session_ttl_ms = ARGV[17]
-local imbalance = tonumber(ARGV[18])
-local max_workers = tonumber(ARGV[19])
-local max_wait_ms = tonumber(ARGV[20])
-local live_ms = tonumber(ARGV[21])
-local now_ms = ARGV[22]
+local routes_key = KEYS[14]
+local loads_key = KEYS[15]
+local stats_key = KEYS[16]
+local held_key = KEYS[17]
+local policy_name = ARGV[15]
+local hint_text = ARGV[16]
+local cache_prefix = ARGV[17]
+local session_prefix = ARGV[18]
+local session_ttl_ms = ARGV[19]
+local imbalance = tonumber(ARGV[20])
+local max_workers = tonumber(ARGV[21])
+local max_wait_ms = tonumber(ARGV[22])
+local live_ms = tonumber(ARGV[23])
+local now_ms = ARGV[24]
 
 local routed = policy_name ~= nil
 local hint, route
@@ -71,7 +79,7 @@ if routed then
     max_workers)
 end
 
-if redis.call('ZCARD', queue_key) >= max_depth then
+if live_depth(queue_key) >= max_depth then
   return 0
 end
 redis.call('SET', job_key, job, 'PX', ttl_ms)
@@ -215,6 +223,9 @@ if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 t
   end
 end
 redis.call('ZADD', queue_key, score, id)
+if fair_entry ~= '' then
+  fair_enqueue(fair_key, vtc_key, tenants_key, fairq_prefix, id, score, fair_entry, ttl_ms)
+end
 redis.call('HSET', costs_key, id, cost)
 redis.call('ZADD', deadlines_key, deadline_ms, id)
 if routed and hint then

@@ -7,7 +7,7 @@ local queue_key = KEYS[1]
 local n = tonumber(ARGV[1])
 local max_depth = tonumber(ARGV[2])
 
-if redis.call('ZCARD', queue_key) + n > max_depth then
+if live_depth(queue_key) + n > max_depth then
   return 0
 end
 local k, a = 0, 2 + 2 * n

@@ -7,6 +7,7 @@ local costs_key = KEYS[3]
 local routes_key = KEYS[4]
 local overtaken_key = KEYS[5]
 local held_key = KEYS[6]
+local fair_key = KEYS[7]
 
 local now_ms = ARGV[1]
 local limit = ARGV[2]
@@ -18,6 +19,7 @@ for _, id in ipairs(due) do
   redis.call('ZREM', deadlines_key, id)
   if redis.call('ZREM', queue_key, id) == 1 then
     redis.call('HDEL', costs_key, id)
+    redis.call('HDEL', fair_key, id)
     if routes_key then
       redis.call('HDEL', routes_key, id)
       redis.call('HDEL', overtaken_key, id)

@@ -1,0 +1,308 @@
+"""The batch feeder: runs batches on the pool's idle capacity, exactly once per line.
+
+Every API process runs :meth:`BatchFeeder.run_forever`; one at a time holds the
+feeder's lease (:data:`llmq.protocol.keys.BATCH_FEEDER`, ``LLMQ_ORPHAN_GRACE_SECONDS``
+long, renewed each step) and does the work; when it dies another takes over after
+the lease, from the state in Redis alone. Each step, for each active batch:
+
+1. **Feed**: while no interactive request waits in the model's queue, take as many
+   lines as the model's parked workers have free slots, plus ``LLMQ_BATCH_LOOKAHEAD``
+   less the batch lines already waiting (``batch_take.lua``: each becomes *running*,
+   with its line), and enqueue each in the batch band (:mod:`api.batch_run`). An idle
+   pool gets a line per free slot by hand-off and the next ones from the queue as
+   slots free; a busy one gets none, and the queue never holds more than the
+   lookahead of batch lines. A line whose enqueue was refused for now (queue full,
+   no worker) stays running without requests and is fed again later.
+2. **Collect**: a task per running line reads its requests' answer from their
+   streams (the live endpoints' code) and records it exactly once by ``custom_id``
+   (``batch_result.lua``): a second collection, by a feeder that took over, or of a
+   re-run, changes nothing.
+3. **End**: a batch past its completion window is stopped (``ending`` = expired,
+   status ``finalizing``); a cancelled one is ``cancelling``. Their running lines'
+   requests are cancelled (the cancel path of every request: a worker stops at its
+   next token), and their lines that never ran go to the error file
+   (``batch_expired``, ``batch_cancelled``). Once no line runs, the output and error
+   files are assembled, once (their ids are kept in the batch), and the batch ends
+   ``completed``, ``expired`` or ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any, NoReturn, cast
+
+from api import batch_run, batch_store, files
+from api.batch_store import BatchObject
+from api.errors import ApiError
+from api.state import AppState
+from llmq import metrics
+from llmq.protocol import batches, keys
+from llmq.protocol.streams import add_lifecycle
+from llmq.schema import Lifecycle
+from llmq.tasks import run_periodically, stop_tasks
+
+log = logging.getLogger(__name__)
+
+#: Statuses an enqueue refusal may clear by itself: the line is fed again later.
+RETRYABLE = frozenset({429, 503})
+
+
+class BatchFeeder:
+    """The feeding, collecting and ending of batches by one API process (see above)."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self.redis = state.redis
+        self.collecting: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.cancelled: set[str] = set()
+        #: The status and counts of each batch's last lifecycle note.
+        self.noted: dict[str, tuple[str, int, int]] = {}
+
+    async def run_forever(self) -> NoReturn:
+        try:
+            await run_periodically(
+                self.step, self.state.settings.batch_feed_seconds, what="batch feeder", logger=log
+            )
+        finally:
+            await stop_tasks(list(self.collecting.values()), timeout=2)
+
+    async def _lease(self) -> bool:
+        """Take or keep the feeder's lease; False while another process holds it."""
+        ms = int(self.state.settings.orphan_grace_seconds * 1000)
+        me = self.state.process_id
+        if await self.redis.set(keys.BATCH_FEEDER, me, nx=True, px=ms):
+            return True
+        if await self.redis.get(keys.BATCH_FEEDER) == me:
+            await self.redis.pexpire(keys.BATCH_FEEDER, ms)
+            return True
+        return False
+
+    async def step(self) -> None:
+        for key, task in list(self.collecting.items()):
+            if task.done():
+                del self.collecting[key]
+        if not await self._lease():
+            return
+        rooms: dict[str, int] = {}
+        for raw in await self.redis.zrange(keys.BATCHES_ACTIVE, 0, -1):
+            batch = await batch_store.load(self.redis, str(raw))
+            if batch is None:
+                await self.redis.zrem(keys.BATCHES_ACTIVE, str(raw))
+                continue
+            await self._advance(batch, rooms)
+
+    async def _progress(self, batch: BatchObject) -> None:
+        """A lifecycle note (``batch``) when the batch's status or counts moved."""
+        counts = batch.request_counts
+        seen = (batch.status, counts.get("completed", 0), counts.get("failed", 0))
+        if self.noted.get(batch.id) == seen:
+            return
+        self.noted[batch.id] = seen
+        note = Lifecycle(
+            event="batch",
+            request_id=batch.id,
+            model=batch.model,
+            ts=time.time(),
+            status=batch.status,
+            completed=seen[1],
+            failed=seen[2],
+            total=batch.total,
+        )
+        pipe = self.redis.pipeline(transaction=False)
+        add_lifecycle(pipe, note, maxlen=self.state.settings.lifecycle_maxlen)
+        await pipe.execute()
+
+    async def _advance(self, batch: BatchObject, rooms: dict[str, int]) -> None:
+        settings = self.state.settings
+        await self._progress(batch)
+        if batch.status in batch_store.ENDED:
+            await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
+            return
+        if batch.status == "in_progress" and time.time() >= batch.expires_at:
+            await self.redis.hset(keys.batch(batch.id), "ending", "expired")  # type: ignore[misc]
+            await batch_store.move(self.redis, batch.id, "finalizing", since=("in_progress",))
+            batch = await batch_store.load(self.redis, batch.id) or batch
+        running = cast(
+            dict[str, str], await cast("Any", self.redis.hgetall(keys.batch_running(batch.id)))
+        )
+        stopping = batch.status == "cancelling" or batch.ending is not None
+        if stopping:
+            await self._stop(batch, running)
+            running = cast(
+                dict[str, str], await cast("Any", self.redis.hgetall(keys.batch_running(batch.id)))
+            )
+        else:
+            await self._follow(batch, running, rooms)
+        if batch.status == "in_progress":
+            fed = int(await cast("Any", self.redis.hget(keys.batch(batch.id), "next")) or 0)
+            if fed >= batch.total and not running:
+                await batch_store.move(self.redis, batch.id, "finalizing", since=("in_progress",))
+            return
+        if not running and batch.status in ("finalizing", "cancelling"):
+            await self._finish(batch)
+
+    async def _follow(
+        self, batch: BatchObject, running: dict[str, str], rooms: dict[str, int]
+    ) -> None:
+        """Collect every running line, feed again the ones left unfed, and feed new ones."""
+        if batch.model not in rooms:
+            rooms[batch.model] = await batches.room(
+                self.redis, batch.model, self.state.settings.batch_lookahead
+            )
+        unfed: list[tuple[str, dict[str, Any]]] = []
+        for custom_id, raw in running.items():
+            entry = json.loads(raw)
+            if entry.get("subs"):
+                self._collect(batch, custom_id, entry)
+            elif (batch.id, custom_id) not in self.collecting:
+                unfed.append((custom_id, entry))
+        for custom_id, entry in unfed:
+            if rooms[batch.model] <= 0:
+                return
+            rooms[batch.model] -= 1
+            await self._feed(batch, custom_id, entry)
+        if batch.status != "in_progress" or rooms[batch.model] <= 0:
+            return
+        taken = await batches.take(self.redis, batch.id, rooms[batch.model])
+        rooms[batch.model] -= len(taken)
+        for raw in taken:
+            line = json.loads(raw)
+            await self._feed(batch, line["custom_id"], {"line": line})
+
+    async def _feed(self, batch: BatchObject, custom_id: str, entry: dict[str, Any]) -> None:
+        line = entry["line"]
+        try:
+            subs = await batch_run.submit_line(self.state, batch, line["body"])
+        except ApiError as exc:
+            if exc.status in RETRYABLE:
+                return  # stays running without requests: fed again by a later step
+            await self._record(batch, custom_id, False, _refused(custom_id, exc))
+            return
+        entry = {"line": line, "subs": json.loads(batch_run.encode_subs(subs))}
+        await self.redis.hset(  # type: ignore[misc]
+            keys.batch_running(batch.id), custom_id, json.dumps(entry)
+        )
+        self._collect(batch, custom_id, entry)
+
+    def _collect(self, batch: BatchObject, custom_id: str, entry: dict[str, Any]) -> None:
+        key = (batch.id, custom_id)
+        if key not in self.collecting:
+            self.collecting[key] = asyncio.create_task(self._collected(batch, custom_id, entry))
+
+    async def _collected(self, batch: BatchObject, custom_id: str, entry: dict[str, Any]) -> None:
+        subs = batch_run.decode_subs(json.dumps(entry["subs"]))
+        try:
+            status, body = await batch_run.collect_line(
+                self.state, batch, entry["line"]["body"], subs
+            )
+        except ApiError as exc:
+            status, body = exc.status, exc.body()
+        except Exception:
+            log.exception("batch %s: collecting line %s failed", batch.id, custom_id)
+            return  # collected again by a later step
+        if status != 200 or await self._any_cancelled(subs):
+            current = await batch_store.load(self.redis, batch.id)
+            if current is not None and (current.status == "cancelling" or current.ending):
+                # stopped by the batch's own end: not an answer, a line that did not run
+                ending = "cancelled" if current.status == "cancelling" else current.ending
+                await self._record(batch, custom_id, False, _unrun(custom_id, str(ending)))
+                return
+        line = batch_run.output_line(custom_id, subs, status, body)
+        await self._record(batch, custom_id, status == 200, line)
+
+    async def _any_cancelled(self, subs: list[batch_run.Submitted]) -> bool:
+        """Whether a request of the line was cancelled (its answer is then partial)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sub in subs:
+                pipe.hget(keys.request(sub.id), "status")
+            return "cancelled" in await pipe.execute()
+
+    async def _record(self, batch: BatchObject, custom_id: str, ok: bool, line: str) -> None:
+        if await batches.record(self.redis, batch.id, custom_id, line, ok=ok):
+            outcome = "completed" if ok else "failed"
+            self.state.metrics.inc(metrics.BATCH_LINES, batch.model, outcome)
+
+    async def _stop(self, batch: BatchObject, running: dict[str, str]) -> None:
+        """Cancel the running lines' requests, and end the lines that never ran."""
+        ending = "cancelled" if batch.status == "cancelling" else str(batch.ending)
+        for custom_id, raw in running.items():
+            entry = json.loads(raw)
+            if not entry.get("subs"):
+                await self._record(batch, custom_id, False, _unrun(custom_id, ending))
+                continue
+            self._collect(batch, custom_id, entry)
+            for sub in entry["subs"]:
+                if sub["id"] not in self.cancelled:
+                    self.cancelled.add(sub["id"])
+                    await self.state.queue.cancel(batch.model, sub["id"])
+        fed = int(await cast("Any", self.redis.hget(keys.batch(batch.id), "next")) or 0)
+        if fed < batch.total:
+            await self.redis.hset(keys.batch(batch.id), "next", str(batch.total))  # type: ignore[misc]
+            for raw in await cast("Any", self.redis.lrange(keys.batch_lines(batch.id), fed, -1)):
+                custom_id = json.loads(raw)["custom_id"]
+                await self._record(batch, custom_id, False, _unrun(custom_id, ending))
+
+    async def _finish(self, batch: BatchObject) -> None:
+        """Assemble the output and error files once, then end the batch."""
+        settings = self.state.settings
+        batch_key = keys.batch(batch.id)
+        for field, source in (
+            ("output_file_id", keys.batch_output(batch.id)),
+            ("error_file_id", keys.batch_errors(batch.id)),
+        ):
+            if await cast("Any", self.redis.hexists(batch_key, field)):
+                continue
+            lines = await cast("Any", self.redis.hvals(source))
+            if not lines:
+                continue
+            made = await files.save(
+                self.redis,
+                content="".join(f"{line}\n" for line in lines),
+                filename=f"{batch.id}_{field.removesuffix('_file_id')}.jsonl",
+                purpose="batch_output",
+                owner=batch.owner,
+                ttl_seconds=settings.batch_ttl_seconds,
+            )
+            if not await cast("Any", self.redis.hsetnx(batch_key, field, made.id)):
+                with contextlib.suppress(ApiError):  # another feeder made it first
+                    await files.delete(self.redis, made.id, batch.owner)
+        final: batch_store.Status = "completed"
+        since = ("finalizing",)
+        if batch.status == "cancelling":
+            final, since = "cancelled", ("cancelling",)
+        elif batch.ending == "expired":
+            final = "expired"
+        if await batch_store.move(self.redis, batch.id, final, since=since):
+            log.info("batch %s %s", batch.id, final)
+            ended = await batch_store.load(self.redis, batch.id)
+            if ended is not None:
+                await self._progress(ended)
+            self.noted.pop(batch.id, None)
+            self.state.metrics.inc(metrics.BATCHES, batch.model, final)
+        await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
+
+
+def _refused(custom_id: str, exc: ApiError) -> str:
+    """The error line of a line whose enqueue was refused for good (its own fault)."""
+    return json.dumps(
+        {
+            "id": f"batch_req_{custom_id}",
+            "custom_id": custom_id,
+            "response": {"status_code": exc.status, "request_id": None, "body": exc.body()},
+            "error": None,
+        }
+    )
+
+
+def _unrun(custom_id: str, ending: str) -> str:
+    what = "expired" if ending == "expired" else "cancelled"
+    message = (
+        "the request could not be run before the completion window expired"
+        if what == "expired"
+        else "the batch was cancelled before the request finished"
+    )
+    return batch_run.error_line(custom_id, f"batch_{what}", message)

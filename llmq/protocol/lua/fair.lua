@@ -1,0 +1,135 @@
+-- Fair share among tenants within a priority band (VTC: Sheng et al., OSDI 2024),
+-- kept beside a model's queue in its slot; prepended to the scripts that enqueue and
+-- claim. Keys (llmq.protocol.keys): fair_key, hash of request id ->
+-- "tenant|weight|priority", from enqueue to release; tenants_key, the set of tenants
+-- with requests queued; fairq_prefix..tenant, a sorted set per tenant of its queued
+-- request ids (scored as in the queue; an id no longer queued is dropped when met);
+-- vtc_key, hash of 't:'..tenant -> its virtual counter (the prompt + max_tokens of the
+-- requests it was served, divided by its weight) and '_floor', the least counter of
+-- the backlogged tenants at the last claim.
+
+local function fair_parse(entry)
+  if not entry then return nil end
+  local t, w, p = string.match(entry, '^([^|]*)|([^|]+)|(-?%d+)$')
+  if not t then return nil end
+  return t, tonumber(w), tonumber(p)
+end
+
+local function fair_counter(vtc_key, tenant)
+  return tonumber(redis.call('HGET', vtc_key, 't:' .. tenant) or '0')
+end
+
+-- Keep a queued request's tenant; a tenant that was idle (its counter below the
+-- floor) is lifted to the floor, so that idleness is not banked.
+local function fair_enqueue(fair_key, vtc_key, tenants_key, fairq_prefix, id, score, entry,
+    ttl_ms)
+  local tenant = fair_parse(entry)
+  if not tenant then return end
+  redis.call('HSET', fair_key, id, entry)
+  redis.call('ZADD', fairq_prefix .. tenant, score, id)
+  redis.call('SADD', tenants_key, tenant)
+  local floor = tonumber(redis.call('HGET', vtc_key, '_floor') or '0')
+  if fair_counter(vtc_key, tenant) < floor then
+    redis.call('HSET', vtc_key, 't:' .. tenant, tostring(floor))
+  end
+  for _, k in ipairs({fair_key, fairq_prefix .. tenant, tenants_key, vtc_key}) do
+    redis.call('PEXPIRE', k, ttl_ms)
+  end
+end
+
+-- A tenant's first `n` queued requests {id, score}, dropping ids no longer queued.
+local function fair_firsts(queue_key, tenants_key, fairq_prefix, tenant, n)
+  local q = fairq_prefix .. tenant
+  local out = {}
+  for _ = 1, 20 do
+    local raw = redis.call('ZRANGE', q, 0, n - 1, 'WITHSCORES')
+    if #raw == 0 then
+      redis.call('SREM', tenants_key, tenant)
+      return out
+    end
+    local stale = false
+    for i = 1, #raw, 2 do
+      if redis.call('ZSCORE', queue_key, raw[i]) then
+        out[#out + 1] = {raw[i], raw[i + 1]}
+      else
+        redis.call('ZREM', q, raw[i])
+        stale = true
+      end
+    end
+    if not stale or #out >= n then return out end
+    out = {}
+  end
+  return out
+end
+
+-- The backlogged tenants in the head's priority band `band`, each {tenant, counter,
+-- first id, first score}, and the least counter among them.
+local function fair_tenants(queue_key, fair_key, vtc_key, tenants_key, fairq_prefix, band)
+  local found, least = {}, nil
+  for _, t in ipairs(redis.call('SMEMBERS', tenants_key)) do
+    local first = fair_firsts(queue_key, tenants_key, fairq_prefix, t, 1)[1]
+    if first then
+      local _, _, p = fair_parse(redis.call('HGET', fair_key, first[1]))
+      if p == band then
+        local c = fair_counter(vtc_key, t)
+        found[#found + 1] = {t, c, first[1], first[2]}
+        if least == nil or c < least then least = c end
+      end
+    end
+  end
+  return found, least
+end
+
+-- The requests fairness allows a claim to take, head of the queue given: the first
+-- `n` requests (by score) of the tenants in the head's band whose counter is at most
+-- the least plus `slack`; slack 0 and n 1: the least-served tenant's first request
+-- (ties: the earlier). Returns ids, scores, least; nil when the head has no tenant
+-- (the queue's order then stands).
+local function fair_window(queue_key, fair_key, vtc_key, tenants_key, fairq_prefix, head,
+    head_score, slack, n)
+  local head_tenant, _, band = fair_parse(redis.call('HGET', fair_key, head))
+  if band == nil then return nil end
+  local found, least = fair_tenants(queue_key, fair_key, vtc_key, tenants_key, fairq_prefix,
+    band)
+  local listed = false
+  for _, f in ipairs(found) do listed = listed or f[1] == head_tenant end
+  if not listed then  -- a request handed back to the queue is in no tenant's set
+    local c = fair_counter(vtc_key, head_tenant)
+    found[#found + 1] = {head_tenant, c, head, head_score}
+    if least == nil or c < least then least = c end
+  end
+  local picked, seen = {}, {}
+  for _, f in ipairs(found) do
+    if f[2] <= least + slack then
+      picked[#picked + 1] = {f[3], f[4], f[2]}
+      seen[f[3]] = true
+      if n > 1 then
+        for _, r in ipairs(fair_firsts(queue_key, tenants_key, fairq_prefix, f[1], n)) do
+          if not seen[r[1]] then
+            picked[#picked + 1] = {r[1], r[2], f[2]}
+            seen[r[1]] = true
+          end
+        end
+      end
+    end
+  end
+  table.sort(picked, function(a, b)
+    if n == 1 and a[3] ~= b[3] then return a[3] < b[3] end
+    return tonumber(a[2]) < tonumber(b[2])
+  end)
+  local ids, scores = {}, {}
+  for i = 1, math.min(#picked, n) do
+    ids[i], scores[i] = picked[i][1], picked[i][2]
+  end
+  return ids, scores, least
+end
+
+-- Charge a claimed request's tenant its weighted cost; the floor becomes `least`.
+local function fair_charge(fair_key, vtc_key, fairq_prefix, id, cost, least)
+  local t, w = fair_parse(redis.call('HGET', fair_key, id))
+  if not t then return end
+  redis.call('ZREM', fairq_prefix .. t, id)
+  local c = fair_counter(vtc_key, t)
+  redis.call('HSET', vtc_key, 't:' .. t, tostring(c + tonumber(cost) / w),
+    '_floor', tostring(least or c))
+end

@@ -1,0 +1,87 @@
+-- Take a tenant's quota for the requests of one client request, all or none:
+-- one request each from the request bucket, their tokens (prompt + max_tokens) from
+-- the token bucket, and a place each among the tenant's requests at once. A bucket
+-- holds at most a minute's limit and refills at limit/60000 a ms (a token bucket);
+-- a limit of 0 is none. A request's place at once is held until it is returned
+-- (quota_return.lua) or its hold lapses (queue timeout + generation timeout: what
+-- a crashed API process or worker leaks at most); lapsed places are dropped here.
+-- Reply: {ok, limit_requests, remaining_requests, reset_requests_ms,
+--         limit_tokens, remaining_tokens, reset_tokens_ms, retry_ms, which}
+-- (which: '' when taken, else 'requests', 'tokens' or 'concurrent');
+-- llmq.protocol.quota.parse_take.
+local tpm_key = KEYS[1]
+local rpm_key = KEYS[2]
+local inflight_key = KEYS[3]
+local reserved_key = KEYS[4]
+
+local tpm = tonumber(ARGV[1])
+local rpm = tonumber(ARGV[2])
+local max_concurrent = tonumber(ARGV[3])
+local hold_ms = tonumber(ARGV[4])
+local count = tonumber(ARGV[5])
+-- then count pairs: request id, tokens
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- A bucket's level now (refilled since it was last written), never above its limit.
+local function level(key, limit)
+  if limit <= 0 then return 0 end
+  local saved = redis.call('HMGET', key, 'level', 'ms')
+  local lvl, at = tonumber(saved[1]), tonumber(saved[2])
+  if lvl == nil or at == nil then return limit end
+  return math.min(limit, lvl + math.max(now - at, 0) * limit / 60000)
+end
+
+local function save(key, limit, lvl)
+  redis.call('HSET', key, 'level', tostring(lvl), 'ms', ms(now), 'limit', limit)
+  redis.call('PEXPIRE', key, 120000)
+end
+
+-- ms until a bucket at `lvl` holds `want` (0 if it does), and until it is full.
+local function wait_for(limit, lvl, want)
+  if limit <= 0 or lvl >= want then return 0 end
+  return math.ceil((want - lvl) * 60000 / limit)
+end
+
+local tokens = 0
+for i = 1, count do tokens = tokens + tonumber(ARGV[5 + 2 * i]) end
+local req_level, tok_level = level(rpm_key, rpm), level(tpm_key, tpm)
+
+local which, retry = '', 0
+if rpm > 0 and req_level < count then
+  which, retry = 'requests', wait_for(rpm, req_level, count)
+elseif tpm > 0 and tok_level < tokens then
+  which, retry = 'tokens', wait_for(tpm, tok_level, tokens)
+elseif max_concurrent > 0 then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', inflight_key, '-inf', now)) do
+    redis.call('ZREM', inflight_key, id)
+    redis.call('HDEL', reserved_key, id)
+  end
+  if redis.call('ZCARD', inflight_key) + count > max_concurrent then
+    which, retry = 'concurrent', 1000
+  end
+end
+
+if which == '' then
+  if rpm > 0 then
+    req_level = req_level - count
+    save(rpm_key, rpm, req_level)
+  end
+  if tpm > 0 then
+    tok_level = tok_level - tokens
+    save(tpm_key, tpm, tok_level)
+  end
+  for i = 1, count do
+    local id = ARGV[4 + 2 * i]
+    redis.call('ZADD', inflight_key, ms(now + hold_ms), id)
+    redis.call('HSET', reserved_key, id, ARGV[5 + 2 * i])
+  end
+  redis.call('PEXPIRE', inflight_key, hold_ms)
+  redis.call('PEXPIRE', reserved_key, hold_ms)
+end
+
+return {which == '' and 1 or 0,
+  rpm, math.floor(math.max(req_level, 0)), wait_for(rpm, req_level, rpm),
+  tpm, math.floor(math.max(tok_level, 0)), wait_for(tpm, tok_level, tpm),
+  retry, which}

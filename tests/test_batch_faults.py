@@ -1,0 +1,76 @@
+"""A batch under faults: a worker SIGKILLed and the feeding API process SIGKILLed
+mid-batch; every custom_id is in the output exactly once, each body equal to the
+same request run alone (the mock is seeded)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from redis.asyncio import Redis
+
+from llmq.embedded import free_port
+from llmq.protocol import keys
+from tests.support.native import wait_ready
+from tests.support.processes import Proc, clean_env
+from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.waiting import wait_until
+from tests.test_batch import by_custom_id, chat_line, finished, jsonl
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_every_line_once_and_exact_after_a_worker_and_the_feeding_api_die(
+    start_api: StartApi, spawn_workers: SpawnWorkers, redis_url: str, redis: Redis
+) -> None:
+    procs = await spawn_workers(2, concurrency=2, model_tokens_per_second=100, lease_seconds=1)
+    port = free_port()
+    env = clean_env(
+        LLMQ_REDIS_URL=redis_url,
+        LLMQ_PORT=str(port),
+        LLMQ_HEARTBEAT_SECONDS="0.2",
+        LLMQ_ORPHAN_GRACE_SECONDS="1",
+    )
+    feeding = Proc(["api"], env)
+    lines = [chat_line(f"l{i}", f"line {i} asks", max_tokens=30 + i) for i in range(16)]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as a:
+            await wait_ready(a, timeout=30, path="/healthz")
+
+            async def feeder_leased() -> bool:
+                return await redis.get(keys.BATCH_FEEDER) is not None
+
+            await wait_until(feeder_leased, timeout=10, what="the first API to take the lease")
+        first = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        async with first:
+            uploaded = await first.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+            batch = await first.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+
+            async def some_done() -> bool:
+                got = await first.batches.retrieve(batch.id)
+                return got.request_counts is not None and got.request_counts.completed >= 3
+
+            await wait_until(some_done, timeout=30, what="three lines to finish")
+        procs[0].popen.kill()
+        feeding.popen.kill()
+        survivor = await start_api(heartbeat_seconds=0.2, orphan_grace_seconds=1)
+        async with survivor.sdk() as client:
+            done = (await finished(client, batch.id, timeout=90))[-1]
+            output = by_custom_id((await client.files.content(done.output_file_id)).text)
+            alone = {
+                line["custom_id"]: await client.chat.completions.create(**line["body"])
+                for line in lines
+            }
+    finally:
+        feeding.stop()
+    assert done.status == "completed", done
+    assert done.error_file_id is None
+    assert sorted(output) == sorted(line["custom_id"] for line in lines)
+    assert done.request_counts is not None and done.request_counts.completed == len(lines)
+    for custom_id, line in output.items():
+        body = line["response"]["body"]
+        expected = alone[custom_id]
+        assert body["choices"][0]["message"]["content"] == expected.choices[0].message.content
+        assert body["usage"]["completion_tokens"] == expected.usage.completion_tokens

@@ -1,0 +1,149 @@
+"""Fair share in the queue (``LLMQ_FAIRNESS=vtc``): within a priority band a claim serves
+the backlogged tenant with the least weighted service, a tenant that was idle banks
+nothing, and a lone tenant gets every claim. Tested on the claim script against Redis."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq.protocol import keys
+from llmq.protocol.codec import fair_entry
+from llmq.protocol.queue import Queue
+from llmq.protocol.routing import routing_from
+from llmq.settings import CommonSettings
+from llmq.tenants import Tenant, TenantStore
+from tests.support.jobs import claim_with, enqueue_costing
+from tests.support.native import wait_ready, wait_status
+from tests.support.servers import StartApi, StartWorker
+
+pytestmark = pytest.mark.timeout(60)
+
+COST = 100
+
+
+@pytest.fixture
+async def queue(redis: Redis) -> Queue:
+    return Queue(redis, stream_maxlen=100, ttl_seconds=60, fairness="vtc")
+
+
+async def backlog(queue: Queue, tenant: str, n: int, *, weight: float = 1, start: int = 1,
+                  priority: int = 0) -> None:  # fmt: skip
+    for i in range(n):
+        await enqueue_costing(
+            queue,
+            f"{tenant}-{i}",
+            cost=COST,
+            score=start + i,
+            fair=fair_entry(tenant, weight, priority),
+        )
+
+
+async def claims(queue: Queue, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        claim = await claim_with(queue, budget_left=None, idle=True)
+        assert claim.request_id is not None
+        out.append(claim.request_id.rsplit("-", 1)[0])
+    return out
+
+
+async def test_a_light_tenant_is_served_in_turn_behind_a_noisy_one(queue: Queue) -> None:
+    await backlog(queue, "noisy", 20)
+    await backlog(queue, "light", 3, start=100)  # queued behind all of noisy's
+    assert await claims(queue, 6) == ["noisy", "light", "noisy", "light", "noisy", "light"]
+
+
+async def test_weights_share_the_claims(queue: Queue) -> None:
+    await backlog(queue, "big", 40, weight=3)
+    await backlog(queue, "small", 40, weight=1, start=1000)
+    served = await claims(queue, 40)
+    assert abs(served.count("big") - 30) <= 1, served
+
+
+async def test_an_idle_tenant_banks_nothing(queue: Queue, redis: Redis) -> None:
+    await backlog(queue, "early", 30)
+    assert await claims(queue, 10) == ["early"] * 10  # alone: every claim (work-conserving)
+    await backlog(queue, "late", 10, start=1000)  # lifted to early's counter on arrival
+    served = await claims(queue, 10)
+    assert 4 <= served.count("late") <= 6, served  # turns, not ten in a row
+
+
+async def test_priority_bands_come_first(queue: Queue) -> None:
+    await backlog(queue, "noisy", 5, priority=0)
+    await backlog(queue, "light", 2, start=100, priority=5)  # a later band
+    assert await claims(queue, 3) == ["noisy", "noisy", "noisy"]
+
+
+async def test_a_request_without_a_tenant_keeps_its_place(queue: Queue, redis: Redis) -> None:
+    await enqueue_costing(queue, "anon-0", cost=COST, score=1)
+    await backlog(queue, "t", 2, start=2)
+    assert await claims(queue, 3) == ["anon", "t", "t"]
+    assert await redis.hlen(keys.fair("mock")) == 2  # type: ignore[misc]  # until released
+
+
+async def test_fifo_is_the_queues_order(redis: Redis) -> None:
+    queue = Queue(redis, stream_maxlen=100, ttl_seconds=60)
+    await backlog(queue, "noisy", 5)
+    await backlog(queue, "light", 2, start=100)
+    assert await claims(queue, 3) == ["noisy", "noisy", "noisy"]
+
+
+async def test_a_request_handed_back_is_claimed_in_its_tenants_turn(
+    queue: Queue, redis: Redis
+) -> None:
+    await backlog(queue, "a", 1)
+    first = await claim_with(queue, budget_left=None, idle=True)
+    assert first.request_id == "a-0"
+    assert await queue.requeue("mock", "a-0", first.attempt)  # its worker stops
+    await backlog(queue, "b", 5, start=10)
+    served = await claims(queue, 3)
+    assert served.count("a") == 1, served  # not starved behind b's backlog
+
+
+async def test_through_the_api_a_light_tenant_overtakes_a_noisy_backlog(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    store = TenantStore(redis)
+    for name in ("noisy", "light"):
+        await store.put(Tenant(name=name))
+    await start_worker(concurrency=1, model_tokens_per_second=200, fairness="vtc")
+    api = await start_api(tenant_header="X-Tenant", fairness="vtc")
+    body = {"model": "mock", "prompt": "p", "max_tokens": 20, "ignore_eos": True}
+    async with api.client(timeout=30) as client:
+        await wait_ready(client)
+        noisy = [
+            (await client.post("/v1/requests", json=body, headers={"X-Tenant": "noisy"})).json()
+            for _ in range(12)
+        ]
+        light = await client.post("/v1/requests", json=body, headers={"X-Tenant": "light"})
+        done = await wait_status(client, light.json()["id"], "done", timeout=30)
+        finished_before = 0
+        for n in noisy:
+            status = (await client.get(f"/v1/requests/{n['id']}")).json()
+            if status["status"] == "done" and status["finished_at"] < done["finished_at"]:
+                finished_before += 1
+    assert finished_before <= 3, finished_before  # FIFO: all 12 before it
+
+
+@pytest.mark.parametrize("slack", [0, 10 * COST])
+async def test_under_routing_affinity_chooses_within_the_slack(redis: Redis, slack: int) -> None:
+    """A routed claim's window holds only the tenants within the slack of the least
+    counter: with slack 0 the light tenant's request goes next, though it is queued
+    behind a backlog the routed window (16) does not reach."""
+    settings = CommonSettings(routing="prefix", routing_window=16)
+    queue = Queue(
+        redis,
+        stream_maxlen=100,
+        ttl_seconds=60,
+        routing=routing_from(settings),
+        fairness="vtc",
+        fair_slack=slack,
+    )
+    await backlog(queue, "noisy", 30)
+    await backlog(queue, "light", 1, start=1000)
+    served = await claims(queue, 3)
+    if slack == 0:
+        assert served == ["noisy", "light", "noisy"]
+    else:  # within the slack: the queue's order (no hints) until light falls behind
+        assert served == ["noisy", "noisy", "noisy"]

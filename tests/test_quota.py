@@ -1,0 +1,217 @@
+"""A tenant's quota: taken atomically by every API process, returned when a request
+ends (also when its API process dies), and OpenAI's 429 when it is spent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from api.flow import duration
+from llmq.embedded import EmbeddedRedis, free_port
+from llmq.protocol import keys
+from llmq.protocol.quota import Limits, Quota
+from llmq.tenants import Tenant, TenantStore
+from tests.support.native import wait_ready
+from tests.support.processes import Proc, children_of, clean_env, reap
+from tests.support.servers import StartApi, StartWorker
+from tests.support.waiting import wait_until
+from tests.test_tenants import llmq
+
+pytestmark = pytest.mark.timeout(120)
+
+HOLD_MS = 60_000
+
+
+async def level(redis: Redis, key: str) -> float:
+    found = await redis.hget(key, "level")  # type: ignore[misc]
+    return float(found)
+
+
+async def test_a_take_is_all_or_none_and_a_return_counts_once(redis: Redis) -> None:
+    quota = Quota(redis)
+    limits = Limits(tokens_per_minute=1000, requests_per_minute=10, max_concurrent=3)
+    tpm_key, _, inflight, reserved = keys.quota_keys("acme")
+    first = await quota.take("acme", limits, HOLD_MS, [("a", 600)])
+    assert first.taken and first.remaining_tokens in (400, 401)
+    assert first.limit_tokens == 1000 and first.limit_requests == 10
+    too_many = await quota.take("acme", limits, HOLD_MS, [("b", 300), ("c", 300)])
+    assert not too_many.taken and too_many.which == "tokens"
+    assert too_many.retry_ms > 10_000  # 200 tokens at 1000/min: about 12 s
+    assert await redis.zrange(inflight, 0, -1) == ["a"]  # none of b, c
+    assert await quota.give_back("acme", "a", 100) == 500  # used 100 of 600
+    assert await quota.give_back("acme", "a", 0) == 0  # only the first return counts
+    assert await level(redis, tpm_key) >= 900
+    assert await redis.zcard(inflight) == 0 and await redis.hlen(reserved) == 0  # type: ignore[misc]
+    both = await quota.take("acme", limits, HOLD_MS, [("b", 300), ("c", 300)])
+    assert both.taken
+    third = await quota.take("acme", limits, HOLD_MS, [("d", 10), ("e", 10)])
+    assert not third.taken and third.which == "concurrent"
+
+
+async def test_a_place_whose_request_was_never_returned_lapses(redis: Redis) -> None:
+    quota = Quota(redis)
+    limits = Limits(max_concurrent=1)
+    assert (await quota.take("acme", limits, 50, [("lost", 1)])).taken  # nobody returns it
+    assert not (await quota.take("acme", limits, HOLD_MS, [("next", 1)])).taken
+
+    async def taken() -> bool:
+        return (await quota.take("acme", limits, HOLD_MS, [("next", 1)])).taken
+
+    await wait_until(taken, timeout=10, what="the lapsed place taken again")
+
+
+def test_durations_read_as_openai_writes_them() -> None:
+    assert [duration(x) for x in (12, 1500, 60_000, 360_000, 61_250)] == [
+        "12ms",
+        "1.5s",
+        "1m0s",
+        "6m0s",
+        "1m1.25s",
+    ]
+
+
+async def test_over_the_limit_is_openais_429(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    await TenantStore(redis).put(Tenant(name="default", requests_per_minute=2))
+    await start_worker()
+    api = await start_api()
+    body = {"model": "mock", "prompt": "hi", "max_tokens": 2}
+    async with api.client() as client:
+        await wait_ready(client)
+        # wait_ready sent none: the bucket is full
+        answers = [await client.post("/v1/completions", json=body) for _ in range(3)]
+    assert [a.status_code for a in answers[:2]] == [200, 200]
+    refused = answers[2]
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
+    assert "2 requests per minute" in error["message"]
+    h = refused.headers
+    assert h["x-ratelimit-limit-requests"] == "2"
+    assert h["x-ratelimit-remaining-requests"] == "0"
+    assert h["x-ratelimit-reset-requests"].endswith("s")
+    assert 1 <= int(h["retry-after"]) <= 31 and h["x-should-retry"] == "true"
+    assert "x-ratelimit-limit-tokens" not in h  # no token limit
+
+    async def counted() -> bool:
+        async with api.client() as client:
+            text = (await client.get("/metrics")).text
+        return 'llmq_tenant_requests_total{outcome="rate_limited",tenant="default"} 1.0' in text
+
+    await wait_until(counted, timeout=10, what="the refusal in /metrics")
+    code, out, _ = await llmq(api.settings.redis_url, "tenant", "stats")
+    row = next(line.split() for line in out.splitlines() if line.startswith("default "))
+    assert code == 0 and row[-3:] == ["2", "1", "0"]  # accepted, rate limited, shed
+    assert int(row[3]) > 0  # tokens of the requests that ended
+
+
+async def test_unused_tokens_come_back_when_a_request_ends(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    await TenantStore(redis).put(Tenant(name="default", tokens_per_minute=1000))
+    await start_worker()
+    api = await start_api()
+    body = {"model": "mock", "prompt": "hi", "max_tokens": 900, "stop": ["a", "e", "o"]}
+    async with api.client(timeout=30) as client:
+        await wait_ready(client)
+        first = await client.post("/v1/completions", json=body)
+        assert first.status_code == 200
+        used = first.json()["usage"]["total_tokens"]
+        assert used < 200  # stopped early: most of its 901 tokens are unused
+        # Without the return, 900 more tokens would take the bucket about 50 s to refill.
+        second = await client.post("/v1/completions", json=body)
+    assert second.status_code == 200
+    too_big = {**body, "max_tokens": 1000}
+    async with api.client() as client:
+        refused = await client.post("/v1/completions", json=too_big)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "tokens_over_limit"
+
+
+async def test_processes_share_one_quota(
+    redis_url: str, redis: Redis, start_worker: StartWorker
+) -> None:
+    await TenantStore(redis).put(Tenant(name="default", requests_per_minute=6))
+    await start_worker()
+    port = free_port()
+    env = clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port))
+    api = Proc(["api", "--api-processes", "2"], env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await wait_ready(client, timeout=30)
+        t0 = time.monotonic()
+
+        async def one(i: int) -> int:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as own:  # its own connection
+                body = {"model": "mock", "prompt": f"p{i}", "max_tokens": 1}
+                return (await own.post("/v1/requests", json=body)).status_code
+
+        codes = await asyncio.gather(*(one(i) for i in range(20)))
+        refill = int(6 * (time.monotonic() - t0) / 60)
+        assert 6 <= codes.count(202) <= 6 + refill, codes
+        assert codes.count(429) == 20 - codes.count(202)
+    finally:
+        api.stop()
+        reap(children_of(api.pid))
+
+
+async def test_a_killed_api_process_leaks_no_places(
+    redis_url: str, redis: Redis, start_worker: StartWorker, start_api: StartApi
+) -> None:
+    await TenantStore(redis).put(Tenant(name="default", max_concurrent=2))
+    await start_worker(model_tokens_per_second=20)
+    port = free_port()
+    env = clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), LLMQ_ORPHAN_GRACE_SECONDS="2")
+    api = Proc(["api"], env)
+    url = f"http://127.0.0.1:{port}"
+    inflight = keys.quota_keys("default")[2]
+    body = {"model": "mock", "prompt": "long", "max_tokens": 2000, "stream": True}
+    try:
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+            contextlib.AsyncExitStack() as streams,
+        ):
+            await wait_ready(client, timeout=30)
+            for _ in range(2):
+                opened = client.stream("POST", "/v1/completions", json=body)
+                assert (await streams.enter_async_context(opened)).status_code == 200
+            assert await redis.zcard(inflight) == 2
+            os.kill(api.pid, signal.SIGKILL)
+    finally:
+        api.stop()
+    other = await start_api()
+
+    async def returned() -> bool:
+        return int(await redis.zcard(inflight)) == 0
+
+    await wait_until(returned, timeout=30, what="the dead process's places returned")
+    async with other.client() as client:
+        accepted = await client.post("/v1/requests", json={**body, "stream": False})
+    assert accepted.status_code == 202
+
+
+async def test_quotas_hold_across_a_redis_restart(
+    own_redis: EmbeddedRedis, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    redis = Redis.from_url(own_redis.url, decode_responses=True)
+    await TenantStore(redis).put(Tenant(name="default", requests_per_minute=2))
+    await start_worker(redis_url=own_redis.url)
+    api = await start_api(redis_url=own_redis.url, relay_block_ms=500)
+    body = {"model": "mock", "prompt": "hi", "max_tokens": 2}
+    async with api.client(timeout=10) as client:
+        await wait_ready(client)
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+        own_redis.stop(remove=False)  # a restart: AOF kept the bucket and the tenant
+        own_redis.start()
+        await wait_ready(client, timeout=20)
+        after = [(await client.post("/v1/completions", json=body)).status_code for _ in range(2)]
+    assert after == [200, 429]
+    await redis.aclose()

@@ -1,0 +1,179 @@
+"""Tenants and their keys: the ``llmq tenant``/``llmq key`` commands, auth by a tenant's
+key, revocation on every API process, the trusted tenant header, the priority ceiling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from llmq.protocol import keys
+from llmq.tenants import Tenant, TenantStore, digest, key_id
+from tests.support.native import wait_ready
+from tests.support.servers import RunningApi, StartApi, StartWorker
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+BODY = {"model": "mock", "prompt": "hello", "max_tokens": 2}
+
+
+async def field(redis: Redis, key: str, name: str) -> str | None:
+    found: str | None = await redis.hget(key, name)  # type: ignore[misc]
+    return found
+
+
+async def llmq(redis_url: str, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "cli",
+        *args,
+        env={**os.environ, "LLMQ_REDIS_URL": redis_url},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def test_the_commands_manage_tenants_and_keys(redis_url: str, redis: Redis) -> None:
+    assert (await llmq(redis_url, "tenant", "create", "acme", "--weight", "3"))[0] == 0
+    code, _, err = await llmq(redis_url, "tenant", "create", "acme")
+    assert code == 2 and "exists already" in err
+    for bad, why in (
+        (["--weight", "0"], "weight"),
+        (["--tokens-per-minute", "-5"], "tokens_per_minute"),
+    ):
+        code, _, err = await llmq(redis_url, "tenant", "create", "other", *bad)
+        assert code == 2 and why in err, err
+    code, _, err = await llmq(redis_url, "tenant", "set", "nobody", "--weight", "2")
+    assert code == 2 and "no tenant 'nobody'" in err
+    code, _, err = await llmq(redis_url, "key", "create", "--tenant", "nobody")
+    assert code == 2 and "no tenant 'nobody'" in err
+    code, _, _ = await llmq(redis_url, "tenant", "set", "acme", "--requests-per-minute", "9")
+    assert code == 0
+    code, key, _ = await llmq(redis_url, "key", "create", "--tenant", "acme")
+    key = key.strip()
+    assert code == 0 and key.startswith("sk-llmq-")
+    assert await field(redis, keys.API_KEYS, digest(key)) is not None
+    assert key not in str(await redis.hgetall(keys.API_KEYS))  # type: ignore[misc]  # only its digest is stored
+    _, listed, _ = await llmq(redis_url, "key", "list")
+    assert key_id(digest(key)) in listed and key not in listed
+    _, tenants, _ = await llmq(redis_url, "tenant", "list")
+    assert "acme  3  -  9" in tenants
+    assert (await llmq(redis_url, "key", "revoke", key_id(digest(key))))[0] == 0
+    assert await field(redis, keys.API_KEYS, digest(key)) is None
+    code, _, err = await llmq(redis_url, "key", "revoke", key_id(digest(key)))
+    assert code == 2 and "no key matches" in err
+    assert (await llmq(redis_url, "tenant", "delete", "acme"))[0] == 0
+    assert await TenantStore(redis).names() == []
+
+
+async def test_a_tenants_file_is_loaded_at_start(
+    tmp_path: Path, redis: Redis, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    path = tmp_path / "tenants.toml"
+    listed = f'key_digests = ["{digest("sk-a")}"]'
+    path.write_text(f"[tenants.team-a]\nweight = 2\nrequests_per_minute = 60\n{listed}\n")
+    await start_worker()
+    api = await start_api(tenant_keys=True, tenants_file=str(path))
+    async with api.client(headers={"Authorization": "Bearer sk-a"}) as client:
+        await wait_ready(client)
+        created = await client.post("/v1/requests", json=BODY)
+    assert created.status_code == 202
+    assert await field(redis, keys.request(created.json()["id"]), "tenant") == "team-a"
+    assert (await TenantStore(redis).get("team-a")) == Tenant(
+        name="team-a", weight=2, requests_per_minute=60
+    )
+
+
+@pytest.fixture
+async def tenants(start_api: StartApi, start_worker: StartWorker, redis: Redis) -> RunningApi:
+    store = TenantStore(redis)
+    await store.put(Tenant(name="acme", min_priority=0))
+    await start_worker()
+    api = await start_api(tenant_keys=True, api_keys="sk-static")
+    async with api.client(headers={"Authorization": "Bearer sk-static"}) as client:
+        await wait_ready(client)
+    return api
+
+
+async def test_a_key_is_its_tenants_until_revoked(tenants: RunningApi, redis: Redis) -> None:
+    store = TenantStore(redis)
+    key = await store.create_key("acme")
+    async with (
+        tenants.client(headers={"Authorization": f"Bearer {key}"}) as acme,
+        tenants.client(headers={"Authorization": "Bearer sk-static"}) as static,
+        tenants.client(headers={"Authorization": "Bearer sk-llmq-unknown"}) as unknown,
+    ):
+        mine = await acme.post("/v1/requests", json=BODY)
+        default = await static.post("/v1/requests", json=BODY)
+        refused = await unknown.post("/v1/requests", json=BODY)
+        assert mine.status_code == 202 and default.status_code == 202
+        assert await field(redis, keys.request(mine.json()["id"]), "tenant") == "acme"
+        assert await field(redis, keys.request(default.json()["id"]), "tenant") == "default"
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+        urgent = await acme.post("/v1/requests", json={**BODY, "priority": -1})
+        assert urgent.status_code == 400
+        assert urgent.json()["error"]["param"] == "priority"
+        assert urgent.json()["error"]["code"] == "priority_not_allowed"
+        await store.revoke(key_id(digest(key)))
+
+        async def refused_now() -> bool:
+            return (await acme.post("/v1/requests", json=BODY)).status_code == 401
+
+        await wait_until(refused_now, timeout=10, what="the revoked key refused")
+
+
+async def test_a_revoked_key_ends_its_stream(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    store = TenantStore(redis)
+    await store.put(Tenant(name="acme"))
+    key = await store.create_key("acme")
+    await start_worker(model_tokens_per_second=20)
+    api = await start_api(tenant_keys=True)
+    body = {"model": "mock", "prompt": "long", "max_tokens": 2000, "stream": True}
+    async with api.client(headers={"Authorization": f"Bearer {key}"}) as client:
+        await wait_ready(client)
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: {"):
+                    break  # the first token
+            await store.revoke(key_id(digest(key)))
+            rest = [line async for line in lines if line.startswith("data: ")]
+        assert "invalid_api_key" in rest[-2] and rest[-1] == "data: [DONE]"
+        assert len(rest) < 100
+        again = await client.post("/v1/completions", json={**body, "stream": False})
+        assert again.status_code == 401
+
+    async def cancelled() -> bool:
+        return int(await redis.zcard(keys.running("mock"))) == 0
+
+    await wait_until(cancelled, timeout=10, what="the revoked key's request stopped")
+
+
+async def test_the_trusted_header_names_the_tenant(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    await TenantStore(redis).put(Tenant(name="team-b"))
+    await start_worker()
+    api = await start_api(tenant_header="X-Tenant")
+    async with api.client() as client:
+        await wait_ready(client)
+        named = await client.post("/v1/requests", json=BODY, headers={"X-Tenant": "team-b"})
+        unnamed = await client.post("/v1/requests", json=BODY)
+        unknown = await client.post("/v1/requests", json=BODY, headers={"X-Tenant": "nobody"})
+    assert await field(redis, keys.request(named.json()["id"]), "tenant") == "team-b"
+    assert await field(redis, keys.request(unnamed.json()["id"]), "tenant") == "default"
+    assert unknown.status_code == 401
+    assert unknown.json()["error"]["code"] == "invalid_tenant"
+    assert "nobody" in unknown.json()["error"]["message"]
