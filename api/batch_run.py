@@ -29,38 +29,32 @@ from api.responses_format import ResponseFormat
 from api.responses_input import ResponsesRequest, chat_request
 from api.responses_relay import ResponseRelay
 from api.routes.embeddings import embedding_answer
-from api.routes.openai import _collect, error_of, error_status
+from api.routes.openai import collect, error_of, error_status
+from api.routes.responses import submit_turn
 from api.state import AppState
-from api.submit import BatchBand, Submitted, submit, submit_choices, submit_embedding
+from api.submit import BatchBand, Submitted, submit_choices, submit_embedding
 
 __all__ = ["Submitted", "collect_line", "submit_line"]
 
 
 def identity(batch: BatchObject) -> str | None:
-    """Whose a batch line's requests are: the batch's owner (where a tenant would be set)."""
+    """Whose a batch line's requests are: the batch's owner (its tenant: ``batch.tenant``)."""
     return batch.owner
 
 
 async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any]) -> list[Submitted]:
-    """Enqueue one line in the batch band; its requests (one per choice)."""
+    """Enqueue one line in the batch band; its requests (one per choice), its batch's
+    tenant's (its quota, its share of the band)."""
     request = batch_lines.body_model(batch.endpoint, body)
     owner = identity(batch)
     band = BatchBand(batch.id, float(batch.expires_at))
+    tenant = None if batch.tenant is None else await state.tenancy.tenant(batch.tenant)
     if isinstance(request, EmbeddingRequest):
-        return [await submit_embedding(state, request, request.texts(), owner, band)]
+        texts = request.texts()
+        return [await submit_embedding(state, request, texts, owner, band, tenant=tenant)]
     if isinstance(request, ResponsesRequest):
         chat = chat_request(request, [])
-        sub = await submit(
-            state,
-            chat,
-            chat.prompt_text(),
-            max_tokens=chat.max_completion_tokens,
-            max_tokens_param="max_output_tokens",
-            prompt_param="input",
-            owner=owner,
-            extras=chat_extras(chat),
-            band=band,
-        )
+        sub = await submit_turn(state, chat, owner, attach=False, band=band, tenant=tenant)
         return [sub]
     if isinstance(request, ChatCompletionRequest):
         requested = request.max_completion_tokens or request.max_tokens
@@ -76,6 +70,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
             extras=chat_extras(request),
             messages=request.message_dicts(),
             band=band,
+            tenant=tenant,
         )
     assert isinstance(request, CompletionRequest)
     return await submit_choices(
@@ -86,6 +81,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
         owner=owner,
         extras=completion_extras(request),
         band=band,
+        tenant=tenant,
     )
 
 
@@ -126,7 +122,7 @@ async def collect_line(
         if isinstance(request, ChatCompletionRequest)
         else CompletionFormat(subs, False, logprobs=logprobs)
     )
-    return _answer(await _collect(state, fmt, arrived))
+    return _answer(await collect(state, fmt, arrived))
 
 
 def output_line(custom_id: str, subs: list[Submitted], status: int, body: dict[str, Any]) -> str:

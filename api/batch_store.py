@@ -51,6 +51,11 @@ STAMPS = (
 )
 
 
+#: How long a listed batch id may have no batch (its creation is under way) before
+#: it counts as gone.
+UNWRITTEN_SECONDS = 60.0
+
+
 class LineError(BaseModel):
     """One entry of a failed batch's ``errors`` (OpenAI's ``BatchError``)."""
 
@@ -88,9 +93,12 @@ class BatchObject(BaseModel):
     model: str = ""
     #: How the batch ends if it stops early: ``expired`` or ``cancelled``.
     ending: str | None = None
+    #: Not OpenAI's: the tenant of the key that created it, whose lines it sends
+    #: (their quota and their share of the pool, docs/tenants.md).
+    tenant: str | None = None
 
     def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"owner", "model", "ending"})
+        return self.model_dump(exclude={"owner", "model", "ending", "tenant"})
 
     @property
     def total(self) -> int:
@@ -105,6 +113,7 @@ def new_batch(
     window_seconds: int,
     metadata: dict[str, str] | None,
     owner: str | None,
+    tenant: str | None = None,
 ) -> BatchObject:
     now = int(time.time())
     return BatchObject(
@@ -116,6 +125,7 @@ def new_batch(
         expires_at=now + window_seconds,
         metadata=metadata,
         owner=owner,
+        tenant=tenant,
         request_counts={"total": 0, "completed": 0, "failed": 0},
     )
 
@@ -142,18 +152,21 @@ async def create(
         if value is not None:
             fields[stamp] = value
     index = keys.batches_of(owner_key(batch.owner))
+    # Listed first: a crash before the batch itself is written leaves ids that the
+    # feeder and the listings drop (their batch does not exist), never a batch
+    # nobody feeds.
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zadd(index, {batch.id: batch.created_at})
+        pipe.expire(index, max(ttl_seconds, batch.expires_at - now + ttl_seconds))
+        if batch.status not in ENDED:
+            pipe.zadd(keys.BATCHES_ACTIVE, {batch.id: batch.created_at})
+        await pipe.execute()
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch(batch.id), mapping=fields)
         if lines:
             pipe.rpush(keys.batch_lines(batch.id), *lines)
         if batch.status in ENDED:
             pipe.expire(keys.batch(batch.id), ttl_seconds)
-        await pipe.execute()
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zadd(index, {batch.id: batch.created_at})
-        pipe.expire(index, max(ttl_seconds, batch.expires_at - now + ttl_seconds))
-        if batch.status not in ENDED:
-            pipe.zadd(keys.BATCHES_ACTIVE, {batch.id: batch.created_at})
         await pipe.execute()
 
 
@@ -193,14 +206,16 @@ async def listed(
 ) -> tuple[list[BatchObject], bool]:
     """The owner's batches, newest first, after the id ``after``; and whether more follow."""
     index = keys.batches_of(owner_key(owner))
-    ids = [str(i) for i in await redis.zrevrange(index, 0, -1)]
+    listed = [(str(i), t) for i, t in await redis.zrevrange(index, 0, -1, withscores=True)]
+    ids = [batch_id for batch_id, _ in listed]
     if after is not None and after in ids:
-        ids = ids[ids.index(after) + 1 :]
+        listed = listed[ids.index(after) + 1 :]
     found: list[BatchObject] = []
-    for batch_id in ids:
+    for batch_id, created in listed:
         batch = await load(redis, batch_id)
         if batch is None:
-            await redis.zrem(index, batch_id)
+            if time.time() - created > UNWRITTEN_SECONDS:  # expired, or never written
+                await redis.zrem(index, batch_id)
             continue
         found.append(batch)
         if len(found) > limit:

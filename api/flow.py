@@ -8,10 +8,11 @@ expected wait; each refuses before anything of the request is queued.
   headers and ``retry-after``. What the request does not use comes back when it ends.
 - **Shedding** (``LLMQ_SHED_WAIT_SECONDS``): the expected wait is what is queued
   ahead of the request (at or below its queue score) divided by the pool's measured
-  service rate (requests finished in the last :data:`RATE_PERIODS` periods,
-  :func:`llmq.protocol.keys.served`); over the bound (the setting, or the request's
-  own queue timeout when shorter) it gets 429 ``wait_too_long`` with ``Retry-After``
-  from the estimate. Without a measured rate (nothing finished lately) nothing is shed.
+  service rate (requests finished in the last :data:`RATE_PERIODS` periods and the
+  current one so far, :func:`llmq.protocol.keys.served`); over the bound (the setting,
+  or the request's own queue timeout when shorter) it gets 429 ``wait_too_long`` with
+  ``Retry-After`` from the estimate. Without a measured rate (nothing finished lately)
+  nothing is shed.
 """
 
 from __future__ import annotations
@@ -134,15 +135,17 @@ async def shed(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> 
         return
     first = calls[0]
     bound_ms = min(bound_s * 1000, first.deadline_ms - time.time() * 1000)
-    period = int(time.time()) // keys.SERVED_PERIOD_SECONDS
+    now = time.time()
+    period = int(now) // keys.SERVED_PERIOD_SECONDS
     pipe = state.redis.pipeline(transaction=False)
     pipe.zcount(keys.queue(first.model), "-inf", first.score)
-    pipe.mget([keys.served(first.model, period - i) for i in range(1, RATE_PERIODS + 1)])
+    pipe.mget([keys.served(first.model, period - i) for i in range(RATE_PERIODS + 1)])
     ahead, served = cast("tuple[int, list[bytes | str | None]]", tuple(await pipe.execute()))
     finished = sum(int(x) for x in served if x is not None)
     if not finished or not ahead:
         return
-    rate = finished / (RATE_PERIODS * keys.SERVED_PERIOD_SECONDS)  # requests per second
+    # the completed periods and the current one so far: requests per second
+    rate = finished / (RATE_PERIODS * keys.SERVED_PERIOD_SECONDS + now % keys.SERVED_PERIOD_SECONDS)
     wait_ms = ahead / rate * 1000
     if wait_ms <= bound_ms:
         return

@@ -11,6 +11,7 @@ prompt list) becomes one queued request per choice, admitted all or none.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -154,6 +155,7 @@ def _plan(
         attach_to=state.process_id if attach else None,
         route=state.queue.routing.hint(choice.prompt, common.priority, session or params.user),
         weight=1.0 if tenant is None else tenant.weight,
+        reserved=tenant is not None and tenant.limited,
     )
     if band is not None:
         call = replace(call, score=batch_score(int(now * 1000)))
@@ -419,7 +421,12 @@ async def _admit(
     settings = state.settings
     await shed(state, tenant, calls)
     await take_quota(state, tenant, calls)
-    accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
+    try:
+        accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
+    except BaseException:  # not admitted: its quota goes back (if Redis takes it)
+        with contextlib.suppress(Exception):
+            await give_back_refused(state, tenant, calls)
+        raise
     if not accepted:
         await give_back_refused(state, tenant, calls)
         state.metrics.inc(metrics.REQUESTS, model, "rejected")
@@ -497,6 +504,7 @@ async def submit_embedding(
         priority_step_ms=settings.priority_step_ms,
         owner=owner,
         attach_to=state.process_id if band is None else None,
+        reserved=tenant is not None and tenant.limited,
     )
     if band is not None:
         call = replace(call, score=batch_score(int(now * 1000)))

@@ -307,8 +307,11 @@ class RequestRecord(BaseModel):
     finish_reason: FinishReason | None = None
     error: str | None = None
     owner: str | None = None
-    #: The tenant whose quota the request holds (returned when it ends).
+    #: The tenant the request belongs to.
     tenant: str | None = None
+    #: Tokens it reserved of its tenant's quota (returned, less what it used, at its end);
+    #: None when its tenant has no limits.
+    reserved: int | None = None
 
     def to_redis(self) -> dict[str, str]:
         """Hash fields; unset fields are left out."""

@@ -9,8 +9,9 @@ from redis.asyncio import Redis
 
 from llmq.protocol import keys
 from llmq.protocol.codec import fair_entry
-from llmq.protocol.queue import Queue
+from llmq.protocol.queue import BATCH_BAND_MS, BATCH_FAIR_PRIORITY, Enqueue, Queue
 from llmq.protocol.routing import routing_from
+from llmq.schema import JobPayload, SamplingParams
 from llmq.settings import CommonSettings
 from llmq.tenants import Tenant, TenantStore
 from tests.support.jobs import claim_with, enqueue_costing
@@ -147,3 +148,36 @@ async def test_under_routing_affinity_chooses_within_the_slack(redis: Redis, sla
         assert served == ["noisy", "light", "noisy"]
     else:  # within the slack: the queue's order (no hints) until light falls behind
         assert served == ["noisy", "noisy", "noisy"]
+
+
+async def test_a_batch_only_tenant_waits_below_every_interactive_request(queue: Queue) -> None:
+    """Batch lines are a band of their own: a tenant with nothing but batch lines, however
+    little it was served, does not take a turn before another tenant's live requests."""
+    for i in range(2):
+        await enqueue_costing(
+            queue,
+            f"bulk-{i}",
+            cost=COST,
+            score=BATCH_BAND_MS + i,
+            fair=fair_entry("bulk", 1, BATCH_FAIR_PRIORITY),
+        )
+    await backlog(queue, "live", 3, start=100)
+    assert await claims(queue, 5) == ["live", "live", "live", "bulk", "bulk"]
+
+
+def test_a_batch_lines_fair_entry_names_the_batch_band() -> None:
+    payload = JobPayload(
+        request_id="r",
+        model="mock",
+        prompt="p",
+        prompt_tokens=1,
+        params=SamplingParams(max_tokens=4),
+        enqueued_at=1.0,
+        queue_deadline=2.0,
+        generation_timeout=3.0,
+        tenant="acme",
+    )
+    live = Enqueue.of(payload, priority_step_ms=1000, weight=2)
+    line = Enqueue.of(payload.model_copy(update={"batch": "batch_1"}), priority_step_ms=1000)
+    assert live.fair == "acme|2|0"
+    assert line.fair == f"acme|1|{BATCH_FAIR_PRIORITY}"

@@ -22,7 +22,7 @@ BODY = {"model": "mock", "prompt": "w", "max_tokens": 10, "ignore_eos": True}
 async def measured(redis: Redis) -> int:
     """Requests finished in the periods that measure the service rate."""
     period = int(time.time()) // keys.SERVED_PERIOD_SECONDS
-    names = [keys.served("mock", period - i) for i in range(1, RATE_PERIODS + 1)]
+    names = [keys.served("mock", period - i) for i in range(RATE_PERIODS + 1)]
     return sum(int(x) for x in await redis.mget(names) if x is not None)
 
 
@@ -39,8 +39,8 @@ async def test_a_request_that_would_wait_too_long_is_refused_at_once(
         async def rate_known() -> bool:
             return await measured(redis) > 0
 
-        await wait_until(rate_known, timeout=20, what="a period with finished requests")
-        rate = await measured(redis) / (RATE_PERIODS * keys.SERVED_PERIOD_SECONDS)
+        await wait_until(rate_known, timeout=20, what="finished requests counted")
+        rate = await measured(redis) / (RATE_PERIODS * keys.SERVED_PERIOD_SECONDS)  # at most
         bound = 2 * rate  # requests ahead that fit in the bound
         answers = [await client.post("/v1/requests", json=BODY) for _ in range(int(bound) + 20)]
     codes = [a.status_code for a in answers]

@@ -16,6 +16,7 @@ from llmq.tenants import Tenant, TenantStore, digest, key_id
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
+from tests.test_batch import chat_line, finished, jsonl
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -177,3 +178,36 @@ async def test_the_trusted_header_names_the_tenant(
     assert unknown.status_code == 401
     assert unknown.json()["error"]["code"] == "invalid_tenant"
     assert "nobody" in unknown.json()["error"]["message"]
+
+
+async def test_a_batch_is_its_creators_tenants_and_paced_by_its_quota(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    store = TenantStore(redis)
+    await store.put(Tenant(name="acme", requests_per_minute=120))  # a burst of 12, 2 a second
+    key = await store.create_key("acme")
+    await start_worker(concurrency=8)
+    api = await start_api(tenant_keys=True)
+    lines = [chat_line(f"line-{i}", f"question {i}") for i in range(20)]
+    async with api.client(headers={"Authorization": f"Bearer {key}"}) as client:
+        await wait_ready(client)
+    async with api.sdk(api_key=key) as sdk:
+        uploaded = await sdk.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+        batch = await sdk.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = (await finished(sdk, batch.id))[-1]
+    assert done.status == "completed" and done.request_counts.completed == 20
+    stored = await field(redis, keys.batch(batch.id), "meta")
+    assert stored is not None and '"tenant":"acme"' in stored
+    assert "tenant" not in done.model_dump()  # not OpenAI's field
+
+    async def counted() -> dict[str, float]:
+        raw = await redis.hgetall(keys.metric("llmq_tenant_requests"))  # type: ignore[misc]
+        return {k: float(v) for k, v in raw.items()}
+
+    async def all_counted() -> bool:
+        return (await counted()).get('["", "acme", "accepted"]', 0) >= 20
+
+    await wait_until(all_counted, timeout=10, what="the lines counted for acme")
+    assert (await counted()).get('["", "acme", "rate_limited"]', 0) >= 1  # paced, retried

@@ -346,12 +346,13 @@ class QueueWorker(Worker):
         """Every slot is taken and live requests wait: hand back a batch line for each
         (one worker per live request, :func:`batches.yield_for`); it goes back to the
         batch band at its score, and resumes later from its last published token."""
-        if self.busy_slots < self.max_jobs or not self.runner.batch_lines:
+        running = self.runner.batch_lines
+        if self.busy_slots < self.max_jobs or not running:
             return
         lines = [
             rid
             for rid, (_, attempt) in self._claims.items()
-            if rid in self.runner.batch_lines and attempt < MAX_YIELDS
+            if rid in running and attempt < MAX_YIELDS
         ]
         count = await batches.yield_for(self.queue.redis, self.model, self.worker_id, len(lines))
         for rid in lines[-count:] if count else ():

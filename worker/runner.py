@@ -199,6 +199,12 @@ class RequestRunner:
         if run is not None:
             run.hand_back()
 
+    @property
+    def batch_lines(self) -> set[str]:
+        """The running batch lines (``JobPayload.batch``): what gives a slot to a live
+        request."""
+        return {rid for rid, run in self.runs.items() if run.payload.batch is not None}
+
     def fence(self, request_id: str, why: str = "this worker lost its lease") -> None:
         """This worker lost a running request: stop it, and write nothing more for it."""
         run = self.runs.get(request_id)
@@ -212,12 +218,6 @@ class RequestRunner:
             extra={"request_id": request_id},
         )
         run.fence()
-
-    @property
-    def batch_lines(self) -> set[str]:
-        """The running batch lines (``JobPayload.batch``): what gives its slot to a
-        live request."""
-        return {rid for rid, run in self.runs.items() if run.payload.batch is not None}
 
     def lost(self, request_id: str) -> bool:
         """Whether the run that ended was fenced (then forgotten): arq's bookkeeping of

@@ -11,11 +11,11 @@ import re
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import batch_lines, batch_store, files
-from api.auth import Caller
+from api.auth import Caller, tenant_of
 from api.errors import InvalidRequest
 from api.openapi import error_responses
 from api.routes.files import list_page
@@ -51,7 +51,9 @@ def window_seconds(window: str) -> int:
 
 
 @router.post("/v1/batches", responses=error_responses(400, 401, 404))
-async def create_batch(body: CreateBatch, state: State, owner: Caller) -> dict[str, Any]:
+async def create_batch(
+    body: CreateBatch, request: Request, state: State, owner: Caller
+) -> dict[str, Any]:
     if body.endpoint not in batch_lines.ENDPOINTS:
         raise InvalidRequest(
             f"endpoint must be one of {', '.join(batch_lines.ENDPOINTS)}, got {body.endpoint!r}",
@@ -75,6 +77,7 @@ async def create_batch(body: CreateBatch, state: State, owner: Caller) -> dict[s
         window_seconds=seconds,
         metadata=body.metadata,
         owner=owner,
+        tenant=None if (tenant := tenant_of(request)) is None else tenant.name,
     )
     now = int(time.time())
     if parsed.errors:

@@ -12,6 +12,7 @@ from bench.scenarios import (
     chaos,
     choices,
     cluster,
+    fairness,
     light,
     multihost,
     overload,
@@ -46,5 +47,6 @@ ON_REQUEST: dict[str, Callable[[Context], ScenarioResult]] = {
     "upstream-small-ttft": upstream.run_small_ttft,
     "routing": routing.run,
     "chaos": chaos.run,
+    "fairness": fairness.run,
     "batch": batch.run,
 }

@@ -22,16 +22,20 @@ every value a script and Python exchange is encoded and decoded in
    once and publishes the claim on its hand-off channel (read by
    :func:`codec.parse_handoff`); otherwise it publishes a wake-up. A refused
    request's record and note go again (``unrecord.lua``).
-2. **Claim** (:meth:`Queue.claim`, ``claim.lua``): a worker with a free slot
-   takes the lowest score. On the way, requests past their queue deadline or with
-   their cancel flag set are dropped, and ended (:meth:`Queue.end_unstarted`); one
-   that costs more than the worker's token budget left is skipped unless the worker
-   is idle. The claimed request moves to the running set with a *lease*
-   (:class:`codec.Lease`, in lease time) and its try counter is bumped: that
-   attempt is the run's fencing token. The reply carries the job record
+   Before it, the API takes the tenant's quota (:mod:`llmq.protocol.quota`,
+   ``quota_take.lua``, in the tenant's slot); whoever ends the request returns what it
+   did not use (:meth:`Queue.give_back_quota`, ``quota_return.lua``).
+2. **Claim** (:meth:`Queue.claim`, ``claim.lua``): a worker with a free slot takes the
+   lowest score (under ``LLMQ_FAIRNESS=vtc``, the first request of the least-served
+   tenant in the head's priority band: ``lua/fair.lua``). On the way, requests past
+   their queue deadline or with their cancel flag set are dropped, and ended
+   (:meth:`Queue.end_unstarted`); one that costs more than the worker's token budget
+   left is skipped unless the worker is idle. The claimed request moves to the running
+   set with a *lease* (:class:`codec.Lease`, in lease time) and its try counter is
+   bumped: that attempt is the run's fencing token. The reply carries the job record
    (:func:`codec.parse_claim`), which the worker gives arq without reading it again
-   (``worker/queue_worker.py``). A worker that leaves the queue empty with a slot free is
-   parked, for step 1's hand-off.
+   (``worker/queue_worker.py``). A worker that leaves the queue empty with a slot free
+   is parked, for step 1's hand-off.
 3. **Lease** (:meth:`Queue.renew`, ``renew.lua``): every heartbeat renews the leases
    a worker holds and answers per request ``ok``, ``lost`` (another attempt owns it:
    stop without writing) or ``cancelled`` (:func:`codec.parse_renew`); it is also

@@ -61,6 +61,11 @@ def effective_score(arrival_ms: int, priority: int, step_ms: int) -> int:
 BATCH_BAND_MS = 10**13
 
 
+#: The priority fair share gives batch lines (``lua/fair.lua``): a band of their own,
+#: below every interactive priority, in which tenants' batches share in turn.
+BATCH_FAIR_PRIORITY = 2**31
+
+
 def batch_score(arrival_ms: int) -> int:
     """The queue score of a batch line: first in, first out within the batch band."""
     return BATCH_BAND_MS + arrival_ms
@@ -69,6 +74,9 @@ def batch_score(arrival_ms: int) -> int:
 def now_ms() -> int:
     return int(time.time() * 1000)
 
+
+#: The record fields a request's end reads to return its tenant's quota.
+QUOTA_FIELDS = ["tenant", "prompt_tokens", "completion_tokens", "reserved"]
 
 #: How long a worker stays parked without claiming again (its fallback poll renews it).
 PARK_TTL_MS = 60_000
@@ -102,6 +110,7 @@ class Enqueue:
         attach_to: str | None = None,
         route: str = "",
         weight: float = 1.0,
+        reserved: bool = False,
     ) -> Enqueue:
         """Everything enqueued for a validated job: its arq job record, its score
         (:func:`effective_score`), its cost (prompt + max_tokens, what token-aware
@@ -117,6 +126,7 @@ class Enqueue:
             prompt_tokens=payload.prompt_tokens,
             owner=owner,
             tenant=payload.tenant,
+            reserved=payload.prompt_tokens + payload.params.max_tokens if reserved else None,
         )
         return cls(
             request_id=payload.request_id,
@@ -139,7 +149,11 @@ class Enqueue:
             route=route,
             fair=""
             if payload.tenant is None
-            else codec.fair_entry(payload.tenant, weight, payload.priority),
+            else codec.fair_entry(
+                payload.tenant,
+                weight,
+                payload.priority if payload.batch is None else BATCH_FAIR_PRIORITY,
+            ),
         )
 
 
@@ -468,32 +482,41 @@ class Queue:
             pipe.delete(*names)
             pipe.incr(served)
             pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
+            pipe.hmget(keys.request(request_id), QUOTA_FIELDS)  # read in the same trip
 
         if attempt is None:
-            await self.redis.delete(*names)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(*names)
+            pipe.hmget(keys.request(request_id), QUOTA_FIELDS)
+            replies = await pipe.execute()
         else:
             calls = [self._release_slots(model, request_id, attempt).call()]
-            await run_pipelined(self.redis, self.scripts.release, calls, delete)
-        await self.give_back_quota([request_id])
+            replies = await run_pipelined(self.redis, self.scripts.release, calls, delete)
+        await self._give_back(request_id, replies[-1], unstarted=False)
 
     async def give_back_quota(self, request_ids: list[str], *, unstarted: bool = False) -> None:
-        """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`):
-        their places at once, and the tokens reserved but not used (prompt + completion,
-        as their records say; nothing of a request that ended without starting). Read
-        from their records, so it holds whichever process ends them."""
+        """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`),
+        read from their records, so it holds whichever process ends them."""
         read = self.redis.pipeline(transaction=False)
         for rid in request_ids:
-            read.hmget(keys.request(rid), ["tenant", "prompt_tokens", "completion_tokens"])
-        for rid, (tenant, prompt, completion) in zip(
-            request_ids, await read.execute(), strict=True
-        ):
-            if tenant:
-                name = as_str(tenant)
-                used = 0 if unstarted else int(prompt or 0) + int(completion or 0)
-                await self.quota.give_back(name, rid, used)
-                if self.tally is not None and used:
-                    label = await self.tenant_labels.label(name)
-                    self.tally.inc(metrics.TENANT_TOKENS, label, amount=used)
+            read.hmget(keys.request(rid), QUOTA_FIELDS)
+        for rid, fields in zip(request_ids, await read.execute(), strict=True):
+            await self._give_back(rid, fields, unstarted=unstarted)
+
+    async def _give_back(self, request_id: str, fields: list[Any], *, unstarted: bool) -> None:
+        """Return a request's place at once and the tokens it reserved but did not use
+        (prompt + completion, as its record says; nothing used by a request that ended
+        without starting), if it reserved any; count its tokens for its tenant."""
+        tenant, prompt, completion, reserved = fields
+        if not tenant:
+            return
+        name = as_str(tenant)
+        used = 0 if unstarted else int(prompt or 0) + int(completion or 0)
+        if reserved:
+            await self.quota.give_back(name, request_id, used)
+        if self.tally is not None and used:
+            label = await self.tenant_labels.label(name)
+            self.tally.inc(metrics.TENANT_TOKENS, label, amount=used)
 
     async def renew(
         self, model: str, held: Mapping[str, int], lease_ms: int, worker_id: str = ""

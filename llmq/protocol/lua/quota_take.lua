@@ -1,14 +1,18 @@
 -- Take a tenant's quota for the requests of one client request, all or none:
 -- one request each from the request bucket, their tokens (prompt + max_tokens) from
--- the token bucket, and a place each among the tenant's requests at once. A bucket
--- holds at most a minute's limit and refills at limit/60000 a ms (a token bucket);
--- a limit of 0 is none. A request's place at once is held until it is returned
--- (quota_return.lua) or its hold lapses (queue timeout + generation timeout: what
--- a crashed API process or worker leaks at most); lapsed places are dropped here.
+-- the token bucket, and a place each among the tenant's requests at once. Each bucket
+-- refills at limit/60000 a ms and holds at most a tenth of a minute's limit (BURST; at
+-- least one): a limit is an average, not a minute's worth at once. Requests need a whole
+-- request each in their bucket; tokens are taken while the token bucket is above zero,
+-- and may take it below (a debt the refill repays before the next), so a request larger
+-- than the burst still passes, alone. A limit of 0 is none. A request's place at once
+-- is held until it is returned (quota_return.lua) or its hold lapses (queue timeout +
+-- generation timeout: what a crashed API process or worker leaks at most); lapsed
+-- places are dropped here.
 -- Reply: {ok, limit_requests, remaining_requests, reset_requests_ms,
 --         limit_tokens, remaining_tokens, reset_tokens_ms, retry_ms, which}
 -- (which: '' when taken, else 'requests', 'tokens' or 'concurrent');
--- llmq.protocol.quota.parse_take.
+-- llmq.protocol.quota.parse_take. KEYS and ARGV: llmq.protocol.slots.QuotaTake.
 local tpm_key = KEYS[1]
 local rpm_key = KEYS[2]
 local inflight_key = KEYS[3]
@@ -24,21 +28,28 @@ local count = tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- A bucket's level now (refilled since it was last written), never above its limit.
+local BURST = 0.1
+
+local function capacity(limit)
+  return math.max(limit * BURST, 1)
+end
+
+-- A bucket's level now (refilled since it was last written), never above its capacity.
 local function level(key, limit)
   if limit <= 0 then return 0 end
   local saved = redis.call('HMGET', key, 'level', 'ms')
   local lvl, at = tonumber(saved[1]), tonumber(saved[2])
-  if lvl == nil or at == nil then return limit end
-  return math.min(limit, lvl + math.max(now - at, 0) * limit / 60000)
+  if lvl == nil or at == nil then return capacity(limit) end
+  return math.min(capacity(limit), lvl + math.max(now - at, 0) * limit / 60000)
 end
 
 local function save(key, limit, lvl)
-  redis.call('HSET', key, 'level', tostring(lvl), 'ms', ms(now), 'limit', limit)
+  redis.call('HSET', key, 'level', tostring(lvl), 'ms', ms(now), 'limit', limit,
+    'cap', tostring(capacity(limit)))
   redis.call('PEXPIRE', key, 120000)
 end
 
--- ms until a bucket at `lvl` holds `want` (0 if it does), and until it is full.
+-- ms until a bucket at `lvl` holds `want` (0 if it does).
 local function wait_for(limit, lvl, want)
   if limit <= 0 or lvl >= want then return 0 end
   return math.ceil((want - lvl) * 60000 / limit)
@@ -51,8 +62,8 @@ local req_level, tok_level = level(rpm_key, rpm), level(tpm_key, tpm)
 local which, retry = '', 0
 if rpm > 0 and req_level < count then
   which, retry = 'requests', wait_for(rpm, req_level, count)
-elseif tpm > 0 and tok_level < tokens then
-  which, retry = 'tokens', wait_for(tpm, tok_level, tokens)
+elseif tpm > 0 and tok_level <= 0 then
+  which, retry = 'tokens', wait_for(tpm, tok_level, 0) + 1
 elseif max_concurrent > 0 then
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', inflight_key, '-inf', now)) do
     redis.call('ZREM', inflight_key, id)
@@ -82,6 +93,6 @@ if which == '' then
 end
 
 return {which == '' and 1 or 0,
-  rpm, math.floor(math.max(req_level, 0)), wait_for(rpm, req_level, rpm),
-  tpm, math.floor(math.max(tok_level, 0)), wait_for(tpm, tok_level, tpm),
+  rpm, math.floor(math.max(req_level, 0)), wait_for(rpm, req_level, capacity(rpm)),
+  tpm, math.floor(math.max(tok_level, 0)), wait_for(tpm, tok_level, capacity(tpm)),
   retry, which}
