@@ -89,7 +89,11 @@ async def test_over_the_limit_is_openais_429(
         await wait_ready(client)
         # wait_ready sent none: the bucket holds its burst, one request (of 2 a minute)
         answers = [await client.post("/v1/completions", json=body) for _ in range(2)]
+        streamed = await client.post("/v1/completions", json={**body, "stream": True})
     assert answers[0].status_code == 200
+    ok = answers[0].headers  # an accepted request says what is left too
+    assert ok["x-ratelimit-limit-requests"] == "2" and ok["x-ratelimit-remaining-requests"] == "0"
+    assert streamed.status_code == 429  # a stream is refused before it starts
     refused = answers[1]
     assert refused.status_code == 429
     error = refused.json()["error"]
@@ -105,12 +109,12 @@ async def test_over_the_limit_is_openais_429(
     async def counted() -> bool:
         async with api.client() as client:
             text = (await client.get("/metrics")).text
-        return 'llmq_tenant_requests_total{outcome="rate_limited",tenant="default"} 1.0' in text
+        return 'llmq_tenant_requests_total{outcome="rate_limited",tenant="default"} 2.0' in text
 
     await wait_until(counted, timeout=10, what="the refusal in /metrics")
     code, out, _ = await llmq(api.settings.redis_url, "tenant", "stats")
     row = next(line.split() for line in out.splitlines() if line.startswith("default "))
-    assert code == 0 and row[-3:] == ["1", "1", "0"]  # accepted, rate limited, shed
+    assert code == 0 and row[-3:] == ["1", "2", "0"]  # accepted, rate limited, shed
     assert int(row[3]) > 0  # tokens of the requests that ended
 
 
