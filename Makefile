@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint format bench soak mutants clean cluster
+.PHONY: install run check test lint format bench soak mutants clean cluster
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,16 @@ lint: install
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The fast loop, for every change: lint, then every test that needs no inference
+# server, Docker engine, root (network namespaces) or long run (pytest markers in
+# pyproject.toml), two at a time (pytest-xdist: the tests mostly wait on processes and
+# Redis; more than two failed timing bounds on a loaded 2-core machine). `make test`
+# runs them all, one at a time.
+FAST := not engine and not docker and not netns and not slow
+
+check: install lint
+	$(BIN)/pytest -q -n 2 -m "$(FAST)"
 
 # The compose stack test needs a Docker engine: one is started for the run (and
 # stopped after) unless one is up already (scripts/dockerd.sh; root).

@@ -12,7 +12,8 @@ client. Read it in the order a request meets it:
    requests depend).
 1. **Body and auth** (``limits.py``: a middleware that answers 413 to a body over
    the limit before anything parses it; ``auth.py``: the bearer key, and the digest
-   of it that a request records as its owner).
+   of it that a request records as its owner; ``tenancy.py``: the tenant a request
+   belongs to, by its key or a trusted header, cached for a second).
 2. **Route** (``routes/openai.py``: completions, chat completions, models;
    ``routes/responses.py``: OpenAI's Responses API, served on the chat path;
    ``routes/embeddings.py``: embeddings, one queued request for all inputs;
@@ -29,7 +30,9 @@ client. Read it in the order a request meets it:
    that are settings, and the model, against ``catalog.py`` (the models live
    workers serve and their capabilities, refreshed off the request path). Every
    refusal is an error of ``errors.py``: OpenAI's error shape, registered in one
-   place, where Redis errors become 503 and an exhausted pool 429.
+   place, where Redis errors become 503 and an exhausted pool 429. ``flow.py`` is
+   flow control at admission: a tenant's priority ceiling, its quota (429
+   ``rate_limit_exceeded``) and shedding by expected wait.
 4. **Enqueue**, the end of admission: the request becomes one queued request per
    choice, written all or none by one call of :meth:`llmq.protocol.queue.Queue.admit`.
 5. **Relay**: ``relay.py`` is the process's one ``XREAD`` loop, fanning the entries
@@ -52,7 +55,14 @@ client. Read it in the order a request meets it:
    /v1/requests/{id}`` cancels a native one. Requests attached to an API process
    that died are cancelled by the sweep once its liveness lease runs out.
 
-Beside the request path, the metrics endpoints read the totals every process
+Beside the request path, the Batch API: ``routes/files.py`` and ``files.py`` store a
+batch's input and output files in Redis; ``routes/batches.py`` creates, lists and
+cancels batches, whose state ``batch_store.py`` keeps; ``batch_lines.py`` validates
+every line first; ``batch_feeder.py`` (one API process at a time, under a lease)
+feeds lines into the batch band on idle capacity and collects each line's answer
+once, by ``batch_run.py``, which admits a line through the live routes' own code.
+
+The metrics endpoints read the totals every process
 flushed to Redis (``totals.py``): ``exposition.py`` renders them for Prometheus,
 ``summary.py`` as JSON with estimated percentiles and rates.
 """

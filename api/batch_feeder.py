@@ -85,13 +85,16 @@ class BatchFeeder:
         for key, task in list(self.collecting.items()):
             if task.done():
                 del self.collecting[key]
-        if not await self._lease():
-            return
+        listed = await self.redis.zrange(keys.BATCHES_ACTIVE, 0, -1, withscores=True)
+        if not listed or not await self._lease():
+            return  # nothing to feed (no lease taken), or another process feeds
         rooms: dict[str, int] = {}
-        for raw in await self.redis.zrange(keys.BATCHES_ACTIVE, 0, -1):
+        for raw, created in listed:
             batch = await batch_store.load(self.redis, str(raw))
             if batch is None:
-                await self.redis.zrem(keys.BATCHES_ACTIVE, str(raw))
+                # listed before it is written (api/batch_store.py): dropped once stale
+                if time.time() - created > batch_store.UNWRITTEN_SECONDS:
+                    await self.redis.zrem(keys.BATCHES_ACTIVE, str(raw))
                 continue
             await self._advance(batch, rooms)
 
@@ -139,7 +142,8 @@ class BatchFeeder:
             await self._follow(batch, running, rooms)
         if batch.status == "in_progress":
             fed = int(await cast("Any", self.redis.hget(keys.batch(batch.id), "next")) or 0)
-            if fed >= batch.total and not running:
+            left = await cast("Any", self.redis.hlen(keys.batch_running(batch.id)))
+            if fed >= batch.total and not left:
                 await batch_store.move(self.redis, batch.id, "finalizing", since=("in_progress",))
             return
         if not running and batch.status in ("finalizing", "cancelling"):

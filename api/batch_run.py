@@ -29,9 +29,10 @@ from api.responses_format import ResponseFormat
 from api.responses_input import ResponsesRequest, chat_request
 from api.responses_relay import ResponseRelay
 from api.routes.embeddings import embedding_answer
-from api.routes.openai import _collect, error_of, error_status
+from api.routes.openai import collect, error_of, error_status
+from api.routes.responses import submit_turn
 from api.state import AppState
-from api.submit import BatchBand, Submitted, submit, submit_choices, submit_embedding
+from api.submit import BatchBand, Submitted, submit_choices, submit_embedding
 
 __all__ = ["Submitted", "collect_line", "submit_line"]
 
@@ -53,18 +54,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
         return [await submit_embedding(state, request, texts, owner, band, tenant=tenant)]
     if isinstance(request, ResponsesRequest):
         chat = chat_request(request, [])
-        sub = await submit(
-            state,
-            chat,
-            chat.prompt_text(),
-            max_tokens=chat.max_completion_tokens,
-            max_tokens_param="max_output_tokens",
-            prompt_param="input",
-            owner=owner,
-            extras=chat_extras(chat),
-            band=band,
-            tenant=tenant,
-        )
+        sub = await submit_turn(state, chat, owner, attach=False, band=band, tenant=tenant)
         return [sub]
     if isinstance(request, ChatCompletionRequest):
         requested = request.max_completion_tokens or request.max_tokens
@@ -132,7 +122,7 @@ async def collect_line(
         if isinstance(request, ChatCompletionRequest)
         else CompletionFormat(subs, False, logprobs=logprobs)
     )
-    return _answer(await _collect(state, fmt, arrived))
+    return _answer(await collect(state, fmt, arrived))
 
 
 def output_line(custom_id: str, subs: list[Submitted], status: int, body: dict[str, Any]) -> str:

@@ -51,6 +51,11 @@ STAMPS = (
 )
 
 
+#: How long a listed batch id may have no batch (its creation is under way) before
+#: it counts as gone.
+UNWRITTEN_SECONDS = 60.0
+
+
 class LineError(BaseModel):
     """One entry of a failed batch's ``errors`` (OpenAI's ``BatchError``)."""
 
@@ -147,18 +152,21 @@ async def create(
         if value is not None:
             fields[stamp] = value
     index = keys.batches_of(owner_key(batch.owner))
+    # Listed first: a crash before the batch itself is written leaves ids that the
+    # feeder and the listings drop (their batch does not exist), never a batch
+    # nobody feeds.
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zadd(index, {batch.id: batch.created_at})
+        pipe.expire(index, max(ttl_seconds, batch.expires_at - now + ttl_seconds))
+        if batch.status not in ENDED:
+            pipe.zadd(keys.BATCHES_ACTIVE, {batch.id: batch.created_at})
+        await pipe.execute()
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch(batch.id), mapping=fields)
         if lines:
             pipe.rpush(keys.batch_lines(batch.id), *lines)
         if batch.status in ENDED:
             pipe.expire(keys.batch(batch.id), ttl_seconds)
-        await pipe.execute()
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zadd(index, {batch.id: batch.created_at})
-        pipe.expire(index, max(ttl_seconds, batch.expires_at - now + ttl_seconds))
-        if batch.status not in ENDED:
-            pipe.zadd(keys.BATCHES_ACTIVE, {batch.id: batch.created_at})
         await pipe.execute()
 
 
@@ -198,14 +206,16 @@ async def listed(
 ) -> tuple[list[BatchObject], bool]:
     """The owner's batches, newest first, after the id ``after``; and whether more follow."""
     index = keys.batches_of(owner_key(owner))
-    ids = [str(i) for i in await redis.zrevrange(index, 0, -1)]
+    listed = [(str(i), t) for i, t in await redis.zrevrange(index, 0, -1, withscores=True)]
+    ids = [batch_id for batch_id, _ in listed]
     if after is not None and after in ids:
-        ids = ids[ids.index(after) + 1 :]
+        listed = listed[ids.index(after) + 1 :]
     found: list[BatchObject] = []
-    for batch_id in ids:
+    for batch_id, created in listed:
         batch = await load(redis, batch_id)
         if batch is None:
-            await redis.zrem(index, batch_id)
+            if time.time() - created > UNWRITTEN_SECONDS:  # expired, or never written
+                await redis.zrem(index, batch_id)
             continue
         found.append(batch)
         if len(found) > limit:

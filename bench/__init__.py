@@ -5,7 +5,7 @@ api``, N ``llmq worker``), drives them with :mod:`loadgen`, stops them, and
 reports medians over repeated runs, with the compared systems run in turns so
 that the noise of a shared machine hits both sides of every comparison:
 
-* ``light``: TTFT/E2E at light load, llmq against the in-process seed baseline;
+* ``light``: TTFT/E2E at light load, llmq against the in-process baseline;
 * ``pickup``: queue wait, a stock arq worker (polling) against llmq (woken);
 * ``scaling``: throughput of 1, 2 and 4 workers under saturating load;
 * ``overload``: a burst beyond capacity, bounded queue + 429 against the

@@ -28,7 +28,7 @@ from typing import Any
 
 import uvicorn
 
-from llmq.model.interface import GenerationRequest, seed_for
+from llmq.model.interface import GenerationRequest, Output, seed_for
 from llmq.model.tokenizer import count_tokens
 from worker.mock import MockModel
 
@@ -111,8 +111,9 @@ class FloorApp:
     async def shutdown(self) -> None:
         """After the last request."""
 
-    def tokens(self, request: GenerationRequest, stream_id: str) -> AsyncIterator[str]:
-        """The request's tokens as the model yields them; ``stream_id`` is the response's id.
+    def tokens(self, request: GenerationRequest, stream_id: str) -> AsyncIterator[Output]:
+        """The request's outputs as the model yields them (the tokens are the ``str``
+        ones); ``stream_id`` is the response's id.
 
         The one place a variant of the floor changes (``bench.floor_via_redis``
         passes them through Redis), so that everything else it measures is the floor.
@@ -161,7 +162,8 @@ class FloorApp:
             temperature=temperature,
         )
         if not body.get("stream"):
-            tokens = [token async for token in self.tokens(request, shape.base["id"])]
+            outputs = self.tokens(request, shape.base["id"])
+            tokens = [token async for token in outputs if isinstance(token, str)]
             finish = "length" if len(tokens) >= max_tokens else "stop"
             usage = _usage(request.prompt_tokens, len(tokens))
             await _json(send, 200, shape.full("".join(tokens), finish, usage))
@@ -172,6 +174,8 @@ class FloorApp:
             await send({"type": "http.response.body", "body": opening, "more_body": True})
         count = 0
         async for token in self.tokens(request, shape.base["id"]):
+            if not isinstance(token, str):
+                continue  # a report of the model's cache: not a token
             count += 1
             await send(
                 {"type": "http.response.body", "body": shape.token(token), "more_body": True}

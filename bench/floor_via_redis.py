@@ -49,7 +49,7 @@ from pydantic_core import from_json
 from redis.asyncio import Redis
 
 from bench.floor import FloorApp, serve
-from llmq.model.interface import Emit, GenerationRequest
+from llmq.model.interface import Emit, GenerationRequest, Output
 from llmq.sse import DONE, frames
 from llmq.tasks import stop_tasks
 from worker.mock import MockModel
@@ -197,8 +197,10 @@ class Producer(Background):
         expire = (b"EXPIRE", key, self._ttl)
         first = True
 
-        def emit(token: str) -> None:
+        def emit(token: Output) -> None:
             nonlocal first
+            if not isinstance(token, str):
+                return  # a report of the model's cache: not a token
             self._queued.append(_pack((*head, TOKEN, token)))
             self._count += 1
             if first:  # the key exists now: it expires even if the end is never written
@@ -331,7 +333,7 @@ class FloorViaRedis(FloorApp):
         await self.producer.stop()
         await self.redis.aclose()
 
-    async def tokens(self, request: GenerationRequest, stream_id: str) -> AsyncIterator[str]:
+    async def tokens(self, request: GenerationRequest, stream_id: str) -> AsyncIterator[Output]:
         key = self.keys.stream(stream_id)
         inbox = self.reader.open(key)
         generation: asyncio.Task[None] | None = None

@@ -36,7 +36,8 @@ READY_TIMEOUT = 60.0
 
 #: The mock's answers run to max_tokens, as every figure so far was measured: the
 #: default mean length (a model that stops by itself) would change what is compared.
-FIXED_LENGTHS = {"LLMQ_MODEL_MEAN_TOKENS": "0"}
+#: A request without max_tokens then runs to 128 tokens, not to the limit (4096).
+FIXED_LENGTHS = {"LLMQ_MODEL_MEAN_TOKENS": "0", "LLMQ_DEFAULT_MAX_TOKENS": "128"}
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--name", default=None, help="file name without suffix")
     args = parser.parse_args(argv)
     started = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     series: list[dict[str, float]] = []
@@ -138,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = args.out if args.out is not None else results_dir()
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"soak-{started}.json").write_text(json.dumps(report, indent=2))
+    name = args.name or f"soak-{started}"
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
     text = markdown(report)
-    (out / f"soak-{started}.md").write_text(text)
+    (out / f"{name}.md").write_text(text)
     print(text)
     flat = all(v["flat"] for v in report["verdict"].values())
     return 0 if flat and not summary["failed"] else 1

@@ -9,7 +9,7 @@ Programmatic use (the benchmark suite)::
     figures = result.summary()
 
 ``run_load(config, target=None) -> RunResult`` sends the traffic to
-``config.base_url`` or, with ``in_process=True``, to the seed-style baseline server
+``config.base_url`` or, with ``in_process=True``, to the prototype's baseline server
 in this process (:mod:`loadgen.baseline`), the same arrivals, prompts and lengths
 for both (``target`` takes any :class:`loadgen.runner.Target` instead).
 :class:`RunResult` holds ``config``, ``measurements`` (one

@@ -1,6 +1,6 @@
-"""The in-process baseline: the seed's single-process server, driven by the same traffic.
+"""The in-process baseline: the prototype's single-process server, driven by the same traffic.
 
-The seed design (the "complete serving pipeline" this project replaces) is one
+The prototype (the "complete serving pipeline" this project replaces) is one
 ``InferenceServer`` object in the caller's event loop. Admission is a busy-wait:
 a request polls every 10 ms while ``active_requests >= max_concurrent``, with no
 bound on how many wait, no ordering among waiters (whoever polls first after a
@@ -12,7 +12,7 @@ pipeline's queue is meant to beat under overload.
 
 This is a reimplementation, not a copy: it runs the project's model
 (:class:`worker.mock.MockModel`, same timings as the workers) instead of the
-seed's, and streams one token per response instead of the cumulative list.
+prototype's, and streams one token per response instead of the cumulative list.
 :class:`InProcessTarget` adapts it to the runner: the clock starts when the
 request is handed to the server, exactly where the HTTP client starts it.
 """
@@ -24,13 +24,13 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from llmq.model.interface import GenerationRequest, Model, Report, seed_for
+from llmq.model.interface import Backend, GenerationRequest, seed_for
 from loadgen.config import LoadConfig
 from loadgen.measurements import StreamClock
 from loadgen.workload import RequestSpec
 from worker.mock import MockModel
 
-POLL_SECONDS = 0.01  # the seed's admission poll interval
+POLL_SECONDS = 0.01  # the prototype's admission poll interval
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class InferenceRequest:
     request_id: str
     prompt: str
     max_tokens: int
-    priority: int = 0  # accepted like the seed's, and likewise ignored by admission
+    priority: int = 0  # accepted like the prototype's, and likewise ignored by admission
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,13 @@ class InferenceResponse:
 
 
 class InferenceServer:
-    """The seed's server: busy-wait admission capped at ``max_concurrent``, then stream."""
+    """The prototype's server: busy-wait admission capped at ``max_concurrent``, then
+    stream."""
 
     def __init__(
-        self, model: Model, max_concurrent: int = 10, poll_seconds: float = POLL_SECONDS
+        self, backend: Backend, max_concurrent: int = 10, poll_seconds: float = POLL_SECONDS
     ) -> None:
-        self.model = model
+        self.backend = backend
         self.max_concurrent = max_concurrent
         self.poll_seconds = poll_seconds
         self.active_requests = 0
@@ -77,12 +78,12 @@ class InferenceServer:
                 prompt=request.prompt,
                 max_tokens=request.max_tokens,
                 seed=seed_for(request.request_id, None),
-                prompt_tokens=self.model.count_tokens(request.prompt),
+                prompt_tokens=self.backend.count_tokens(request.prompt),
             )
             count = 0
-            async for token in self.model.generate(generation):
-                if isinstance(token, Report):
-                    continue  # the model's cache report: not a token
+            async for token in self.backend.generate(generation):
+                if not isinstance(token, str):
+                    continue  # a report of the model's cache, a tool call's start: no token
                 count += 1
                 yield InferenceResponse(request.request_id, token, False, count)
             self.completed += 1
@@ -97,11 +98,11 @@ class InProcessTarget:
     name = "in_process"
 
     def __init__(self, config: LoadConfig) -> None:
-        model = MockModel(
+        backend = MockModel(
             tokens_per_second=config.tokens_per_second,
             prefill_seconds_per_token=config.prefill_seconds_per_token,
         )
-        self.server = InferenceServer(model, max_concurrent=config.baseline_concurrency)
+        self.server = InferenceServer(backend, max_concurrent=config.baseline_concurrency)
 
     async def prepare(self) -> None:
         return None

@@ -107,6 +107,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py",),
     ),
     Mutant(
+        "batch-yield-no-failure",
+        "a batch line's yields do not count against LLMQ_MAX_TRIES",
+        "worker/queue_worker.py",
+        'and attempt - await ctx["yields"](job.request_id) > runner.max_tries',
+        "and attempt > runner.max_tries",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
+        "max-tries-runs",
+        "a request fails after LLMQ_MAX_TRIES runs that were not yields",
+        "worker/queue_worker.py",
+        "        attempt > runner.max_tries\n        and",
+        "        False\n        and",
+        ("tests/test_batch.py",),
+    ),
+    Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
         "api/follow.py",
@@ -126,9 +142,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "cancel-latency",
         "a cancelled running request stops within about one token interval",
-        "worker/runner.py",
-        "            return False\n        task.cancel()",
-        "            return False\n        asyncio.get_running_loop().call_later(0.1, task.cancel)",
+        "worker/run.py",
+        "or self.generation is None:\n            return False\n        self._stop_model()",
+        "or self.generation is None:\n            return False\n"
+        "        asyncio.get_running_loop().call_later(0.1, self._stop_model)",
         ("tests/test_cancel_latency.py",),
     ),
     Mutant(
@@ -210,7 +227,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "body-limit",
         "a body over LLMQ_MAX_BODY_BYTES gets 413, with or without Content-Length",
         "api/limits.py",
-        "            if size > self.max_bytes:",
+        "            if size > limit:",
         "            if False:",
         ("tests/test_validation.py::test_oversized_body",),
     ),
@@ -424,8 +441,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "batch-all-or-none",
         "a request's choices are admitted all or none",
         "llmq/protocol/lua/enqueue_batch.lua",
-        "if redis.call('ZCARD', queue_key) + n > max_depth then",
-        "if redis.call('ZCARD', queue_key) + 1 > max_depth then",
+        "if live_depth(queue_key) + n > max_depth then",
+        "if live_depth(queue_key) + 1 > max_depth then",
         ("tests/test_choices.py::test_choices_are_admitted_all_or_none",),
     ),
     Mutant(
@@ -621,8 +638,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "enqueue-queue-full",
         "a full queue refuses a request (queue_full) and keeps nothing of it",
         "llmq/protocol/lua/enqueue.lua",
-        "if redis.call('ZCARD', queue_key) >= max_depth then",
-        "if redis.call('ZCARD', queue_key) > max_depth then",
+        "if live_depth(queue_key) >= max_depth then",
+        "if live_depth(queue_key) > max_depth then",
         ("tests/test_scripts.py::test_enqueue_refuses_a_full_queue_and_leaves_no_trace",),
     ),
     Mutant(
@@ -915,6 +932,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "  if fair_counter(vtc_key, tenant) < floor then",
         "  if false then",
         ("tests/test_fairness.py::test_an_idle_tenant_banks_nothing",),
+    ),
+    Mutant(
+        "run-fence-wins",
+        "a fenced run stays fenced: no hand-back or cancel moves it (it writes nothing more)",
+        "worker/run.py",
+        "if self.generation is None or not self._move(RunStatus.HANDING_BACK, LIVE):",
+        "if self.generation is None or not self._move(RunStatus.HANDING_BACK, set(RunStatus)):",
+        ("tests/test_run.py",),
     ),
 )
 

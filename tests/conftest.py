@@ -19,7 +19,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from api.app import create_app
 from llmq.embedded import EmbeddedRedis, free_port
-from llmq.model.interface import Model
+from llmq.model.interface import Backend
 from llmq.protocol import keys
 from llmq.settings import ApiSettings, WorkerSettings
 from rigs.embedded_cluster import EmbeddedCluster
@@ -49,11 +49,13 @@ def redis_server() -> Iterator[EmbeddedRedis]:
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     """A private Redis with AOF on, that a test may kill, stall and restart (it accepts
-    ``DEBUG SLEEP``)."""
+    ``DEBUG SLEEP``). Every write is on disk before its reply (``appendfsync always``):
+    with ``everysec`` a write may wait behind a slow fsync on a busy disk while its
+    reply goes out, and a SIGKILL then loses what Redis had acknowledged."""
     server = EmbeddedRedis(
         appendonly=True,
         directory=str(tmp_path),
-        extra_args=("--enable-debug-command", "local"),
+        extra_args=("--enable-debug-command", "local", "--appendfsync", "always"),
     )
     server.start()
     yield server
@@ -104,7 +106,7 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     """Start real workers in this event loop; each is stopped at teardown."""
     workers: list[RunningWorker] = []
 
-    async def start(backend: Model | None = None, **overrides: Any) -> RunningWorker:
+    async def start(backend: Backend | None = None, **overrides: Any) -> RunningWorker:
         """``backend``: run this model object instead of the settings' mock (e.g. one
         that fails)."""
         chosen: dict[str, Any] = {

@@ -47,6 +47,7 @@ async def wait_leases(redis: Redis) -> None:
     await wait_until(leased, timeout=20, what=f"{PROCESSES} API leases")
 
 
+@pytest.mark.slow
 async def test_processes_share_the_port_and_each_serves_streams(
     redis_url: str, redis: Redis, start_worker: StartWorker
 ) -> None:
@@ -95,6 +96,7 @@ async def test_processes_share_the_port_and_each_serves_streams(
         reap(children_of(api.pid))
 
 
+@pytest.mark.slow
 async def test_a_killed_process_is_restarted_and_the_others_go_on(
     redis_url: str, redis: Redis
 ) -> None:

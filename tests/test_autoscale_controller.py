@@ -48,6 +48,7 @@ class ListingDriver(PublishDriver):
         self.acts.append((self.me, await self.redis.get(keys.AUTOSCALER_LEADER)))
 
 
+@pytest.mark.slow
 async def test_two_controllers_never_both_act(redis_url: str, redis: Redis) -> None:
     """Both want to act every period (a request queued, no worker); each one stalls now
     and then for longer than the lease, as a paused process or a slow Redis would."""

@@ -57,6 +57,14 @@ async def finished(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 6
     return seen
 
 
+async def create(client: openai.AsyncOpenAI, lines: list[dict[str, Any]]) -> Any:
+    """Upload ``lines`` and create a chat completions batch of them (24h window)."""
+    uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    return await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+
 def by_custom_id(text: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for raw in text.splitlines():
@@ -122,10 +130,7 @@ async def test_batch_lines_run_in_a_band_below_every_interactive_priority(
         blocker = await post_request(http, "blocker", max_tokens=150)
         await wait_status(http, blocker, "running")
         lines = [chat_line(f"l{i}", f"q {i}") for i in range(5)]
-        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-        batch = await client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await create(client, lines)
 
         async def lookahead_queued() -> bool:
             return int(await redis.zcard(keys.queue("mock"))) == 2
@@ -259,10 +264,7 @@ async def test_cancel_stops_the_lines_in_flight_and_keeps_the_finished_ones(
     api = await start_api(batch_lookahead=0)
     lines = [chat_line(f"l{i}", f"slow {i}", max_tokens=60) for i in range(10)]
     async with api.sdk() as client:
-        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-        batch = await client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await create(client, lines)
 
         async def some_done() -> bool:
             got = await client.batches.retrieve(batch.id)
@@ -307,10 +309,7 @@ async def test_a_live_request_takes_the_slot_of_a_long_batch_line_which_resumes_
     line = chat_line("long", "a long line", max_tokens=600)
     async with api.client() as http, api.sdk() as client:
         await wait_ready(http)
-        uploaded = await client.files.create(file=("in.jsonl", jsonl([line])), purpose="batch")
-        batch = await client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await create(client, [line])
 
         async def line_running() -> bool:
             return int(await redis.zcard(keys.running("mock"))) == 1
@@ -381,10 +380,7 @@ async def test_each_endpoint_answers_a_line_as_its_live_route_does(
 async def test_batch_counters_are_in_the_metrics(stack: RunningApi) -> None:
     lines = [chat_line(f"l{i}", f"q {i}") for i in range(3)]
     async with stack.sdk() as client:
-        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-        batch = await client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await create(client, lines)
         await finished(client, batch.id)
     async with stack.client() as http:
 
@@ -403,10 +399,7 @@ async def test_a_batch_s_progress_is_in_the_lifecycle_stream(
 ) -> None:
     lines = [chat_line(f"l{i}", f"q {i}") for i in range(3)]
     async with stack.sdk() as client:
-        uploaded = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-        batch = await client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
+        batch = await create(client, lines)
         await finished(client, batch.id)
     notes = [
         Lifecycle.model_validate_json(fields["data"])
@@ -437,3 +430,22 @@ async def test_llmq_batch_submits_a_file_shows_progress_and_writes_the_output(
     source.write_bytes(jsonl(lines))
     assert await run_batch(args, err) == 2
     assert "line 5: invalid_request" in err.getvalue()
+
+
+async def test_runs_past_max_tries_fail_unless_they_were_yields(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """A yield is a run that is no failure: a request whose next run is its fourth
+    fails with max_tries 3, unless one of the runs before was a batch line's yield."""
+    api = await start_api(accept_models="mock")
+    async with api.client() as http:
+        plain = await post_request(http, "plain", max_tokens=3)
+        yielded = await post_request(http, "yielded", max_tokens=3)
+        for rid in (plain, yielded):
+            await redis.set(keys.retry(rid, "mock"), 3)
+        await batches.note_yield(redis, yielded)
+        await start_worker(max_tries=3)
+        failed = await wait_status(http, plain, "failed", timeout=20)
+        done = await wait_status(http, yielded, "done", timeout=20)
+    assert failed["error"] == "the request could not be run"
+    assert done["completion_tokens"] == 3

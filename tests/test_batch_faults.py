@@ -15,7 +15,7 @@ from tests.support.native import wait_ready
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
-from tests.test_batch import by_custom_id, chat_line, finished, jsonl
+from tests.test_batch import by_custom_id, chat_line, create, finished
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,10 +43,7 @@ async def test_every_line_once_and_exact_after_a_worker_and_the_feeding_api_die(
             await wait_until(feeder_leased, timeout=10, what="the first API to take the lease")
         first = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         async with first:
-            uploaded = await first.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-            batch = await first.batches.create(
-                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
+            batch = await create(first, lines)
 
             async def some_done() -> bool:
                 got = await first.batches.retrieve(batch.id)

@@ -74,6 +74,7 @@ async def test_delete_stops_a_running_request_within_about_one_token(
     assert after <= MAX_TOKENS_AFTER_CANCEL, f"{after} tokens after the cancel"
 
 
+@pytest.mark.slow
 async def test_a_non_streaming_client_that_leaves_gets_499_and_its_request_stops(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 from bench.chaos.campaign import Plan, replay_command, run
 from tests.support.hosts import require_netns
 
-pytestmark = pytest.mark.timeout(170)
+pytestmark = [pytest.mark.timeout(170), pytest.mark.netns, pytest.mark.slow]
 
 SEED = 26
 SECONDS = 60.0

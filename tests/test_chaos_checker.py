@@ -9,7 +9,16 @@ from collections.abc import Callable
 import pytest
 
 from bench.chaos.checker import check, delivered
-from bench.chaos.history import Fault, History, Process, Request, Spec, from_json, to_json
+from bench.chaos.history import (
+    BatchRun,
+    Fault,
+    History,
+    Process,
+    Request,
+    Spec,
+    from_json,
+    to_json,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -76,12 +85,24 @@ def history(*requests: Request, **changes: object) -> History:
     return dataclasses.replace(h, **changes)  # type: ignore[arg-type]
 
 
+def batch(**changes: object) -> BatchRun:
+    """Two lines, each in the output once with the undisturbed text."""
+    run = BatchRun(
+        specs=[Spec(100, "openai", seed=1, prompt="p", max_tokens=n) for n in (4, 2)],
+        batch_id="batch_1",
+        status="completed",
+    )
+    run.specs[1] = dataclasses.replace(run.specs[1], n=101)
+    run.output = [("line-100", "a b c d"), ("line-101", "a b")]
+    return dataclasses.replace(run, **changes)  # type: ignore[arg-type]
+
+
 def rules(h: History) -> list[str]:
     return [v.rule for v in check(h, reference)]
 
 
 def test_a_correct_history_passes_and_survives_json() -> None:
-    h = history(native(0), openai(1))
+    h = history(native(0), openai(1), batch=batch(), counters={"length": 4.0})
     assert check(h, reference) == []
     assert check(from_json(to_json(h)), reference) == []
 
@@ -136,6 +157,22 @@ CASES: dict[str, tuple[str, Callable[[], History]]] = {
         "nemesis",
         lambda: history(native(), nemesis_error="TimeoutError: no replica promoted"),
     ),
+    "a batch line twice": (
+        "batch",
+        lambda: history(batch=batch(output=[*batch().output, ("line-100", "a b c d")])),
+    ),
+    "a batch line missing": ("batch", lambda: history(batch=batch(output=batch().output[:1]))),
+    "a batch line failed": (
+        "batch",
+        lambda: history(
+            batch=batch(output=batch().output[:1], errors=[("line-101", "status 500")])
+        ),
+    ),
+    "a batch line's text differs": (
+        "batch",
+        lambda: history(batch=batch(output=[("line-100", "a b c"), ("line-101", "a b")])),
+    ),
+    "a batch not completed": ("batch", lambda: history(batch=batch(status="expired"))),
     "crashed": (
         "crashes",
         lambda: history(native(), processes=[Process("worker1", 7, 1, by_nemesis=False)]),

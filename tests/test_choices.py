@@ -128,6 +128,7 @@ WEATHER: Any = {
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 async def test_a_worker_killed_mid_tool_call_costs_one_choice_a_resume(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:

@@ -49,12 +49,12 @@ async def test_a_claim_returns_the_job_and_bumps_its_try_count(arq_pool: Claimin
     first = await queue.claim(
         "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
     )
-    assert (first.request_id, first.job, first.job_try) == ("r1", b'{"job": 1}', 1)
-    assert await queue.requeue("mock", "r1", first.job_try)
+    assert (first.request_id, first.job, first.attempt) == ("r1", b'{"job": 1}', 1)
+    assert await queue.requeue("mock", "r1", first.attempt)
     again = await queue.claim(
         "mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True
     )
-    assert (again.request_id, again.job_try) == ("r1", 2)
+    assert (again.request_id, again.attempt) == ("r1", 2)
     assert 0 < await arq_pool.ttl(keys.retry("r1", "mock")) <= 88400
 
 

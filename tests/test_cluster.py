@@ -102,6 +102,7 @@ async def test_a_higher_priority_overtakes_the_backlog(
 
 
 @BOTH_BACKENDS
+@pytest.mark.slow
 async def test_a_killed_workers_request_is_reaped_and_resumed(
     start_api: StartApi, spawn_workers: SpawnWorkers
 ) -> None:

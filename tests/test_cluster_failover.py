@@ -50,6 +50,7 @@ def redis_url(own_cluster: EmbeddedCluster, redis: Redis) -> str:
     return f"redis+cluster://127.0.0.1:{own_cluster.owner_of(keys.queue('mock')).port}/0"
 
 
+@pytest.mark.slow
 async def test_a_primary_failover_under_a_stream(
     own_cluster: EmbeddedCluster, start_api: StartApi, start_worker: StartWorker
 ) -> None:

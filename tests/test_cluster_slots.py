@@ -80,6 +80,7 @@ def named_keys(args: list[bytes]) -> list[bytes]:
     return [a for a in args if a.startswith((b"llmq:", b"arq:")) and b"{" in a]
 
 
+@pytest.mark.slow
 async def test_every_script_call_keeps_to_one_slot(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis, monitor: Monitor
 ) -> None:

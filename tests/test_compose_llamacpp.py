@@ -36,7 +36,7 @@ from tests.support.compose import (
 from tests.support.processes import wait_for
 
 # The first test builds the images (the stand-ins and llmq's), minutes on two cores.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.docker, pytest.mark.engine]
 
 COMPOSE_FILE = ROOT / "deploy" / "compose" / "llamacpp.yml"
 #: The example's model name, and its servers' slots (its llama command's --parallel).

@@ -40,7 +40,7 @@ from tests.support.processes import http_status, wait_for
 
 # The first test builds the images, from nothing on a new machine (minutes on two
 # busy cores); each step below has its own shorter deadline.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.docker]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where containers may have addresses: the benchmarking range (scripts/dockerd.sh).

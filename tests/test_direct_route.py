@@ -20,6 +20,7 @@ from api.bodies import ChatCompletionRequest
 from api.direct_route import DirectRoute, SessionHeader
 from api.limits import BodyLimit
 from llmq.settings import ApiSettings
+from llmq.tenants import Tenant
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -38,6 +39,21 @@ async def _echo(
     return JSONResponse({"model": body.model, "owner": owner, "session": session})
 
 
+class _OneTenant:
+    """The tenancy of a deployment with only the default tenant, and no Redis."""
+
+    async def tenant(self, name: str) -> Tenant:
+        return Tenant(name=name)
+
+    async def key_tenant(self, key_digest: str) -> str | None:
+        return None
+
+
+def _state(keys: frozenset[str]) -> SimpleNamespace:
+    """All of the app state that auth reads."""
+    return SimpleNamespace(api_keys=keys, settings=ApiSettings(), tenancy=_OneTenant())
+
+
 def _app(route_class: type[APIRoute], keys: frozenset[str]) -> FastAPI:
     app = FastAPI()
     errors.install(app)
@@ -45,7 +61,7 @@ def _app(route_class: type[APIRoute], keys: frozenset[str]) -> FastAPI:
     router.post("/chat", response_model=None)(_echo)
     app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=4096)
-    app.state.llmq = SimpleNamespace(api_keys=keys)
+    app.state.llmq = _state(keys)
     return app
 
 
@@ -54,7 +70,7 @@ async def test_the_generation_routes_check_the_key_before_the_body(path: str) ->
     """FastAPI's resolution parses the body's JSON first: a request with a broken body
     and no key got 400. A DirectRoute asks for the key first, whatever the body."""
     app = create_app(ApiSettings())
-    app.state.llmq = SimpleNamespace(api_keys=frozenset({"sk-k"}))  # all the refusal reads
+    app.state.llmq = _state(frozenset({"sk-k"}))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         response = await client.post(

@@ -96,7 +96,7 @@ async def test_a_request_handed_back_is_claimed_in_its_tenants_turn(
     await backlog(queue, "a", 1)
     first = await claim_with(queue, budget_left=None, idle=True)
     assert first.request_id == "a-0"
-    assert await queue.requeue("mock", "a-0", first.job_try)  # its worker stops
+    assert await queue.requeue("mock", "a-0", first.attempt)  # its worker stops
     await backlog(queue, "b", 5, start=10)
     served = await claims(queue, 3)
     assert served.count("a") == 1, served  # not starved behind b's backlog

@@ -33,6 +33,7 @@ async def nothing_running(redis: Redis) -> None:
     await wait_until(empty, timeout=5, what="the running set to empty")
 
 
+@pytest.mark.slow
 async def test_worker_killed_mid_stream_the_client_sees_every_token_once(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:

@@ -197,6 +197,7 @@ async def test_via_redis_tokens_pass_through_bounded_expiring_streams(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engine
 async def test_via_redis_in_front_of_an_inference_server_relays_its_text(redis_url: str) -> None:
     """``--upstream``: the model's process streams from a real llama-server, and the
     client gets, through Redis, the text the server gives directly."""

@@ -22,6 +22,8 @@ from llmq.embedded import EmbeddedRedis, free_port
 from llmq.protocol import keys
 from tests.support.processes import Proc, clean_env, live_workers, wait_for
 
+pytestmark = pytest.mark.slow
+
 DB = 7  # a database of its own: other tests flush database 0
 
 

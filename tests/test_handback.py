@@ -32,6 +32,7 @@ async def queue_once_holding(redis: Redis, rid: str) -> list[str]:
     return order
 
 
+@pytest.mark.slow
 async def test_a_stopping_worker_hands_back_at_the_original_score_and_the_client_sees_no_seam(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:

@@ -84,7 +84,7 @@ async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
     await claim(queue, "w1", free=2)
     assert await enqueue_costing(queue, "r1", cost=7, score=42) == Admission.HANDED_OFF
     got = await handed(listener)
-    assert (got.request_id, got.score, got.cost, got.job, got.job_try) == (
+    assert (got.request_id, got.score, got.cost, got.job, got.attempt) == (
         "r1",
         42,
         7,

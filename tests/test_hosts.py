@@ -25,7 +25,7 @@ from tests.support.hosts import (
 )
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.netns]
 
 WORKER = {
     "model_tokens_per_second": 50,

@@ -26,7 +26,7 @@ from rigs.netns import SENTINEL_MASTER, SENTINEL_PORT, Cluster
 from tests.support.hosts import client, expected_text, record, require_netns
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.netns]
 
 WORKER = {
     "model_tokens_per_second": 50,

@@ -26,7 +26,7 @@ from tests.support.hosts import client, cluster_stack, expected_text, openai_tex
 from tests.support.sse import frames
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.netns]
 
 WORKER = {
     "model_tokens_per_second": 50,

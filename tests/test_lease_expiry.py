@@ -22,6 +22,7 @@ from tests.test_runner import EagerModel
 from worker.leases import LeaseClock
 from worker.mock import MockModel
 from worker.publisher import StreamPublisher
+from worker.run import RunStatus
 from worker.runner import RequestRunner
 
 pytestmark = pytest.mark.timeout(30)
@@ -43,7 +44,8 @@ async def _expiring(runner: RequestRunner) -> None:
 
 
 def _paused(runner: RequestRunner, rid: str) -> bool:
-    return rid in runner._paused
+    run = runner.runs.get(rid)
+    return run is not None and run.status is RunStatus.PAUSING
 
 
 async def _tokens(redis: Redis, rid: str) -> list[str]:
@@ -88,13 +90,13 @@ async def test_a_paused_generation_resumes_when_a_renewal_says_the_lease_holds(
     try:
         await wait_until(lambda: _paused(runner, "stall"), timeout=5, what="the pause")
         # the renewal answered ok: what the heartbeat does
-        leases.renewed("stall", asyncio.get_running_loop().time() + 60, 0)
+        runner.renewed("stall", asyncio.get_running_loop().time() + 60, 0)
         runner.resume("stall")
         await asyncio.wait_for(run, 10)
     finally:
         expiry.cancel()
     await publisher.written("stall")
-    assert runner.fenced == set()
+    assert runner.ended == {}  # neither fenced nor unfinished
     expected = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0)
     request = GenerationRequest(prompt="p", max_tokens=60, seed=3, prompt_tokens=1)
     assert await _tokens(redis, "stall") == [t async for t in expected.generate(request)]
@@ -119,7 +121,8 @@ async def test_a_run_whose_generation_ended_is_not_fenced_while_its_end_waits_fo
         run = asyncio.create_task(runner.run(payload("ends", max_tokens=3, seed=1), 1))
 
         def generated() -> bool:
-            return "ends" in runner.running and "ends" not in runner._generations
+            run = runner.runs.get("ends")
+            return run is not None and run.generation is None
 
         await wait_until(generated, timeout=5, what="the generation to end")
         await asyncio.wait_for(run, 10)
@@ -128,7 +131,7 @@ async def test_a_run_whose_generation_ended_is_not_fenced_while_its_end_waits_fo
         expiry.cancel()
         await admin.connection_pool.release(stalled)
         await publisher.stop()
-    assert runner.fenced == set()
+    assert runner.ended == {}  # neither fenced nor unfinished
     events = [e for _, e in await stream_events(admin, "ends")]
     assert isinstance(events[-1], DoneEvent)
     await client.aclose()

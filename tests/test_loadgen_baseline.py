@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from llmq.model.interface import GenerationRequest
+from llmq.model.interface import GenerationRequest, Output
 from loadgen import LoadConfig, run_load
 from loadgen.baseline import InferenceRequest, InferenceServer
 from loadgen.measurements import StreamClock
@@ -28,7 +28,7 @@ class CountingModel:
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:

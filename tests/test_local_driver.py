@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 TOKENS = 300  # 3 s at 100 tokens/s: longer than the drain
 
 
+@pytest.mark.slow
 async def test_scale_in_under_running_streams_cuts_none(
     redis_url: str, redis: Redis, start_api: StartApi
 ) -> None:

@@ -133,6 +133,7 @@ async def _request(client: httpx.AsyncClient, i: int) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 async def test_cluster_counts_survive_a_killed_worker(
     start_api: StartApi, spawn_workers: SpawnWorkers
 ) -> None:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llmq.model.blocks import block_hashes
-from llmq.model.interface import CacheReporting, GenerationRequest, KVCacheUsage, Report
+from llmq.model.interface import CacheReporting, GenerationRequest, KVCacheUsage, Output, Report
 from llmq.model.tokenizer import WHITESPACE
 from llmq.settings import WorkerSettings
 from tests.support.waiting import wait_until
@@ -23,9 +23,9 @@ def request(prompt: str, max_tokens: int, prompt_tokens: int | None = None) -> G
     return GenerationRequest(prompt=prompt, max_tokens=max_tokens, seed=1, prompt_tokens=count)
 
 
-async def outputs(model: MockModel, req: GenerationRequest) -> list[tuple[float, str]]:
+async def outputs(model: MockModel, req: GenerationRequest) -> list[tuple[float, Output]]:
     """(seconds since the start, output) of everything the model emits."""
-    out: list[tuple[float, str]] = []
+    out: list[tuple[float, Output]] = []
     start = time.monotonic()
     await model.generate_into(req, lambda o: out.append((time.monotonic() - start, o)))
     return out

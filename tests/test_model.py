@@ -1,4 +1,4 @@
-"""The mock model: timing like the seed's, deterministic output, no hidden cap; one step
+"""The mock model: timing like the prototype's, deterministic output, no hidden cap; one step
 loop for all its sequences."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from llmq.model.interface import GenerationRequest, seed_for
+from llmq.model.interface import GenerationRequest, Output, seed_for
 from llmq.model.tokenizer import count_tokens
 from tests.support.waiting import wait_until
 from worker.mock import MockModel
@@ -32,6 +32,7 @@ async def collect(model: MockModel, req: GenerationRequest) -> tuple[list[str], 
     times: list[float] = []
     start = time.perf_counter()
     async for token in model.generate(req):
+        assert isinstance(token, str), token  # no tool, no cached prompt: tokens only
         tokens.append(token)
         times.append(time.perf_counter() - start)
     return tokens, times
@@ -124,7 +125,7 @@ async def test_resumed_run_prefills_the_generated_tokens_and_does_not_regenerate
 
 
 async def run_stepped(
-    model: MockModel, req: GenerationRequest, out: list[tuple[float, str]]
+    model: MockModel, req: GenerationRequest, out: list[tuple[float, Output]]
 ) -> None:
     """``generate_into``, noting when each token came."""
     await model.generate_into(req, lambda token: out.append((time.monotonic(), token)))
@@ -136,7 +137,7 @@ async def test_the_step_loop_keeps_each_streams_timing_and_output_and_shares_its
     loop wakes up once per step for all of them, not once per token per sequence."""
     interval = 0.01
     model = MockModel(tokens_per_second=1 / interval, prefill_seconds_per_token=0.0)
-    outs: list[list[tuple[float, str]]] = [[] for _ in range(12)]
+    outs: list[list[tuple[float, Output]]] = [[] for _ in range(12)]
     starts, runs = [], []
     for i, out in enumerate(outs):
         starts.append(time.monotonic())
@@ -160,7 +161,7 @@ async def test_the_step_loop_keeps_each_streams_timing_and_output_and_shares_its
 
 async def test_cancelling_one_stepped_sequence_stops_it_at_once_and_only_it() -> None:
     model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.0)
-    outs: list[list[tuple[float, str]]] = [[], [], []]
+    outs: list[list[tuple[float, Output]]] = [[], [], []]
     runs = [asyncio.ensure_future(run_stepped(model, request(500), out)) for out in outs]
     await wait_until(lambda: all(len(o) >= 3 for o in outs), timeout=5, what="3 tokens each")
     runs[1].cancel()
@@ -181,9 +182,9 @@ async def test_cancelling_one_stepped_sequence_stops_it_at_once_and_only_it() ->
 
 async def test_a_consumer_that_raises_ends_its_sequence_with_the_error_and_no_other() -> None:
     model = MockModel(tokens_per_second=200, prefill_seconds_per_token=0.0)
-    kept: list[tuple[float, str]] = []
+    kept: list[tuple[float, Output]] = []
 
-    def broken(token: str) -> None:
+    def broken(token: Output) -> None:
         raise RuntimeError("consumer bug")
 
     healthy = asyncio.ensure_future(run_stepped(model, request(10), kept))

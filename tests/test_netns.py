@@ -16,7 +16,7 @@ from rigs.netns import Cluster, remove_stale
 from tests.support.hosts import require_netns
 from tests.support.processes import alive, wait_for
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.netns]
 
 
 def leftovers(tag: str) -> str:

@@ -56,9 +56,13 @@ async def test_a_burst_is_admitted_up_to_the_bound_and_the_rest_refused_in_milli
             async def all_answered_or_admitted() -> bool:
                 nonlocal in_redis
                 refused[:] = [task for task in burst if task.done()]
-                in_redis = int(await redis.zcard(keys.queue("mock"))) + int(
-                    await redis.zcard(keys.running("mock"))
-                )
+                # both counts at one instant: a claim moves a request from one to the
+                # other between two separate reads, and it would be counted twice
+                async with redis.pipeline(transaction=True) as pipe:
+                    pipe.zcard(keys.queue("mock"))
+                    pipe.zcard(keys.running("mock"))
+                    queued, running = await pipe.execute()
+                in_redis = int(queued) + int(running)
                 return len(refused) + in_redis >= 30
 
             await wait_until(all_answered_or_admitted, timeout=10, what="30 answers or admissions")

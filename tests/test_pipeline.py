@@ -183,6 +183,7 @@ async def test_a_record_that_lost_its_creation_is_reported_missing(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 async def test_concurrent_streams_share_one_relay_connection(
     stack: RunningApi, redis: Redis
 ) -> None:

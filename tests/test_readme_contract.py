@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from llmq.model.interface import GenerationRequest, Model
+from llmq.model.interface import Backend, GenerationRequest, Output
 from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from llmq.settings import WorkerSettings
@@ -254,13 +254,13 @@ async def test_default_max_tokens_applies_when_a_request_sets_none(
 class WithContext:
     """The mock behind a context length of ``length`` tokens."""
 
-    def __init__(self, mock: Model, length: int) -> None:
+    def __init__(self, mock: Backend, length: int) -> None:
         self.mock, self.context_length = mock, length
 
     def count_tokens(self, text: str) -> int:
         return self.mock.count_tokens(text)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         return self.mock.generate(request)
 
 

@@ -154,6 +154,7 @@ async def test_a_redis_restart_loses_no_token_and_leaves_nothing_stuck(
 
 
 @pytest.mark.parametrize("how", ["debug-sleep", "sigstop"])
+@pytest.mark.slow
 async def test_a_redis_stall_longer_than_a_lease_reaps_nobody(
     own_redis: EmbeddedRedis, start_api: StartApi, start_worker: StartWorker, how: str
 ) -> None:
@@ -234,6 +235,7 @@ async def no_running(redis: Redis) -> bool:
     return int(await redis.zcard(keys.running("mock"))) == 0
 
 
+@pytest.mark.slow
 async def test_a_fenced_worker_stops_and_writes_nothing_after_losing_its_lease(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:
@@ -284,6 +286,7 @@ async def test_a_fenced_worker_stops_and_writes_nothing_after_losing_its_lease(
     await wait_until(told, timeout=5, what="the old worker to learn it was fenced")
 
 
+@pytest.mark.slow
 async def test_an_idle_stack_logs_no_warning(spawn_workers: SpawnWorkers, redis_url: str) -> None:
     """With a 0.5 s socket timeout, several times over: no connection drops on idle."""
     settings = {"redis_socket_timeout_seconds": 0.5}

@@ -61,6 +61,7 @@ async def test_queued_requests_survive_a_restart_with_aof(
     assert done["completion_tokens"] == 5
 
 
+@pytest.mark.slow
 async def test_a_worker_logs_an_outage_once_and_claims_promptly_after_it(
     own_redis: EmbeddedRedis,
     start_api: StartApi,

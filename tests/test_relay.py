@@ -307,6 +307,7 @@ OUTAGE_S = 6.0
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 async def test_a_restart_is_logged_once_and_followed_within_the_backoff_cap(
     own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -63,6 +63,7 @@ async def test_an_enqueue_no_replica_acknowledges_is_refused_and_cancelled(
     assert int(tokens or 0) < 400
 
 
+@pytest.mark.slow
 async def test_an_enqueue_a_replica_holds_is_accepted(
     start_api: StartApi, start_worker: StartWorker, replica: Redis
 ) -> None:

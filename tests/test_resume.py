@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from llmq.embedded import free_port
-from llmq.model.interface import GenerationRequest
+from llmq.model.interface import GenerationRequest, Output
 from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from llmq.protocol.streams import contiguous_tokens, published_tokens
@@ -69,6 +69,7 @@ def assert_resumed(before: list[TokensEvent], after: list[TokensEvent], expected
 # -- a worker SIGKILLed mid-stream ---------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_rerun_after_a_killed_worker_resumes_after_the_published_tokens(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:
@@ -146,7 +147,7 @@ class FailsOnce:
     def count_tokens(self, text: str) -> int:
         return count_tokens(text)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         first_run = not self.resumed
         self.resumed.append(len(request.generated))
         index = len(request.generated)

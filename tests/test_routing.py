@@ -92,6 +92,7 @@ async def test_a_request_goes_to_the_worker_holding_its_prefix_though_another_is
     assert ran == [holder] * 3
 
 
+@pytest.mark.slow
 async def test_a_request_waits_for_its_busy_holder_within_the_bound(
     spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
 ) -> None:
@@ -140,6 +141,7 @@ async def test_a_session_sticks_to_its_worker(
     assert len(set(ran)) == 1, ran
 
 
+@pytest.mark.slow
 async def test_a_killed_workers_cache_is_forgotten(
     spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
 ) -> None:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from llmq.model.interface import Emit, GenerationRequest, Model
+from llmq.model.interface import Backend, Emit, GenerationRequest
 from llmq.model.tokenizer import count_tokens
 from llmq.schema import DoneEvent, Event, StartedEvent, TokensEvent
 from tests.support.runs import payload, stream_events
@@ -31,12 +31,16 @@ class EagerModel:
 
 
 async def run_one(
-    redis: Redis, model: Model, rid: str, max_tokens: int, publisher: StreamPublisher | None = None
+    redis: Redis,
+    backend: Backend,
+    rid: str,
+    max_tokens: int,
+    publisher: StreamPublisher | None = None,
 ) -> list[Event]:
-    """Run one request on ``model`` (one token per event); its stream's events."""
+    """Run one request on ``backend`` (one token per event); its stream's events."""
     publisher = publisher or StreamPublisher(redis, maxlen=100, ttl_seconds=60, max_event_tokens=1)
     publisher.start()
-    runner = RequestRunner("w-test", model, publisher)
+    runner = RequestRunner("w-test", backend, publisher)
     try:
         await runner.run(payload(rid, max_tokens=max_tokens, seed=1), attempt=1)
     finally:

@@ -43,6 +43,7 @@ async def test_fifo_within_a_priority(start_api: StartApi, spawn_workers: SpawnW
         assert await started_order(client, ids) == ids
 
 
+@pytest.mark.slow
 async def test_higher_priority_overtakes_a_backlog(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:
@@ -57,6 +58,7 @@ async def test_higher_priority_overtakes_a_backlog(
     assert order == [busy, urgent, *backlog]
 
 
+@pytest.mark.slow
 async def test_three_workers_compete(start_api: StartApi, spawn_workers: SpawnWorkers) -> None:
     await spawn_workers(3, concurrency=1, **SLOW)
     api = await start_api()
@@ -107,6 +109,7 @@ async def test_low_priority_does_not_starve(
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 async def test_more_running_than_arqs_read_limit(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis: Redis
 ) -> None:

@@ -77,7 +77,7 @@ async def test_the_lease_clock_follows_real_time_but_skips_a_gap(
 async def test_a_lease_survives_a_gap_but_not_real_silence(queue: Queue, redis: Redis) -> None:
     await enqueue_raw(queue, "r1", b"{}")
     got = await claim(queue, lease_ms=1000)
-    assert got.request_id == "r1" and got.job_try == 1
+    assert got.request_id == "r1" and got.attempt == 1
     real, lease = await lease_clock(redis)
     # a 5 s stall: the reaper's next call finds the lease alive
     await set_clock(redis, real=real - 5_000, lease=lease)
@@ -112,15 +112,15 @@ async def test_release_and_requeue_need_the_attempt_that_holds_the_lease(
 ) -> None:
     await enqueue_raw(queue, "r1", b"{}")
     first = await claim(queue)
-    assert not await queue.release("mock", "r1", first.job_try + 1)
-    assert await queue.requeue("mock", "r1", first.job_try)
+    assert not await queue.release("mock", "r1", first.attempt + 1)
+    assert await queue.requeue("mock", "r1", first.attempt)
     assert await redis.hget(keys.fence("r1"), "attempt") == "2"  # type: ignore[misc]
     second = await claim(queue)
-    assert second.job_try == 2
-    assert not await queue.requeue("mock", "r1", first.job_try)  # stale: refused
-    assert not await queue.release("mock", "r1", first.job_try)
+    assert second.attempt == 2
+    assert not await queue.requeue("mock", "r1", first.attempt)  # stale: refused
+    assert not await queue.release("mock", "r1", first.attempt)
     assert await redis.zscore(keys.running("mock"), "r1") is not None
-    assert await queue.release("mock", "r1", second.job_try)
+    assert await queue.release("mock", "r1", second.attempt)
     assert await redis.zcard(keys.running("mock")) == 0
 
 
@@ -487,12 +487,12 @@ async def test_reap_requeues_only_a_due_lease_of_the_fenced_attempt(
         keys.clock("mock"),
     ]
     assert first.request_id == "r1" and second.request_id == "r2"
-    wrong: list[str | int] = ["r1", first.job_try + 1, "r2", second.job_try]
+    wrong: list[str | int] = ["r1", first.attempt + 1, "r2", second.attempt]
     assert await reap(keys=keys_, args=[*args, *wrong, "broken", 0]) == []
     assert await redis.zrange(keys.running("mock"), 0, -1) == ["r1", "r2"]
     assert await redis.hget(keys.leases("mock"), "broken") is None  # type: ignore[misc]
-    assert await reap(keys=keys_, args=[*args, "r1", first.job_try]) == [
+    assert await reap(keys=keys_, args=[*args, "r1", first.attempt]) == [
         "r1",
-        first.job_try,
+        first.attempt,
     ]
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]

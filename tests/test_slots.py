@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 from importlib import resources
+from typing import get_args
 
 import pytest
 
 from llmq.protocol import codec, keys, slots
+from llmq.protocol.routing import POLICIES, PolicyName
 from llmq.protocol.scripts import NAMES, Scripts
 from llmq.protocol.slots import Slots
 
@@ -107,3 +109,13 @@ def test_publish_args_and_run_keys_fill_publishs_named_slots() -> None:
         "n_record": "1",
         "n_notes": "0",
     }
+
+
+def test_every_routing_policy_has_one_function_in_the_scripts_by_its_one_name() -> None:
+    """The routed scripts look a policy up by the name LLMQ_ROUTING gives it
+    (``lua/affinity.lua``'s POLICIES); fifo routes nothing and has none."""
+    text = (resources.files("llmq.protocol") / "lua" / "affinity.lua").read_text()
+    table = text[text.index("local POLICIES = {") :]
+    in_lua = re.findall(r"^  \['([\w-]+)'\] = \{\n    rank = function", table, re.MULTILINE)
+    assert sorted(in_lua) == sorted(set(POLICIES) - {"fifo"})
+    assert set(POLICIES) == set(get_args(PolicyName))

@@ -15,7 +15,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq.model.interface import GenerationRequest, ToolCallStart
+from llmq.model.interface import GenerationRequest, Output, ToolCallStart
 from llmq.model.json_subset import BUDGET, unsupported
 from llmq.protocol import keys
 from llmq.protocol.streams import lifecycle_entries
@@ -362,7 +362,7 @@ class TextOnly:
     def count_tokens(self, text: str) -> int:
         return self.mock.count_tokens(text)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         async for token in self.mock.generate(request):
             yield token
 
@@ -407,13 +407,13 @@ async def test_a_resumed_tool_call_or_json_answer_continues_where_it_stopped() -
     ):
         base: Any = {"prompt": "p", "max_tokens": 400, "seed": 11, "prompt_tokens": 1, **extra}
         full = [t async for t in model.generate(GenerationRequest(**base))]
-        texts = [t for t in full if not isinstance(t, ToolCallStart)]
+        texts = [t for t in full if isinstance(t, str)]
         assert len(full) - len(texts) == (1 if "tools" in extra else 0)
         for cut in (1, len(texts) // 2, len(texts)):
             resumed = GenerationRequest(**base, generated=tuple(texts[:cut]))
             rest = [t async for t in model.generate(resumed)]
             assert not any(isinstance(t, ToolCallStart) for t in rest)
-            assert texts[:cut] + rest == texts
+            assert [*texts[:cut], *rest] == texts
 
 
 async def test_a_worker_refuses_what_it_cannot_honour_when_the_api_could_not_tell(

@@ -93,6 +93,7 @@ async def test_what_is_still_refused_is_named(fast: RunningApi) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.slow
 async def test_client_schemas_validate_through_the_api(
     fast: RunningApi, http: openai.DefaultAsyncHttpxClient, stream: bool
 ) -> None:

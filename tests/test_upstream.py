@@ -34,7 +34,7 @@ from tests.support.recording_proxy import Connection, RecordingProxy
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.engine]
 
 StartLlama = Callable[..., Awaitable[LlamaServer]]
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from llmq.model.interface import GenerationRequest, Report
+from llmq.model.interface import GenerationRequest, Output, Report
 from llmq.stale_connections import STALE_RETRIES
 from worker.backends.engines import ENGINES
 from worker.backends.openai import OpenAIUpstream, UpstreamDown
@@ -83,7 +83,7 @@ async def _generate(hang_ups: int) -> tuple[list[object], int, int]:
     request = GenerationRequest(prompt="p", max_tokens=len(TOKENS), seed=0, prompt_tokens=1)
     outs: list[object] = []
     try:
-        stream: AsyncIterator[str] = backend.generate(request)
+        stream: AsyncIterator[Output] = backend.generate(request)
         async for out in stream:
             outs.append(out)
     finally:

@@ -69,7 +69,7 @@ async def stand_in() -> AsyncIterator[Serve]:
     async def serve(answers: dict[str, Any], posts: dict[str, Any] | None = None) -> str:
         app = FastAPI()
         for path, answer in {"/v1/models": MODELS, **answers}.items():
-            app.add_api_route(path, lambda answer=answer: answer)
+            app.add_api_route(path, answer if callable(answer) else lambda answer=answer: answer)
         for path, answer in (posts or {}).items():
             app.add_api_route(path, lambda answer=answer: answer, methods=["POST"])
         port = free_port()
@@ -115,6 +115,26 @@ async def test_a_model_without_a_chat_template_gets_llmqs_rendering_and_a_warnin
     await upstream.aclose()
     assert upstream.engine is ENGINES["vllm"] and upstream.chat is False
     assert any("has no chat template" in r.message for r in caplog.records)
+
+
+async def test_an_engine_still_loading_is_asked_again_not_taken_for_generic(
+    stand_in: Serve,
+) -> None:
+    """llama-server answers 503 while it loads its model: the worker retries until it
+    answers, and finds llama.cpp, not a generic server."""
+    asked: list[int] = []
+
+    def props() -> JSONResponse:
+        asked.append(1)
+        if len(asked) == 1:
+            return JSONResponse({"error": {"message": "Loading model"}}, status_code=503)
+        return JSONResponse({"total_slots": 3, "default_generation_settings": {"n_ctx": 512}})
+
+    upstream = OpenAIUpstream(await stand_in({"/props": props}), None)
+    assert await connect(upstream, asyncio.Event())
+    await upstream.aclose()
+    assert upstream.engine is ENGINES["llamacpp"] and len(asked) >= 2
+    assert (upstream.slots, upstream.context_length) == (3, 512)
 
 
 async def test_a_named_engine_is_taken_as_set(stand_in: Serve) -> None:

@@ -138,6 +138,7 @@ async def assert_nothing_left(redis: Redis, request_id: str) -> None:
         assert not await redis.exists(key(request_id, MODEL)), key.__name__
 
 
+@pytest.mark.slow
 async def test_a_replay_that_writes_another_call_fails_the_request_never_splices(
     start_upstream: StartUpstream,
     spawn_workers: SpawnWorkers,
@@ -170,6 +171,7 @@ async def test_a_replay_that_writes_another_call_fails_the_request_never_splices
     await assert_nothing_left(redis, got.request_id)
 
 
+@pytest.mark.slow
 async def test_a_replay_that_writes_the_same_call_completes_it_once(
     start_upstream: StartUpstream,
     spawn_workers: SpawnWorkers,

@@ -43,7 +43,7 @@ from tests.support.native import ready_workers, record, wait_status
 from tests.support.servers import SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test starts the server
+pytestmark = [pytest.mark.timeout(300), pytest.mark.engine]  # the first test starts the server
 
 #: Tokens per chunk, at most (the first token comes alone).
 STREAM_INTERVAL = 3

@@ -38,7 +38,10 @@ in the order a worker's life and a request's run go:
    gained and lost (``cache_report.py``), which routed claims and hand-offs read.
 5. **Run** (``runner.py``): the model's tokens become events on the request's
    stream: ``started``, ``tokens``, then exactly one terminal event; a cancel, a
-   timeout, a model error or a lost lease each ends the run its own way.
+   timeout, a model error or a lost lease each ends the run its own way. Each run
+   is one object (``run.py``: :class:`~worker.run.Run`) whose status (running,
+   pausing, handing back, fenced, cancelled, finished, unfinished) moves only by
+   its own methods, each of which says from which states it may.
 6. **Publish** (``publisher.py``): every stream's pending events go out in one
    fenced script call per flush, coalesced while a flush is in flight, kept and
    retried through a Redis outage.

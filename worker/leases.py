@@ -22,7 +22,7 @@ sent: what a fenced run produced beyond it is the work wasted by losing the leas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
@@ -37,39 +37,25 @@ class Held:
 
 @dataclass
 class LeaseClock:
-    """Held leases timed by this process's clock; ``enabled`` False: never expire."""
+    """Leases timed by this process's clock; ``enabled`` False: never expire. Each
+    run keeps its own :class:`Held` (:attr:`worker.run.Run.lease`)."""
 
     lease_seconds: float
     margin_seconds: float = 0.1
     enabled: bool = True
-    held: dict[str, Held] = field(default_factory=dict)
 
-    def start(self, request_id: str, now: float, tokens: int = 0) -> None:
-        """A run of a request this worker just claimed (the claim set its lease)."""
-        self.held[request_id] = Held(now, tokens)
+    def start(self, now: float, tokens: int = 0) -> Held:
+        """The lease of a run this worker just claimed (the claim set it)."""
+        return Held(now, tokens)
 
-    def renewed(self, request_id: str, sent_at: float, tokens: int) -> None:
-        """A renewal sent at ``sent_at`` answered ``ok`` for ``request_id``."""
-        lease = self.held.get(request_id)
-        if lease is not None and sent_at >= lease.renewed_at:
+    def renewed(self, lease: Held, sent_at: float, tokens: int) -> None:
+        """A renewal sent at ``sent_at`` answered ``ok`` for ``lease``."""
+        if sent_at >= lease.renewed_at:
             lease.renewed_at, lease.tokens = sent_at, tokens
 
-    def forget(self, request_id: str) -> Held | None:
-        return self.held.pop(request_id, None)
-
-    def tokens_at_renewal(self, request_id: str) -> int | None:
-        lease = self.held.get(request_id)
-        return None if lease is None else lease.tokens
-
-    def expires_at(self, request_id: str) -> float | None:
-        lease = self.held.get(request_id)
-        if lease is None:
-            return None
+    def expires_at(self, lease: Held) -> float:
         return lease.renewed_at + self.lease_seconds - self.margin_seconds
 
-    def due(self, now: float) -> list[str]:
-        """Requests whose lease would have expired by ``now``."""
-        if not self.enabled:
-            return []
-        limit = self.lease_seconds - self.margin_seconds
-        return [rid for rid, lease in self.held.items() if now - lease.renewed_at >= limit]
+    def due(self, lease: Held, now: float) -> bool:
+        """Whether ``lease`` would have expired by ``now``."""
+        return self.enabled and now - lease.renewed_at >= self.lease_seconds - self.margin_seconds

@@ -24,8 +24,8 @@ from redis.asyncio import Redis
 from llmq import metrics, registry
 from llmq.connection import connect_cluster, is_cluster, make_pool, slot_pool
 from llmq.model.interface import (
+    Backend,
     KVCacheUsage,
-    Model,
     context_length_of,
     tokenizer_of,
 )
@@ -110,7 +110,7 @@ async def _handoff(worker: QueueWorker, data: bytes) -> None:
     await worker.take_handoff(claim)
 
 
-def _kv_usage(backend: Model) -> float | None:
+def _kv_usage(backend: Backend) -> float | None:
     return round(backend.kv_usage(), 4) if isinstance(backend, KVCacheUsage) else None
 
 
@@ -142,7 +142,7 @@ async def _heartbeat(
             pid=os.getpid(),
             model=settings.model,
             concurrency=worker.max_jobs,
-            running=len(runner.running),
+            running=len(runner.runs),
             started_at=started_at,
             heartbeat_at=time.time(),
             capabilities=runner.capabilities(),
@@ -172,8 +172,8 @@ async def _heartbeat(
             elif renewal == "cancelled":
                 runner.cancel(rid)
             if renewal == "ok":
-                if runner.leases is not None and rid in produced:
-                    runner.leases.renewed(rid, sent_at, produced[rid])
+                if rid in produced:
+                    runner.renewed(rid, sent_at, produced[rid])
                 runner.resume(rid)  # a generation paused by the lease clock goes on
 
     await run_periodically(beat, settings.heartbeat_seconds, what="heartbeat", logger=log)
@@ -195,7 +195,7 @@ async def _expire_leases(runner: RequestRunner, settings: WorkerSettings) -> NoR
 
 
 async def serve(
-    settings: WorkerSettings, *, stop: asyncio.Event | None = None, backend: Model | None = None
+    settings: WorkerSettings, *, stop: asyncio.Event | None = None, backend: Backend | None = None
 ) -> None:
     """Run a worker until ``stop`` is set (or SIGTERM/SIGINT arrives)."""
     stop = stop or asyncio.Event()
@@ -213,7 +213,7 @@ async def serve(
         await backends.close(backend)
 
 
-async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Model) -> None:
+async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend) -> None:
     """The worker's resources and tasks around ``backend`` (connected), until ``stop``."""
     worker_id = new_worker_id()
     # On a Redis Cluster the arq pool and the pub/sub listener talk to the node that

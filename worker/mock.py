@@ -21,6 +21,7 @@ from llmq.model.interface import (
     CacheListener,
     Emit,
     GenerationRequest,
+    Output,
     Token,
     ToolCallStart,
 )
@@ -117,8 +118,8 @@ class MockModel:
         engine = self._engines.get(asyncio.get_running_loop())
         return engine.cache.usage if engine is not None else 0.0
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        ready: collections.deque[str] = collections.deque()
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
+        ready: collections.deque[Output] = collections.deque()
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
 
@@ -126,7 +127,7 @@ class MockModel:
             if not waiter.done():
                 waiter.set_result(None)
 
-        def emit(out: str) -> None:
+        def emit(out: Output) -> None:
             ready.append(out)
             wake()
 
@@ -173,7 +174,7 @@ class MockModel:
         engine.add(Running(self._outputs(request), emit, finished, state))
         return finished
 
-    def _outputs(self, request: GenerationRequest) -> Iterator[str]:
+    def _outputs(self, request: GenerationRequest) -> Iterator[Output]:
         """Everything the request produces after ``generated``, in order, untimed."""
         planned = self._plan(request)
         if planned is not None:

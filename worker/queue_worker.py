@@ -141,11 +141,12 @@ async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class ClaimedJob:
-    """What the claim script read for arq: the job record and the bumped try number."""
+    """What the claim script read for arq: the job record and the attempt (arq's try
+    number, bumped by the claim)."""
 
     request_id: str
     job: bytes | None
-    job_try: int
+    attempt: int
 
 
 #: The claim of the job that the current task's ``run_job`` is about to read.
@@ -193,7 +194,7 @@ class _ClaimedRead:
     async def execute(self) -> list[Any]:
         if self._queued != ["GET", "INCR", "EXPIRE"]:
             raise RuntimeError(f"arq's run_job read {self._queued}; the claim read GET/INCR/EXPIRE")
-        return [self._claimed.job, self._claimed.job_try, True]
+        return [self._claimed.job, self._claimed.attempt, True]
 
 
 class ClaimingRedis(ArqRedis):
@@ -345,12 +346,13 @@ class QueueWorker(Worker):
         """Every slot is taken and live requests wait: hand back a batch line for each
         (one worker per live request, :func:`batches.yield_for`); it goes back to the
         batch band at its score, and resumes later from its last published token."""
-        if self.busy_slots < self.max_jobs or not self.runner.batch_lines:
+        running = self.runner.batch_lines
+        if self.busy_slots < self.max_jobs or not running:
             return
         lines = [
             rid
             for rid, (_, attempt) in self._claims.items()
-            if rid in self.runner.batch_lines and attempt < MAX_YIELDS
+            if rid in running and attempt < MAX_YIELDS
         ]
         count = await batches.yield_for(self.queue.redis, self.model, self.worker_id, len(lines))
         for rid in lines[-count:] if count else ():
@@ -386,7 +388,7 @@ class QueueWorker(Worker):
         await asyncio.wait({older}, timeout=OLDER_ATTEMPT_SECONDS)
         if older.done():
             return True
-        await self.queue.requeue(self.model, rid, claim.job_try)
+        await self.queue.requeue(self.model, rid, claim.attempt)
         log.warning(
             "request %s handed back: an older attempt still runs here",
             rid,
@@ -405,7 +407,7 @@ class QueueWorker(Worker):
         if self.allow_pick_jobs and self.busy_slots < self.max_jobs:
             await self._take(claim)
             return
-        await self.queue.requeue(self.model, claim.request_id, claim.job_try)
+        await self.queue.requeue(self.model, claim.request_id, claim.attempt)
         log.info(
             "request %s handed back: no free slot",
             claim.request_id,
@@ -416,11 +418,11 @@ class QueueWorker(Worker):
         """Run arq's ``run_job`` for ``claim`` in a task whose read the claim answers."""
         rid = claim.request_id
         assert rid is not None
-        self._claims[rid] = (claim.cost, claim.job_try)
-        slot = (rid, claim.job_try)
+        self._claims[rid] = (claim.cost, claim.attempt)
+        slot = (rid, claim.attempt)
         self._slots.add(slot)
         context = contextvars.copy_context()  # only this run_job's read sees the claim
-        context.run(carry, ClaimedJob(rid, claim.job, claim.job_try))
+        context.run(carry, ClaimedJob(rid, claim.job, claim.attempt))
         task = asyncio.create_task(self.run_job(rid, claim.score), context=context)
         task.add_done_callback(lambda _: self._free_slot(*slot))  # if the model never ran
         self.tasks[rid] = task
@@ -441,17 +443,16 @@ class QueueWorker(Worker):
         incr_score: int | None,
         keep_in_progress: float | None,
     ) -> None:
-        if job_id in self.runner.fenced:
+        if self.runner.lost(job_id):
             # Lost to another attempt: arq's bookkeeping (delete the job, drop it from
             # the queue) would now hit the request that attempt runs or has requeued.
-            self.runner.fenced.discard(job_id)
             self._claims.pop(job_id, None)
             return
         if finish:
             await self.runner.end_unfinished(job_id)
             await self._finish(job_id)
         else:
-            self.runner.unfinished.pop(job_id, None)  # handed back: a later run ends it
+            self.runner.forget(job_id)  # handed back: a later run ends it
             await self._hand_back(job_id)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:

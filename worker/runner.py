@@ -57,13 +57,14 @@ from redis.asyncio import Redis
 from llmq import metrics
 from llmq.metrics import Tally
 from llmq.model.interface import (
+    Backend,
     CacheReporting,
     Embedder,
     GenerationRequest,
-    Model,
+    Output,
     Refused,
     Report,
-    SteppedModel,
+    SteppedBackend,
     Token,
     ToolCallStart,
     capabilities_of,
@@ -86,6 +87,7 @@ from llmq.schema import (
 )
 from worker.leases import LeaseClock
 from worker.publisher import Fenced, StreamPublisher
+from worker.run import Progress, Run, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -131,47 +133,9 @@ async def _underway() -> None:
 
 
 @dataclass
-class _Progress:
-    #: Tokens of the request so far, those of earlier runs included (the next index).
-    produced: int = 0
-    #: Tokens already published by earlier runs, which this run resumed after.
-    resumed: int = 0
-    #: When this run produced its first token, and its latest.
-    first_at: float | None = None
-    last_at: float = 0.0
-    #: The job timeout's deadline for generating (loop time); None: no job timeout.
-    deadline: float | None = None
-    #: The generation stopped at the job timeout's deadline, not its own timeout.
-    by_job_timeout: bool = False
-    #: The terminal event is posted: the run is over, whatever happens to it now.
-    ended: bool = False
-    #: The tokens so far (resumed ones included), to resume a paused generation.
-    texts: list[str] = field(default_factory=list)
-    #: The generation's deadline (loop time), kept across a pause.
-    generation_deadline: float | None = None
-    #: What the backend reported (:class:`~llmq.model.interface.Report`): the prompt's
-    #: token count by its own tokenizer, the cached part of it, why it stopped.
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    finish_reason: FinishReason | None = None
-
-
-@dataclass(frozen=True)
-class _Unfinished:
-    """A run that stopped without a terminal event, until arq says how it ended."""
-
-    payload: JobPayload
-    attempt: int
-    produced: int
-    #: Interrupted from outside: its task was cancelled (arq's job timeout, or the
-    #: worker stopping).
-    interrupted: bool
-
-
-@dataclass
 class RequestRunner:
-    """Runs requests for one worker process on ``backend``; ``running`` maps id ->
-    start time.
+    """Runs requests for one worker process on ``backend``; ``runs`` maps id -> its
+    run (:class:`worker.run.Run`: its progress and status) while it runs.
 
     ``metrics`` receives the worker-side figures (queue, prefill, decode, ITL, TPOT,
     tokens, outcomes); ``model`` (the served model's name) labels those of jobs too
@@ -183,7 +147,7 @@ class RequestRunner:
     """
 
     worker_id: str
-    backend: Model
+    backend: Backend
     publisher: StreamPublisher
     metrics: Tally = field(default_factory=Tally)
     model: str = ""
@@ -191,26 +155,18 @@ class RequestRunner:
     redis: Redis | None = None
     job_timeout: float | None = None
     leases: LeaseClock | None = None
-    running: dict[str, float] = field(default_factory=dict)
+    #: The runs in progress, by request id.
+    runs: dict[str, Run] = field(default_factory=dict)
+    #: Runs that ended fenced or unfinished, until arq finishes their job
+    #: (:meth:`lost`, :meth:`end_unfinished`, :meth:`forget`).
+    ended: dict[str, Run] = field(default_factory=dict)
     #: What embeds an embedding request's inputs (None: the worker serves none).
     embedder: Embedder | None = None
-    _progress: dict[str, _Progress] = field(default_factory=dict)
-    #: Generations paused by the lease clock, until a renewal says resume (True) or
-    #: the run is lost or cancelled (False).
-    _paused: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
-    _generations: dict[str, asyncio.Task[FinishReason]] = field(default_factory=dict)
-    _cancelled: dict[str, float] = field(default_factory=dict)
-    #: Running requests this worker lost (see :meth:`fence`), until arq finishes them.
-    fenced: set[str] = field(default_factory=set)
-    #: Runs that raised before their terminal event, until :meth:`end_unfinished`.
-    unfinished: dict[str, _Unfinished] = field(default_factory=dict)
+    #: Cancels received for requests not running here (yet), by when.
+    _cancels_ahead: dict[str, float] = field(default_factory=dict)
     #: Prompt tokens this worker's backend looked up in its prefix cache, and found.
     cache_queries: int = 0
     cache_hits: int = 0
-    #: Running requests stopped to go back to the queue (see :meth:`hand_back`).
-    _handing_back: set[str] = field(default_factory=set)
-    #: Running batch lines (``JobPayload.batch``): what gives its slot to a live request.
-    batch_lines: set[str] = field(default_factory=set)
     #: Told (request id, attempt) when a run's model is done with it for good, before
     #: the run writes its outcome: the model's slot is free from then on.
     on_model_done: Callable[[str, int], None] | None = None
@@ -219,54 +175,66 @@ class RequestRunner:
         # What the backend offers, asked once: an isinstance check against a runtime
         # protocol inspects the class's attributes every time, on every run's path to
         # its model.
-        self._stepped = self.backend if isinstance(self.backend, SteppedModel) else None
+        self._stepped = self.backend if isinstance(self.backend, SteppedBackend) else None
         self._reports_cache = isinstance(self.backend, CacheReporting)
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running request (True), or remember the cancel in case it starts here."""
+        run = self.runs.get(request_id)
+        if run is not None:
+            return run.cancel()
         now = time.monotonic()
-        self._cancelled[request_id] = now
-        for rid, at in list(self._cancelled.items()):
+        self._cancels_ahead[request_id] = now
+        for rid, at in list(self._cancels_ahead.items()):
             if now - at > CANCEL_MEMORY_SECONDS:
-                del self._cancelled[rid]
-        self._unpause(request_id, resume=False)
-        task = self._generations.get(request_id)
-        if task is None:
-            return False
-        task.cancel()
-        return True
+                del self._cancels_ahead[rid]
+        return False
 
     def hand_back(self, request_id: str) -> None:
         """Stop a running request and return it to the queue: this worker's model cannot
         run it now (its inference server stopped answering), or a batch line gives its
         slot to a live request. The next attempt resumes after the tokens published so
         far."""
-        task = self._generations.get(request_id)
-        if task is not None and request_id not in self.fenced:
-            self._handing_back.add(request_id)
-            task.cancel()
+        run = self.runs.get(request_id)
+        if run is not None:
+            run.hand_back()
+
+    @property
+    def batch_lines(self) -> set[str]:
+        """The running batch lines (``JobPayload.batch``): what gives a slot to a live
+        request."""
+        return {rid for rid, run in self.runs.items() if run.payload.batch is not None}
 
     def fence(self, request_id: str, why: str = "this worker lost its lease") -> None:
         """This worker lost a running request: stop it, and write nothing more for it."""
-        if request_id not in self.running or request_id in self.fenced:
+        run = self.runs.get(request_id)
+        if run is None or run.fenced:
             return
-        progress = self._progress.get(request_id)
         log.warning(
             "request %s: %s; stopping it without writing (at %d tokens)",
             request_id,
             why,
-            0 if progress is None else progress.produced,
+            run.progress.produced,
             extra={"request_id": request_id},
         )
-        self.fenced.add(request_id)
-        self._unpause(request_id, resume=False)
-        task = self._generations.get(request_id)
-        if task is not None:
-            task.cancel()
+        run.fence()
+
+    def lost(self, request_id: str) -> bool:
+        """Whether the run that ended was fenced (then forgotten): arq's bookkeeping of
+        its job must not touch the request another attempt runs or has requeued."""
+        run = self.ended.get(request_id)
+        if run is None or not run.fenced:
+            return False
+        del self.ended[request_id]
+        return True
+
+    def forget(self, request_id: str) -> None:
+        """The run that ended is handed back: a later attempt ends the request."""
+        self.ended.pop(request_id, None)
 
     def produced(self) -> dict[str, int]:
         """Tokens produced so far (resumed ones included) by each running request."""
-        return {rid: p.produced for rid, p in self._progress.items()}
+        return {rid: run.progress.produced for rid, run in self.runs.items()}
 
     def expire_leases(self) -> None:
         """Pause the generations whose lease would have expired by this process's
@@ -282,136 +250,129 @@ class RequestRunner:
         """
         if self.leases is None:
             return
-        for rid in self.leases.due(asyncio.get_running_loop().time()):
-            task = self._generations.get(rid)
-            if task is None or rid in self._paused or rid in self.fenced:
+        now = asyncio.get_running_loop().time()
+        for rid, run in list(self.runs.items()):
+            if run.lease is None or not self.leases.due(run.lease, now):
                 continue
-            progress = self._progress.get(rid)
-            log.warning(
-                "request %s: its lease would have expired by this worker's clock; "
-                "generation paused at %d tokens until Redis answers",
-                rid,
-                0 if progress is None else progress.produced,
-                extra={"request_id": rid},
-            )
-            self._paused[rid] = asyncio.get_running_loop().create_future()
-            task.cancel()
+            if run.pause_for_lease():
+                log.warning(
+                    "request %s: its lease would have expired by this worker's clock; "
+                    "generation paused at %d tokens until Redis answers",
+                    rid,
+                    run.progress.produced,
+                    extra={"request_id": rid},
+                )
+
+    def renewed(self, request_id: str, sent_at: float, tokens: int) -> None:
+        """A renewal sent at ``sent_at`` (loop time), when the run had produced
+        ``tokens``, answered ``ok``: its lease is timed from then."""
+        run = self.runs.get(request_id)
+        if self.leases is not None and run is not None and run.lease is not None:
+            self.leases.renewed(run.lease, sent_at, tokens)
 
     def resume(self, request_id: str) -> None:
         """A renewal answered ``ok``: a generation paused by the lease clock goes on,
         unless that renewal was sent so long ago that the lease is due again (one sent
         before a stall, answered after it): the next renewal decides."""
-        if self.leases is not None:
-            expires = self.leases.expires_at(request_id)
-            if expires is not None and expires <= asyncio.get_running_loop().time():
+        run = self.runs.get(request_id)
+        if run is None:
+            return
+        if self.leases is not None and run.lease is not None:
+            if self.leases.expires_at(run.lease) <= asyncio.get_running_loop().time():
                 return
-        self._unpause(request_id, resume=True)
-
-    def _unpause(self, request_id: str, *, resume: bool) -> None:
-        waiting = self._paused.get(request_id)
-        if waiting is not None and not waiting.done():
-            waiting.set_result(resume)
+        run.resume()
 
     async def _through_pauses(
-        self, payload: JobPayload, progress: _Progress, generation: asyncio.Task[FinishReason]
+        self, run: Run, generation: asyncio.Task[FinishReason]
     ) -> FinishReason:
         """The generation's outcome; a pause by the lease clock (:meth:`expire_leases`)
         waits for Redis's verdict, then resumes with a new generation task, or ends
         with the cancellation (the run was fenced or cancelled meanwhile)."""
-        rid = payload.request_id
         while True:
             try:
                 return await generation
             except asyncio.CancelledError:
-                waiting = self._paused.get(rid)
                 current = asyncio.current_task()
-                if waiting is None or (current is not None and current.cancelling()):
+                if run.pause is None or (current is not None and current.cancelling()):
                     raise
-                try:
-                    resume = await waiting
-                finally:
-                    self._paused.pop(rid, None)
-                if not resume:
+                if not await run.wait_pause():
                     raise
             log.info(
                 "request %s: Redis answered and the lease holds; generation resumes at %d",
-                rid,
-                progress.produced,
-                extra={"request_id": rid},
+                run.request_id,
+                run.progress.produced,
+                extra={"request_id": run.request_id},
             )
-            generation = asyncio.create_task(self._generate(payload, progress, progress.texts))
-            self._generations[rid] = generation
+            generation = asyncio.create_task(self._generate(run, run.progress.texts))
+            run.generation = generation
 
     async def run(self, payload: JobPayload, attempt: int) -> None:
         rid = payload.request_id
-        started = time.time()
-        self.running[rid] = started
-        if payload.batch is not None:
-            self.batch_lines.add(rid)
+        loop = asyncio.get_running_loop()
+        run = self.runs[rid] = Run(payload, attempt, started=time.time())
         self.publisher.own(rid, attempt, self.fence)
-        progress = self._progress[rid] = _Progress()
+        if self._cancels_ahead.pop(rid, None) is not None:
+            run.cancel()
         if self.leases is not None:
-            self.leases.start(rid, asyncio.get_running_loop().time())
+            run.lease = self.leases.start(loop.time())
         if self.job_timeout is not None:
-            progress.deadline = asyncio.get_running_loop().time() + job_time_limit(self.job_timeout)
+            run.progress.deadline = loop.time() + job_time_limit(self.job_timeout)
         try:
-            await self._run(payload, attempt, started, progress)
+            await self._run(run)
         except Fenced:
             self.fence(rid)
         except BaseException as exc:
-            if not progress.ended and rid not in self.fenced:
-                interrupted = isinstance(exc, asyncio.CancelledError)
-                self.unfinished[rid] = _Unfinished(payload, attempt, progress.produced, interrupted)
+            run.stop_unfinished(interrupted=isinstance(exc, asyncio.CancelledError))
             raise
         finally:
             self.publisher.disown(rid)
-            self.running.pop(rid, None)
-            self.batch_lines.discard(rid)
-            self._cancelled.pop(rid, None)
-            self._progress.pop(rid, None)
-            if rid in self.fenced:
-                self._count_lost(payload, progress)
-            if self.leases is not None:
-                self.leases.forget(rid)
+            del self.runs[rid]
+            if run.fenced:
+                self._count_lost(run)
+            if run.status in (RunStatus.FENCED, RunStatus.UNFINISHED):
+                self.ended[rid] = run
 
-    def _count_lost(self, payload: JobPayload, progress: _Progress) -> None:
+    def _count_lost(self, run: Run) -> None:
         """The tokens a fenced run produced after its last successful renewal: work
         nobody reads (the re-run generates them again unless they landed)."""
-        renewed = self.leases.tokens_at_renewal(payload.request_id) if self.leases else None
+        progress, rid = run.progress, run.request_id
+        renewed = run.lease.tokens if run.lease is not None else None
         lost = progress.produced - max(renewed or 0, progress.resumed)
         log.info(
             "request %s: fenced run stopped at %d tokens, %d since its last lease renewal",
-            payload.request_id,
+            rid,
             progress.produced,
             lost,
-            extra={"request_id": payload.request_id},
+            extra={"request_id": rid},
         )
-        self.metrics.inc(metrics.LEASE_LOST_TOKENS, payload.model, amount=max(lost, 0))
+        self.metrics.inc(metrics.LEASE_LOST_TOKENS, run.payload.model, amount=max(lost, 0))
 
     async def end_unfinished(self, request_id: str) -> None:
         """End a run that arq finished without its terminal event (its job timeout
         fired, or the runner raised), as the attempt that ran it: a fenced attempt
-        writes nothing. A run that is handed back instead is only forgotten."""
-        run = self.unfinished.pop(request_id, None)
-        if run is None:
+        writes nothing. A run that is handed back instead is only forgotten
+        (:meth:`forget`)."""
+        ended = self.ended.get(request_id)
+        if ended is None or ended.status is not RunStatus.UNFINISHED:
             return
+        del self.ended[request_id]
         finish: FinishReason = "timeout"
         limit = f" of {self.job_timeout:g} s" if self.job_timeout is not None else ""
         code, message = "generation_timeout", f"the run stopped at the job timeout{limit}"
-        if not run.interrupted:  # the runner raised: a bug, not the model
+        if not ended.interrupted:  # the runner raised: a bug, not the model
             finish, code, message = "error", "worker_error", "the worker failed to run the request"
-        self.publisher.own(request_id, run.attempt, self.fence)
+        self.publisher.own(request_id, ended.attempt, self.fence)
+        # Ended as a run of its own: only what the stream holds, no report of the model's.
+        run = Run(ended.payload, ended.attempt, progress=Progress(produced=ended.progress.produced))
         try:
-            progress = _Progress(produced=run.produced)
-            await self._finish_error(run.payload, progress, code, message, finish)
+            await self._finish_error(run, code, message, finish)
         except Fenced:
             pass
         finally:
             self.publisher.disown(request_id)
 
-    async def _run(
-        self, payload: JobPayload, attempt: int, started: float, progress: _Progress
-    ) -> None:
+    async def _run(self, run: Run) -> None:
+        payload, attempt, started = run.payload, run.attempt, run.started
         declared = self.capabilities()
         missing = [p for c, p in payload.required_capabilities() if c not in declared]
         if missing:
@@ -421,10 +382,10 @@ class RequestRunner:
             return
         queue_ms = _ms(max(0.0, started - payload.enqueued_at))
         if payload.embed is not None:
-            await self._embed(payload, attempt, queue_ms, started, progress)
+            await self._embed(run, queue_ms)
             return
         if attempt == 1:
-            await self._generate_and_finish(payload, attempt, queue_ms, started, [], None, progress)
+            await self._generate_and_finish(run, queue_ms, [], None)
             return
         # A re-run resumes: its "started" is written, then the stream read, before the model.
         announced = self._announce(payload, attempt, queue_ms, started)
@@ -433,9 +394,7 @@ class RequestRunner:
         except BaseException:
             await asyncio.shield(announced)
             raise
-        await self._generate_and_finish(
-            payload, attempt, queue_ms, started, generated, announced, progress
-        )
+        await self._generate_and_finish(run, queue_ms, generated, announced)
 
     def capabilities(self) -> tuple[str, ...]:
         """What this worker honours: its model's declaration, with ``embeddings`` only
@@ -445,11 +404,10 @@ class RequestRunner:
             declared.add("embeddings")
         return tuple(sorted(declared))
 
-    async def _embed(
-        self, payload: JobPayload, attempt: int, queue_ms: float, started: float, p: _Progress
-    ) -> None:
+    async def _embed(self, run: Run, queue_ms: float) -> None:
         """An embedding request: its vectors, then ``done`` (a re-run writes them again:
         readers keep the first copy of each index)."""
+        payload, attempt, started = run.payload, run.attempt, run.started
         task, embedder, rid = payload.embed, self.embedder, payload.request_id
         if task is None or embedder is None:
             return
@@ -462,19 +420,19 @@ class RequestRunner:
         except TimeoutError:
             await asyncio.gather(*written)
             message = f"embedding stopped after its timeout of {payload.generation_timeout:g} s"
-            await self._finish_error(payload, p, "generation_timeout", message, "timeout")
+            await self._finish_error(run, "generation_timeout", message, "timeout")
             return
         except Exception as exc:
             log.exception("embedding failed on request %s", rid, extra={"request_id": rid})
             await asyncio.gather(*written)
-            await self._finish_error(payload, p, "model_error", f"model failed: {exc}", "error")
+            await self._finish_error(run, "model_error", f"model failed: {exc}", "error")
             return
         for start in range(0, len(vectors), EMBEDDINGS_PER_EVENT):
             chunk = vectors[start : start + EMBEDDINGS_PER_EVENT]
             event = EmbeddingEvent(index=start, vectors=[vector_base64(v) for v in chunk])
             written.append(self.publisher.post(rid, event))
         await asyncio.gather(*written)  # a fenced run raises here, before its terminal event
-        await self._finish_done(payload, p, "stop", queue_ms, started)
+        await self._finish_done(run, "stop", queue_ms)
 
     def _announce(
         self,
@@ -532,65 +490,55 @@ class RequestRunner:
 
     async def _generate_and_finish(
         self,
-        payload: JobPayload,
-        attempt: int,
+        run: Run,
         queue_ms: float,
-        started: float,
         generated: list[str],
         announced: asyncio.Future[None] | None,
-        progress: _Progress,
     ) -> None:
         """Run the model and publish the outcome; a first run (``announced`` None)
         announces itself, written once the model is underway, so that prefill waits
         for nothing."""
-        rid = payload.request_id
+        progress = run.progress
         progress.produced = progress.resumed = len(generated)
         progress.texts = list(generated)
-        generation = asyncio.create_task(self._generate(payload, progress, generated))
-        self._generations[rid] = generation
-        if rid in self._cancelled:
+        generation = asyncio.create_task(self._generate(run, generated))
+        run.generation = generation
+        if run.status is not RunStatus.RUNNING:  # cancelled (or fenced) before it began
             generation.cancel()
         if announced is None:
             # Queued before the model has run a step, so "started" precedes every token;
             # its flush waits until the model is underway (_outcome).
-            announced = self._announce(payload, attempt, queue_ms, started, flush=False)
+            announced = self._announce(run.payload, run.attempt, queue_ms, run.started, flush=False)
         try:
-            await self._outcome(payload, attempt, queue_ms, started, progress, generation)
+            await self._outcome(run, queue_ms, generation)
         finally:
             self.publisher.flush_soon()  # "started", if the run ends before the model ran
             await asyncio.shield(announced)
 
     async def _outcome(
-        self,
-        payload: JobPayload,
-        attempt: int,
-        queue_ms: float,
-        started: float,
-        progress: _Progress,
-        generation: asyncio.Task[FinishReason],
+        self, run: Run, queue_ms: float, generation: asyncio.Task[FinishReason]
     ) -> None:
-        rid = payload.request_id
+        payload, attempt, rid = run.payload, run.attempt, run.request_id
         try:
             await _underway()
             self.publisher.flush_soon()  # "started", queued before the model's first step
             self.metrics.observe(metrics.QUEUE_TIME, queue_ms / 1000, payload.model)
             self._note(payload, "started", attempt=attempt, queue_ms=queue_ms)
-            finish = await self._through_pauses(payload, progress, generation)
+            finish = await self._through_pauses(run, generation)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 generation.cancel()
                 raise  # the worker is stopping: let arq hand the request back
-            if rid in self.fenced:
+            if run.status is RunStatus.FENCED:
                 return
-            if rid in self._handing_back:
-                self._handing_back.discard(rid)
+            if run.status is RunStatus.HANDING_BACK:
                 await self._settle(rid)
                 raise Retry() from None  # arq hands it back to the queue
             finish = "cancelled"
         except Refused as exc:
             # The request's own fault (an upstream's 4xx): it would fail alike anywhere.
-            await self._finish_error(payload, progress, exc.code, exc.message, "error", refused=exc)
+            await self._finish_error(run, exc.code, exc.message, "error", refused=exc)
             return
         except Exception as exc:
             log.exception(
@@ -605,23 +553,21 @@ class RequestRunner:
                 # published so far. A poison request ends after max_tries.
                 await self._settle(rid)
                 raise Retry() from exc
-            await self._finish_error(
-                payload, progress, "model_error", f"model failed: {exc}", "error"
-            )
+            await self._finish_error(run, "model_error", f"model failed: {exc}", "error")
             return
         finally:
-            self._generations.pop(rid, None)
+            run.generation = None
             if self.on_model_done is not None:
                 self.on_model_done(rid, attempt)
-        if rid in self.fenced:
+        if run.status is RunStatus.FENCED:
             return
         if finish == "timeout":
             message = f"generation stopped after its timeout of {payload.generation_timeout:g} s"
-            if progress.by_job_timeout:
+            if run.progress.by_job_timeout:
                 message = f"generation stopped before the job timeout of {self.job_timeout:g} s"
-            await self._finish_error(payload, progress, "generation_timeout", message, "timeout")
+            await self._finish_error(run, "generation_timeout", message, "timeout")
             return
-        await self._finish_done(payload, progress, finish, queue_ms, started)
+        await self._finish_done(run, finish, queue_ms)
 
     async def _settle(self, rid: str) -> None:
         """Wait (briefly) until this run's queued tokens are written: handing the request
@@ -630,9 +576,8 @@ class RequestRunner:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.publisher.written(rid), SETTLE_SECONDS)
 
-    async def _generate(
-        self, payload: JobPayload, progress: _Progress, generated: list[str]
-    ) -> FinishReason:
+    async def _generate(self, run: Run, generated: list[str]) -> FinishReason:
+        payload, progress = run.payload, run.progress
         rid = payload.request_id
         params = payload.params
         request = GenerationRequest(
@@ -656,11 +601,11 @@ class RequestRunner:
         token, texts = self.publisher.token, progress.texts
         loop = asyncio.get_running_loop()
 
-        def take(out: str) -> None:
+        def take(out: Output) -> None:
             """One output of the model: queued for the flush, no await."""
             if type(out) is str:  # a plain token: nearly every output
                 token(rid, progress.produced, out)
-            elif isinstance(out, ToolCallStart | Report):
+            elif not isinstance(out, str):  # a tool call's start, a report
                 self._aside(rid, progress, out)
                 return
             elif isinstance(out, Token):
@@ -703,30 +648,25 @@ class RequestRunner:
             return progress.finish_reason
         return "length" if progress.produced >= params.max_tokens else "stop"
 
-    def _aside(self, rid: str, progress: _Progress, out: ToolCallStart | Report) -> None:
+    def _aside(self, rid: str, progress: Progress, out: ToolCallStart | Report) -> None:
         """An output that is not a token: a tool call's start, or the backend's report."""
-        if isinstance(out, ToolCallStart):
-            # Before its argument tokens, in stream order; not a token itself.
-            event = ToolCallEvent(index=progress.produced, id=out.id, name=out.name)
-            # Not awaited: a failed write surfaces with the tokens' flush.
-            written = self.publisher.post(rid, event)
-            written.add_done_callback(lambda f: f.cancelled() or f.exception())
-            return
-        if out.prompt_tokens is not None:
-            progress.prompt_tokens = out.prompt_tokens
-        if out.cached_tokens is not None:
-            progress.cached_tokens = out.cached_tokens
-        if out.finish_reason is not None:
-            progress.finish_reason = out.finish_reason
+        match out:
+            case ToolCallStart(id=call_id, name=name):
+                # Before its argument tokens, in stream order; not a token itself.
+                event = ToolCallEvent(index=progress.produced, id=call_id, name=name)
+                # Not awaited: a failed write surfaces with the tokens' flush.
+                written = self.publisher.post(rid, event)
+                written.add_done_callback(lambda f: f.cancelled() or f.exception())
+            case Report(prompt_tokens=prompt, cached_tokens=cached, finish_reason=reason):
+                if prompt is not None:
+                    progress.prompt_tokens = prompt
+                if cached is not None:
+                    progress.cached_tokens = cached
+                if reason is not None:
+                    progress.finish_reason = reason
 
-    async def _finish_done(
-        self,
-        payload: JobPayload,
-        progress: _Progress,
-        finish: FinishReason,
-        queue_ms: float,
-        started: float,
-    ) -> None:
+    async def _finish_done(self, run: Run, finish: FinishReason, queue_ms: float) -> None:
+        payload, progress, started = run.payload, run.progress, run.started
         now = time.time()
         first = progress.first_at if progress.first_at is not None else now
         usage = _usage(payload, progress)
@@ -744,7 +684,7 @@ class RequestRunner:
             finish_reason=finish,
             completion_tokens=progress.produced,
         )
-        progress.ended = True
+        run.finish()
         await self.publisher.emit(
             payload.request_id,
             event,
@@ -767,16 +707,16 @@ class RequestRunner:
 
     async def _finish_error(
         self,
-        payload: JobPayload,
-        progress: _Progress,
+        run: Run,
         code: str,
         message: str,
         finish: FinishReason,
         refused: Refused | None = None,
     ) -> None:
+        payload, progress = run.payload, run.progress
         produced = progress.produced
         usage = _usage(payload, progress)
-        progress.ended = True
+        run.finish()
         self._note(
             payload,
             "failed",
@@ -871,7 +811,7 @@ def vector_base64(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
-def _usage(payload: JobPayload, progress: _Progress) -> Usage:
+def _usage(payload: JobPayload, progress: Progress) -> Usage:
     """Counted from what the run produced; the prompt as the backend counted it, if it said."""
     prompt = payload.prompt_tokens if progress.prompt_tokens is None else progress.prompt_tokens
     details = None

@@ -203,7 +203,8 @@ def _token_frames(fmt: CompletionFormat, choice: RelayedChoice, event: TokensEve
     return frames
 
 
-async def _collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Response:
+async def collect(state: AppState, fmt: CompletionFormat, arrived: float) -> Response:
+    """The whole answer of a non-streaming request (or of a batch line): JSON or error."""
     timer = RelayTimer(state, fmt.sub.model, arrived)
     choices = {s.index: RelayedChoice(s) for s in fmt.subs}
     usage = UsageSum()
@@ -275,7 +276,7 @@ async def _respond(
         )
     response = None
     try:
-        response = await unless_disconnected(request, _collect(state, fmt, arrived))
+        response = await unless_disconnected(request, collect(state, fmt, arrived))
     finally:
         # Every choice that did not end is cancelled: a disconnect, or one choice's error.
         finished = response is not None and response.status_code == 200

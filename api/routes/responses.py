@@ -35,9 +35,10 @@ from api.responses_relay import ResponseRelay
 from api.responses_store import StoredResponse
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
 from api.state import AppState, State, state_of
-from api.submit import Submitted, submit
+from api.submit import BatchBand, Submitted, submit
 from api.timing import RelayTimer
 from llmq.schema import TokensEvent
+from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,31 @@ async def _history(state: AppState, body: ResponsesRequest, owner: str | None) -
     return stored.conversation
 
 
+async def submit_turn(
+    state: AppState,
+    chat: ChatCompletionRequest,
+    owner: str | None,
+    *,
+    attach: bool,
+    band: BatchBand | None = None,
+    tenant: Tenant | None = None,
+) -> Submitted:
+    """Enqueue a response's chat request (live, or a batch line in ``band``)."""
+    return await submit(
+        state,
+        chat,
+        chat.prompt_text(),
+        max_tokens=chat.max_completion_tokens,
+        max_tokens_param="max_output_tokens",
+        prompt_param="input",
+        owner=owner,
+        attach=attach,
+        extras=_extras(chat),
+        band=band,
+        tenant=tenant,
+    )
+
+
 @generation.post("/v1/responses", response_model=None, responses=GENERATION_RESPONSES)
 async def create_response(body: ResponsesRequest, request: Request, owner: Caller) -> Response:
     arrived = time.monotonic()
@@ -92,18 +118,7 @@ async def create_response(body: ResponsesRequest, request: Request, owner: Calle
     chat = chat_request(body, await _history(state, body, owner))
     if not chat.content_tokens_present():
         raise InvalidRequest("input must contain some text", param="input", code="invalid_value")
-    sub = await submit(
-        state,
-        chat,
-        chat.prompt_text(),
-        max_tokens=chat.max_completion_tokens,
-        max_tokens_param="max_output_tokens",
-        prompt_param="input",
-        owner=owner,
-        tenant=tenant_of(request),
-        attach=True,
-        extras=_extras(chat),
-    )
+    sub = await submit_turn(state, chat, owner, attach=True, tenant=tenant_of(request))
     fmt = ResponseFormat(body, sub.id, sub.created, sub.model)
     turn = _Turn(state, fmt, sub, owner, conversation_messages(chat, body.instructions))
     if body.stream:

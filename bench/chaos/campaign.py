@@ -8,7 +8,8 @@ two API hosts, three worker hosts and the client side in the root namespace
 drawn from the seed: half native, half OpenAI streams, a share cancelling at a
 random moment, each asking ``max_tokens`` with ``ignore_eos`` so that the
 expected text is exactly that many tokens of the mock for its seed
-(:func:`reference`).
+(:func:`reference`); and a batch of such lines through the Batch API
+(:mod:`bench.chaos.batch`), made before the faults start.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
+from bench.chaos import batch
 from bench.chaos.checker import TERMINAL, Violation, check
 from bench.chaos.clients import Clients
 from bench.chaos.history import History, Kind, Process, Request, Spec, to_json
@@ -69,6 +71,8 @@ class Plan:
     self_expiry: bool = True
     #: Fault kinds to draw from, by name (empty: every one).
     kinds: tuple[str, ...] = ()
+    #: Lines of the batch run beside the clients (0: none).
+    batch_lines: int = 30
 
 
 def replay_command(plan: Plan) -> str:
@@ -87,7 +91,7 @@ async def reference(spec: Spec) -> list[str]:
         prompt_tokens=0,
         ignore_eos=True,
     )
-    return [str(token) async for token in model.generate(request)]
+    return [str(token) async for token in model.generate(request) if isinstance(token, str)]
 
 
 def specs(plan: Plan) -> list[tuple[float, Spec]]:
@@ -139,7 +143,9 @@ def run(plan: Plan, say: Callable[[str], None], keep_logs: Path) -> tuple[Histor
             )
             for p in cluster.processes
         ]
-        refs = {r.spec.n: asyncio.run(reference(r.spec)) for r in history.requests}
+        specs_ = [r.spec for r in history.requests]
+        specs_ += history.batch.specs if history.batch is not None else []
+        refs = {spec.n: asyncio.run(reference(spec)) for spec in specs_}
         violations = check(history, lambda spec: refs[spec.n])
         if violations:
             keep_logs.mkdir(parents=True, exist_ok=True)
@@ -156,6 +162,9 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     history.flush_seconds = FLUSH_SECONDS
     clients = Clients([rig.stack.api_url(h) for h in API_HOSTS], rig.started)
     kinds = [k for k in KINDS if not plan.kinds or k.name in plan.kinds]
+    if plan.batch_lines:
+        lines = batch.batch_specs(plan.seed, plan.batch_lines, plan.max_tokens)
+        history.batch = await batch.submit(clients.apis, lines)
     nemesis = Nemesis(rig, plan.seed, kinds=kinds)
     history.faults = nemesis.faults
     faults = asyncio.create_task(nemesis.run(until=plan.duration))
@@ -186,6 +195,9 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     for request in history.requests:
         if request.outcome is None:
             request.outcome, request.ended_at = "hung", rig.now()
+    if history.batch is not None:
+        left = history.quiet_at + plan.bound - rig.now()
+        await batch.collect(clients.apis, history.batch, max(left, 1.0))
     await _settle(rig, history)
     return history
 

@@ -20,10 +20,14 @@ produces (the mock model for its seed, computed in-process; see
 - ``metrics``: ``llmq_requests_total`` per finished_reason is never above what the
   records say, and below it by no more than the requests that ended within a
   flush interval before a process was killed (its unflushed counts die with it),
-  plus submissions whose answer was lost;
+  plus submissions whose answer was lost (a batch's lines count as requests that ended
+  ``length``, and a line fed again after its feeding API died as an unknown one);
 - ``crashes``: no process exited unless the nemesis stopped it;
 - ``nemesis``: every fault was healed (a failover that never completes, a process
-  that does not come back ready, is the system's failure too).
+  that does not come back ready, is the system's failure too);
+- ``batch``: a batch run beside the clients completed, every ``custom_id`` is in its
+  output exactly once (none missing, none twice, none in the error file), and each
+  line's text is the undisturbed run's.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.chaos.history import History, Request, Spec
+from bench.chaos.history import BatchRun, History, Request, Spec
 
 Reference = Callable[[Spec], list[str]]
 
@@ -42,6 +46,9 @@ COMPLETE = ("length", "stop")
 REASONS = ("length", "stop", "cancelled", "timeout", "error")
 #: Fault kinds that kill a process (its unflushed metrics are lost with it).
 KILLING = ("worker-kill", "all-workers-kill", "api-kill", "redis-stall-worker-kill")
+#: Batch lines a killed feeder may have enqueued without noting them (fed again, so
+#: run and counted twice): what one feeder step feeds, the pool's slots and lookahead.
+BATCH_REFED_PER_KILL = 20
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ def check(history: History, reference: Reference) -> list[Violation]:
     found += _settled(history)
     found += _metrics(history)
     found += _crashes(history)
+    found += _batch(history, reference)
     return found
 
 
@@ -171,6 +179,11 @@ def _metrics(history: History) -> list[Violation]:
             at_risk[reason] += 1
     # submissions whose id the client never learnt may have run and been counted
     unknown = sum(r.request_id is None and r.outcome != "refused" for r in history.requests)
+    if history.batch is not None:  # its lines are requests too, each counted once...
+        recorded["length"] += len(history.batch.output)
+        # ...but for those a killed feeding API had enqueued without noting it yet
+        api_kills = sum(f.kind == "api-kill" for f in history.faults)
+        unknown += api_kills * BATCH_REFED_PER_KILL
     out = []
     for reason in REASONS:
         counted = history.counters.get(reason, 0.0)
@@ -200,6 +213,42 @@ def _crashes(history: History) -> list[Violation]:
         for p in history.processes
         if p.exit_code is not None and not p.by_nemesis
     ]
+
+
+def batch_custom_id(spec: Spec) -> str:
+    return f"line-{spec.n}"
+
+
+def _batch(history: History, reference: Reference) -> list[Violation]:
+    run: BatchRun | None = history.batch
+    if run is None:
+        return []
+    if run.error or run.status != "completed":
+        return [Violation("batch", None, f"the batch ended {run.status!r}: {run.error}")]
+    out = [
+        Violation("batch", None, f"line {custom_id} failed: {code}")
+        for custom_id, code in run.errors
+    ]
+    seen = Counter(custom_id for custom_id, _ in run.output)
+    out += [
+        Violation("batch", None, f"line {custom_id} is in the output {count} times")
+        for custom_id, count in seen.items()
+        if count > 1
+    ]
+    texts = dict(run.output)
+    for spec in run.specs:
+        custom_id = batch_custom_id(spec)
+        if custom_id not in texts:
+            if custom_id not in dict(run.errors):
+                out.append(Violation("batch", None, f"line {custom_id} is missing"))
+            continue
+        if texts[custom_id] != "".join(reference(spec)):
+            message = f"line {custom_id}'s text differs: {texts[custom_id]!r:.80}"
+            out.append(Violation("batch", None, message))
+    unknown = set(texts) - {batch_custom_id(spec) for spec in run.specs}
+    if unknown:
+        out.append(Violation("batch", None, f"lines nobody asked for: {sorted(unknown)[:5]}"))
+    return out
 
 
 def _describe(r: Request) -> str:

@@ -94,6 +94,23 @@ class Process:
 
 
 @dataclass
+class BatchRun:
+    """A batch run through the Batch API beside the clients: its lines (``custom_id``
+    ``line-<n>``, each a completion of ``spec``) and what its output and error files
+    held once it ended, line by line as listed (a ``custom_id`` twice is kept twice)."""
+
+    specs: list[Spec] = field(default_factory=list)
+    batch_id: str = ""
+    status: str = ""
+    #: ``(custom_id, text)`` of each output line.
+    output: list[tuple[str, str]] = field(default_factory=list)
+    #: ``(custom_id, error code or status)`` of each error line.
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    #: Why the batch could not be made or read back.
+    error: str = ""
+
+
+@dataclass
 class History:
     seed: int
     duration: float
@@ -117,6 +134,8 @@ class History:
     flush_seconds: float = 1.0
     #: A fault the nemesis could not inject or heal (the system did not come back).
     nemesis_error: str = ""
+    #: The batch run beside the clients (None: none was).
+    batch: BatchRun | None = None
 
 
 def to_json(history: History) -> str:
@@ -132,4 +151,12 @@ def from_json(text: str) -> History:
         requests.append(Request(spec=spec, events=events, **r))
     faults = [Fault(**f) for f in raw.pop("faults")]
     processes = [Process(**p) for p in raw.pop("processes")]
-    return History(requests=requests, faults=faults, processes=processes, **raw)
+    batch = raw.pop("batch", None)
+    if batch is not None:
+        batch = BatchRun(
+            specs=[Spec(**spec) for spec in batch.pop("specs")],
+            output=[(str(c), str(t)) for c, t in batch.pop("output")],
+            errors=[(str(c), str(e)) for c, e in batch.pop("errors")],
+            **batch,
+        )
+    return History(requests=requests, faults=faults, processes=processes, batch=batch, **raw)

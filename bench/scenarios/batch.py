@@ -4,8 +4,8 @@ Three runs on one stack (workers x slots of the mock model, which never stops by
 itself, so every request has its full length):
 
 1. **batch alone**: a batch of lines shaped like the interactive requests, on an idle
-   pool, for ``probe_s`` seconds: the lines finished per second are the pool's
-   capacity as the batch sees it (then it is cancelled).
+   pool, for ``probe_s`` seconds: the lines finished per second over its last three
+   quarters are the pool's capacity as the batch sees it (then it is cancelled).
 2. **interactive alone**: Poisson arrivals at ``load_share`` (60 %) of that capacity.
 3. **interactive + batch**: the same arrivals (same seed) while a batch of ``lines``
    runs; the batch is cancelled when the interactive run ends.
@@ -134,8 +134,10 @@ def run(ctx: Context) -> ScenarioResult:
         for i in range(ctx.repeats):
             ctx.say(f"  batch alone {i + 1}/{ctx.repeats}")
             probe = _Batch(http, s)
-            time.sleep(s.probe_s)
-            capacity = probe.done() / (time.monotonic() - probe.started)
+            time.sleep(s.probe_s / 4)  # the pool fills up first
+            began, before = time.monotonic(), probe.done()
+            time.sleep(s.probe_s * 3 / 4)
+            capacity = (probe.done() - before) / (time.monotonic() - began)
             probe.cancel()
             rate = s.load_share * capacity
             config = s.load(

@@ -2,7 +2,7 @@
 
 At light load nothing queues, so any difference in TTFT is the price of the
 pipeline itself (HTTP, the Redis enqueue, the wake-up, the claim, the stream
-relay) over the seed's in-process server running the same mock model. Both
+relay) over the prototype's in-process server running the same mock model. Both
 systems get the identical LoadConfig (same seed per repeat, so the same arrival
 times and prompts) and the same number of slots.
 """

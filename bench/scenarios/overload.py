@@ -1,7 +1,7 @@
 """A burst beyond capacity: llmq's bounded queue against the baseline's busy-wait.
 
 Both get the same burst (Poisson arrivals at several times what their slots can
-serve). The seed's admission has no bound: every request waits, polling every
+serve). The prototype's admission has no bound: every request waits, polling every
 10 ms, so waiting times grow with the burst and nobody is told to back off. llmq
 keeps at most ``LLMQ_MAX_QUEUE_DEPTH`` waiting and answers the rest at once with
 429 + ``Retry-After``, so the accepted requests keep a bounded TTFT. Reported

@@ -115,7 +115,7 @@ async def _expected_text(s: Sizes, stream: Stream) -> str:
     request = GenerationRequest(
         prompt=stream.prompt, max_tokens=s.max_tokens, seed=stream.seed, prompt_tokens=0
     )
-    return "".join([token async for token in model.generate(request)])
+    return "".join([token async for token in model.generate(request) if isinstance(token, str)])
 
 
 async def _consume(client: httpx.AsyncClient, s: Sizes, stream: Stream) -> None:

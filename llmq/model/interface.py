@@ -1,15 +1,15 @@
 """The model's declaration: what every backend implements and what the API relies on.
 
-A backend implements :class:`Model`: count a prompt's tokens, and turn a
-:class:`GenerationRequest` into an async iterator of token texts (a
-:class:`Token` carries a log-probability; a :class:`ToolCallStart` comes before
-the arguments of a tool call). The iterator ending before ``max_tokens`` means the
-model stopped by itself (finish_reason ``stop``); reaching ``max_tokens`` means
-``length``. Everything around it (queueing, streaming, cancellation) is the
-pipeline's job, not the model's.
+A backend implements :class:`Backend`: count a prompt's tokens, and turn a
+:class:`GenerationRequest` into an async iterator of outputs (:data:`Output`): token
+texts (a :class:`Token` carries a log-probability), a :class:`ToolCallStart` before
+the arguments of a tool call, a :class:`Report` of what the backend counted. The
+iterator ending before ``max_tokens`` means the model stopped by itself
+(finish_reason ``stop``); reaching ``max_tokens`` means ``length``. Everything
+around it (queueing, streaming, cancellation) is the pipeline's job, not the model's.
 
 A backend that runs its own step loop (continuous batching: every running sequence
-advances one token per step) may also implement :class:`SteppedModel`: it calls
+advances one token per step) may also implement :class:`SteppedBackend`: it calls
 back with each token from that loop instead of waking one iterator per token per
 request, and the worker then takes the callbacks (see ``worker.runner``). The
 iterator stays the interface every backend has.
@@ -95,47 +95,38 @@ class Token(str):
         return token
 
 
-class ToolCallStart(str):
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
     """The model calls a tool: the tokens that follow are its JSON arguments.
 
-    An empty ``str`` (it adds no text), yielded once before the arguments.
+    Not a token (it adds no text): output once, before the arguments.
     """
 
     id: str
     name: str
 
-    def __new__(cls, call_id: str, name: str) -> ToolCallStart:
-        start = super().__new__(cls, "")
-        start.id, start.name = call_id, name
-        return start
 
-
-class Report(str):
+@dataclass(frozen=True, slots=True)
+class Report:
     """What the backend learned about the request, for its usage and finish reason.
 
-    An empty ``str`` (it adds no text), yielded (or emitted) at any point, any number
-    of times; later fields override earlier ones, ``None`` leaves a field as it was.
+    Not a token (it adds no text): output (or emitted) at any point, any number of
+    times; later fields override earlier ones, ``None`` leaves a field as it was.
     A backend that counts tokens itself (an inference server) reports the prompt's
     true token count, how many of them came from its prefix cache, and why it stopped;
     without a report the worker counts the prompt as admitted and derives the finish
     reason from ``max_tokens``.
     """
 
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    finish_reason: Literal["stop", "length"] | None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: Literal["stop", "length"] | None = None
 
-    def __new__(
-        cls,
-        *,
-        prompt_tokens: int | None = None,
-        cached_tokens: int | None = None,
-        finish_reason: Literal["stop", "length"] | None = None,
-    ) -> Report:
-        report = super().__new__(cls, "")
-        report.prompt_tokens, report.cached_tokens = prompt_tokens, cached_tokens
-        report.finish_reason = finish_reason
-        return report
+
+#: One output of a generation: a token (a ``str``: a :class:`Token` where it carries
+#: a log-probability), a tool call's start, or a report. Told apart with
+#: ``isinstance`` (a token is the only ``str``) or ``match``.
+Output = str | ToolCallStart | Report
 
 
 @dataclass(frozen=True)
@@ -189,7 +180,7 @@ def message_text(message: Mapping[str, Any]) -> str:
     return " ".join([text, *calls]) if calls else text
 
 
-class Model(Protocol):
+class Backend(Protocol):
     """A generator of tokens. Implementations must be safe to call concurrently.
 
     ``generate`` yields the tokens that follow ``request.generated``, not those
@@ -202,15 +193,15 @@ class Model(Protocol):
 
     def count_tokens(self, text: str) -> int: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[str]: ...
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Output]: ...
 
 
-#: Takes one output of a generation (a token, or a :class:`ToolCallStart`).
-Emit = Callable[[str], None]
+#: Takes one output of a generation (:data:`Output`).
+Emit = Callable[[Output], None]
 
 
 @runtime_checkable
-class SteppedModel(Model, Protocol):
+class SteppedBackend(Backend, Protocol):
     """A backend with its own step loop, which can hand tokens over by callback.
 
     ``generate_into`` produces what ``generate`` would yield, in the same order,

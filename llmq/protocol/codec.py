@@ -70,10 +70,10 @@ class Claim:
     request_id: str | None = None
     score: int = 0
     cost: int = 0
-    #: The claimed request's job record (None if it expired) and its try number,
-    #: which is also the attempt: the run's fencing token.
+    #: The claimed request's job record (None if it expired) and its attempt (arq's
+    #: try number, which the claim bumped): the run's fencing token.
     job: bytes | None = None
-    job_try: int = 0
+    attempt: int = 0
     expired: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     #: The queue still held requests after this claim: worth claiming again.
@@ -84,19 +84,19 @@ class Claim:
 
 
 def parse_handoff(message: bytes | str) -> Claim:
-    """The claim enqueue.lua made for this worker: ``id|score|cost|try|job``."""
-    request_id, score, cost, job_try, job = as_bytes(message).split(b"|", 4)
+    """The claim enqueue.lua made for this worker: ``id|score|cost|attempt|job``."""
+    request_id, score, cost, attempt, job = as_bytes(message).split(b"|", 4)
     return Claim(
         request_id=request_id.decode(),
         score=int(score),
         cost=int(cost),
         job=job,
-        job_try=int(job_try),
+        attempt=int(attempt),
     )
 
 
 def parse_claim(reply: Sequence[Any]) -> Claim:
-    request_id, score, cost, job, job_try, more, retry_ms = reply[:7]
+    request_id, score, cost, job, attempt, more, retry_ms = reply[:7]
     rest = [as_str(x) for x in reply[7:]]
     split = rest.index("|")
     return Claim(
@@ -104,7 +104,7 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
         score=int(float(as_str(score))),
         cost=int(float(as_str(cost))),
         job=as_bytes(job) or None,
-        job_try=int(job_try),
+        attempt=int(attempt),
         expired=rest[:split],
         cancelled=rest[split + 1 :],
         more=as_str(more) == "1",

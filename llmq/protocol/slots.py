@@ -4,16 +4,18 @@ A builder is a frozen dataclass whose fields are the script's slots in their ord
 each named as the script's own ``local x = KEYS[n]`` / ``local x = ARGV[n]`` line
 names it (``tests/test_slots.py`` holds each builder against its script, so a slot
 out of order fails a test). A field named ``*_key`` is a KEY, any other an ARGV; a
-field marked :data:`SPREAD` (a sequence, always the last ARGV) is spread into ARGV
+field made by :func:`tail` (a sequence, always last) is spread into ARGV (or KEYS)
 as the variable part the script reads in a loop; a field holding another builder (a
 routed claim's or enqueue's extra slots, ``None`` when not routed) adds its KEYS
 after these KEYS and its ARGV after these ARGV. :meth:`Slots.call` flattens a
 builder into the (KEYS, ARGV) a script call or :func:`~llmq.protocol.scripts.run_pipelined`
 takes; :meth:`Slots.run` calls the builder's script (:attr:`Slots.SCRIPT`).
 
-``publish.lua`` and ``enqueue_batch.lua`` take many requests in one call; their
-per-request layouts are :class:`Publish` and :class:`Enqueue`, put together by
-:func:`llmq.protocol.streams.publish_calls` and :class:`EnqueueBatch`.
+``publish.lua`` and ``enqueue_batch.lua`` take many requests in one call:
+:class:`EnqueueBatch` puts :class:`Enqueue` calls together; :class:`Publish` names
+``publish.lua``'s slots of one request, which :func:`llmq.protocol.keys.run_keys` and
+:func:`llmq.protocol.codec.publish_args` fill on a worker's flush path
+(:func:`llmq.protocol.streams.publish_calls`; the test holds both against it).
 """
 
 from __future__ import annotations
@@ -90,18 +92,9 @@ class Slots:
     def names(cls) -> tuple[list[str], list[str]]:
         """The named KEYS and ARGV slots in order, parts included (what the script's
         ``local`` lines name); a spread tail has no name of its own."""
-        keys_: list[str] = []
-        args: list[str] = []
-        parts: list[type[Slots]] = []
-        for f in fields(cls):
-            kind = f.metadata.get("kind") or (KEY if f.name.endswith("_key") else ARG)
-            if kind == KEY:
-                keys_.append(f.name)
-            elif kind == ARG:
-                args.append(f.name)
-            elif kind == PART:
-                parts.append(f.metadata["part"])
-        for p in parts:
+        keys_ = [name for name, kind in layout(cls) if kind == KEY]
+        args = [name for name, kind in layout(cls) if kind == ARG]
+        for p in (f.metadata["part"] for f in fields(cls) if f.metadata.get("kind") == PART):
             k, a = p.names()
             keys_ += k
             args += a

@@ -17,7 +17,7 @@ from tests.support.processes import children_of, live_workers, reap, start_run, 
 from tests.support.sse import stream_completion
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 TOKENS = 150  # 1.5 s at 100 tokens/s
 

@@ -21,7 +21,7 @@ from tests.support.processes import (
 )
 from tests.support.sse import stream_completion
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
 
 async def test_a_killed_worker_is_restarted_and_its_request_completes() -> None:

@@ -23,7 +23,7 @@ from tests.support.processes import (
 )
 from tests.support.sse import frames
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from llmq.model.interface import GenerationRequest
+from llmq.model.interface import GenerationRequest, Output
 from llmq.model.tokenizer import count_tokens
 from worker.mock import MockModel
 
@@ -24,7 +24,7 @@ class Flaky:
     def count_tokens(self, text: str) -> int:
         return count_tokens(text)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         n = len(request.generated)
         first_run = request.seed not in self.seen
         self.seen.add(request.seed)

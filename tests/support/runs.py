@@ -17,7 +17,7 @@ async def undisturbed(max_tokens: int, seed: int) -> list[str]:
     """The mock model's tokens for ``seed``: what a run without failures produces."""
     model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
     request = GenerationRequest(prompt="p", max_tokens=max_tokens, seed=seed, prompt_tokens=0)
-    return [token async for token in model.generate(request)]
+    return [token async for token in model.generate(request) if isinstance(token, str)]
 
 
 async def stream_events(redis: Redis, rid: str) -> list[tuple[float, Event]]:

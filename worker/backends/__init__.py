@@ -12,7 +12,7 @@ import contextlib
 import logging
 from typing import Any
 
-from llmq.model.interface import CAPABILITIES, Embedder, Model, capabilities_of
+from llmq.model.interface import CAPABILITIES, Backend, Embedder, capabilities_of
 from llmq.outage import Outage
 from llmq.settings import WorkerSettings
 from worker.backends.engines import ENGINES
@@ -47,7 +47,7 @@ def mock_backend(settings: WorkerSettings) -> MockModel:
     return MockModel.from_profile(profile, **figures)
 
 
-def embedder_for(backend: Model, settings: WorkerSettings) -> Embedder | None:
+def embedder_for(backend: Backend, settings: WorkerSettings) -> Embedder | None:
     """What embeds for ``backend``: its own embedder, else the mock's for the mock."""
     if isinstance(backend, Embedder):
         return backend
@@ -77,7 +77,7 @@ def upstream_capabilities(settings: WorkerSettings) -> frozenset[str] | None:
     return names
 
 
-def build_backend(settings: WorkerSettings) -> Model:
+def build_backend(settings: WorkerSettings) -> Backend:
     """The backend the settings pick; an upstream is not contacted yet (:func:`connect`)."""
     if settings.backend == "mock":
         return mock_backend(settings)
@@ -97,7 +97,7 @@ def build_backend(settings: WorkerSettings) -> Model:
     )
 
 
-async def connect(backend: Model, stop: asyncio.Event) -> bool:
+async def connect(backend: Backend, stop: asyncio.Event) -> bool:
     """Wait until an upstream answers what it serves (False if stopped meanwhile);
     the mock is ready at once. The worker registers only after this."""
     if not isinstance(backend, OpenAIUpstream):
@@ -141,7 +141,7 @@ async def connect(backend: Model, stop: asyncio.Event) -> bool:
     return False
 
 
-def concurrency(backend: Model, settings: WorkerSettings) -> int:
+def concurrency(backend: Backend, settings: WorkerSettings) -> int:
     """The worker's cap: the upstream's slots where known (plus the requests it keeps
     queued there, ``LLMQ_UPSTREAM_QUEUE``), else ``LLMQ_CONCURRENCY``."""
     if isinstance(backend, OpenAIUpstream) and backend.slots:
@@ -149,12 +149,12 @@ def concurrency(backend: Model, settings: WorkerSettings) -> int:
     return settings.concurrency
 
 
-def upstream_found(backend: Model) -> dict[str, Any] | None:
+def upstream_found(backend: Backend) -> dict[str, Any] | None:
     """What the worker found of its upstream (None: the mock), for its registry entry."""
     return backend.found() if isinstance(backend, OpenAIUpstream) else None
 
 
-async def close(backend: Model) -> None:
+async def close(backend: Backend) -> None:
     if isinstance(backend, OpenAIUpstream):
         with contextlib.suppress(Exception):
             await backend.aclose()

@@ -208,17 +208,17 @@ ENGINES: dict[str, Engine] = {
 }
 
 
-#: What a probe of an endpoint the engine may lack raises: an error status or an
-#: answer that is not JSON; a refused connection is not among them (the upstream is
-#: not up yet: the caller retries).
-NOT_SERVED = (aiohttp.ClientResponseError, aiohttp.ContentTypeError, ValueError)
-
-
 async def _answer(get: GetJson, path: str) -> dict[str, Any] | None:
-    """``path``'s JSON object, None where the engine does not serve it."""
+    """``path``'s JSON object, None where the engine does not serve it (a 4xx, or an
+    answer that is not JSON). A 5xx or a refused connection raises: the engine is not
+    up yet (llama.cpp answers 503 while it loads), and the caller asks again later."""
     try:
         answer = await get(path)
-    except NOT_SERVED:
+    except aiohttp.ClientResponseError as exc:
+        if exc.status >= 500:
+            raise
+        return None
+    except ValueError:
         return None
     return answer if isinstance(answer, dict) else None
 

@@ -19,7 +19,8 @@ assumes only this of the upstream:
   interrupted sequence: a re-run resumes by sending the prompt followed by the text
   already published, with the remaining ``max_tokens`` (see ``docs/backends.md``
   for the engines and tokenizers where the result equals an uninterrupted run);
-- with ``chat`` (``LLMQ_UPSTREAM_API=chat``), ``/v1/chat/completions`` streams
+- with ``chat`` (wherever the engine has a chat template, found at :meth:`connect`,
+  unless ``LLMQ_UPSTREAM_API`` says otherwise), ``/v1/chat/completions`` streams
   ``choices[0].delta.content`` likewise, and continues a final assistant message
   (``continue_final_message``); an engine that echoes the continued text first
   (llama.cpp) has it dropped;
@@ -35,9 +36,10 @@ Its tokenizer is declared as ``chars`` (the API's approximation); the upstream
 counts exactly: the prompt's true count comes back in a :class:`Report`, and a
 prompt that might not fit is counted with the engine's ``/tokenize`` first, so that
 one over the context length ends as ``context_length_exceeded``. Errors are mapped
-in one place (:func:`_raise_for`): a 4xx is the request's fault and ends it with the
-upstream's message (:class:`Refused`); a 5xx, a refused or dropped connection or
-a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
+in one place (:func:`_raise_for`): a 4xx, before the stream or as an error event in
+it, is the request's fault and ends it with the upstream's message
+(:class:`Refused`: the client gets a 400); a 5xx, a refused or dropped connection
+or a stall is the upstream's (:class:`UpstreamDown`), and the attempt is retried.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from pydantic_core import from_json
 
 from llmq.model.interface import (
     GenerationRequest,
+    Output,
     Refused,
     Report,
     Token,
@@ -111,7 +114,7 @@ def _raise_for(status: int, body: bytes) -> None:
 
 
 class OpenAIUpstream:
-    """A :class:`~llmq.model.interface.Model` that streams from an upstream server.
+    """A :class:`~llmq.model.interface.Backend` that streams from an upstream server.
 
     :meth:`connect` asks the upstream what it serves (model, slots, context length,
     capabilities) where the settings leave it open (``capabilities`` None); ``on_down``
@@ -281,7 +284,7 @@ class OpenAIUpstream:
     def count_tokens(self, text: str) -> int:
         return CHARS.count(text)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Output]:
         if request.max_tokens <= len(request.generated):
             return
         chat = self.chat and bool(request.messages)
@@ -313,12 +316,15 @@ class OpenAIUpstream:
                 outputs = self._outputs(response, len(resumed), echoed, request.seed, tools)
                 if len(resumed) < len(request.generated):
                     outputs = _after_published(outputs, request.generated)
-                async for out in outputs:
-                    yield out
-                if self.engine.closes_streams:
-                    # the server closes it after the stream, but a stream read to its
-                    # end would go back to the pool, where a health check could meet it
-                    response.close()
+                try:
+                    async for out in outputs:
+                        yield out
+                finally:
+                    if self.engine.closes_streams:
+                        # the server closes it after the stream, but a stream read to
+                        # its end (or left once all of it arrived) would go back to the
+                        # pool, where a health check could meet it
+                        response.close()
         except HTTP_ERRORS as exc:
             failed = True
             self._down()
@@ -401,7 +407,7 @@ class OpenAIUpstream:
         echoed: str = "",
         seed: int = 0,
         tools: bool = False,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[Output]:
         """Tokens and reports from the stream; ``echoed``: the continued message's text,
         which the upstream sends back first (dropped: it was published already);
         ``tools``: the request offered tools (its body asked for the counts early)."""
@@ -440,7 +446,7 @@ class OpenAIUpstream:
                 # llama.cpp holds back a token that ends inside a character)
                 if special or (count is not None and (count != 1 or not text)):
                     outs = (
-                        _choice_outputs(echo, call, text, logprobs, reason, tool_calls)
+                        _choice_outputs(echo, call, text, (logprobs, count), reason, tool_calls)
                         if special
                         else _per_token(text, logprobs, count or 0)
                     )
@@ -512,15 +518,22 @@ def _choice_outputs(
     echo: _Echo,
     call: _ToolCall,
     text: str,
-    logprobs: Any,
+    counted: tuple[Any, int | None],
     reason: Any,
     tool_calls: Any,
-) -> list[str]:
-    """A choice's outputs while an echo may still come back or a tool is called."""
-    outs: list[str] = []
-    for piece, piece_logprobs in echo.feed(text, logprobs, last=bool(reason)):
+) -> list[Output]:
+    """A choice's outputs while an echo may still come back or a tool is called;
+    ``counted``: the chunk's log-probabilities and its tokens where the engine says
+    (held with its text while the echo is undecided: a character of two tokens right
+    after a resume still counts two)."""
+    outs: list[Output] = []
+    for piece, (piece_logprobs, tokens) in echo.feed(text, counted, last=bool(reason)):
         if call.started is None:  # text after a call has no place
-            outs.append(_token(piece, piece_logprobs))
+            if tokens is None:
+                outs.append(_token(piece, piece_logprobs))
+            else:
+                outs += _per_token(piece, piece_logprobs, tokens)
+    logprobs = counted[0]
     for out in call.outputs(tool_calls or ()):
         outs.append(out if isinstance(out, ToolCallStart) else _token(out, logprobs))
     return outs
@@ -537,8 +550,8 @@ class _ToolCall:
         self.started: int | None = None
         self.ended = False
 
-    def outputs(self, deltas: Any) -> list[str]:
-        outs: list[str] = []
+    def outputs(self, deltas: Any) -> list[str | ToolCallStart]:
+        outs: list[str | ToolCallStart] = []
         for delta in deltas:
             index = delta.get("index", 0)
             function = delta.get("function") or {}
@@ -558,8 +571,8 @@ class _ToolCall:
 
 
 async def _after_published(
-    outputs: AsyncIterator[str], published: tuple[str, ...]
-) -> AsyncIterator[str]:
+    outputs: AsyncIterator[Output], published: tuple[str, ...]
+) -> AsyncIterator[Output]:
     """A replay's outputs after the tokens already ``published`` (a re-run of a request
     that offers tools starts over), which it must repeat: a tool call's start among
     them was published with them; a token that differs raises :class:`ReplayDiverged`."""

@@ -76,7 +76,7 @@ class UpstreamWatch:
         if not self.ready:
             return
         self.ready = False
-        running = list(self.worker.runner.running)
+        running = list(self.worker.runner.runs)
         log.warning(
             "upstream %s does not answer: claiming stops, %d running requests handed back",
             self.upstream.url,

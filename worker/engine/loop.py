@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llmq.model.interface import CacheListener, Emit, Report, ToolCallStart
+from llmq.model.interface import CacheListener, Emit, Output, Report
 from worker.engine.kv_cache import KVCache
 from worker.engine.scheduler import EngineSequence, Scheduler, Step
 
@@ -59,7 +59,7 @@ class Running:
 
     def __init__(
         self,
-        outputs: Iterator[str],
+        outputs: Iterator[Output],
         emit: Emit,
         finished: asyncio.Future[None],
         state: EngineSequence,
@@ -71,7 +71,7 @@ class Running:
         """Draw the next output; False (and finished) when there is none."""
         try:
             for out in self.outputs:
-                if isinstance(out, ToolCallStart | Report):
+                if not isinstance(out, str):  # a tool call's start, a report
                     if not self.send(out):
                         return False
                     continue
@@ -93,7 +93,7 @@ class Running:
             return self.end(exc)
         return not self.finished.done() and self.advance()
 
-    def send(self, out: str) -> bool:
+    def send(self, out: Output) -> bool:
         try:
             self.emit(out)
         except Exception as exc:

@@ -136,9 +136,9 @@ local function park(free, left, is_idle)
   end
 end
 
-local function reply(id, score, cost, job, try)
+local function reply(id, score, cost, job, attempt)
   local more = redis.call('ZCARD', queue_key) > 0
-  local out = {id, score, cost, job or '', try or 0, more and '1' or '0', retry_ms}
+  local out = {id, score, cost, job or '', attempt or 0, more and '1' or '0', retry_ms}
   for _, x in ipairs(expired) do table.insert(out, x) end
   table.insert(out, '|')
   for _, x in ipairs(cancelled) do table.insert(out, x) end
@@ -154,17 +154,17 @@ local function take(id, score, cost)
   end
   drop(id)
   local job = redis.call('GET', job_prefix .. id)
-  local try = redis.call('INCR', retry_prefix .. id)
+  local attempt = redis.call('INCR', retry_prefix .. id)
   redis.call('EXPIRE', retry_prefix .. id, retry_ttl)
   redis.call('ZADD', running_key, ms(now + lease_ms), id)
-  redis.call('HSET', leases_key, id, score .. ':' .. cost .. ':' .. try)
+  redis.call('HSET', leases_key, id, score .. ':' .. cost .. ':' .. attempt)
   redis.call('SET', in_progress_prefix .. id, '1', 'PX', in_progress_ms)
   if redis.call('ZCARD', queue_key) == 0 then
     park(free_slots - 1, budget < 0 and -1 or math.max(budget - cost, 0), '0')
   else
     park(0)
   end
-  return reply(id, score, cost, job, try)
+  return reply(id, score, cost, job, attempt)
 end
 
 -- The routed choice among the window (see the top). Returns the position to take or

@@ -1,0 +1,125 @@
+"""A batch through the Batch API beside the campaign's clients, under the same faults.
+
+Created before the faults start, through whichever API host answers; once the
+faults are healed it is awaited (within the campaign's bound) and its output and
+error files read back line by line into the history, where the checker's ``batch``
+rule wants every ``custom_id`` once with the undisturbed run's text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from bench.chaos.checker import batch_custom_id
+from bench.chaos.history import BatchRun, Spec
+
+#: The first spec number of a batch line (the clients' requests are numbered from 0).
+FIRST_LINE = 100_000
+ENDED = ("completed", "failed", "expired", "cancelled")
+
+
+def batch_specs(seed: int, lines: int, max_tokens: tuple[int, int]) -> list[Spec]:
+    rng = random.Random(f"batch:{seed}")
+    return [
+        Spec(
+            n=FIRST_LINE + i,
+            kind="openai",
+            seed=rng.randrange(1 << 30),
+            prompt=f"chaos {seed} batch line {i}",
+            max_tokens=rng.randint(*max_tokens),
+        )
+        for i in range(lines)
+    ]
+
+
+def _line(spec: Spec) -> str:
+    body = {
+        "model": "mock",
+        "prompt": spec.prompt,
+        "max_tokens": spec.max_tokens,
+        "seed": spec.seed,
+        "ignore_eos": True,
+    }
+    line = {"custom_id": batch_custom_id(spec), "method": "POST", "url": "/v1/completions"}
+    return json.dumps({**line, "body": body})
+
+
+async def _any(apis: Sequence[str], method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """The first answer of any API host (each tried in turn, a few rounds)."""
+    failure = ""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0)) as http:
+        for _ in range(10):
+            for api in apis:
+                try:
+                    response = await http.request(method, api + path, **kwargs)
+                except httpx.HTTPError as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                    continue
+                if response.status_code < 500:
+                    return response
+                failure = f"{response.status_code}: {response.text[:200]}"
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"no API answered {method} {path}: {failure}")
+
+
+async def submit(apis: Sequence[str], specs: list[Spec]) -> BatchRun:
+    run = BatchRun(specs=specs)
+    content = "".join(_line(spec) + "\n" for spec in specs)
+    try:
+        uploaded = await _any(
+            apis,
+            "POST",
+            "/v1/files",
+            files={"file": ("in.jsonl", content)},
+            data={"purpose": "batch"},
+        )
+        uploaded.raise_for_status()
+        created = await _any(
+            apis,
+            "POST",
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+            },
+        )
+        created.raise_for_status()
+        run.batch_id = created.json()["id"]
+    except (RuntimeError, httpx.HTTPError) as exc:
+        run.error = f"the batch could not be made: {exc}"
+    return run
+
+
+async def collect(apis: Sequence[str], run: BatchRun, timeout: float) -> None:
+    """Wait for the batch to end (at most ``timeout`` s), then read its files."""
+    if not run.batch_id:
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                got = (await _any(apis, "GET", f"/v1/batches/{run.batch_id}")).json()
+                run.status = got["status"]
+                if run.status in ENDED:
+                    break
+                await asyncio.sleep(0.5)
+        for field, into in (("output_file_id", run.output), ("error_file_id", run.errors)):
+            if got.get(field):
+                text = (await _any(apis, "GET", f"/v1/files/{got[field]}/content")).text
+                into += [_entry(json.loads(raw), field) for raw in text.splitlines()]
+    except (TimeoutError, RuntimeError, httpx.HTTPError, ValueError) as exc:
+        run.error = f"the batch could not be read back: {type(exc).__name__}: {exc}"
+
+
+def _entry(line: dict[str, Any], field: str) -> tuple[str, str]:
+    response = line.get("response") or {}
+    if field == "error_file_id":
+        code = (line.get("error") or {}).get("code") or f"status {response.get('status_code')}"
+        return line["custom_id"], str(code)
+    return line["custom_id"], str(response["body"]["choices"][0]["text"])
