@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from api import errors, event_stream, openapi
 from api.batch_feeder import BatchFeeder
 from api.catalog import Catalog
+from api.flow import RateLimitHeaders
 from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
 from api.relay import StreamRelay
@@ -152,6 +153,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(native.router)
     app.include_router(health.router)
     app.include_router(metrics_routes.router)
+    app.add_middleware(RateLimitHeaders)
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, upload_bytes=settings.batch_max_file_bytes
     )

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import math
 import time
+from contextvars import ContextVar
 from typing import cast
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import InvalidRequest, Overloaded
 from api.state import AppState
@@ -35,6 +38,36 @@ RATE_PERIODS = 3
 #: Beyond the longest a request can live, how long its place at once is held if
 #: nothing returns it.
 HOLD_MARGIN_MS = 60_000
+
+
+#: The rate-limit headers of this request's quota take, for :class:`RateLimitHeaders`.
+TAKEN: ContextVar[dict[str, str] | None] = ContextVar("llmq_rate_headers", default=None)
+
+
+class RateLimitHeaders:
+    """A pure ASGI middleware: a response to a request that took its tenant's quota
+    carries OpenAI's ``x-ratelimit-*`` headers (what is left after it), as a 429 does."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = TAKEN.set(None)
+
+        async def with_headers(message: Message) -> None:
+            taken = TAKEN.get()
+            if message["type"] == "http.response.start" and taken:
+                extra = [(k.encode(), v.encode()) for k, v in taken.items()]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, with_headers)
+        finally:
+            TAKEN.reset(token)
 
 
 def duration(ms: int) -> str:
@@ -102,6 +135,7 @@ async def take_quota(state: AppState, tenant: Tenant | None, calls: list[Enqueue
         tenant.name, limits, hold_ms, [(c.request_id, c.cost) for c in calls]
     )
     if verdict.taken:
+        TAKEN.set(rate_headers(verdict))
         return
     limit = {
         "requests": f"{limits.requests_per_minute} requests per minute",

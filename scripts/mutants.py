@@ -875,7 +875,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "quota-429",
         "a request over its tenant's limit gets 429 rate_limit_exceeded",
         "api/flow.py",
-        "    if verdict.taken:\n        return\n",
+        "    if verdict.taken:\n        TAKEN.set(rate_headers(verdict))\n        return\n",
         "    if True:\n        return\n",
         (
             "tests/test_quota.py::test_over_the_limit_is_openais_429",

@@ -89,7 +89,11 @@ async def test_over_the_limit_is_openais_429(
         await wait_ready(client)
         # wait_ready sent none: the bucket holds its burst, one request (of 2 a minute)
         answers = [await client.post("/v1/completions", json=body) for _ in range(2)]
+        streamed = await client.post("/v1/completions", json={**body, "stream": True})
     assert answers[0].status_code == 200
+    ok = answers[0].headers  # an accepted request says what is left too
+    assert ok["x-ratelimit-limit-requests"] == "2" and ok["x-ratelimit-remaining-requests"] == "0"
+    assert streamed.status_code == 429  # a stream is refused before it starts
     refused = answers[1]
     assert refused.status_code == 429
     error = refused.json()["error"]
@@ -105,12 +109,12 @@ async def test_over_the_limit_is_openais_429(
     async def counted() -> bool:
         async with api.client() as client:
             text = (await client.get("/metrics")).text
-        return 'llmq_tenant_requests_total{outcome="rate_limited",tenant="default"} 1.0' in text
+        return 'llmq_tenant_requests_total{outcome="rate_limited",tenant="default"} 2.0' in text
 
     await wait_until(counted, timeout=10, what="the refusal in /metrics")
     code, out, _ = await llmq(api.settings.redis_url, "tenant", "stats")
     row = next(line.split() for line in out.splitlines() if line.startswith("default "))
-    assert code == 0 and row[-3:] == ["1", "1", "0"]  # accepted, rate limited, shed
+    assert code == 0 and row[-3:] == ["1", "2", "0"]  # accepted, rate limited, shed
     assert int(row[3]) > 0  # tokens of the requests that ended
 
 
@@ -206,19 +210,23 @@ async def test_a_killed_api_process_leaks_no_places(
 
 
 async def test_quotas_hold_across_a_redis_restart(
-    own_redis: EmbeddedRedis, start_api: StartApi, start_worker: StartWorker
+    own_redis: EmbeddedRedis, start_api: StartApi
 ) -> None:
     redis = Redis.from_url(own_redis.url, decode_responses=True)
     await TenantStore(redis).put(Tenant(name="default", requests_per_minute=2))
-    await start_worker(redis_url=own_redis.url)
-    api = await start_api(redis_url=own_redis.url, relay_block_ms=500)
+    await redis.aclose()
+    api = await start_api(redis_url=own_redis.url, accept_models="mock", relay_block_ms=500)
     body = {"model": "mock", "prompt": "hi", "max_tokens": 2}
     async with api.client(timeout=10) as client:
-        await wait_ready(client)
-        assert (await client.post("/v1/completions", json=body)).status_code == 200
+        assert (await client.post("/v1/requests", json=body)).status_code == 202
         own_redis.stop(remove=False)  # a restart: AOF kept the bucket and the tenant
         own_redis.start()
-        await wait_ready(client, timeout=20)
-        after = await client.post("/v1/completions", json=body)
-    assert after.status_code == 429  # the spent bucket survived (one request each 30 s)
-    await redis.aclose()
+
+        answers: list[int] = []
+
+        async def answered() -> bool:  # 503 while Redis is away: nothing taken
+            answers.append((await client.post("/v1/requests", json=body)).status_code)
+            return answers[-1] != 503
+
+        await wait_until(answered, timeout=20, what="the API back on Redis")
+    assert answers[-1] == 429  # the spent bucket survived (one request each 30 s)

@@ -12,6 +12,9 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
+from llmq.protocol.streams import lifecycle_entries
+from llmq.schema import Lifecycle
+from llmq.tail import format_line
 from llmq.tenants import Tenant, TenantStore, digest, key_id
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
@@ -211,3 +214,29 @@ async def test_a_batch_is_its_creators_tenants_and_paced_by_its_quota(
 
     await wait_until(all_counted, timeout=10, what="the lines counted for acme")
     assert (await counted()).get('["", "acme", "rate_limited"]', 0) >= 1  # paced, retried
+
+
+async def test_the_lifecycle_stream_and_llmq_tail_carry_the_tenant(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    await TenantStore(redis).put(Tenant(name="team-c"))
+    await start_worker()
+    api = await start_api(tenant_header="X-Tenant")
+    async with api.client() as client:
+        await wait_ready(client)
+        done = await client.post("/v1/completions", json=BODY, headers={"X-Tenant": "team-c"})
+    rid = done.json()["id"].removeprefix("cmpl-")
+
+    async def noted() -> list[Lifecycle]:
+        entries = await lifecycle_entries(redis)
+        found = [Lifecycle.model_validate_json(f["data"]) for _, f in entries]
+        return [n for n in found if n.request_id == rid]
+
+    async def finished_noted() -> bool:
+        return "finished" in {n.event for n in await noted()}
+
+    await wait_until(finished_noted, timeout=10, what="the finished note")
+    notes = await noted()
+    assert {n.event for n in notes} >= {"queued", "started", "finished"}
+    assert {n.tenant for n in notes} == {"team-c"}
+    assert "tenant=team-c" in format_line(notes[0])
