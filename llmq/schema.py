@@ -417,7 +417,8 @@ class WorkerInfo(BaseModel):
     ready: bool = True
     #: What the worker found of its upstream inference server (None: the mock):
     #: ``engine``, whether it was ``identified`` (else set), its ``slots``,
-    #: ``context_length``, ``tokenize`` endpoint and ``chat`` API (the model's template).
+    #: ``context_length``, ``tokenize`` endpoint, ``chat`` API (the model's template) and
+    #: ``render`` (the URL rendering chat messages with it; None: the engine has none).
     upstream: dict[str, Any] | None = None
 
 

@@ -941,6 +941,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "if self.generation is None or not self._move(RunStatus.HANDING_BACK, set(RunStatus)):",
         ("tests/test_run.py",),
     ),
+    Mutant(
+        "chat-route-rendering",
+        "a routed chat request's block names are its engine's rendering, not the plain one",
+        "api/submit.py",
+        "choice.prompt if choice.rendered is None else choice.rendered,",
+        "choice.prompt,",
+        ("tests/test_chat_routing.py",),
+    ),
 )
 
 

@@ -52,6 +52,9 @@ class Engine:
     health_path: str = "/v1/models"
     #: POST path that counts a prompt's tokens; None: the engine has none.
     tokenize_path: str | None = None
+    #: POST path that renders chat messages with the model's template, answering
+    #: ``{"prompt"}`` (llama.cpp's ``/apply-template``); None: the engine has none.
+    render_path: str | None = None
     #: A continued chat message comes back with the continued text first (llama.cpp).
     echoes_prefill: bool = False
     #: The server closes its connection after every streamed answer, whatever its
@@ -202,6 +205,7 @@ ENGINES: dict[str, Engine] = {
         "llamacpp",
         health_path="/health",
         tokenize_path="/tokenize",
+        render_path="/apply-template",
         echoes_prefill=True,
         closes_streams=True,
     ),

@@ -235,6 +235,10 @@ class OpenAIUpstream:
             "context_length": self.context_length,
             "tokenize": self.engine.tokenize_path,
             "chat": self.chat,
+            # where the API renders a chat request as this engine will (routing)
+            "render": f"{self.url}{self.engine.render_path}"
+            if self.chat and self.engine.render_path
+            else None,
         }
 
     async def probe(self) -> bool:
