@@ -115,8 +115,8 @@ class _Choice:
     prompt_tokens: int
     index: int
     prompt_index: int
-    #: What routing names blocks of, where not ``prompt``: the engine's chat rendering.
-    rendered: str | None = None
+    #: The tokens routing names blocks of, where not ``prompt``'s: the engine's rendering.
+    rendered: tuple[str, ...] | None = None
 
 
 def _plan(
@@ -156,9 +156,7 @@ def _plan(
         owner=owner,
         attach_to=state.process_id if attach else None,
         route=state.queue.routing.hint(
-            choice.prompt if choice.rendered is None else choice.rendered,
-            common.priority,
-            session or params.user,
+            choice.prompt, common.priority, session or params.user, tokens=choice.rendered
         ),
         weight=1.0 if tenant is None else tenant.weight,
         reserved=tenant is not None and tenant.limited,
@@ -381,8 +379,8 @@ async def submit_choices(
         common = replace(common, queue_timeout=max(band.deadline - now, 0.001))
     rendered = None
     if messages and state.queue.routing.routed:
-        url = await state.catalog.render_url(params.model)
-        rendered = await state.rendering.render(url, messages)
+        renderer = await state.catalog.renderer(params.model)
+        rendered = await state.rendering.render(renderer, messages, state.queue.routing.tokenizer)
     n = params.choices
     calls: list[Enqueue] = []
     subs: list[Submitted] = []

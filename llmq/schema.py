@@ -418,7 +418,8 @@ class WorkerInfo(BaseModel):
     #: What the worker found of its upstream inference server (None: the mock):
     #: ``engine``, whether it was ``identified`` (else set), its ``slots``,
     #: ``context_length``, ``tokenize`` endpoint, ``chat`` API (the model's template) and
-    #: ``render`` (the URL rendering chat messages with it; None: the engine has none).
+    #: ``render`` (where and how the engine renders chat messages with it: ``url``,
+    #: ``answer`` ``prompt`` or ``tokens``, the body's other ``fields``; None: it does not).
     upstream: dict[str, Any] | None = None
 
 

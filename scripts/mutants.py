@@ -945,8 +945,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "chat-route-rendering",
         "a routed chat request's block names are its engine's rendering, not the plain one",
         "api/submit.py",
-        "choice.prompt if choice.rendered is None else choice.rendered,",
-        "choice.prompt,",
+        "session or params.user, tokens=choice.rendered",
+        "session or params.user, tokens=None",
         ("tests/test_chat_routing.py",),
     ),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from llmq.model.blocks import block_hashes
 from llmq.model.tokenizer import WHITESPACE
 from llmq.protocol import codec, keys
 from rigs.llama import TinyModel, write_tiny_gguf
+from rigs.vllm import VllmServer, vllm_server, write_tiny_hf_model
 from tests.support.llama import MODEL, LlamaServer
 from tests.support.native import ready_workers, workers
 from tests.support.recording_proxy import RecordingProxy
@@ -75,14 +76,45 @@ async def test_a_routed_chat_request_names_the_blocks_of_the_engines_rendering(
     """The worker registers its engine's render endpoint; the claim records, for the
     worker, the blocks of the prompt as the engine renders it, not the plain one."""
     await spawn_workers(1, **server.worker_settings(routing="prefix"))
+    want = _names(await _rendered(server))
+    await _names_recorded(start_api, redis, f"{server.url}/apply-template", want)
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    directory = tmp_path_factory.mktemp("vllm")
+    model = write_tiny_hf_model(directory / "model")
+    with vllm_server(model, directory / "vllm.log", slots=2) as server:
+        yield server
+
+
+@pytest.mark.timeout(300)  # the server starts
+async def test_vllms_rendering_is_named_by_its_token_ids(
+    vllm: VllmServer, spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    """vLLM renders messages into token ids (``/tokenize`` with ``messages``): the
+    blocks recorded for the worker are named by those ids, 16 to a block, as its
+    prefix cache cuts them."""
+    await spawn_workers(1, model=MODEL, backend="openai", upstream_url=vllm.url, routing="prefix")
+    body = {"model": MODEL, "messages": MESSAGES, "add_generation_prompt": True}
+    async with httpx.AsyncClient(base_url=vllm.url, timeout=30) as client:
+        answer = await client.post("/tokenize", json=body)
+        answer.raise_for_status()
+        ids = answer.json()["tokens"]
+    want = block_hashes([str(i) for i in ids], limit=256)
+    await _names_recorded(start_api, redis, f"{vllm.url}/tokenize", want)
+
+
+async def _names_recorded(start_api: StartApi, redis: Redis, url: str, want: list[str]) -> None:
+    """A routed chat request through the one worker: its claim records ``want`` (the
+    blocks of the engine's rendering at ``url``), none of the plain rendering's."""
     api = await start_api(routing="prefix")
     await ready_workers(api, 1)
-    want = _names(await _rendered(server))
     plain = _names(PLAIN)
     assert len(want) >= 2 and not set(want) & set(plain)
     async with api.client() as client:
         (worker,) = await workers(client)
-        assert worker["upstream"]["render"] == f"{server.url}/apply-template"
+        assert worker["upstream"]["render"]["url"] == url
         answer = await client.post(
             "/v1/chat/completions",
             json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2},

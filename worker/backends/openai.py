@@ -236,9 +236,7 @@ class OpenAIUpstream:
             "tokenize": self.engine.tokenize_path,
             "chat": self.chat,
             # where the API renders a chat request as this engine will (routing)
-            "render": f"{self.url}{self.engine.render_path}"
-            if self.chat and self.engine.render_path
-            else None,
+            "render": self.engine.renderer(self.url, self.model) if self.chat else None,
         }
 
     async def probe(self) -> bool:
