@@ -130,6 +130,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     await state.queue.api_gone(process_id)
             await metrics.final_flush(state.metrics, redis)
             await relay.stop()
+            await state.rendering.aclose()
             if blocking is not None:
                 await blocking.aclose(close_connection_pool=True)
             await redis.aclose(close_connection_pool=True)

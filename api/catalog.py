@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -72,6 +73,14 @@ class Catalog:
         name = names.pop() if len(names) == 1 else CHARS.name
         lengths = [w.context_length for w in workers if w.context_length]
         return Declaration(TOKENIZERS.get(name, CHARS), min(lengths) if lengths else None)
+
+    async def renderer(self, model: str) -> dict[str, Any] | None:
+        """Where an engine of ``model`` renders chat messages with the model's template
+        (a live worker's upstream ``render``, a ready one first); None: none does."""
+        await self.models()
+        workers = sorted((w for w in self._workers if w.model == model), key=lambda w: not w.ready)
+        found = [(w.upstream or {}).get("render") for w in workers]
+        return next((r for r in found if isinstance(r, dict) and r.get("url")), None)
 
     async def refresh_forever(self) -> None:
         """Keep the cache younger than ``max_age`` (twice a period, so reads never wait)."""

@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from redis.asyncio import Redis
 
 from api.catalog import Catalog
+from api.chat_render import ChatRendering
 from api.grouped_relay import GroupedRelay
 from api.relay import StreamRelay
 from api.subscription import Subscription
@@ -35,6 +36,8 @@ class AppState:
     #: Key and tenant lookups (:mod:`api.tenancy`).
     tenancy: Tenancy
     api_keys: frozenset[str] = frozenset()
+    #: Chat messages as the model's engine renders them, for routing (:mod:`api.chat_render`).
+    rendering: ChatRendering = field(default_factory=ChatRendering)
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     #: This process's not-yet-flushed metrics (see :mod:`llmq.metrics`).
     metrics: Tally = field(default_factory=Tally)

@@ -115,6 +115,8 @@ class _Choice:
     prompt_tokens: int
     index: int
     prompt_index: int
+    #: The tokens routing names blocks of, where not ``prompt``'s: the engine's rendering.
+    rendered: tuple[str, ...] | None = None
 
 
 def _plan(
@@ -153,7 +155,9 @@ def _plan(
         priority_step_ms=settings.priority_step_ms,
         owner=owner,
         attach_to=state.process_id if attach else None,
-        route=state.queue.routing.hint(choice.prompt, common.priority, session or params.user),
+        route=state.queue.routing.hint(
+            choice.prompt, common.priority, session or params.user, tokens=choice.rendered
+        ),
         weight=1.0 if tenant is None else tenant.weight,
         reserved=tenant is not None and tenant.limited,
     )
@@ -373,13 +377,17 @@ async def submit_choices(
     now = time.time()
     if band is not None:
         common = replace(common, queue_timeout=max(band.deadline - now, 0.001))
+    rendered = None
+    if messages and state.queue.routing.routed:
+        renderer = await state.catalog.renderer(params.model)
+        rendered = await state.rendering.render(renderer, messages, state.queue.routing.tokenizer)
     n = params.choices
     calls: list[Enqueue] = []
     subs: list[Submitted] = []
     for p, (prompt, prompt_tokens) in enumerate(zip(prompts, counts, strict=True)):
         for k in range(n):
             index = p * n + k
-            choice = _Choice(prompt, prompt_tokens, index, p)
+            choice = _Choice(prompt, prompt_tokens, index, p, rendered)
             call, sub = _plan(
                 state,
                 params,

@@ -417,7 +417,9 @@ class WorkerInfo(BaseModel):
     ready: bool = True
     #: What the worker found of its upstream inference server (None: the mock):
     #: ``engine``, whether it was ``identified`` (else set), its ``slots``,
-    #: ``context_length``, ``tokenize`` endpoint and ``chat`` API (the model's template).
+    #: ``context_length``, ``tokenize`` endpoint, ``chat`` API (the model's template) and
+    #: ``render`` (where and how the engine renders chat messages with it: ``url``,
+    #: ``answer`` ``prompt`` or ``tokens``, the body's other ``fields``; None: it does not).
     upstream: dict[str, Any] | None = None
 
 

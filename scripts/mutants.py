@@ -941,6 +941,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "if self.generation is None or not self._move(RunStatus.HANDING_BACK, set(RunStatus)):",
         ("tests/test_run.py",),
     ),
+    Mutant(
+        "chat-route-rendering",
+        "a routed chat request's block names are its engine's rendering, not the plain one",
+        "api/submit.py",
+        "session or params.user, tokens=choice.rendered",
+        "session or params.user, tokens=None",
+        ("tests/test_chat_routing.py",),
+    ),
 )
 
 

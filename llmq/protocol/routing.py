@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -115,12 +116,22 @@ class Routing:
     def routed(self) -> bool:
         return self.policy.name != "fifo"
 
-    def hint(self, prompt: str, priority: int, session: str | None) -> str:
-        """The route hint of a request ("" under ``fifo``)."""
+    def hint(
+        self,
+        prompt: str,
+        priority: int,
+        session: str | None,
+        tokens: Sequence[str] | None = None,
+    ) -> str:
+        """The route hint of a request ("" under ``fifo``); its blocks are named from
+        ``tokens`` where given (its engine's rendering), else from ``prompt`` cut by the
+        routing's tokenizer."""
         if not self.routed:
             return ""
         wanted = self.policy.blocks(self.max_blocks)
-        names = block_hashes(self.tokenizer.tokens(prompt), limit=wanted) if wanted else []
+        if tokens is None:
+            tokens = self.tokenizer.tokens(prompt)
+        names = block_hashes(tokens, limit=wanted) if wanted else []
         sid = session_id(session) if session and self.policy.sessions else ""
         return codec.RouteHint(priority, sid, tuple(names)).encode()
 

@@ -99,6 +99,13 @@ class Engine:
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
         return {"model": model, "prompt": text, "add_special_tokens": True}
 
+    def renderer(self, url: str, model: str) -> dict[str, Any] | None:
+        """Where and how the engine renders chat messages with the model's template, for
+        routing's block names (``upstream.render`` in the registry): the ``url`` to POST
+        ``{"messages", **fields}`` to, and whether its ``answer`` is the ``prompt`` text
+        or its ``tokens``. None: the engine does not render."""
+        return None
+
     def token_count(self, answer: dict[str, Any]) -> int:
         count = answer.get("count")
         return int(count) if count is not None else len(answer["tokens"])
@@ -129,6 +136,9 @@ class LlamaCpp(Engine):
 
     def tokenize_body(self, model: str, text: str) -> dict[str, Any]:
         return {"content": text, "add_special": True}
+
+    def renderer(self, url: str, model: str) -> dict[str, Any] | None:
+        return {"url": f"{url}/apply-template", "answer": "prompt", "fields": {}}
 
     def ask_counts_early(self, body: dict[str, Any]) -> None:
         body["timings_per_token"] = True  # every chunk then carries ``timings``
@@ -161,6 +171,10 @@ class VLLM(Engine):
         body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
         status = await post("/tokenize", body)
         return status < 400 if status < 500 else None
+
+    def renderer(self, url: str, model: str) -> dict[str, Any] | None:
+        fields = {"model": model, "add_generation_prompt": True}
+        return {"url": f"{url}/tokenize", "answer": "tokens", "fields": fields}
 
 
 @dataclass(frozen=True)

@@ -235,6 +235,8 @@ class OpenAIUpstream:
             "context_length": self.context_length,
             "tokenize": self.engine.tokenize_path,
             "chat": self.chat,
+            # where the API renders a chat request as this engine will (routing)
+            "render": self.engine.renderer(self.url, self.model) if self.chat else None,
         }
 
     async def probe(self) -> bool:
