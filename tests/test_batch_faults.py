@@ -36,14 +36,14 @@ async def test_every_line_once_and_exact_after_a_worker_and_the_feeding_api_die(
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as a:
             await wait_ready(a, timeout=30, path="/healthz")
-
-            async def feeder_leased() -> bool:
-                return await redis.get(keys.BATCH_FEEDER) is not None
-
-            await wait_until(feeder_leased, timeout=10, what="the first API to take the lease")
         first = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         async with first:
             batch = await create(first, lines)
+
+            async def feeder_leased() -> bool:  # taken once there is a batch to feed
+                return await redis.get(keys.BATCH_FEEDER) is not None
+
+            await wait_until(feeder_leased, timeout=10, what="the first API to take the lease")
 
             async def some_done() -> bool:
                 got = await first.batches.retrieve(batch.id)
