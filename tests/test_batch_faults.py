@@ -1,19 +1,23 @@
 """A batch under faults: a worker SIGKILLed and the feeding API process SIGKILLed
-mid-batch; every custom_id is in the output exactly once, each body equal to the
-same request run alone (the mock is seeded)."""
+mid-batch, or Redis SIGKILLed and started again from its AOF; every custom_id is in
+the output exactly once, each body equal to the same request run alone (the mock is
+seeded)."""
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any
 
 import httpx
 import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq.embedded import free_port
+from llmq.embedded import EmbeddedRedis, free_port
 from llmq.protocol import keys
 from tests.support.native import wait_ready
 from tests.support.processes import Proc, clean_env
-from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.servers import SpawnWorkers, StartApi, StartWorker
 from tests.support.waiting import wait_until
 from tests.test_batch import by_custom_id, chat_line, create, finished
 
@@ -71,3 +75,48 @@ async def test_every_line_once_and_exact_after_a_worker_and_the_feeding_api_die(
         expected = alone[custom_id]
         assert body["choices"][0]["message"]["content"] == expected.choices[0].message.content
         assert body["usage"]["completion_tokens"] == expected.usage.completion_tokens
+
+
+async def test_every_line_once_and_exact_across_a_redis_restart(
+    own_redis: EmbeddedRedis, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    """Redis SIGKILLed mid-batch and started again from its AOF: the batch, its lines
+    and the results recorded so far come back, and the batch completes with each line
+    once, as the request alone answers it."""
+    fast_fail = {"redis_pool_timeout_seconds": 1.0, "redis_socket_timeout_seconds": 1.0}
+    await start_worker(redis_url=own_redis.url, model_tokens_per_second=100, **fast_fail)
+    api = await start_api(redis_url=own_redis.url, relay_block_ms=500, **fast_fail)
+    lines = [chat_line(f"r{i}", f"line {i} asks", max_tokens=20 + i) for i in range(12)]
+    async with api.sdk() as client:
+        batch = await create(client, lines)
+
+        async def some_done() -> bool:
+            got = await client.batches.retrieve(batch.id)
+            return got.request_counts is not None and got.request_counts.completed >= 2
+
+        await wait_until(some_done, timeout=30, what="two lines to finish")
+        own_redis.kill()
+        own_redis.start()
+        seen: list[Any] = []
+
+        async def ended() -> bool:  # errors while the processes reconnect
+            with contextlib.suppress(openai.APIError):
+                seen.append(await client.batches.retrieve(batch.id))
+            return bool(seen) and seen[-1].status in ("completed", "failed", "expired")
+
+        await wait_until(ended, timeout=90, what="the batch to end", interval=0.1)
+        done = seen[-1]
+        assert done.status == "completed", done
+        output = by_custom_id((await client.files.content(done.output_file_id)).text)
+        alone = {
+            line["custom_id"]: await client.chat.completions.create(**line["body"])
+            for line in lines
+        }
+    assert done.error_file_id is None
+    assert sorted(output) == sorted(line["custom_id"] for line in lines)
+    assert done.request_counts is not None and done.request_counts.completed == len(lines)
+    for custom_id, line in output.items():
+        body = line["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == (
+            alone[custom_id].choices[0].message.content
+        )
