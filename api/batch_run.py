@@ -104,7 +104,7 @@ async def collect_line(
     request = batch_lines.body_model(batch.endpoint, body)
     arrived = time.monotonic()
     if isinstance(request, EmbeddingRequest):
-        return _answer(await embedding_answer(state, request, subs[0]))
+        return _answer(await embedding_answer(state, request, subs[0], keep=True))
     if isinstance(request, ResponsesRequest):
         sub = subs[0]
         relay = ResponseRelay(ResponseFormat(request, sub.id, sub.created, sub.model), sub, False)

@@ -949,6 +949,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "session or params.user, tokens=None",
         ("tests/test_chat_routing.py",),
     ),
+    Mutant(
+        "batch-embeddings-kept",
+        "an embeddings batch line's vectors stay in its stream for a feeder that collects it again",
+        "api/batch_run.py",
+        "subs[0], keep=True))",
+        "subs[0], keep=False))",
+        (
+            "tests/test_batch.py::test_an_embeddings_lines_vectors_stay_for_a_feeder_that_collects_it_again",
+        ),
+    ),
 )
 
 

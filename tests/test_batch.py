@@ -377,6 +377,29 @@ async def test_each_endpoint_answers_a_line_as_its_live_route_does(
     assert answer.model_dump(exclude=volatile) == live.model_dump(exclude=volatile)
 
 
+async def test_an_embeddings_lines_vectors_stay_for_a_feeder_that_collects_it_again(
+    stack: RunningApi, redis: Redis
+) -> None:
+    """A live embeddings request's vectors leave its stream once read; a batch line's
+    stay, so that a feeder taking over from one that died before recording the line
+    reads the same answer, not an error."""
+    body = {"model": "mock", "input": ["one", "two"]}
+    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": body}
+    async with stack.sdk() as client:
+        uploaded = await client.files.create(file=("in.jsonl", jsonl([line])), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        done = (await finished(client, batch.id))[-1]
+        output = by_custom_id((await client.files.content(done.output_file_id)).text)
+    rid = output["e"]["response"]["request_id"]
+    kinds = [
+        fields.get(b"type", fields.get("type"))
+        for _, fields in await redis.xrange(keys.stream(rid))
+    ]
+    assert kinds.count(b"embedding") + kinds.count("embedding") >= 1, kinds
+
+
 async def test_batch_counters_are_in_the_metrics(stack: RunningApi) -> None:
     lines = [chat_line(f"l{i}", f"q {i}") for i in range(3)]
     async with stack.sdk() as client:

@@ -40,12 +40,16 @@ def floats(encoded: str) -> list[float]:
     return list(struct.unpack(f"<{len(raw) // 4}f", raw))
 
 
-async def _vectors(state: AppState, sub: Submitted, count: int) -> list[str] | JSONResponse:
+async def _vectors(
+    state: AppState, sub: Submitted, count: int, *, keep: bool
+) -> list[str] | JSONResponse:
     """The request's vectors in input order, or the error response of its failure.
 
-    Once read, the vectors leave the stream (``XDEL``): nobody resumes an embeddings
-    request, and a large batch would hold megabytes for the request's TTL. Its
-    ``started`` and ``done`` stay, as every request's do."""
+    Once read, a live request's vectors leave the stream (``XDEL``): nobody resumes an
+    embeddings request, and a large input would hold megabytes for the request's TTL.
+    Its ``started`` and ``done`` stay, as every request's do. A batch line's stay
+    (``keep``) until the stream expires: a feeder that takes over from one that died
+    before recording the line reads them again."""
     vectors: dict[int, str] = {}
     entries: list[str] = []
     async with contextlib.aclosing(merged(state, [sub])) as events:
@@ -58,7 +62,8 @@ async def _vectors(state: AppState, sub: Submitted, count: int) -> list[str] | J
                 elif isinstance(event, ErrorEvent):
                     return json_error(error_of(event), error_status(event))
                 elif isinstance(event, DoneEvent) and len(vectors) == count:
-                    await state.redis.xdel(keys.stream(sub.id), *entries)
+                    if not keep:
+                        await state.redis.xdel(keys.stream(sub.id), *entries)
                     return [vectors[i] for i in range(count)]
     raise ApiError("the stream ended without every vector", status=500, code="internal_error")
 
@@ -78,9 +83,12 @@ async def embeddings(body: EmbeddingRequest, request: Request, owner: Caller) ->
     return response
 
 
-async def embedding_answer(state: AppState, body: EmbeddingRequest, sub: Submitted) -> JSONResponse:
-    """The answer of an embeddings request: its vectors, or its error."""
-    result = await _vectors(state, sub, len(body.texts()))
+async def embedding_answer(
+    state: AppState, body: EmbeddingRequest, sub: Submitted, *, keep: bool = False
+) -> JSONResponse:
+    """The answer of an embeddings request: its vectors, or its error (``keep``: the
+    vectors stay in the stream, for a batch line)."""
+    result = await _vectors(state, sub, len(body.texts()), keep=keep)
     if isinstance(result, JSONResponse):
         return result
     as_base64 = body.encoding_format == "base64"
