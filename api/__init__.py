@@ -28,7 +28,9 @@ client. Read it in the order a request meets it:
    output, tools, log-probabilities) and the capability each needs; ``submit.py``
    checks everything that can refuse it before anything is written: the limits
    that are settings, and the model, against ``catalog.py`` (the models live
-   workers serve and their capabilities, refreshed off the request path). Every
+   workers serve and their capabilities, refreshed off the request path). Under a
+   routed policy, ``chat_render.py`` asks a worker's engine to render a chat
+   request's messages, so that its block names are those of the model's template. Every
    refusal is an error of ``errors.py``: OpenAI's error shape, registered in one
    place, where Redis errors become 503 and an exhausted pool 429. ``flow.py`` is
    flow control at admission: a tenant's priority ceiling, its quota (429

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.engine.kv_cache import KVCache
-from worker.engine.scheduler import EngineSequence, Scheduler, Step
+from worker.mock_engine.kv_cache import KVCache
+from worker.mock_engine.scheduler import EngineSequence, Scheduler, Step
 
 
 def sequence(names: list[str], tokens: int) -> EngineSequence:

@@ -14,8 +14,8 @@ from llmq.model.tokenizer import WHITESPACE
 from llmq.settings import WorkerSettings
 from tests.support.waiting import wait_until
 from worker.backends import mock_backend
-from worker.engine.profiles import PROFILES
 from worker.mock import MockModel
+from worker.mock_engine.profiles import PROFILES
 
 
 def request(prompt: str, max_tokens: int, prompt_tokens: int | None = None) -> GenerationRequest:

@@ -10,7 +10,7 @@ in the order a worker's life and a request's run go:
    node of the model's slot), the backend, the model object it runs (``backends/``:
    the factory that ``LLMQ_BACKEND`` picks from, and the adapter to an
    OpenAI-compatible inference server with its health watch; ``mock.py``: the mock,
-   timing without a GPU, running on a small engine model, ``engine/``: continuous
+   timing without a GPU, running on a small engine model, ``mock_engine/``: continuous
    batching and a KV prefix cache; ``structured.py``: its schema-valid JSON, tool
    arguments and log-probabilities; ``embedding.py``: its deterministic embedding
    vectors), the publisher, the runner and the queue worker. After the model's load

@@ -2,7 +2,7 @@
 
 It implements the declaration in :mod:`llmq.model.interface` (see there for the
 contract every backend keeps); this module holds the mock's outputs, and its timing
-comes from the engine model in :mod:`worker.engine` (steps, KV cache, scheduler).
+comes from the engine model in :mod:`worker.mock_engine` (steps, KV cache, scheduler).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from llmq.model.interface import (
 )
 from llmq.model.tokenizer import WHITESPACE, count_tokens
 from worker import structured
-from worker.engine.kv_cache import KVCache
-from worker.engine.loop import EngineLoop, Running, StepCosts
-from worker.engine.profiles import DEFAULT, EngineProfile
-from worker.engine.scheduler import EngineSequence, Scheduler
+from worker.mock_engine.kv_cache import KVCache
+from worker.mock_engine.loop import EngineLoop, Running, StepCosts
+from worker.mock_engine.profiles import DEFAULT, EngineProfile
+from worker.mock_engine.scheduler import EngineSequence, Scheduler
 
 WORDS = (
     "The quick brown fox jumps over the lazy dog . This is a test . "
@@ -45,7 +45,7 @@ TEXTS = tuple(" " + word for word in WORDS)
 class MockModel:
     """A model with realistic timing and deterministic output.
 
-    Timing is that of a small continuous-batching engine (:mod:`worker.engine`): all
+    Timing is that of a small continuous-batching engine (:mod:`worker.mock_engine`): all
     sequences on an event loop share its steps; a step computes one token for each
     decoding sequence and chunks of the prompts being prefilled (at most
     ``step_token_budget`` tokens), and takes ``1 / tokens_per_second`` plus
@@ -58,7 +58,7 @@ class MockModel:
     cached, before its first token); when running sequences need more blocks than
     are left, the newest is preempted and recomputed later. The default figures keep
     the historical 50 tokens/s per sequence, whatever the batch, and a cheap prefill;
-    :meth:`from_profile` takes a named profile's (:mod:`worker.engine.profiles`).
+    :meth:`from_profile` takes a named profile's (:mod:`worker.mock_engine.profiles`).
 
     Each next token is drawn when the previous one is emitted, so a sequence that
     stops by itself ends right after its last token. The same seed always yields

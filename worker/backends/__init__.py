@@ -18,8 +18,8 @@ from llmq.settings import WorkerSettings
 from worker.backends.engines import ENGINES
 from worker.backends.openai import OpenAIUpstream, UpstreamDown
 from worker.embedding import HashEmbedder
-from worker.engine.profiles import DEFAULT, PROFILES
 from worker.mock import MockModel
+from worker.mock_engine.profiles import DEFAULT, PROFILES
 
 log = logging.getLogger(__name__)
 

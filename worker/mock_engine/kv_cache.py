@@ -10,7 +10,7 @@ until the pool needs it for something else: such blocks are reused least recentl
 freed first (LRU). The other blocks (a prompt's partial last block, the generated
 tokens') are private to their sequence and go back to the pool when it ends.
 
-Pure bookkeeping, no timing: the scheduler (:mod:`worker.engine.scheduler`) decides
+Pure bookkeeping, no timing: the scheduler (:mod:`worker.mock_engine.scheduler`) decides
 when blocks are taken and given back. Which names became cached and which were
 evicted accumulate until :meth:`KVCache.take_events`, so that a listener hears
 them batched per step.

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from llmq.model.interface import CacheListener, Emit, Output, Report
-from worker.engine.kv_cache import KVCache
-from worker.engine.scheduler import EngineSequence, Scheduler, Step
+from worker.mock_engine.kv_cache import KVCache
+from worker.mock_engine.scheduler import EngineSequence, Scheduler, Step
 
 log = logging.getLogger(__name__)
 

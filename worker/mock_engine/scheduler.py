@@ -8,14 +8,14 @@ samples its next token. A new sequence first takes its prompt's cached prefix
 (whole blocks, matched from the start; at least its last token is always
 computed, as vLLM does) and prefills only the rest.
 
-Blocks come from the :class:`~worker.engine.kv_cache.KVCache`. When a running
+Blocks come from the :class:`~worker.mock_engine.kv_cache.KVCache`. When a running
 sequence needs a block and none is left, the newest running sequence is preempted:
 its blocks go back (its full prompt blocks stay cached) and it waits at the head of
 the queue to be recomputed (prompt and the tokens it produced), as vLLM's
 recompute preemption. No new sequence is admitted in a step that preempted, unless
 nothing is left running.
 
-Pure decisions and bookkeeping, no clock: :mod:`worker.engine.loop` times the
+Pure decisions and bookkeeping, no clock: :mod:`worker.mock_engine.loop` times the
 steps, so that everything here is testable without waiting.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from worker.engine.kv_cache import KVCache
+from worker.mock_engine.kv_cache import KVCache
 
 
 @dataclass(eq=False)
