@@ -3,7 +3,7 @@
 A queue between the API and the model costs CPU per token (a stream entry, a
 relay, another process). What a user gives up for it is measured against this:
 uvicorn serving a raw ASGI app (no framework, no Redis, no queue) that runs the
-project's :class:`~worker.mock.MockModel` in its own event loop and writes each
+project's :class:`~worker.mock.MockBackend` in its own event loop and writes each
 token as an OpenAI SSE chunk the moment the model yields it. The most streams it
 holds within the ITL limit, with the same client and timing, is the number llmq's
 capacity is judged by (``bench/scenarios/capacity.py``).
@@ -30,7 +30,7 @@ import uvicorn
 
 from llmq.model.interface import GenerationRequest, Output, seed_for
 from llmq.model.tokenizer import count_tokens
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -101,7 +101,7 @@ class _Shape:
 class FloorApp:
     """The raw ASGI application: the model runs in the server's own event loop."""
 
-    def __init__(self, model: MockModel, model_name: str = "mock") -> None:
+    def __init__(self, model: MockBackend, model_name: str = "mock") -> None:
         self.model = model
         self.model_name = model_name
 
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    model = MockModel(
+    model = MockBackend(
         tokens_per_second=args.tokens_per_second,
         prefill_seconds_per_token=args.prefill_seconds_per_token,
     )

@@ -7,7 +7,7 @@ capacity.py``) is reachable at all by *any* such design is bounded by this
 server: the floor (:mod:`bench.floor`, everything of it kept) with every token
 passed through Redis the cheapest way a queue design could.
 
-- The model side (the same :class:`~worker.mock.MockModel` step loop) appends
+- The model side (the same :class:`~worker.mock.MockBackend` step loop) appends
   each step's tokens, for all streams it advanced, in one round trip: one
   ``XADD key MAXLEN n * t TOKEN`` per token, packed by hiredis in C and written at
   once. Each response has its own stream key, bounded by ``MAXLEN`` and expiring
@@ -24,7 +24,7 @@ takes requests from a Redis list (one ``LPUSH`` per request) as llmq's workers
 take them from its queue: the model process -> Redis -> API process hop count of
 llmq. With ``--upstream URL`` that process streams each request from an
 OpenAI-compatible inference server instead of running the mock
-(:class:`UpstreamModel`): every hop a request through llmq makes to a real
+(:class:`UpstreamBackend`): every hop a request through llmq makes to a real
 engine and back, and nothing else, which is what the first token through llmq is
 compared with beside the server's own (``bench/scenarios/upstream.py``).
 
@@ -52,7 +52,7 @@ from bench.floor import FloorApp, serve
 from llmq.model.interface import Emit, GenerationRequest, Output
 from llmq.sse import DONE, frames
 from llmq.tasks import stop_tasks
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 Role = Literal["both", "api", "model"]
 
@@ -66,12 +66,12 @@ DEFAULT_TTL_S = 60
 
 
 class Emitting(Protocol):
-    """What the model's side runs: the mock, or an inference server (:class:`UpstreamModel`)."""
+    """What the model's side runs: the mock, or an inference server (:class:`UpstreamBackend`)."""
 
     async def generate_into(self, request: GenerationRequest, emit: Emit) -> None: ...
 
 
-class UpstreamModel:
+class UpstreamBackend:
     """An OpenAI-compatible inference server as the floor's model: each request
     streamed from its ``/v1/completions``, each chunk's text emitted as it arrives.
 
@@ -308,7 +308,7 @@ class FloorViaRedis(FloorApp):
 
     def __init__(
         self,
-        model: MockModel,
+        model: MockBackend,
         redis_url: str,
         *,
         role: Role = "both",
@@ -435,7 +435,7 @@ def _run_model(args: argparse.Namespace, model: Emitting) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        if isinstance(model, UpstreamModel):
+        if isinstance(model, UpstreamBackend):
             await model.open_ahead()
         try:
             await serve_model(
@@ -447,7 +447,7 @@ def _run_model(args: argparse.Namespace, model: Emitting) -> None:
                 stop=stop,
             )
         finally:
-            if isinstance(model, UpstreamModel):
+            if isinstance(model, UpstreamBackend):
                 await model.aclose()
 
     uvloop.run(main())
@@ -459,9 +459,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.upstream and args.role != "model":
         parser.error("--upstream is the model's: give it with --role model")
     if args.upstream:
-        _run_model(args, UpstreamModel(args.upstream))
+        _run_model(args, UpstreamBackend(args.upstream))
         return
-    model = MockModel(
+    model = MockBackend(
         tokens_per_second=args.tokens_per_second,
         prefill_seconds_per_token=args.prefill_seconds_per_token,
     )

@@ -11,7 +11,7 @@ overhead is measured against, and its polling admission is the behaviour the
 pipeline's queue is meant to beat under overload.
 
 This is a reimplementation, not a copy: it runs the project's model
-(:class:`worker.mock.MockModel`, same timings as the workers) instead of the
+(:class:`worker.mock.MockBackend`, same timings as the workers) instead of the
 prototype's, and streams one token per response instead of the cumulative list.
 :class:`InProcessTarget` adapts it to the runner: the clock starts when the
 request is handed to the server, exactly where the HTTP client starts it.
@@ -28,7 +28,7 @@ from llmq.model.interface import Backend, GenerationRequest, seed_for
 from loadgen.config import LoadConfig
 from loadgen.measurements import StreamClock
 from loadgen.workload import RequestSpec
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 POLL_SECONDS = 0.01  # the prototype's admission poll interval
 
@@ -98,7 +98,7 @@ class InProcessTarget:
     name = "in_process"
 
     def __init__(self, config: LoadConfig) -> None:
-        backend = MockModel(
+        backend = MockBackend(
             tokens_per_second=config.tokens_per_second,
             prefill_seconds_per_token=config.prefill_seconds_per_token,
         )

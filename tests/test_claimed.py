@@ -20,7 +20,7 @@ from tests.support.native import post_request, record, wait_status
 from tests.support.runs import payload, stream_events
 from tests.support.servers import RunningApi
 from tests.support.waiting import wait_until
-from worker.mock import MockModel
+from worker.mock import MockBackend
 from worker.publisher import StreamPublisher
 from worker.queue_worker import ARQ_CHECKED, ClaimedJob, ClaimingRedis, QueueWorker, carry
 from worker.runner import RequestRunner
@@ -107,7 +107,7 @@ def _instant_worker(
     queue = Queue(arq_pool, stream_maxlen=100, ttl_seconds=60)
     publisher = StreamPublisher(arq_pool, maxlen=100, ttl_seconds=60, max_event_tokens=50)
     publisher.start()
-    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
     worker = QueueWorker(
         model="mock",
         worker_id="w",

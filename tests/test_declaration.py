@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tests.support.servers import StartApi, StartWorker
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 
 @dataclass(frozen=True)
-class CharsModel(MockModel):
+class CharsModel(MockBackend):
     """The mock, declared as an upstream declares itself: ``chars``, 64 tokens of context."""
 
     tokenizer: str = "chars"

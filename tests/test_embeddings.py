@@ -24,7 +24,7 @@ from llmq.protocol.streams import lifecycle_entries
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from worker.embedding import embed_text
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 
 @pytest.fixture
@@ -154,7 +154,7 @@ async def test_refused_without_the_capability(
     start_api: StartApi, start_worker: StartWorker
 ) -> None:
     """Switched off (a model that does not declare embeddings): refused, never faked."""
-    await start_worker(backend=MockModel(capabilities=CAPABILITIES - {"embeddings"}))
+    await start_worker(backend=MockBackend(capabilities=CAPABILITIES - {"embeddings"}))
     api = await start_api()
     async with api.client() as http:
         await wait_ready(http)
@@ -176,7 +176,7 @@ async def test_vectors_travel_on_the_request_stream_and_leave_it_once_read(
     assert [fields["type"] for _, fields in entries] == ["started", "done"]
 
 
-class FailingEmbedder(MockModel):
+class FailingEmbedder(MockBackend):
     """The mock, with an embedder that raises."""
 
     async def embed(

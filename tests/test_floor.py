@@ -17,19 +17,19 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
 from bench.floor import FloorApp
-from bench.floor_via_redis import Emitting, FloorViaRedis, UpstreamModel, serve_model
+from bench.floor_via_redis import Emitting, FloorViaRedis, UpstreamBackend, serve_model
 from llmq.embedded import free_port
 from rigs.llama import tiny_server
 from tests.support.waiting import wait_until
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 pytestmark = pytest.mark.timeout(60)
 
 TOKENS_PER_SECOND = 50.0
 
 
-def _model() -> MockModel:
-    return MockModel(tokens_per_second=TOKENS_PER_SECOND, prefill_seconds_per_token=0.0)
+def _model() -> MockBackend:
+    return MockBackend(tokens_per_second=TOKENS_PER_SECOND, prefill_seconds_per_token=0.0)
 
 
 @contextlib.asynccontextmanager
@@ -207,7 +207,7 @@ async def test_via_redis_in_front_of_an_inference_server_relays_its_text(redis_u
         async with httpx.AsyncClient(base_url=upstream, timeout=30) as client:
             direct = (await client.post("/v1/completions", json=body)).json()
         expected = direct["choices"][0]["text"]
-        upstream_model = UpstreamModel(upstream)
+        upstream_model = UpstreamBackend(upstream)
         try:
             async with _via_redis(redis_url, "api", upstream_model) as url:
                 sdk = AsyncOpenAI(base_url=url, api_key="unused")

@@ -20,7 +20,7 @@ from tests.support.runs import payload, stream_events
 from tests.support.waiting import wait_until
 from tests.test_runner import EagerModel
 from worker.leases import LeaseClock
-from worker.mock import MockModel
+from worker.mock import MockBackend
 from worker.publisher import StreamPublisher
 from worker.run import RunStatus
 from worker.runner import RequestRunner
@@ -57,7 +57,7 @@ async def test_a_generation_whose_lease_ran_out_by_its_clock_pauses_then_stops_i
     redis: Redis, publisher: StreamPublisher
 ) -> None:
     leases = LeaseClock(lease_seconds=0.4, margin_seconds=0.1)
-    runner = RequestRunner("w", MockModel(tokens_per_second=50), publisher, leases=leases)
+    runner = RequestRunner("w", MockBackend(tokens_per_second=50), publisher, leases=leases)
     expiry = asyncio.create_task(_expiring(runner))
     # 1000 tokens would take 20 s; nothing renews the lease
     run = asyncio.create_task(runner.run(payload("cut", max_tokens=1000, seed=1), 1))
@@ -84,7 +84,7 @@ async def test_a_paused_generation_resumes_when_a_renewal_says_the_lease_holds(
     """Redis was only stalled: its lease clock did not run, the lease is still this
     run's. The generation goes on from where it paused; the text is the undisturbed one."""
     leases = LeaseClock(lease_seconds=0.3, margin_seconds=0.0)
-    runner = RequestRunner("w", MockModel(tokens_per_second=100), publisher, leases=leases)
+    runner = RequestRunner("w", MockBackend(tokens_per_second=100), publisher, leases=leases)
     expiry = asyncio.create_task(_expiring(runner))
     run = asyncio.create_task(runner.run(payload("stall", max_tokens=60, seed=3), 1))
     try:
@@ -97,7 +97,7 @@ async def test_a_paused_generation_resumes_when_a_renewal_says_the_lease_holds(
         expiry.cancel()
     await publisher.written("stall")
     assert runner.ended == {}  # neither fenced nor unfinished
-    expected = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0)
+    expected = MockBackend(tokens_per_second=1e9, prefill_seconds_per_token=0)
     request = GenerationRequest(prompt="p", max_tokens=60, seed=3, prompt_tokens=1)
     assert await _tokens(redis, "stall") == [t async for t in expected.generate(request)]
     events = [e for _, e in await stream_events(redis, "stall")]

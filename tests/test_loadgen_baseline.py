@@ -14,14 +14,14 @@ from loadgen import LoadConfig, run_load
 from loadgen.baseline import InferenceRequest, InferenceServer
 from loadgen.measurements import StreamClock
 from loadgen.workload import RequestSpec
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 
 @dataclass
 class CountingModel:
     """Wraps the mock and counts generations running at once, independently of the server."""
 
-    inner: MockModel
+    inner: MockBackend
     running: int = 0
     peak: int = 0
 
@@ -39,7 +39,7 @@ class CountingModel:
 
 
 async def test_busy_wait_never_exceeds_max_concurrent() -> None:
-    model = CountingModel(MockModel(tokens_per_second=2000.0, prefill_seconds_per_token=0.0))
+    model = CountingModel(MockBackend(tokens_per_second=2000.0, prefill_seconds_per_token=0.0))
     server = InferenceServer(model, max_concurrent=3, poll_seconds=0.001)
 
     async def consume(i: int) -> int:
@@ -57,7 +57,7 @@ async def test_busy_wait_never_exceeds_max_concurrent() -> None:
 
 
 async def test_cancelled_request_frees_its_slot() -> None:
-    server = InferenceServer(MockModel(tokens_per_second=1.0), max_concurrent=1)
+    server = InferenceServer(MockBackend(tokens_per_second=1.0), max_concurrent=1)
     stream = server.handle_request(InferenceRequest("slow", "x", max_tokens=100))
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
@@ -68,7 +68,7 @@ async def test_cancelled_request_frees_its_slot() -> None:
 
 async def test_a_prompt_the_model_has_cached_yields_as_many_tokens() -> None:
     """The mock reports a cached prefix before the first token: not a token itself."""
-    server = InferenceServer(MockModel(tokens_per_second=2000.0), max_concurrent=1)
+    server = InferenceServer(MockBackend(tokens_per_second=2000.0), max_concurrent=1)
     prompt = " ".join(f"w{i}" for i in range(40))
     for rid in ("cold", "cached"):
         responses = [r async for r in server.handle_request(InferenceRequest(rid, prompt, 5))]

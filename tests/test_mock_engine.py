@@ -14,7 +14,7 @@ from llmq.model.tokenizer import WHITESPACE
 from llmq.settings import WorkerSettings
 from tests.support.waiting import wait_until
 from worker.backends import mock_backend
-from worker.mock import MockModel
+from worker.mock import MockBackend
 from worker.mock_engine.profiles import PROFILES
 
 
@@ -23,7 +23,7 @@ def request(prompt: str, max_tokens: int, prompt_tokens: int | None = None) -> G
     return GenerationRequest(prompt=prompt, max_tokens=max_tokens, seed=1, prompt_tokens=count)
 
 
-async def outputs(model: MockModel, req: GenerationRequest) -> list[tuple[float, Output]]:
+async def outputs(model: MockBackend, req: GenerationRequest) -> list[tuple[float, Output]]:
     """(seconds since the start, output) of everything the model emits."""
     out: list[tuple[float, Output]] = []
     start = time.monotonic()
@@ -38,7 +38,7 @@ def words(n: int, tag: str = "w") -> str:
 async def test_a_long_prefill_slows_every_sequence_that_shares_its_steps() -> None:
     """A decoding sequence waits for the step that prefills a newcomer's long prompt:
     recomputing a prompt costs everyone, not only its own request."""
-    model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.001)
+    model = MockBackend(tokens_per_second=100, prefill_seconds_per_token=0.001)
     times: list[float] = []
     decoding = asyncio.ensure_future(
         model.generate_into(request("p", 40), lambda _: times.append(time.monotonic()))
@@ -52,7 +52,7 @@ async def test_a_long_prefill_slows_every_sequence_that_shares_its_steps() -> No
 
 
 async def test_a_cached_prefix_is_reported_before_the_first_token_under_the_apis_names() -> None:
-    model = MockModel(tokens_per_second=1000, prefill_seconds_per_token=0.001)
+    model = MockBackend(tokens_per_second=1000, prefill_seconds_per_token=0.001)
     heard: list[tuple[list[str], list[str]]] = []
     assert isinstance(model, CacheReporting) and isinstance(model, KVCacheUsage)
     model.watch_cache(lambda stored, evicted: heard.append((list(stored), list(evicted))))
@@ -69,7 +69,7 @@ async def test_a_cached_prefix_is_reported_before_the_first_token_under_the_apis
 
 
 async def test_a_listener_that_raises_does_not_stop_the_engine() -> None:
-    model = MockModel(tokens_per_second=1000, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=1000, prefill_seconds_per_token=0.0)
 
     def broken(stored: object, evicted: object) -> None:
         raise RuntimeError("listener bug")
@@ -80,7 +80,7 @@ async def test_a_listener_that_raises_does_not_stop_the_engine() -> None:
 
 
 async def test_evicted_blocks_are_heard_and_kv_usage_follows_the_running_sequences() -> None:
-    model = MockModel(tokens_per_second=50, prefill_seconds_per_token=0.0, kv_blocks=4)
+    model = MockBackend(tokens_per_second=50, prefill_seconds_per_token=0.0, kv_blocks=4)
     heard: list[tuple[list[str], list[str]]] = []
     model.watch_cache(lambda stored, evicted: heard.append((list(stored), list(evicted))))
     old = words(32, "old")
@@ -98,17 +98,17 @@ async def test_evicted_blocks_are_heard_and_kv_usage_follows_the_running_sequenc
 
 def test_the_calibrated_profile_makes_prefill_cost_more_than_a_decode_step() -> None:
     profile = PROFILES["llama3-70b-h100x2"]
-    model = MockModel.from_profile(profile)
+    model = MockBackend.from_profile(profile)
     assert model.step_token_budget == profile.step_token_budget
     # a 5,000-token prompt takes some 20 decode steps' time: what a cache hit saves
     assert 5000 * model.prefill_seconds_per_token > 20 / model.tokens_per_second
-    assert MockModel.from_profile(PROFILES["default"]) == MockModel()
+    assert MockBackend.from_profile(PROFILES["default"]) == MockBackend()
 
 
 def test_the_worker_builds_its_mock_from_the_profile_and_explicit_settings() -> None:
     settings = WorkerSettings(model_profile="llama3-70b-h100x2")
     calibrated = mock_backend(settings)
-    assert calibrated == MockModel.from_profile(
+    assert calibrated == MockBackend.from_profile(
         PROFILES["llama3-70b-h100x2"], stop_probability=settings.mock_stop_probability()
     )
     tuned = mock_backend(

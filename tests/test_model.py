@@ -12,7 +12,7 @@ import pytest
 from llmq.model.interface import GenerationRequest, Output, seed_for
 from llmq.model.tokenizer import count_tokens
 from tests.support.waiting import wait_until
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 
 def request(
@@ -27,7 +27,7 @@ def request(
     )
 
 
-async def collect(model: MockModel, req: GenerationRequest) -> tuple[list[str], list[float]]:
+async def collect(model: MockBackend, req: GenerationRequest) -> tuple[list[str], list[float]]:
     tokens: list[str] = []
     times: list[float] = []
     start = time.perf_counter()
@@ -39,12 +39,12 @@ async def collect(model: MockModel, req: GenerationRequest) -> tuple[list[str], 
 
 
 async def test_no_hidden_cap() -> None:
-    tokens, _ = await collect(MockModel(tokens_per_second=5000), request(300))
+    tokens, _ = await collect(MockBackend(tokens_per_second=5000), request(300))
     assert len(tokens) == 300
 
 
 async def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
-    model = MockModel(tokens_per_second=5000)
+    model = MockBackend(tokens_per_second=5000)
     a, _ = await collect(model, request(40, seed=7))
     b, _ = await collect(model, request(40, seed=7))
     c, _ = await collect(model, request(40, seed=8))
@@ -53,7 +53,7 @@ async def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
 
 
 async def test_timing_prefill_then_one_token_per_interval() -> None:
-    model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.001)
+    model = MockBackend(tokens_per_second=100, prefill_seconds_per_token=0.001)
     _, times = await collect(model, request(10, prompt_tokens=50))
     # prefill 50 ms, then a token every 10 ms: the 10th at about 150 ms, never sooner
     # (a loaded machine only delays); the upper bound is a loaded machine's margin
@@ -66,13 +66,13 @@ async def test_timing_prefill_then_one_token_per_interval() -> None:
 
 
 async def test_stop_probability_ends_early() -> None:
-    model = MockModel(tokens_per_second=5000, stop_probability=0.5)
+    model = MockBackend(tokens_per_second=5000, stop_probability=0.5)
     lengths = {len((await collect(model, request(100, seed=s)))[0]) for s in range(20)}
     assert max(lengths) < 100
 
 
 async def test_stop_sequence_ends_before_it() -> None:
-    model = MockModel(tokens_per_second=5000)
+    model = MockBackend(tokens_per_second=5000)
     tokens, _ = await collect(model, request(500, stop=("fox",)))
     assert tokens and len(tokens) < 500
     assert all("fox" not in t for t in tokens)
@@ -91,7 +91,7 @@ async def test_resumed_run_continues_exactly_where_an_uninterrupted_one_would() 
     for stop_probability, stop, seed in itertools.product(
         (0.0, 0.04, 0.3), ((), ("fox",), ("lazy", "queue")), (3, 21, 77)
     ):
-        model = MockModel(tokens_per_second=1e6, stop_probability=stop_probability)
+        model = MockBackend(tokens_per_second=1e6, stop_probability=stop_probability)
         full, _ = await collect(model, request(60, seed=seed, stop=stop))
         stopped_early += len(full) < 60
         cuts = {0, 1, 2, len(full) // 2, len(full) - 1, len(full)} - {-1}
@@ -103,15 +103,15 @@ async def test_resumed_run_continues_exactly_where_an_uninterrupted_one_would() 
 
 
 async def test_resumed_run_after_max_tokens_yields_nothing() -> None:
-    model = MockModel(tokens_per_second=1e6)
+    model = MockBackend(tokens_per_second=1e6)
     full, _ = await collect(model, request(8, seed=4))
     rest, _ = await collect(model, request(8, seed=4, generated=tuple(full)))
     assert len(full) == 8 and rest == []
 
 
 async def test_resumed_run_prefills_the_generated_tokens_and_does_not_regenerate_them() -> None:
-    model = MockModel(tokens_per_second=20, prefill_seconds_per_token=0.001)
-    full, _ = await collect(MockModel(tokens_per_second=1e6), request(50, seed=9))
+    model = MockBackend(tokens_per_second=20, prefill_seconds_per_token=0.001)
+    full, _ = await collect(MockBackend(tokens_per_second=1e6), request(50, seed=9))
     rest, times = await collect(
         model, request(50, seed=9, prompt_tokens=10, generated=tuple(full[:40]))
     )
@@ -125,7 +125,7 @@ async def test_resumed_run_prefills_the_generated_tokens_and_does_not_regenerate
 
 
 async def run_stepped(
-    model: MockModel, req: GenerationRequest, out: list[tuple[float, Output]]
+    model: MockBackend, req: GenerationRequest, out: list[tuple[float, Output]]
 ) -> None:
     """``generate_into``, noting when each token came."""
     await model.generate_into(req, lambda token: out.append((time.monotonic(), token)))
@@ -136,7 +136,7 @@ async def test_the_step_loop_keeps_each_streams_timing_and_output_and_shares_its
     schedule (first one interval after the start, then one per interval), while the
     loop wakes up once per step for all of them, not once per token per sequence."""
     interval = 0.01
-    model = MockModel(tokens_per_second=1 / interval, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=1 / interval, prefill_seconds_per_token=0.0)
     outs: list[list[tuple[float, Output]]] = [[] for _ in range(12)]
     starts, runs = [], []
     for i, out in enumerate(outs):
@@ -145,7 +145,7 @@ async def test_the_step_loop_keeps_each_streams_timing_and_output_and_shares_its
         await asyncio.sleep(0.0013)  # scattered over an interval: distinct phases
     await asyncio.gather(*runs)
     for i, (start, out) in enumerate(zip(starts, outs, strict=True)):
-        expected, _ = await collect(MockModel(tokens_per_second=1e6), request(20, seed=i))
+        expected, _ = await collect(MockBackend(tokens_per_second=1e6), request(20, seed=i))
         assert [t for _, t in out] == expected
         times = [at - start for at, _ in out]
         assert times[0] >= interval - 0.002
@@ -160,7 +160,7 @@ async def test_the_step_loop_keeps_each_streams_timing_and_output_and_shares_its
 
 
 async def test_cancelling_one_stepped_sequence_stops_it_at_once_and_only_it() -> None:
-    model = MockModel(tokens_per_second=100, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=100, prefill_seconds_per_token=0.0)
     outs: list[list[tuple[float, Output]]] = [[], [], []]
     runs = [asyncio.ensure_future(run_stepped(model, request(500), out)) for out in outs]
     await wait_until(lambda: all(len(o) >= 3 for o in outs), timeout=5, what="3 tokens each")
@@ -181,7 +181,7 @@ async def test_cancelling_one_stepped_sequence_stops_it_at_once_and_only_it() ->
 
 
 async def test_a_consumer_that_raises_ends_its_sequence_with_the_error_and_no_other() -> None:
-    model = MockModel(tokens_per_second=200, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=200, prefill_seconds_per_token=0.0)
     kept: list[tuple[float, Output]] = []
 
     def broken(token: Output) -> None:

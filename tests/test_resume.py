@@ -34,7 +34,7 @@ from tests.support.native import record, wait_ready
 from tests.support.runs import payload, stream_events, undisturbed
 from tests.support.servers import FAST_MODEL, SpawnWorkers, StartApi, StartWorker
 from tests.support.sse import frames, openai_chunks
-from worker.mock import MockModel
+from worker.mock import MockBackend
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
 
@@ -140,7 +140,7 @@ class FailsOnce:
     """
 
     def __init__(self, fail_at: int) -> None:
-        self.inner = MockModel(tokens_per_second=1000)
+        self.inner = MockBackend(tokens_per_second=1000)
         self.fail_at = fail_at
         self.resumed: list[int] = []
 
@@ -229,7 +229,7 @@ async def run_once(
     publisher.start()
     runner = RequestRunner(
         "w-test",
-        MockModel(tokens_per_second=FAST_MODEL["model_tokens_per_second"] * 10),
+        MockBackend(tokens_per_second=FAST_MODEL["model_tokens_per_second"] * 10),
         publisher,
         redis=cast(Redis, reader),
     )

@@ -23,7 +23,7 @@ from llmq.schema import TokenLogprob, TokensEvent, decode_event, encode_event
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
-from worker.mock import MockModel
+from worker.mock import MockBackend
 from worker.structured import object_text
 
 CHAT: list[Any] = [{"role": "user", "content": "answer in JSON"}]
@@ -357,7 +357,7 @@ class TextOnly:
     """A backend that declares no capabilities: plain text only."""
 
     def __init__(self) -> None:
-        self.mock = MockModel(tokens_per_second=500)
+        self.mock = MockBackend(tokens_per_second=500)
 
     def count_tokens(self, text: str) -> int:
         return self.mock.count_tokens(text)
@@ -399,7 +399,7 @@ async def test_a_backend_without_a_capability_answers_400(
 
 async def test_a_resumed_tool_call_or_json_answer_continues_where_it_stopped() -> None:
     """A re-run after a crash yields the rest of the same output, and no second call."""
-    model = MockModel(tokens_per_second=1e6)
+    model = MockBackend(tokens_per_second=1e6)
     tool = {"name": "get_weather", "parameters": PARAMS["get_weather"]}
     for extra in (
         {"tools": (tool,), "tool_choice": "required"},

@@ -42,7 +42,7 @@ TEXTS = tuple(" " + word for word in WORDS)
 
 
 @dataclass(frozen=True)
-class MockModel:
+class MockBackend:
     """A model with realistic timing and deterministic output.
 
     Timing is that of a small continuous-batching engine (:mod:`worker.mock_engine`): all
@@ -93,7 +93,7 @@ class MockModel:
     )
 
     @classmethod
-    def from_profile(cls, profile: EngineProfile, **overrides: Any) -> MockModel:
+    def from_profile(cls, profile: EngineProfile, **overrides: Any) -> MockBackend:
         """A mock with ``profile``'s figures, any of them replaced by ``overrides``."""
         figures: dict[str, Any] = {
             "tokens_per_second": 1 / profile.step_seconds,

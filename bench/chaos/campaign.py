@@ -39,7 +39,7 @@ from llmq.protocol import keys
 from llmq.settings import WorkerSettings
 from rigs.hosts import API_HOSTS, start_stack
 from rigs.netns import Cluster
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 MODEL = "mock"
 WORKER: dict[str, Any] = {
@@ -83,7 +83,7 @@ async def reference(spec: Spec) -> list[str]:
     """The tokens of an undisturbed run: the mock for the seed, without its waits, with
     the workers' chance to stop (its draws shape the tokens even under ``ignore_eos``)."""
     stop = WorkerSettings(**WORKER).mock_stop_probability()
-    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0, stop_probability=stop)
+    model = MockBackend(tokens_per_second=1e9, prefill_seconds_per_token=0.0, stop_probability=stop)
     request = GenerationRequest(
         prompt=spec.prompt,
         max_tokens=spec.max_tokens,

@@ -50,7 +50,7 @@ from cli.supervisor import wait_for
 from llmq.model.interface import GenerationRequest
 from llmq.settings import WorkerSettings
 from loadgen.sse import DONE, frames
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 #: Slack over ``lease_seconds`` allowed for the restart (sweep, wake-up, claim, load).
 SLACK_S = 1.0
@@ -111,7 +111,7 @@ class Stream:
 
 async def _expected_text(s: Sizes, stream: Stream) -> str:
     """What the mock model generates for this seed: the same model, without the waits."""
-    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
     request = GenerationRequest(
         prompt=stream.prompt, max_tokens=s.max_tokens, seed=stream.seed, prompt_tokens=0
     )

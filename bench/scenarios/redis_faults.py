@@ -50,7 +50,7 @@ from llmq.protocol import keys
 from llmq.protocol.streams import published_tokens
 from llmq.settings import WorkerSettings
 from loadgen.sse import DONE, frames
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 TOKENS_PER_SECOND = 50.0
 MAX_TOKENS = 60
@@ -109,7 +109,7 @@ async def _openai(c: httpx.AsyncClient, client: Client, prompt: str, seed: int) 
 
 
 async def _expected(prompt: str, seed: int) -> list[str]:
-    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
     request = GenerationRequest(prompt=prompt, max_tokens=MAX_TOKENS, seed=seed, prompt_tokens=0)
     return [token async for token in model.generate(request) if isinstance(token, str)]
 

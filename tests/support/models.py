@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from llmq.model.interface import GenerationRequest, Output
 from llmq.model.tokenizer import count_tokens
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 
 class Flaky:
@@ -18,7 +18,7 @@ class Flaky:
     """
 
     def __init__(self) -> None:
-        self.inner = MockModel(tokens_per_second=500)
+        self.inner = MockBackend(tokens_per_second=500)
         self.seen: set[int] = set()
 
     def count_tokens(self, text: str) -> int:

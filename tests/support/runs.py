@@ -10,12 +10,12 @@ from redis.asyncio import Redis
 from llmq.model.interface import GenerationRequest
 from llmq.protocol import keys
 from llmq.schema import Event, JobPayload, SamplingParams, decode_event
-from worker.mock import MockModel
+from worker.mock import MockBackend
 
 
 async def undisturbed(max_tokens: int, seed: int) -> list[str]:
     """The mock model's tokens for ``seed``: what a run without failures produces."""
-    model = MockModel(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
+    model = MockBackend(tokens_per_second=1e9, prefill_seconds_per_token=0.0)
     request = GenerationRequest(prompt="p", max_tokens=max_tokens, seed=seed, prompt_tokens=0)
     return [token async for token in model.generate(request) if isinstance(token, str)]
 

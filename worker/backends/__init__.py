@@ -18,13 +18,13 @@ from llmq.settings import WorkerSettings
 from worker.backends.engines import ENGINES
 from worker.backends.openai import OpenAIUpstream, UpstreamDown
 from worker.embedding import HashEmbedder
-from worker.mock import MockModel
+from worker.mock import MockBackend
 from worker.mock_engine.profiles import DEFAULT, PROFILES
 
 log = logging.getLogger(__name__)
 
 
-def mock_backend(settings: WorkerSettings) -> MockModel:
+def mock_backend(settings: WorkerSettings) -> MockBackend:
     """The mock with its profile's figures; the default profile's speeds are the
     settings', and any speed setting given explicitly overrides a named profile's."""
     profile = PROFILES.get(settings.model_profile)
@@ -44,14 +44,14 @@ def mock_backend(settings: WorkerSettings) -> MockModel:
         figures["kv_blocks"] = settings.model_kv_blocks
     if settings.model_step_token_budget:
         figures["step_token_budget"] = settings.model_step_token_budget
-    return MockModel.from_profile(profile, **figures)
+    return MockBackend.from_profile(profile, **figures)
 
 
 def embedder_for(backend: Backend, settings: WorkerSettings) -> Embedder | None:
     """What embeds for ``backend``: its own embedder, else the mock's for the mock."""
     if isinstance(backend, Embedder):
         return backend
-    if isinstance(backend, MockModel) and "embeddings" in capabilities_of(backend):
+    if isinstance(backend, MockBackend) and "embeddings" in capabilities_of(backend):
         return HashEmbedder(dimensions=settings.model_embedding_dimensions)
     return None
 
