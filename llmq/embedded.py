@@ -13,6 +13,7 @@ from __future__ import annotations
 import filecmp
 import functools
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -57,11 +58,25 @@ def find_redis_server() -> str:
     return bundled
 
 
+#: Where :func:`free_port` looks: below Linux's ephemeral range (32768-60999), from
+#: which the kernel picks the local port of every outgoing connection; a port chosen
+#: there could be taken by one before the server that was given it binds it.
+FREE_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
+    """A port nothing listens on now, outside the range outgoing connections use."""
+    for port in random.sample(FREE_PORTS, 64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 class EmbeddedRedis:
