@@ -22,14 +22,14 @@ from api import batch_lines
 from api.batch_store import BatchObject
 from api.bodies import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.errors import ApiError
-from api.extras import chat_extras, completion_extras
+from api.extras import completion_extras
 from api.fanin import merged
 from api.openai_format import ChatFormat, CompletionFormat
 from api.responses_format import ResponseFormat
 from api.responses_input import ResponsesRequest, chat_request
 from api.responses_relay import ResponseRelay
 from api.routes.embeddings import embedding_answer
-from api.routes.openai import collect, error_of, error_status
+from api.routes.openai import collect, error_of, error_status, submit_chat
 from api.routes.responses import submit_turn
 from api.state import AppState
 from api.submit import BatchBand, Submitted, submit_choices, submit_embedding
@@ -57,21 +57,7 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
         sub = await submit_turn(state, chat, owner, attach=False, band=band, tenant=tenant)
         return [sub]
     if isinstance(request, ChatCompletionRequest):
-        requested = request.max_completion_tokens or request.max_tokens
-        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-        return await submit_choices(
-            state,
-            request,
-            [request.prompt_text()],
-            max_tokens=requested,
-            max_tokens_param=param,
-            prompt_param="messages",
-            owner=owner,
-            extras=chat_extras(request),
-            messages=request.message_dicts(),
-            band=band,
-            tenant=tenant,
-        )
+        return await submit_chat(state, request, owner, attach=False, tenant=tenant, band=band)
     assert isinstance(request, CompletionRequest)
     return await submit_choices(
         state,

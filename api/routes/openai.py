@@ -36,7 +36,7 @@ from api.follow import IDLE, Batch, TokenCursor
 from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
 from api.openapi import GENERATION_RESPONSES, error_responses
 from api.state import AppState, State, state_of
-from api.submit import Submitted, submit_choices
+from api.submit import BatchBand, Submitted, submit_choices
 from api.timing import RelayTimer
 from llmq.schema import (
     DoneEvent,
@@ -46,6 +46,7 @@ from llmq.schema import (
     TokensEvent,
     ToolCallEvent,
 )
+from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +309,36 @@ async def completions(
     return await _respond(request, state, fmt, body.streaming, arrived)
 
 
+async def submit_chat(
+    state: AppState,
+    body: ChatCompletionRequest,
+    owner: str | None,
+    *,
+    attach: bool,
+    tenant: Tenant | None,
+    session: str | None = None,
+    band: BatchBand | None = None,
+) -> list[Submitted]:
+    """Enqueue a chat request's choices (live, or a batch line in ``band``)."""
+    requested = body.max_completion_tokens or body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    return await submit_choices(
+        state,
+        body,
+        [body.prompt_text()],
+        max_tokens=requested,
+        max_tokens_param=param,
+        prompt_param="messages",
+        owner=owner,
+        tenant=tenant,
+        attach=attach,
+        extras=chat_extras(body),
+        messages=body.message_dicts(),
+        session=session,
+        band=band,
+    )
+
+
 @generation.post("/v1/chat/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, owner: Caller, session: SessionHeader = None
@@ -316,21 +347,8 @@ async def chat_completions(
     state = state_of(request)
     if not body.content_tokens_present():
         raise ApiError("messages must contain some text", param="messages", code="invalid_value")
-    requested = body.max_completion_tokens or body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    subs = await submit_choices(
-        state,
-        body,
-        [body.prompt_text()],
-        max_tokens=requested,
-        max_tokens_param=param,
-        prompt_param="messages",
-        owner=owner,
-        tenant=tenant_of(request),
-        attach=True,
-        extras=chat_extras(body),
-        messages=body.message_dicts(),
-        session=session,
+    subs = await submit_chat(
+        state, body, owner, attach=True, tenant=tenant_of(request), session=session
     )
     fmt = ChatFormat(subs, body.include_usage, logprobs=bool(body.logprobs))
     return await _respond(request, state, fmt, body.streaming, arrived)
