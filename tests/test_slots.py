@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 from importlib import resources
+from types import SimpleNamespace
 from typing import get_args
 
 import pytest
 
-from llmq.protocol import codec, keys, slots
+from llmq.protocol import keys, slots, streams
 from llmq.protocol.routing import POLICIES, PolicyName
 from llmq.protocol.scripts import NAMES, Scripts
 from llmq.protocol.slots import Slots
@@ -84,31 +85,44 @@ def test_a_tail_is_spread_last_and_a_keys_tail_after_the_named_keys() -> None:
     assert flush.call() == (["m", "w", "f1", "f2"], [1, 2, 0, 3, "x", 4])
 
 
-def test_publish_args_and_run_keys_fill_publishs_named_slots() -> None:
-    """publish.lua's per-request slots come from keys.run_keys and codec.publish_args
-    (:func:`llmq.protocol.streams.publish_calls`): they must be in Publish's order."""
-    rid = "req-1"
-    key_names, arg_names = slots.Publish.names()
-    by_key = dict(zip(key_names, keys.run_keys(rid), strict=True))
-    assert by_key == {
-        "stream_key": keys.stream(rid),
-        "record_key": keys.request(rid),
-        "fence_key": keys.fence(rid),
-        "lifecycle_key": keys.lifecycle(rid),
+def test_publish_calls_send_each_requests_slots_in_publishs_order() -> None:
+    """A flush's ``EVALSHA`` of publish.lua carries, per request, its keys and then its
+    argument count and arguments (:func:`llmq.protocol.streams.publish_calls`): each
+    request's must read as :class:`slots.Publish` names them, counts included."""
+    record = {"a": "b"}
+    writes = {
+        rid: SimpleNamespace(attempt=n + 7, events=[], record=record, notes=[])
+        for n, rid in enumerate(("req-1", "req-2"))
     }
-    args = codec.publish_args(
-        7, ttl=8, maxlen=9, lifecycle_maxlen=10, events=[], record={"a": "b"}, notes=[]
+    ((command, ids),) = streams.publish_calls(
+        "sha", writes, ttl=8, maxlen=9, lifecycle_maxlen=10, by_slot=False
     )
-    by_arg = dict(zip(arg_names, args, strict=False))
-    assert by_arg == {
-        "attempt": "7",
-        "ttl": "8",
-        "maxlen": "9",
-        "lifecycle_maxlen": "10",
-        "n_events": "0",
-        "n_record": "1",
-        "n_notes": "0",
-    }
+    assert ids == ["req-1", "req-2"]
+    key_names, arg_names = slots.Publish.names()
+    n_keys = command[2]
+    assert n_keys == 2 * len(key_names)
+    call_keys, argv = list(command[3 : 3 + n_keys]), list(command[3 + n_keys :])
+    for n, rid in enumerate(ids):
+        by_key = dict(zip(key_names, call_keys[n * 4 : n * 4 + 4], strict=True))
+        assert by_key == {
+            "stream_key": keys.stream(rid),
+            "record_key": keys.request(rid),
+            "fence_key": keys.fence(rid),
+            "lifecycle_key": keys.lifecycle(rid),
+        }
+        count = int(argv.pop(0))
+        args, argv = argv[:count], argv[count:]
+        assert {k: str(v) for k, v in zip(arg_names, args, strict=False)} == {
+            "attempt": str(n + 7),
+            "ttl": "8",
+            "maxlen": "9",
+            "lifecycle_maxlen": "10",
+            "n_events": "0",
+            "n_record": "1",
+            "n_notes": "0",
+        }
+        assert args[len(arg_names) :] == ["a", "b"]
+    assert argv == []
 
 
 def test_every_routing_policy_has_one_function_in_the_scripts_by_its_one_name() -> None:

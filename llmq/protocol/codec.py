@@ -15,12 +15,12 @@ the Lua side reads or writes the same text.
 - routing counters (``llmq:routing:{m:<model>}``): :data:`ROUTING_COUNTERS`;
 - renew reply: one of ``ok``/``lost``/``cancelled`` per (id, attempt) pair sent;
 - reap reply: ``[id, attempt, id, attempt, ...]``;
-- publish arguments and reply (see :func:`publish_args`).
+- publish writes and reply (see :func:`publish_writes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -192,33 +192,15 @@ def parse_reaped(reply: Sequence[Any]) -> list[tuple[str, int]]:
     return [(as_str(reply[i]), int(reply[i + 1])) for i in range(0, len(reply) - 1, 2)]
 
 
-def publish_args(
-    attempt: int,
-    *,
-    ttl: int,
-    maxlen: int,
-    lifecycle_maxlen: int,
-    events: Sequence[Event],
-    record: Mapping[str, str],
-    notes: Iterable[Lifecycle],
+def publish_writes(
+    events: Sequence[Event], record: Mapping[str, str], notes: Sequence[Lifecycle]
 ) -> list[str]:
-    """One request's arguments to publish.lua (in its ARGV after their count, which
-    :func:`llmq.protocol.streams.publish_calls` adds): attempt, ttl s, maxlen,
-    lifecycle maxlen, then the counts of
-    events, record fields and notes; then per event ``type, data, index, count``
-    (index and count of a ``tokens`` event, else 0 0); record field/value pairs; per
-    note ``event, request_id, model, data``. The reply is 1 (written) or 0 (fenced)."""
-    if not isinstance(notes, list):
-        notes = list(notes)
-    args = [
-        str(attempt),
-        str(ttl),
-        str(maxlen),
-        str(lifecycle_maxlen),
-        str(len(events)),
-        str(len(record)),
-        str(len(notes)),
-    ]
+    """One request's writes as publish.lua reads them after its named slots
+    (:class:`llmq.protocol.slots.Publish`, which counts them): per event ``type, data,
+    index, count`` (index and count of a ``tokens`` event, else 0 0); record
+    field/value pairs; per note ``event, request_id, model, data``. The script's reply
+    is 1 (written) or 0 (fenced)."""
+    args: list[str] = []
     for event in events:
         encoded = encode_event(event)
         if isinstance(event, TokensEvent):

@@ -12,10 +12,9 @@ builder into the (KEYS, ARGV) a script call or :func:`~llmq.protocol.scripts.run
 takes; :meth:`Slots.run` calls the builder's script (:attr:`Slots.SCRIPT`).
 
 ``publish.lua`` and ``enqueue_batch.lua`` take many requests in one call:
-:class:`EnqueueBatch` puts :class:`Enqueue` calls together; :class:`Publish` names
-``publish.lua``'s slots of one request, which :func:`llmq.protocol.keys.run_keys` and
-:func:`llmq.protocol.codec.publish_args` fill on a worker's flush path
-(:func:`llmq.protocol.streams.publish_calls`; the test holds both against it).
+:class:`EnqueueBatch` puts :class:`Enqueue` calls together, and
+:func:`llmq.protocol.streams.publish_calls` puts one :class:`Publish` per request
+together, each request's ARGV after their count.
 """
 
 from __future__ import annotations
@@ -472,8 +471,9 @@ class MetricsFlush(Slots):
 @dataclass(frozen=True)
 class Publish(Slots):
     """``publish.lua``'s slots of one request (a call carries many, each after its
-    argument count: :func:`llmq.protocol.streams.publish_calls`). The ARGV are those
-    :func:`llmq.protocol.codec.publish_args` builds."""
+    argument count: :func:`llmq.protocol.streams.publish_calls`); the keys are
+    :func:`llmq.protocol.keys.run_keys`, the writes
+    :func:`llmq.protocol.codec.publish_writes`."""
 
     SCRIPT: ClassVar[str] = "publish"
 
@@ -481,13 +481,13 @@ class Publish(Slots):
     record_key: str
     fence_key: str
     lifecycle_key: str
-    attempt: str
-    ttl: str
-    maxlen: str
-    lifecycle_maxlen: str
-    n_events: str
-    n_record: str
-    n_notes: str
+    attempt: int
+    ttl: int
+    maxlen: int
+    lifecycle_maxlen: int
+    n_events: int
+    n_record: int
+    n_notes: int
     #: Per event ``type, data, index, count``; record pairs; per note four fields.
     writes: Sequence[str] = tail()
 

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
-from llmq.protocol import codec, keys
+from llmq.protocol import codec, keys, slots
 from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
     DoneEvent,
@@ -200,10 +200,9 @@ def publish_calls(
     call carries up to :data:`MAX_WRITES_PER_CALL` requests, whatever their slots;
     with ``by_slot`` (a Redis Cluster, where a call's keys must share a slot) a call
     carries the requests of one request group. Each request's keys (stream, record,
-    fence, lifecycle: one slot, its group) and arguments
-    (:func:`llmq.protocol.codec.publish_args`, after their count) are those
-    ``publish.lua`` takes. The worker's publisher sends a flush's calls in one round
-    trip."""
+    fence, lifecycle: one slot, its group) and arguments (after their count) are
+    :class:`llmq.protocol.slots.Publish`'s. The worker's publisher sends a flush's
+    calls in one round trip."""
     groups: dict[int, list[str]] = {}
     for request_id in writes:
         group = keys.request_group(request_id) if by_slot else 0
@@ -216,16 +215,22 @@ def publish_calls(
             argv: list[str] = []
             for request_id in chunk:
                 w = writes[request_id]
-                call_keys += keys.run_keys(request_id)
-                args = codec.publish_args(
-                    w.attempt,
+                stream_key, record_key, fence_key, lifecycle_key = keys.run_keys(request_id)
+                one_keys, args = slots.Publish(
+                    stream_key,
+                    record_key,
+                    fence_key,
+                    lifecycle_key,
+                    attempt=w.attempt,
                     ttl=ttl,
                     maxlen=maxlen,
                     lifecycle_maxlen=lifecycle_maxlen,
-                    events=w.events,
-                    record=w.record,
-                    notes=w.notes,
-                )
+                    n_events=len(w.events),
+                    n_record=len(w.record),
+                    n_notes=len(w.notes),
+                    writes=codec.publish_writes(w.events, w.record, w.notes),
+                ).call()
+                call_keys += one_keys
                 argv.append(str(len(args)))
                 argv += args
             calls.append((("EVALSHA", sha, len(call_keys), *call_keys, *argv), chunk))

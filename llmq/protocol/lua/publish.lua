@@ -2,7 +2,7 @@
 -- record fields and lifecycle notes; one call carries the writes of many requests
 -- (a worker's whole flush), each written by publish_one as if it were alone. KEYS
 -- are, per request, its stream, record, fence and lifecycle keys; ARGV is, per
--- request, its argument count, then its arguments (llmq.protocol.codec.PublishArgs,
+-- request, its argument count, then its arguments (llmq.protocol.slots.Publish,
 -- read in place: nothing is copied per request). Returns one reply per request, in
 -- order: 1 when written (or already written), 0 when the writer's attempt is fenced
 -- off: a later attempt owns the request (reap.lua, requeue.lua), and nothing of
