@@ -89,6 +89,11 @@ def tenant_of(request: Request) -> Tenant | None:
     return found
 
 
+#: How a stream ends when its key is revoked (OpenAI's code for a key that is not valid).
+REVOKED_CODE = "invalid_api_key"
+REVOKED_MESSAGE = "the API key was revoked"
+
+
 async def revoked(request: Request) -> None:
     """Return once the request's key is revoked (never for a key that cannot be: one of
     ``LLMQ_API_KEYS``, or auth off); a stream that waits on it ends with its key."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 from starlette.responses import Response
@@ -57,14 +57,15 @@ class EventStream(Response):
         headers: Mapping[str, str] | None = None,
         *,
         until: Coroutine[Any, Any, None] | None = None,
-        final: bytes = b"",
+        final: bytes | Callable[[], bytes] = b"",
     ) -> None:
         self.chunks = body
         self.status_code = 200
         self.background = None
         self.init_headers(HEADERS if headers is None else headers)
-        #: Ends the stream when it returns (as a disconnect would), then ``final`` is sent:
-        #: a revoked key (:func:`api.auth.revoked`).
+        #: Ends the stream when it returns (as a disconnect would), then ``final`` is sent
+        #: (made then, where it is a function: a numbered event follows the stream's
+        #: last): a revoked key (:func:`api.auth.revoked`).
         self.until = until
         self.final = final
 
@@ -90,7 +91,8 @@ class EventStream(Response):
                 streaming.cancel()
                 await asyncio.wait({streaming})
                 write = scope.get(SERVER_SEND, send)
-                await write({"type": "http.response.body", "body": self.final, "more_body": False})
+                final = self.final if isinstance(self.final, bytes) else self.final()
+                await write({"type": "http.response.body", "body": final, "more_body": False})
                 return
         finally:  # also when this task is cancelled: the stream ends with it
             watcher.cancel()

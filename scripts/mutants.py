@@ -894,6 +894,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "revoked-key-native-stream",
+        "a revoked key's native event stream ends, and its request is cancelled",
+        "api/routes/native.py",
+        "        until=_revoked(request, state, record),\n",
+        "",
+        ("tests/test_tenants.py::test_a_revoked_key_ends_its_stream[native]",),
+    ),
+    Mutant(
+        "revoked-key-responses-stream",
+        "a revoked key's Responses stream ends with an error event",
+        "api/routes/responses.py",
+        "            until=revoked(request),\n",
+        "",
+        ("tests/test_tenants.py::test_a_revoked_key_ends_its_stream[responses]",),
+    ),
+    Mutant(
         "priority-ceiling",
         "a request may not ask for a priority above its tenant's ceiling",
         "api/flow.py",

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -16,7 +17,7 @@ from llmq.protocol.streams import lifecycle_entries
 from llmq.schema import Lifecycle
 from llmq.tail import format_line
 from llmq.tenants import Tenant, TenantStore, digest, key_id
-from tests.support.native import wait_ready
+from tests.support.native import post_request, wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
 from tests.test_batch import chat_line, finished, jsonl
@@ -135,29 +136,58 @@ async def test_a_key_is_its_tenants_until_revoked(tenants: RunningApi, redis: Re
         await wait_until(refused_now, timeout=10, what="the revoked key refused")
 
 
+#: How each streaming API is opened, and the line its stream ends with when the key is
+#: revoked: OpenAI's error chunk then ``[DONE]``, the Responses API's ``error`` event,
+#: the native stream's ``error`` event.
+STREAMS = ("completions", "responses", "native")
+
+
+async def open_stream(client: httpx.AsyncClient, api: str) -> httpx.Request:
+    if api == "completions":
+        body = {"model": "mock", "prompt": "long", "max_tokens": 2000, "stream": True}
+        return client.build_request("POST", "/v1/completions", json=body)
+    if api == "responses":
+        body = {"model": "mock", "input": "long", "max_output_tokens": 2000, "stream": True}
+        return client.build_request("POST", "/v1/responses", json=body)
+    rid = await post_request(client, "long", max_tokens=2000)
+    return client.build_request("GET", f"/v1/requests/{rid}/events")
+
+
+@pytest.mark.parametrize("api", STREAMS)
 async def test_a_revoked_key_ends_its_stream(
-    start_api: StartApi, start_worker: StartWorker, redis: Redis
+    api: str, start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
     store = TenantStore(redis)
     await store.put(Tenant(name="acme"))
     key = await store.create_key("acme")
     await start_worker(model_tokens_per_second=20)
-    api = await start_api(tenant_keys=True)
-    body = {"model": "mock", "prompt": "long", "max_tokens": 2000, "stream": True}
-    async with api.client(headers={"Authorization": f"Bearer {key}"}) as client:
+    server = await start_api(tenant_keys=True)
+    async with server.client(headers={"Authorization": f"Bearer {key}"}) as client:
         await wait_ready(client)
-        async with client.stream("POST", "/v1/completions", json=body) as response:
+        response = await client.send(await open_stream(client, api), stream=True)
+        try:
             assert response.status_code == 200
             lines = response.aiter_lines()
+            first_token = {
+                "completions": "data: {",
+                "responses": "event: response.output_text.delta",
+                "native": "event: tokens",
+            }[api]
             async for line in lines:
-                if line.startswith("data: {"):
-                    break  # the first token
+                if line.startswith(first_token):
+                    break
             await store.revoke(key_id(digest(key)))
-            rest = [line async for line in lines if line.startswith("data: ")]
-        assert "invalid_api_key" in rest[-2] and rest[-1] == "data: [DONE]"
+            async with asyncio.timeout(30):  # unrevoked, it would run 100 s
+                rest = [line async for line in lines if line.startswith("data: ")]
+        finally:
+            await response.aclose()
+        ended = rest[-2] if api == "completions" else rest[-1]
+        assert "invalid_api_key" in ended and "the API key was revoked" in ended, rest[-3:]
+        if api == "completions":
+            assert rest[-1] == "data: [DONE]"
         assert len(rest) < 100
-        again = await client.post("/v1/completions", json={**body, "stream": False})
-        assert again.status_code == 401
+        body = {"model": "mock", "prompt": "x", "max_tokens": 2}
+        assert (await client.post("/v1/completions", json=body)).status_code == 401
 
     async def cancelled() -> bool:
         return int(await redis.zcard(keys.running("mock"))) == 0

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from api import event_stream
-from api.auth import Caller, tenant_of
+from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Caller, revoked, tenant_of
 from api.bodies import NativeRequest
 from api.cancel import cancel
 from api.direct_route import DirectRoute, SessionHeader
@@ -28,7 +28,13 @@ from api.submit import submit
 from api.subscription import valid_id
 from api.timing import RelayTimer
 from llmq.protocol import keys
-from llmq.schema import TERMINAL_STATUSES, RequestRecord, TokensEvent, is_terminal
+from llmq.schema import (
+    TERMINAL_STATUSES,
+    ErrorEvent,
+    RequestRecord,
+    TokensEvent,
+    is_terminal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +155,7 @@ async def delete(request_id: RequestId, state: State, owner: Caller) -> dict[str
     responses={200: EVENT_STREAM, **error_responses(400, 401, 404)},
 )
 async def events(
+    request: Request,
     request_id: RequestId,
     state: State,
     owner: Caller,
@@ -163,4 +170,16 @@ async def events(
             code="invalid_value",
         )
     record = await _record(state, request_id, owner)
-    return event_stream.EventStream(_events(state, record, resume))
+    ended = ErrorEvent(code=REVOKED_CODE, message=REVOKED_MESSAGE)
+    return event_stream.EventStream(
+        _events(state, record, resume),
+        until=_revoked(request, state, record),
+        final=f"event: error\ndata: {ended.model_dump_json()}\n\n".encode(),
+    )
+
+
+async def _revoked(request: Request, state: AppState, record: RequestRecord) -> None:
+    """Return once the reader's key is revoked, the request cancelled: nobody may read
+    its result any more (the stream ends with an ``error`` event that has no id)."""
+    await revoked(request)
+    await cancel(state, record.model, record.id)

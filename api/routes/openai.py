@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from api import event_stream
-from api.auth import Caller, revoked, tenant_of
+from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Caller, revoked, tenant_of
 from api.bodies import ChatCompletionRequest, CompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute, SessionHeader
@@ -267,9 +267,7 @@ async def _respond(
     request: Request, state: AppState, fmt: CompletionFormat, stream: bool, arrived: float
 ) -> Response:
     if stream:
-        ended = error_body(
-            "the API key was revoked", "invalid_request_error", code="invalid_api_key"
-        )
+        ended = error_body(REVOKED_MESSAGE, "invalid_request_error", code=REVOKED_CODE)
         return event_stream.EventStream(
             _stream(state, fmt, arrived),
             until=revoked(request),

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from api import event_stream, responses_store
-from api.auth import Caller, tenant_of
+from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Caller, revoked, tenant_of
 from api.bodies import ChatCompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
@@ -122,7 +122,12 @@ async def create_response(body: ResponsesRequest, request: Request, owner: Calle
     fmt = ResponseFormat(body, sub.id, sub.created, sub.model)
     turn = _Turn(state, fmt, sub, owner, conversation_messages(chat, body.instructions))
     if body.stream:
-        return event_stream.EventStream(turn.stream(arrived))
+        ended = {"code": REVOKED_CODE, "message": REVOKED_MESSAGE, "param": None}
+        return event_stream.EventStream(
+            turn.stream(arrived),
+            until=revoked(request),
+            final=lambda: fmt.event("error", ended),
+        )
     relay = None
     try:
         relay = await unless_disconnected(request, turn.collect(arrived))
