@@ -163,6 +163,11 @@ BATCHES = Counter(
     "Batches ended, by status: completed, expired, cancelled.",
     ("model", "status"),
 )
+FAIR_YIELDS = Counter(
+    "llmq_fair_yields",
+    "Live requests that gave their slot to another tenant's (LLMQ_FAIRNESS=vtc), to be "
+    "resumed later.",
+)
 
 TENANT_REQUESTS = Counter(
     "llmq_tenant_requests",
@@ -197,6 +202,7 @@ COUNTERS: tuple[Counter, ...] = (
     AUTOSCALER_ACTIONS,
     BATCH_LINES,
     BATCHES,
+    FAIR_YIELDS,
     TENANT_REQUESTS,
     TENANT_TOKENS,
 )

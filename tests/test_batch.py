@@ -298,6 +298,7 @@ async def test_a_line_result_is_recorded_once_whoever_collects_it_again(redis: R
     assert await redis.hget(keys.batch("b1"), "failed") is None  # type: ignore[misc]
 
 
+@pytest.mark.slow
 async def test_a_live_request_takes_the_slot_of_a_long_batch_line_which_resumes_exactly(
     start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:

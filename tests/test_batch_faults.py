@@ -21,7 +21,7 @@ from tests.support.servers import SpawnWorkers, StartApi, StartWorker
 from tests.support.waiting import wait_until
 from tests.test_batch import by_custom_id, chat_line, create, finished
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 async def test_every_line_once_and_exact_after_a_worker_and_the_feeding_api_die(

@@ -80,7 +80,41 @@ async def test_a_request_without_a_tenant_keeps_its_place(queue: Queue, redis: R
     await enqueue_costing(queue, "anon-0", cost=COST, score=1)
     await backlog(queue, "t", 2, start=2)
     assert await claims(queue, 3) == ["anon", "t", "t"]
-    assert await redis.hlen(keys.fair("mock")) == 2  # type: ignore[misc]  # until released
+    entries = await redis.hkeys(keys.fair("mock"))  # type: ignore[misc]
+    assert sorted(entries) == ["charged:t-0", "charged:t-1", "t-0", "t-1"]  # until released
+    for n in range(2):
+        assert await queue.release("mock", f"t-{n}", 1, used=10)
+    assert await redis.hlen(keys.fair("mock")) == 0  # type: ignore[misc]
+
+
+async def counter(redis: Redis, tenant: str) -> float:
+    return float(await redis.hget(keys.vtc("mock"), f"t:{tenant}") or 0)  # type: ignore[misc]
+
+
+async def test_a_tenant_is_charged_what_its_requests_used_not_what_they_reserved(
+    queue: Queue, redis: Redis
+) -> None:
+    """A claim charges the reservation (prompt + max_tokens, here COST); the release
+    settles it to the tokens used, divided by the weight."""
+    await backlog(queue, "brief", 1, weight=2)
+    claim = await claim_with(queue, budget_left=None, idle=True)
+    assert await counter(redis, "brief") == COST / 2
+    assert await queue.release("mock", "brief-0", claim.attempt, used=30)
+    assert await counter(redis, "brief") == 30 / 2
+    await backlog(queue, "brief", 1, start=10, weight=2)
+    claim = await claim_with(queue, budget_left=None, idle=True)
+    assert await queue.release("mock", "brief-0", claim.attempt, used=-1)  # not known
+    assert await counter(redis, "brief") == (30 + COST) / 2
+
+
+async def test_a_request_claimed_again_is_charged_once(queue: Queue, redis: Redis) -> None:
+    await backlog(queue, "a", 1)
+    first = await claim_with(queue, budget_left=None, idle=True)
+    assert await queue.requeue("mock", "a-0", first.attempt)  # its worker stops
+    second = await claim_with(queue, budget_left=None, idle=True)
+    assert second.request_id == "a-0" and await counter(redis, "a") == COST
+    assert await queue.release("mock", "a-0", second.attempt, used=60)
+    assert await counter(redis, "a") == 60
 
 
 async def test_fifo_is_the_queues_order(redis: Redis) -> None:
@@ -125,6 +159,91 @@ async def test_through_the_api_a_light_tenant_overtakes_a_noisy_backlog(
             if status["status"] == "done" and status["finished_at"] < done["finished_at"]:
                 finished_before += 1
     assert finished_before <= 3, finished_before  # FIFO: all 12 before it
+
+
+async def test_a_workers_finish_settles_the_charge_to_the_tokens_used(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """Requests that stop by themselves (the mock's mean answer is 32 tokens) well
+    before ``max_tokens``, claimed or handed straight to the parked worker: the
+    tenant's counter holds what they used."""
+    await TenantStore(redis).put(Tenant(name="brief"))
+    await start_worker(
+        concurrency=1, model_tokens_per_second=500, model_mean_tokens=32, fairness="vtc"
+    )
+    api = await start_api(tenant_header="X-Tenant", fairness="vtc")
+    body = {"model": "mock", "prompt": "p", "max_tokens": 2000}
+    async with api.client(timeout=30) as client:
+        await wait_ready(client)
+        ids = [
+            (await client.post("/v1/requests", json=body, headers={"X-Tenant": "brief"})).json()[
+                "id"
+            ]
+            for _ in range(3)
+        ]
+        used = []
+        for rid in ids:
+            record = await wait_status(client, rid, "done", timeout=30)
+            used.append(record["prompt_tokens"] + record["completion_tokens"])
+    assert max(used) < 2000, used
+    assert await counter(redis, "brief") == sum(used), used
+
+
+async def test_a_full_pool_gives_a_slot_to_a_tenant_below_its_share(queue: Queue) -> None:
+    """Noisy holds both running requests; light's request would be served next: one
+    noisy run gives way (the candidate named first), once for that waiting request."""
+    await backlog(queue, "noisy", 6)
+    assert await claims(queue, 2) == ["noisy", "noisy"]
+    assert await queue.fair_yield("mock", "w1", ["noisy-1", "noisy-0"]) is None  # alone
+    await backlog(queue, "light", 1, start=100)
+    assert await queue.fair_yield("mock", "w1", ["noisy-1", "noisy-0"]) == "noisy-1"
+    assert await queue.fair_yield("mock", "w2", ["noisy-0"]) is None  # one slot for it
+
+
+async def test_no_slot_is_given_past_an_even_share(queue: Queue) -> None:
+    await backlog(queue, "noisy", 6, weight=1)
+    await backlog(queue, "light", 6, start=100, weight=1)
+    assert sorted(await claims(queue, 2)) == ["light", "noisy"]  # one each: even
+    assert await queue.fair_yield("mock", "w1", ["noisy-0", "light-0"]) is None
+
+
+async def test_a_slot_is_not_given_across_priority_bands(queue: Queue) -> None:
+    await backlog(queue, "noisy", 2, priority=5)
+    assert await claims(queue, 2) == ["noisy", "noisy"]
+    await backlog(queue, "light", 1, start=100, priority=0)  # another band
+    assert await queue.fair_yield("mock", "w1", ["noisy-0"]) is None
+
+
+async def test_a_light_tenant_starts_at_once_beside_a_noisy_one_filling_the_pool(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """Noisy's requests fill both slots for 1.5 s each and queue behind; light's request
+    starts within a token or so (a noisy run gives way, resumes later and still ends
+    with all its tokens), not when a noisy run ends."""
+    store = TenantStore(redis)
+    for name in ("noisy", "light"):
+        await store.put(Tenant(name=name))
+    await start_worker(concurrency=2, model_tokens_per_second=100, fairness="vtc")
+    api = await start_api(tenant_header="X-Tenant", fairness="vtc")
+    body = {"model": "mock", "prompt": "p", "max_tokens": 150, "ignore_eos": True}
+    async with api.client(timeout=60) as client:
+        await wait_ready(client)
+
+        async def post(tenant: str) -> str:
+            r = await client.post("/v1/requests", json=body, headers={"X-Tenant": tenant})
+            assert r.status_code == 202, r.text
+            rid: str = r.json()["id"]
+            return rid
+
+        noisy = [await post("noisy") for _ in range(3)]
+        for rid in noisy[:2]:
+            await wait_status(client, rid, "running")
+        light = await wait_status(client, await post("light"), "done", timeout=30)
+        assert light["started_at"] - light["created_at"] < 0.75, light  # a run: 1.5 s
+        ended = [await wait_status(client, rid, "done", timeout=40) for rid in noisy]
+    assert all(r["completion_tokens"] == 150 for r in ended), ended
+    yielded = [await redis.hget(keys.request(rid), "yields") for rid in noisy]  # type: ignore[misc]
+    assert yielded.count("1") == 1, yielded
 
 
 @pytest.mark.parametrize("slack", [0, 10 * COST])

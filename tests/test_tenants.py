@@ -46,6 +46,7 @@ async def llmq(redis_url: str, *args: str) -> tuple[int, str, str]:
     return int(proc.returncode or 0), out.decode(), err.decode()
 
 
+@pytest.mark.slow
 async def test_the_commands_manage_tenants_and_keys(redis_url: str, redis: Redis) -> None:
     assert (await llmq(redis_url, "tenant", "create", "acme", "--weight", "3"))[0] == 0
     code, _, err = await llmq(redis_url, "tenant", "create", "acme")
@@ -213,6 +214,7 @@ async def test_the_trusted_header_names_the_tenant(
     assert "nobody" in unknown.json()["error"]["message"]
 
 
+@pytest.mark.slow
 async def test_a_batch_is_its_creators_tenants_and_paced_by_its_quota(
     start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:

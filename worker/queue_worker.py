@@ -116,6 +116,10 @@ OLDER_ATTEMPT_SECONDS = 5.0
 #: :func:`generate` keeps ``max_tries`` for the runs that were not yields.
 MAX_YIELDS = 100
 
+#: The attempts of a live request in which it may give its slot to another tenant's
+#: (fair share): it gives way at most this many times, then runs to its end.
+FAIR_YIELDS = 3
+
 
 async def generate(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
     """The arq job: validate the payload and hand it to the runner."""
@@ -301,6 +305,7 @@ class QueueWorker(Worker):
             try:
                 await self._claim_free_slots()
                 await self._yield_to_live()
+                await self._yield_to_fair_share()
             except OUTAGE as exc:
                 # Redis is away: keep the running requests, retry claiming with the
                 # backoff every retry uses; one warning per outage, not per retry.
@@ -362,6 +367,34 @@ class QueueWorker(Worker):
                 "batch line %s gives its slot to a live request", rid, extra={"request_id": rid}
             )
             self.runner.hand_back(rid)
+
+    async def _yield_to_fair_share(self) -> None:
+        """Every slot is taken and fair share would serve another tenant next: hand back
+        a run of a tenant that holds more of the pool than its share (the one that
+        produced least, whose restart costs least; ``lua/fair_yield.lua``). It goes back
+        to the queue at its place and resumes later from its last published token."""
+        if self.queue.fairness != "vtc" or self.busy_slots < self.max_jobs:
+            return
+        produced, batch = self.runner.produced(), self.runner.batch_lines
+        candidates = sorted(
+            (
+                rid
+                for rid, (_, attempt) in self._claims.items()
+                if rid in produced and rid not in batch and attempt <= FAIR_YIELDS
+            ),
+            key=produced.__getitem__,
+        )
+        rid = await self.queue.fair_yield(self.model, self.worker_id, candidates)
+        if rid is None:
+            return
+        await batches.note_yield(self.queue.redis, rid)
+        self.runner.metrics.inc(metrics.FAIR_YIELDS, self.model)
+        log.info(
+            "request %s gives its slot to another tenant's (fair share)",
+            rid,
+            extra={"request_id": rid},
+        )
+        self.runner.hand_back(rid)
 
     async def _take(self, claim: Claim) -> None:
         assert claim.request_id is not None

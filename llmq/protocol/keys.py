@@ -270,6 +270,12 @@ def batch_yield(request_id: str, model: str) -> str:
     return f"{_in_model('batch-yield', model)}:{request_id}"
 
 
+def fair_yield_prefix(model: str) -> str:
+    """Prefix of a full worker's claim to give a slot to the waiting request whose id
+    follows (PX TTL), so that one waiting request frees one slot, not one per worker."""
+    return _in_model("fair-yield", model) + ":"
+
+
 def cancel_flag_prefix(model: str) -> str:
     return _in_model("cancelled", model) + ":"
 

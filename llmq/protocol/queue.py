@@ -81,6 +81,10 @@ QUOTA_FIELDS = ["tenant", "prompt_tokens", "completion_tokens", "reserved"]
 #: How long a worker stays parked without claiming again (its fallback poll renews it).
 PARK_TTL_MS = 60_000
 
+#: How long a worker's claim to give way for one waiting request holds: about the time
+#: a run takes to stop and its slot to claim again.
+FAIR_YIELD_MS = 2000
+
 
 @dataclass(frozen=True)
 class Enqueue:
@@ -408,6 +412,26 @@ class Queue:
             await self.end_unstarted(claim.cancelled, "cancelled")
         return claim
 
+    async def fair_yield(self, model: str, worker_id: str, candidates: list[str]) -> str | None:
+        """Which of a full worker's running requests (``candidates``, the first to give
+        way first) should give its slot to the request of another tenant that fair
+        share would serve next (``lua/fair_yield.lua``); None: none."""
+        if self.fairness != "vtc" or not candidates:
+            return None
+        found = await slots.FairYield(
+            queue_key=keys.queue(model),
+            fair_key=keys.fair(model),
+            vtc_key=keys.vtc(model),
+            tenants_key=keys.fair_tenants(model),
+            leases_key=keys.leases(model),
+            fairq_prefix=keys.fairq_prefix(model),
+            yield_prefix=keys.fair_yield_prefix(model),
+            yield_ms=FAIR_YIELD_MS,
+            worker_id=worker_id,
+            candidates=candidates,
+        ).run(self.scripts)
+        return as_str(found) if found else None
+
     async def unpark(self, model: str, worker_id: str) -> None:
         """Stop handing requests to ``worker_id`` (it is stopping)."""
         pipe = self.redis.pipeline(transaction=True)
@@ -449,18 +473,21 @@ class Queue:
             ]
             await run_pipelined(self.redis, self.scripts.fence, calls)
 
-    async def release(self, model: str, request_id: str, attempt: int) -> bool:
-        """Drop the lease of a run that ended, if ``attempt`` still holds it."""
-        return bool(await self._release_slots(model, request_id, attempt).run(self.scripts))
+    async def release(self, model: str, request_id: str, attempt: int, used: int = -1) -> bool:
+        """Drop the lease of a run that ended, if ``attempt`` still holds it; its
+        tenant's fair-share charge is settled to ``used`` tokens (-1: not known)."""
+        return bool(await self._release_slots(model, request_id, attempt, used).run(self.scripts))
 
     @staticmethod
-    def _release_slots(model: str, request_id: str, attempt: int) -> slots.Release:
+    def _release_slots(model: str, request_id: str, attempt: int, used: int) -> slots.Release:
         return slots.Release(
             running_key=keys.running(model),
             leases_key=keys.leases(model),
             fair_key=keys.fair(model),
+            vtc_key=keys.vtc(model),
             id=request_id,
             attempt=attempt,
+            used=used,
         )
 
     async def finish(self, model: str, request_id: str, attempt: int | None) -> None:
@@ -482,17 +509,18 @@ class Queue:
             pipe.delete(*names)
             pipe.incr(served)
             pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
-            pipe.hmget(keys.request(request_id), QUOTA_FIELDS)  # read in the same trip
 
+        # The record says what the request used, for the release (fair share) and
+        # the quota: read first, its terminal write is in.
+        usage = await self.redis.hmget(keys.request(request_id), QUOTA_FIELDS)  # type: ignore[misc]
         if attempt is None:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(*names)
-            pipe.hmget(keys.request(request_id), QUOTA_FIELDS)
-            replies = await pipe.execute()
+            await self.redis.delete(*names)
         else:
-            calls = [self._release_slots(model, request_id, attempt).call()]
-            replies = await run_pipelined(self.redis, self.scripts.release, calls, delete)
-        await self._give_back(request_id, replies[-1], unstarted=False)
+            _, prompt, completion, _ = usage
+            used = int(prompt or 0) + int(completion or 0) if prompt or completion else -1
+            calls = [self._release_slots(model, request_id, attempt, used).call()]
+            await run_pipelined(self.redis, self.scripts.release, calls, delete)
+        await self._give_back(request_id, usage, unstarted=False)
 
     async def give_back_quota(self, request_ids: list[str], *, unstarted: bool = False) -> None:
         """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`),

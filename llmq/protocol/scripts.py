@@ -41,8 +41,10 @@ HELPERS = "clock"
 ROUTING_HELPERS = "affinity"
 ROUTED = frozenset({"claim", "enqueue", "enqueue_batch"})
 
-#: Prepended as well to the same scripts: fair share among tenants.
+#: Prepended as well to the scripts that route, and to the release that settles a
+#: run's charge: fair share among tenants.
 FAIR_HELPERS = "fair"
+FAIR = ROUTED | {"release", "fair_yield"}
 
 NAMES = (
     "enqueue",
@@ -68,6 +70,7 @@ NAMES = (
     "batch_status",
     "quota_take",
     "quota_return",
+    "fair_yield",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -82,6 +85,7 @@ def source(name: str) -> str:
     helpers = (folder / f"{HELPERS}.lua").read_text()
     if name in ROUTED:
         helpers += "\n" + (folder / f"{ROUTING_HELPERS}.lua").read_text()
+    if name in FAIR:
         helpers += "\n" + (folder / f"{FAIR_HELPERS}.lua").read_text()
     embedded = ""
     if name in EMBEDS:
@@ -121,6 +125,7 @@ class Scripts:
     batch_status: AsyncScript
     quota_take: AsyncScript
     quota_return: AsyncScript
+    fair_yield: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()

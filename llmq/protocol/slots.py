@@ -314,8 +314,12 @@ class Release(Slots):
     running_key: str
     leases_key: str
     fair_key: str
+    vtc_key: str
     id: str
     attempt: int
+    #: The tokens the request used (prompt + completion), -1 when not known: its
+    #: tenant's fair-share charge is settled to them.
+    used: int
 
 
 @dataclass(frozen=True)
@@ -490,6 +494,26 @@ class Publish(Slots):
     n_notes: int
     #: Per event ``type, data, index, count``; record pairs; per note four fields.
     writes: Sequence[str] = tail()
+
+
+@dataclass(frozen=True)
+class FairYield(Slots):
+    """``fair_yield.lua``: whether a full worker's run gives its slot to another
+    tenant's request (:meth:`llmq.protocol.queue.Queue.fair_yield`)."""
+
+    SCRIPT: ClassVar[str] = "fair_yield"
+
+    queue_key: str
+    fair_key: str
+    vtc_key: str
+    tenants_key: str
+    leases_key: str
+    fairq_prefix: str
+    yield_prefix: str
+    yield_ms: int
+    worker_id: str
+    #: The worker's running requests that may give way, the first first.
+    candidates: Sequence[str] = tail()
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ local function gone(id)
     return false
   end
   drop(id)
-  redis.call('HDEL', fair_key, id)
+  redis.call('HDEL', fair_key, id, CHARGED .. id)
   redis.call('DEL', job_prefix .. id)
   table.insert(into, id)
   return true

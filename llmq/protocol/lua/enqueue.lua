@@ -101,6 +101,9 @@ local function hand_to(w, now, free, budget, lease, held)
   redis.call('HSET', leases_key, id, score .. ':' .. cost .. ':1')
   redis.call('SET', in_progress_prefix .. id, '1', 'PX', held)
   redis.call('SET', retry_prefix .. id, '1', 'EX', retry_ttl)
+  if fair_entry ~= '' then
+    fair_handed(fair_key, vtc_key, id, fair_entry, cost, ttl_ms)
+  end
   if tonumber(free) > 1 then
     local left = tonumber(budget) < 0 and -1 or math.max(tonumber(budget) - tonumber(cost), 0)
     redis.call('HSET', terms_key, w,

@@ -4,9 +4,12 @@
 -- "tenant|weight|priority", from enqueue to release; tenants_key, the set of tenants
 -- with requests queued; fairq_prefix..tenant, a sorted set per tenant of its queued
 -- request ids (scored as in the queue; an id no longer queued is dropped when met);
--- vtc_key, hash of 't:'..tenant -> its virtual counter (the prompt + max_tokens of the
--- requests it was served, divided by its weight) and '_floor', the least counter of
--- the backlogged tenants at the last claim.
+-- vtc_key, hash of 't:'..tenant -> its virtual counter (the tokens of the requests it
+-- was served, divided by its weight) and '_floor', the least counter of the backlogged
+-- tenants at the last claim. A claim charges a request's reservation (prompt +
+-- max_tokens), kept in fair_key as CHARGED..id; the release of its run settles it to
+-- the tokens the request used (fair_settle). A request claimed again (handed back,
+-- or its worker died) replaces its earlier charge, so it is charged once in all.
 
 local function fair_parse(entry)
   if not entry then return nil end
@@ -124,12 +127,49 @@ local function fair_window(queue_key, fair_key, vtc_key, tenants_key, fairq_pref
   return ids, scores, least
 end
 
--- Charge a claimed request's tenant its weighted cost; the floor becomes `least`.
+local CHARGED = 'charged:'
+
+-- Charge a claimed request's tenant its weighted cost (in place of what an earlier
+-- claim of it charged); the floor becomes `least`.
 local function fair_charge(fair_key, vtc_key, fairq_prefix, id, cost, least)
   local t, w = fair_parse(redis.call('HGET', fair_key, id))
   if not t then return end
   redis.call('ZREM', fairq_prefix .. t, id)
+  local earlier = tonumber(redis.call('HGET', fair_key, CHARGED .. id) or '0')
   local c = fair_counter(vtc_key, t)
-  redis.call('HSET', vtc_key, 't:' .. t, tostring(c + tonumber(cost) / w),
+  redis.call('HSET', vtc_key, 't:' .. t, tostring(c + (tonumber(cost) - earlier) / w),
     '_floor', tostring(least or c))
+  redis.call('HSET', fair_key, CHARGED .. id, cost)
+end
+
+-- A request handed straight to a parked worker (nothing waited that it could take):
+-- kept and charged as a claimed one (its tenant lifted to the floor first, as at
+-- enqueue), so that fair share counts what runs and settles it at the release.
+local function fair_handed(fair_key, vtc_key, id, entry, cost, ttl_ms)
+  local t, w = fair_parse(entry)
+  if not t then return end
+  local c = math.max(fair_counter(vtc_key, t),
+    tonumber(redis.call('HGET', vtc_key, '_floor') or '0'))
+  redis.call('HSET', vtc_key, 't:' .. t, tostring(c + tonumber(cost) / w))
+  redis.call('HSET', fair_key, id, entry, CHARGED .. id, cost)
+  redis.call('PEXPIRE', fair_key, ttl_ms)
+  redis.call('PEXPIRE', vtc_key, ttl_ms)
+end
+
+-- A request's run ended for good, having used `used` tokens (prompt + completion; -1:
+-- not known): its tenant's counter keeps what it used instead of what it reserved.
+-- Its entries go.
+local function fair_settle(fair_key, vtc_key, id, used)
+  local charged = redis.call('HGET', fair_key, CHARGED .. id)
+  local t, w = fair_parse(redis.call('HGET', fair_key, id))
+  if charged and t and used >= 0 then
+    local c = fair_counter(vtc_key, t) + (used - tonumber(charged)) / w
+    redis.call('HSET', vtc_key, 't:' .. t, tostring(c))
+    -- The floor stays at or below every counter: a tenant lifted to it later is not
+    -- put past one whose charge came back.
+    if c < tonumber(redis.call('HGET', vtc_key, '_floor') or '0') then
+      redis.call('HSET', vtc_key, '_floor', tostring(c))
+    end
+  end
+  redis.call('HDEL', fair_key, id, CHARGED .. id)
 end
