@@ -16,6 +16,10 @@ far); *served* the completion tokens of requests finished in the window.
   wait against the bound, and how fast refusals come back (target: p99 within 50 ms).
 - ``tpm``: a tenant limited to N tokens per minute, offered 1.6 N through 4 API
   processes for 3 minutes: what it was admitted per minute (target 0.9 N to 1.05 N).
+- ``light``: the light scenario's load (one worker, nothing queues) with tenants (the
+  default tenant given limits: its quota taken and returned, ``vtc``) and without
+  (``fifo``, no limits), alternated: pickup (API accept to worker start) and TTFT
+  medians (target: with tenants no more than 10 % slower, median of paired ratios).
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
+from bench import traffic
+from bench.breakdown import pipeline_breakdown
 from bench.procs import Stack
 from bench.report import fmt, table, target_line
-from bench.scenario import Context, ScenarioResult, Target
-from bench.stats import describe_ms
+from bench.scenario import Context, ScenarioResult, Target, interleave
+from bench.scenarios import light
+from bench.stats import describe_ms, median_of, paired_ratios
 from llmq.protocol import keys
 from llmq.tenants import Tenant, TenantStore
 
@@ -167,8 +174,12 @@ def _case(
         return asyncio.run(go())
 
 
+def _waits(records: list[dict[str, Any]], tenant: str) -> dict[str, float | None]:
+    return describe_ms([r["wait_ms"] for r in records if r["tenant"] == tenant])
+
+
 def _p99(records: list[dict[str, Any]], tenant: str) -> float | None:
-    return describe_ms([r["wait_ms"] for r in records if r["tenant"] == tenant])["p99"]
+    return _waits(records, tenant)["p99"]
 
 
 def _served(records: list[dict[str, Any]], tenant: str, lo: float, hi: float) -> int:
@@ -191,6 +202,7 @@ def _noisy(ctx: Context, s: Sizes) -> dict[str, Any]:
         out[policy] = {
             "light_wait_p99_alone_ms": a,
             "light_wait_p99_beside_noisy_ms": b,
+            "light_waits_beside_noisy_ms": _waits(both, "light"),
             "ratio": None if not a or b is None else b / max(a, 1.0),
             "noisy_wait_p99_ms": _p99(both, "noisy"),
         }
@@ -266,10 +278,60 @@ def _tpm(ctx: Context, s: Sizes) -> dict[str, Any]:
     }
 
 
+#: The light case's figures, and how far with tenants may lag without.
+LIGHT_KEYS = ("accept_to_start_ms", "ttft_ms_median", "ttft_ms_p99")
+LIGHT_TARGET = 1.10
+
+
+def _light(ctx: Context) -> dict[str, Any]:
+    """The light scenario's load with tenants and without, alternated (a stack each)."""
+    s = light.QUICK if ctx.quick else light.Sizes()
+    worker_env = {
+        "LLMQ_CONCURRENCY": str(s.concurrency),
+        "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
+        "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
+    }
+    tenant = Tenant(name="default", tokens_per_minute=10**8, requests_per_minute=10**6)
+    logs = {name: ctx.log_dir / name for name in ("plain", "tenants")}
+    for folder in logs.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    with (
+        Stack(logs["plain"]) as plain,
+        Stack(logs["tenants"], {"LLMQ_FAIRNESS": "vtc"}) as ten,
+    ):
+        plain.scale(1, worker_env)
+        ten.scale(1, {**worker_env, "LLMQ_FAIRNESS": "vtc"})
+
+        async def limit() -> None:
+            redis = Redis.from_url(ten.redis.url)
+            await TenantStore(redis).put(tenant)
+            await redis.aclose()
+
+        asyncio.run(limit())
+
+        def system(stack: Stack) -> Any:
+            def go(i: int) -> dict[str, Any]:
+                result = traffic.run(light._config(s, i, base_url=stack.url))
+                return {
+                    **traffic.figures(result),
+                    **pipeline_breakdown(stack.redis.url, result.started_at),
+                }
+
+            return go
+
+        runs = interleave(ctx, ctx.repeats, [("without", system(plain)), ("with", system(ten))])
+    return {
+        "runs": runs,
+        "medians": {name: {k: median_of(rs, k) for k in LIGHT_KEYS} for name, rs in runs.items()},
+        "ratios": {k: paired_ratios(runs["with"], runs["without"], k) for k in LIGHT_KEYS},
+        "failed": {name: sum(r["failed"] or 0 for r in rs) for name, rs in runs.items()},
+    }
+
+
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
     noisy, weights, lone, shed = _noisy(ctx, s), _weights(ctx, s), _lone(ctx, s), _shed(ctx, s)
-    tpm = _tpm(ctx, s)
+    tpm, quiet = _tpm(ctx, s), _light(ctx)
     rows = []
     for policy in POLICIES:
         n, w = noisy[policy], weights[policy]
@@ -320,6 +382,16 @@ def run(ctx: Context) -> ScenarioResult:
             None if shed["refusal_ms_p99"] is None else shed["refusal_ms_p99"] <= 50,
             f"{fmt(shed['refusal_ms_p99'])} ms, {shed['refused']} refused",
         ),
+        *(
+            Target(
+                f"light load: {label} with tenants within {LIGHT_TARGET - 1:.0%} of without",
+                None if r is None else r <= LIGHT_TARGET,
+                f"ratio {fmt(r, 2)}; {fmt(quiet['medians']['with'][k], 2)} ms with, "
+                f"{fmt(quiet['medians']['without'][k], 2)} ms without",
+            )
+            for k, label in (("accept_to_start_ms", "pickup"), ("ttft_ms_median", "median TTFT"))
+            for r in [quiet["ratios"][k]["median"]]
+        ),
     ]
     md = "\n\n".join(
         [
@@ -347,5 +419,6 @@ def run(ctx: Context) -> ScenarioResult:
         "lone": lone,
         "shed": shed,
         "tpm": tpm,
+        "light": quiet,
     }
     return ScenarioResult("fairness", "Fair share among tenants", data, md, targets)
