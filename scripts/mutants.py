@@ -964,7 +964,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "fair-settle-worker",
         "a worker's finish tells the release what the request used",
         "llmq/protocol/queue.py",
-        "calls = [self._release_slots(model, request_id, attempt, used).call()]",
+        "calls = [self._release_slots(model, request_id, attempt, _used(usage)).call()]",
         "calls = [self._release_slots(model, request_id, attempt, -1).call()]",
         ("tests/test_fairness.py::test_a_workers_finish_settles_the_charge_to_the_tokens_used",),
     ),

@@ -4,6 +4,9 @@ nothing, and a lone tenant gets every claim. Tested on the claim script against 
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -16,7 +19,7 @@ from llmq.settings import CommonSettings
 from llmq.tenants import Tenant, TenantStore
 from tests.support.jobs import claim_with, enqueue_costing
 from tests.support.native import wait_ready, wait_status
-from tests.support.servers import StartApi, StartWorker
+from tests.support.servers import RunningApi, StartApi, StartWorker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,26 +139,45 @@ async def test_a_request_handed_back_is_claimed_in_its_tenants_turn(
     assert served.count("a") == 1, served  # not starved behind b's backlog
 
 
+async def vtc_api(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis, *tenants: str, **worker: Any
+) -> RunningApi:
+    """``tenants`` in Redis, a worker and an API under ``vtc``, tenants named by header."""
+    store = TenantStore(redis)
+    for name in tenants:
+        await store.put(Tenant(name=name))
+    await start_worker(fairness="vtc", **worker)
+    return await start_api(tenant_header="X-Tenant", fairness="vtc")
+
+
+async def post(client: httpx.AsyncClient, tenant: str, body: dict[str, Any]) -> str:
+    """A native request of ``tenant``; its id."""
+    r = await client.post("/v1/requests", json=body, headers={"X-Tenant": tenant})
+    assert r.status_code == 202, r.text
+    rid: str = r.json()["id"]
+    return rid
+
+
 async def test_through_the_api_a_light_tenant_overtakes_a_noisy_backlog(
     start_api: StartApi, start_worker: StartWorker, redis: Redis
 ) -> None:
-    store = TenantStore(redis)
-    for name in ("noisy", "light"):
-        await store.put(Tenant(name=name))
-    await start_worker(concurrency=1, model_tokens_per_second=200, fairness="vtc")
-    api = await start_api(tenant_header="X-Tenant", fairness="vtc")
+    api = await vtc_api(
+        start_api,
+        start_worker,
+        redis,
+        "noisy",
+        "light",
+        concurrency=1,
+        model_tokens_per_second=200,
+    )
     body = {"model": "mock", "prompt": "p", "max_tokens": 20, "ignore_eos": True}
     async with api.client(timeout=30) as client:
         await wait_ready(client)
-        noisy = [
-            (await client.post("/v1/requests", json=body, headers={"X-Tenant": "noisy"})).json()
-            for _ in range(12)
-        ]
-        light = await client.post("/v1/requests", json=body, headers={"X-Tenant": "light"})
-        done = await wait_status(client, light.json()["id"], "done", timeout=30)
+        noisy = [await post(client, "noisy", body) for _ in range(12)]
+        done = await wait_status(client, await post(client, "light", body), "done", timeout=30)
         finished_before = 0
-        for n in noisy:
-            status = (await client.get(f"/v1/requests/{n['id']}")).json()
+        for rid in noisy:
+            status = (await client.get(f"/v1/requests/{rid}")).json()
             if status["status"] == "done" and status["finished_at"] < done["finished_at"]:
                 finished_before += 1
     assert finished_before <= 3, finished_before  # FIFO: all 12 before it
@@ -167,20 +189,19 @@ async def test_a_workers_finish_settles_the_charge_to_the_tokens_used(
     """Requests that stop by themselves (the mock's mean answer is 32 tokens) well
     before ``max_tokens``, claimed or handed straight to the parked worker: the
     tenant's counter holds what they used."""
-    await TenantStore(redis).put(Tenant(name="brief"))
-    await start_worker(
-        concurrency=1, model_tokens_per_second=500, model_mean_tokens=32, fairness="vtc"
+    api = await vtc_api(
+        start_api,
+        start_worker,
+        redis,
+        "brief",
+        concurrency=1,
+        model_tokens_per_second=500,
+        model_mean_tokens=32,
     )
-    api = await start_api(tenant_header="X-Tenant", fairness="vtc")
     body = {"model": "mock", "prompt": "p", "max_tokens": 2000}
     async with api.client(timeout=30) as client:
         await wait_ready(client)
-        ids = [
-            (await client.post("/v1/requests", json=body, headers={"X-Tenant": "brief"})).json()[
-                "id"
-            ]
-            for _ in range(3)
-        ]
+        ids = [await post(client, "brief", body) for _ in range(3)]
         used = []
         for rid in ids:
             record = await wait_status(client, rid, "done", timeout=30)
@@ -220,25 +241,22 @@ async def test_a_light_tenant_starts_at_once_beside_a_noisy_one_filling_the_pool
     """Noisy's requests fill both slots for 1.5 s each and queue behind; light's request
     starts within a token or so (a noisy run gives way, resumes later and still ends
     with all its tokens), not when a noisy run ends."""
-    store = TenantStore(redis)
-    for name in ("noisy", "light"):
-        await store.put(Tenant(name=name))
-    await start_worker(concurrency=2, model_tokens_per_second=100, fairness="vtc")
-    api = await start_api(tenant_header="X-Tenant", fairness="vtc")
+    api = await vtc_api(
+        start_api,
+        start_worker,
+        redis,
+        "noisy",
+        "light",
+        concurrency=2,
+        model_tokens_per_second=100,
+    )
     body = {"model": "mock", "prompt": "p", "max_tokens": 150, "ignore_eos": True}
     async with api.client(timeout=60) as client:
         await wait_ready(client)
-
-        async def post(tenant: str) -> str:
-            r = await client.post("/v1/requests", json=body, headers={"X-Tenant": tenant})
-            assert r.status_code == 202, r.text
-            rid: str = r.json()["id"]
-            return rid
-
-        noisy = [await post("noisy") for _ in range(3)]
+        noisy = [await post(client, "noisy", body) for _ in range(3)]
         for rid in noisy[:2]:
             await wait_status(client, rid, "running")
-        light = await wait_status(client, await post("light"), "done", timeout=30)
+        light = await wait_status(client, await post(client, "light", body), "done", timeout=30)
         assert light["started_at"] - light["created_at"] < 0.75, light  # a run: 1.5 s
         ended = [await wait_status(client, rid, "done", timeout=40) for rid in noisy]
     assert all(r["completion_tokens"] == 150 for r in ended), ended

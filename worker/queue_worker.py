@@ -373,7 +373,7 @@ class QueueWorker(Worker):
         a run of a tenant that holds more of the pool than its share (the one that
         produced least, whose restart costs least; ``lua/fair_yield.lua``). It goes back
         to the queue at its place and resumes later from its last published token."""
-        if self.queue.fairness != "vtc" or self.busy_slots < self.max_jobs:
+        if self.busy_slots < self.max_jobs:
             return
         produced, batch = self.runner.produced(), self.runner.batch_lines
         candidates = sorted(

@@ -505,22 +505,30 @@ class Queue:
 
         served = keys.served(model, int(time.time()) // keys.SERVED_PERIOD_SECONDS)
 
+        record = keys.request(request_id)
+        # What the request used (its record: the terminal write is in) returns its
+        # tenant's quota; under fair share the release settles the tenant's charge to
+        # it too, so it is read first, otherwise in the same round trip.
+        usage = None
+        if self.fairness == "vtc" and attempt is not None:
+            usage = await self.redis.hmget(record, QUOTA_FIELDS)  # type: ignore[misc]
+
         def delete(pipe: Pipeline) -> None:
             pipe.delete(*names)
-            pipe.incr(served)
-            pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
+            if attempt is not None:
+                pipe.incr(served)
+                pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
+            if usage is None:
+                pipe.hmget(record, QUOTA_FIELDS)
 
-        # The record says what the request used, for the release (fair share) and
-        # the quota: read first, its terminal write is in.
-        usage = await self.redis.hmget(keys.request(request_id), QUOTA_FIELDS)  # type: ignore[misc]
         if attempt is None:
-            await self.redis.delete(*names)
+            pipe = self.redis.pipeline(transaction=False)
+            delete(pipe)
+            replies = await pipe.execute()
         else:
-            _, prompt, completion, _ = usage
-            used = int(prompt or 0) + int(completion or 0) if prompt or completion else -1
-            calls = [self._release_slots(model, request_id, attempt, used).call()]
-            await run_pipelined(self.redis, self.scripts.release, calls, delete)
-        await self._give_back(request_id, usage, unstarted=False)
+            calls = [self._release_slots(model, request_id, attempt, _used(usage)).call()]
+            replies = await run_pipelined(self.redis, self.scripts.release, calls, delete)
+        await self._give_back(request_id, replies[-1] if usage is None else usage, unstarted=False)
 
     async def give_back_quota(self, request_ids: list[str], *, unstarted: bool = False) -> None:
         """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`),
@@ -760,3 +768,11 @@ class Queue:
             add_lifecycle(write, note, maxlen=self.lifecycle_maxlen)
         await write.execute()
         await self.give_back_quota(request_ids, unstarted=True)
+
+
+def _used(usage: list[Any] | None) -> int:
+    """Prompt + completion tokens of a record's :data:`QUOTA_FIELDS`; -1: not known."""
+    if usage is None:
+        return -1
+    _, prompt, completion, _ = usage
+    return int(prompt or 0) + int(completion or 0) if prompt or completion else -1

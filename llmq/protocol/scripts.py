@@ -41,10 +41,10 @@ HELPERS = "clock"
 ROUTING_HELPERS = "affinity"
 ROUTED = frozenset({"claim", "enqueue", "enqueue_batch"})
 
-#: Prepended as well to the scripts that route, and to the release that settles a
-#: run's charge: fair share among tenants.
+#: Prepended as well to the scripts that route and to those that keep or drop a
+#: request's fair-share entries: fair share among tenants.
 FAIR_HELPERS = "fair"
-FAIR = ROUTED | {"release", "fair_yield"}
+FAIR = ROUTED | {"release", "fair_yield", "cancel", "sweep"}
 
 NAMES = (
     "enqueue",

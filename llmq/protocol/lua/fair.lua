@@ -1,9 +1,10 @@
 -- Fair share among tenants within a priority band (VTC: Sheng et al., OSDI 2024),
--- kept beside a model's queue in its slot; prepended to the scripts that enqueue and
--- claim. Keys (llmq.protocol.keys): fair_key, hash of request id ->
--- "tenant|weight|priority", from enqueue to release; tenants_key, the set of tenants
--- with requests queued; fairq_prefix..tenant, a sorted set per tenant of its queued
--- request ids (scored as in the queue; an id no longer queued is dropped when met);
+-- kept beside a model's queue in its slot; prepended to the scripts that keep, charge or
+-- drop a request's entries (llmq.protocol.scripts.FAIR). Keys (llmq.protocol.keys):
+-- fair_key, hash of request id -> "tenant|weight|priority", from enqueue to release;
+-- tenants_key, the set of tenants with requests queued; fairq_prefix..tenant, a sorted
+-- set per tenant of its queued request ids (scored as in the queue; an id no longer
+-- queued is dropped when met);
 -- vtc_key, hash of 't:'..tenant -> its virtual counter (the tokens of the requests it
 -- was served, divided by its weight) and '_floor', the least counter of the backlogged
 -- tenants at the last claim. A claim charges a request's reservation (prompt +

@@ -19,7 +19,7 @@ for _, id in ipairs(due) do
   redis.call('ZREM', deadlines_key, id)
   if redis.call('ZREM', queue_key, id) == 1 then
     redis.call('HDEL', costs_key, id)
-    redis.call('HDEL', fair_key, id, 'charged:' .. id)
+    redis.call('HDEL', fair_key, id, CHARGED .. id)
     if routes_key then
       redis.call('HDEL', routes_key, id)
       redis.call('HDEL', overtaken_key, id)
