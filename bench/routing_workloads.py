@@ -1,6 +1,6 @@
 """The routing benchmark's synthetic workloads, and the ideal scheduler's hit rate.
 
-Four seeded workloads (issue #24), each a list of :class:`Conversation`: one that
+Five seeded workloads, each a list of :class:`Conversation`: one that
 sends one request, or several turns whose prompt is the whole history so far
 (sent after the previous turn ended and a think time). Prompts are whitespace
 words, the mock's tokens, so that the API's block names are the engine's.
@@ -12,6 +12,9 @@ words, the mock's tokens, so that the API's block names are the engine's.
 - ``distinct``: every prompt its own (the control: nothing to share).
 - ``hot``: one system prompt carries ``hot_share`` of the traffic, the rest spread
   over the others.
+- ``tenants``: a few tenants, each asking about its own long document, one of them
+  hot (``hot_share`` of the traffic): the load guard's trade-off, a hot prefix that
+  one worker cannot serve alone against caches too small for every document.
 
 The ideal hit rate (:func:`ideal_hit_rate`) is an upper bound that no scheduler
 beats: one unbounded cache seen by every request, so a request hits every leading
@@ -77,6 +80,22 @@ def shared(
     return Workload("shared", f"{systems} shared system prompts of {system_tokens} tokens", convs)
 
 
+def _hot_prefix(
+    rate: float, requests: int, systems: int, system_tokens: int, hot_share: float, seed: int
+) -> tuple[Conversation, ...]:
+    """Short questions after one of ``systems`` prompts, the first with ``hot_share``."""
+    rng = random.Random(seed)
+    prompts = [_words(rng, f"h{i}-", system_tokens) for i in range(systems)]
+    return tuple(
+        Conversation(
+            t,
+            (_words(rng, "q", rng.randint(8, 24)),),
+            system=prompts[0] if rng.random() < hot_share else rng.choice(prompts[1:]),
+        )
+        for t in _arrivals(rng, rate, requests)
+    )
+
+
 def hot(
     rate: float,
     requests: int,
@@ -86,17 +105,25 @@ def hot(
     hot_share: float = 0.6,
     seed: int = 4,
 ) -> Workload:
-    rng = random.Random(seed)
-    prompts = [_words(rng, f"h{i}-", system_tokens) for i in range(systems)]
-    convs = tuple(
-        Conversation(
-            t,
-            (_words(rng, "q", rng.randint(8, 24)),),
-            system=prompts[0] if rng.random() < hot_share else rng.choice(prompts[1:]),
-        )
-        for t in _arrivals(rng, rate, requests)
-    )
+    convs = _hot_prefix(rate, requests, systems, system_tokens, hot_share, seed)
     return Workload("hot", f"one hot prefix with {hot_share:.0%} of the traffic", convs)
+
+
+def tenants(
+    rate: float,
+    requests: int,
+    *,
+    tenants: int = 4,
+    document_tokens: int = 4000,
+    hot_share: float = 0.55,
+    seed: int = 5,
+) -> Workload:
+    convs = _hot_prefix(rate, requests, tenants, document_tokens, hot_share, seed)
+    title = (
+        f"{tenants} tenants' documents of {document_tokens} tokens, one with {hot_share:.0%}"
+        " of the traffic"
+    )
+    return Workload("tenants", title, convs)
 
 
 def distinct(rate: float, requests: int, *, prompt_tokens: int = 1500, seed: int = 3) -> Workload:

@@ -99,12 +99,15 @@ class CommonSettings(BaseSettings):
         description="Routing guard: a request that this many later ones overtook is any "
         "worker's next.",
     )
-    routing_imbalance: int = Field(
-        8,
+    routing_imbalance: int | None = Field(
+        None,
         ge=0,
         le=10_000,
-        description="Routing guard: a worker running more than this many requests beyond the "
-        "claiming one is not preferred (AIBrix's default, 8).",
+        description="Routing's load guard. Unset: adaptive, a busy worker holding a prompt's "
+        "prefix is waited for only while its expected wait for a slot is shorter than "
+        "recomputing that prefix elsewhere (both measured by the workers). A number: a worker "
+        "running more than this many requests beyond the claiming one is not preferred "
+        "(AIBrix's fixed threshold, 8).",
     )
     routing_priority_guard: bool = Field(
         True, description="Routing guard: affinity never lets a request overtake a more urgent one."

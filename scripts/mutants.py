@@ -1003,6 +1003,63 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_fairness.py::test_a_slot_is_not_given_across_priority_bands",),
     ),
     Mutant(
+        "routing-adaptive-guard",
+        "a full holder is not waited for once its wait for a slot outlasts the recompute",
+        "llmq/protocol/lua/affinity.lua",
+        "  return short * load[3] * 1000 / load[2] > saved * taker[4]\n",
+        "  return false\n",
+        (
+            "tests/test_routing_scripts.py::"
+            "test_adaptive_load_guard_weighs_the_holders_wait_against_the_recompute",
+        ),
+    ),
+    Mutant(
+        "routing-adaptive-ahead",
+        "the holder's wait counts the requests already left for it",
+        "llmq/protocol/lua/affinity.lua",
+        "local short = load[1] + ahead + 1 - load[2]",
+        "local short = load[1] + 1 - load[2]",
+        (
+            "tests/test_routing_scripts.py::"
+            "test_adaptive_load_guard_weighs_the_holders_wait_against_the_recompute",
+        ),
+    ),
+    Mutant(
+        "routing-adaptive-unmeasured",
+        "a holder is waited for while the claimer's prefill cost is not measured yet",
+        "llmq/protocol/lua/affinity.lua",
+        "or load[3] == 0 or taker[4] == 0 then",
+        "or load[3] == 0 then",
+        (
+            "tests/test_routing_scripts.py::"
+            "test_adaptive_load_guard_waits_for_a_holder_with_a_free_slot_or_no_pace",
+        ),
+    ),
+    Mutant(
+        "routing-adaptive-handoff",
+        "an arrival is queued for a full holder only while its wait is shorter than the recompute",
+        "llmq/protocol/lua/enqueue.lua",
+        "and not too_busy(route, loads[w], top_load,",
+        "and not too_busy(route, {0, 0, 0, 0}, top_load,",
+        ("tests/test_routing_scripts.py::test_adaptive_load_guard_in_the_hand_off",),
+    ),
+    Mutant(
+        "pace-slope",
+        "a block's prefill cost is the slope over uncached tokens, not the first token's mean",
+        "worker/pace.py",
+        "return max(cov / var, 0.0) * BLOCK_SIZE",
+        "return mean_y / max(mean_x, 1) * BLOCK_SIZE",
+        ("tests/test_pace.py",),
+    ),
+    Mutant(
+        "pace-published",
+        "a worker's routing beat publishes the pace it measured",
+        "worker/main.py",
+        "                pace=runner.pace.now(),\n",
+        "",
+        ("tests/test_routing.py::test_a_worker_measures_and_publishes_its_pace",),
+    ),
+    Mutant(
         "fair-yield-once",
         "one waiting request frees one slot, not one per worker",
         "llmq/protocol/lua/fair_yield.lua",

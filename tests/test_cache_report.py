@@ -63,4 +63,4 @@ async def test_a_backend_that_reports_nothing_publishes_only_its_load(redis: Red
     report = CacheReport(object())
     await report.publish(queue, "mock", "w", running=2, capacity=4, ttl_ms=5000)
     assert await published(redis) == set()
-    assert await redis.hget(keys.loads("mock"), "w") == "2|4"  # type: ignore[misc]
+    assert await redis.hget(keys.loads("mock"), "w") == "2|4|0|0"  # type: ignore[misc]

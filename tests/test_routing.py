@@ -157,3 +157,31 @@ async def test_a_killed_workers_cache_is_forgotten(
         await wait_until(forgotten, timeout=15, what="the killed worker's cache to expire")
         follower = await run(client, PREFIX + " next")
     assert follower["worker"] != holder
+
+
+async def test_a_worker_measures_and_publishes_its_pace(
+    spawn_workers: SpawnWorkers, start_api: StartApi, redis: Redis
+) -> None:
+    """The adaptive load guard's figures come from the worker's own runs: the time a
+    run holds its slot, and the prefill time of a block (the slope of the first
+    token's time over the uncached prompt, here the mock's 0.5 ms a token)."""
+    _, api = await stack(
+        spawn_workers, start_api, workers=1, model_prefill_seconds_per_token=0.0005
+    )
+    async with api.client() as client:
+        for i, words in enumerate((16, 400, 800, 200)):
+            done = await run(client, " ".join(f"p{i}w{j}" for j in range(words)))
+        worker = done["worker"]
+
+        load: list[int] = []
+
+        async def published() -> bool:
+            raw = await cast("Awaitable[str | None]", redis.hget(keys.loads("mock"), worker))
+            load[:] = [int(f) for f in (raw or "0|0|0|0").split("|")]
+            return load[3] > 0
+
+        await wait_until(published, timeout=15, what="the worker to publish its pace")
+    running, capacity, service_ms, block_us = load
+    assert (running, capacity) == (0, 1)
+    assert service_ms > 0, load
+    assert 0.5 * 16 * 500 <= block_us <= 2 * 16 * 500, load

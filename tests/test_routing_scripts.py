@@ -19,7 +19,7 @@ from llmq.connection import connect_cluster
 from llmq.model.blocks import block_hashes
 from llmq.protocol import codec, keys
 from llmq.protocol.queue import Queue, now_ms
-from llmq.protocol.routing import POLICIES, Guards, Routing, session_id
+from llmq.protocol.routing import POLICIES, UNMEASURED, Guards, Pace, Routing, session_id
 from llmq.settings import CommonSettings
 from tests.support.cluster import BOTH_BACKENDS
 from tests.support.jobs import Admission, enqueue_costing
@@ -41,8 +41,15 @@ def queue_of(redis: Redis, route: Routing) -> Queue:
     return Queue(redis, stream_maxlen=1000, ttl_seconds=60, routing=route)
 
 
-async def worker(queue: Queue, name: str, *, running: int = 0, cached: str = "") -> None:
-    """A live worker of ``mock``: its beat, its load (of 4 slots) and its cache."""
+async def worker(
+    queue: Queue,
+    name: str,
+    *,
+    running: int = 0,
+    cached: str = "",
+    pace: Pace = UNMEASURED,
+) -> None:
+    """A live worker of ``mock``: its beat, its load (of 4 slots), pace and cache."""
     await queue.renew("mock", {}, 1000, worker_id=name)
     names = block_hashes(cached.split()) if cached else []
     assert await queue.route_beat(
@@ -55,6 +62,7 @@ async def worker(queue: Queue, name: str, *, running: int = 0, cached: str = "")
         evicted=[],
         cache_size=0,
         full=True,
+        pace=pace,
     )
 
 
@@ -199,6 +207,70 @@ async def test_load_guard_a_far_busier_holder_is_not_preferred(redis: Redis) -> 
         got = await claim(queue, "A")
         assert (got.request_id == "for-b") is taken, imbalance
         assert (await stats(queue))["guard_load"] == (1 if taken else 0)
+
+
+#: A full holder's wait for a slot: one of its 4 runs of 2 s ends every 500 ms.
+HOLDER = Pace(service_ms=2000, block_us=1000)
+#: A claimer that computes SYSTEM_B's 4 blocks in 800 ms, and one that does in 400 ms.
+SLOW_PREFILL = Pace(service_ms=2000, block_us=200_000)
+FAST_PREFILL = Pace(service_ms=2000, block_us=100_000)
+
+
+async def test_adaptive_load_guard_weighs_the_holders_wait_against_the_recompute(
+    redis: Redis,
+) -> None:
+    """A full holder is waited for while its expected wait for a slot is shorter than
+    the claimer's recompute of what it holds; counting the requests already left for
+    it, so a queue of its prefix spreads once the holder's backlog outweighs the
+    recompute."""
+    queue = queue_of(redis, routing(max_wait_ms=NEVER))
+    assert queue.routing.guards.imbalance is None  # adaptive, by default
+    await worker(queue, "B", running=4, cached=SYSTEM_B, pace=HOLDER)
+    await worker(queue, "A", pace=SLOW_PREFILL)
+    await enqueue(queue, "b1", SYSTEM_B + " one", score=1)
+    await enqueue(queue, "b2", SYSTEM_B + " two", score=2)
+    # b1: B's wait is 500 ms, recomputing 4 blocks 800 ms: left to B. b2 queues behind
+    # it for B (1,000 ms): recomputing is shorter, A takes it.
+    got = await claim(queue, "A")
+    assert got.request_id == "b2"
+    counts = await stats(queue)
+    assert counts["held"] == 1 and counts["guard_load"] == 1
+    # A claimer that recomputes in 400 ms does not wait 500 ms for B.
+    await worker(queue, "A", running=1, pace=FAST_PREFILL)
+    assert (await claim(queue, "A", running=1, free=3)).request_id == "b1"
+
+
+async def test_adaptive_load_guard_waits_for_a_holder_with_a_free_slot_or_no_pace(
+    redis: Redis,
+) -> None:
+    for holder, running, claimer in (
+        ("free slot", 3, FAST_PREFILL),
+        ("unmeasured holder", 4, FAST_PREFILL),
+        ("unmeasured claimer", 4, UNMEASURED),
+    ):
+        await redis.flushall()
+        queue = queue_of(redis, routing(max_wait_ms=NEVER))
+        pace = UNMEASURED if holder == "unmeasured holder" else HOLDER
+        await worker(queue, "B", running=running, cached=SYSTEM_B, pace=pace)
+        await worker(queue, "A", pace=claimer)
+        await enqueue(queue, "b1", SYSTEM_B + " one")
+        assert (await claim(queue, "A")).request_id is None, holder
+
+
+async def test_adaptive_load_guard_in_the_hand_off(redis: Redis) -> None:
+    """An arrival is queued for a full holder only while its wait is shorter than the
+    parked worker's recompute; else the parked worker takes it."""
+    for parked, taker in ((SLOW_PREFILL, None), (FAST_PREFILL, "A")):
+        await redis.flushall()
+        queue = queue_of(redis, routing())
+        await worker(queue, "A", pace=parked)
+        await worker(queue, "B", running=4, cached=SYSTEM_B, pace=HOLDER)
+        assert (await claim(queue, "A")).request_id is None  # parks
+        if taker is None:
+            assert await enqueue(queue, "r", SYSTEM_B) == Admission.QUEUED
+            assert (await stats(queue))["handoff_held"] == 1
+        else:
+            assert await handed_to(redis, queue, "r", SYSTEM_B, "A") == taker
 
 
 async def test_priority_guard_no_cached_request_overtakes_a_more_urgent_one(
@@ -372,7 +444,7 @@ async def test_route_beat_sends_changes_and_asks_for_the_whole_cache_when_lost(
     members = await cast("Awaitable[set[str]]", redis.smembers(keys.cache("A", "mock")))
     assert members == {"y", "z"}
     assert 0 < await redis.pttl(keys.cache("A", "mock")) <= 5000
-    assert await redis.hget(keys.loads("mock"), "A") == "1|4"  # type: ignore[misc]
+    assert await redis.hget(keys.loads("mock"), "A") == "1|4|0|0"  # type: ignore[misc]
     await redis.delete(keys.cache("A", "mock"))  # expired, or Redis lost it
     assert not await beat(["w"], [], 2)
     assert await beat(["w", "y", "z"], [], 0, full=True)

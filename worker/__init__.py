@@ -34,8 +34,10 @@ in the order a worker's life and a request's run go:
    that cannot renew times each lease by its own clock (``leases.py``) and pauses
    the generation when it would expire, so a cut-off worker stops spending its
    model on tokens nobody will read. Under a
-   routing policy the beat also publishes the worker's load and what its KV cache
-   gained and lost (``cache_report.py``), which routed claims and hand-offs read.
+   routing policy the beat also publishes the worker's load, its pace (``pace.py``:
+   how long a run holds a slot and a prompt block's prefill takes, measured from its
+   runs, which the adaptive load guard weighs) and what its KV cache gained and lost
+   (``cache_report.py``), which routed claims and hand-offs read.
 5. **Run** (``runner.py``): the model's tokens become events on the request's
    stream: ``started``, ``tokens``, then exactly one terminal event; a cancel, a
    timeout, a model error or a lost lease each ends the run its own way. Each run

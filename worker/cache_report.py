@@ -3,7 +3,8 @@
 A backend that reports its cache (:class:`llmq.model.interface.CacheReporting`)
 calls :meth:`CacheReport.heard` with the block names it stored and evicted; the
 worker keeps the set they add up to and, at every heartbeat, sends only what
-changed since the last one (``llmq/protocol/lua/route_beat.lua``), with its load.
+changed since the last one (``llmq/protocol/lua/route_beat.lua``), with its load and
+pace (``worker/pace.py``).
 So the cost in Redis is one set member per 16-token block that changed, batched per
 heartbeat, and bounded by the size of the backend's cache. If the published set is
 gone (its TTL ran out during an outage, or Redis lost it) or a beat failed, the
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 
 from llmq.model.interface import CacheReporting
 from llmq.protocol.queue import Queue
+from llmq.protocol.routing import UNMEASURED, Pace
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,9 @@ class CacheReport:
         running: int,
         capacity: int,
         ttl_ms: int,
+        pace: Pace = UNMEASURED,
     ) -> None:
-        """One routing beat: the changes (or the whole cache), and the load."""
+        """One routing beat: the changes (or the whole cache), the load and the pace."""
         if time.monotonic() - self._synced >= RESYNC_SECONDS:
             self._full = True
         for _ in range(2):
@@ -83,6 +86,7 @@ class CacheReport:
                     evicted=evicted,
                     cache_size=len(self.held) - len(stored),
                     full=full,
+                    pace=pace,
                 )
             except BaseException:
                 self._full = True  # whatever landed, the next beat sends it all

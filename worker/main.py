@@ -165,6 +165,7 @@ async def _heartbeat(
                 running=worker.busy_slots,
                 capacity=worker.max_jobs,
                 ttl_ms=int(settings.worker_ttl_seconds * 1000),
+                pace=runner.pace.now(),
             )
         for rid, renewal in news.items():
             if renewal == "lost":

@@ -86,6 +86,7 @@ from llmq.schema import (
     Usage,
 )
 from worker.leases import LeaseClock
+from worker.pace import PaceMeter
 from worker.publisher import Fenced, StreamPublisher
 from worker.run import Progress, Run, RunStatus
 
@@ -167,6 +168,8 @@ class RequestRunner:
     #: Prompt tokens this worker's backend looked up in its prefix cache, and found.
     cache_queries: int = 0
     cache_hits: int = 0
+    #: How fast the backend serves, from the runs that ended here (routing's load guard).
+    pace: PaceMeter = field(default_factory=PaceMeter)
     #: Told (request id, attempt) when a run's model is done with it for good, before
     #: the run writes its outcome: the model's slot is free from then on.
     on_model_done: Callable[[str, int], None] | None = None
@@ -698,6 +701,10 @@ class RequestRunner:
         )
         self._count(payload, progress.produced, finish, usage)
         m, model = self.metrics, payload.model
+        if progress.first_at is not None and not progress.resumed and finish != "cancelled":
+            details = usage.prompt_tokens_details
+            cached = details.cached_tokens if details is not None else 0
+            self.pace.ran(usage.prompt_tokens - cached, first - started, now - started)
         if progress.first_at is not None:
             m.observe(metrics.PREFILL_TIME, first - started, model)
             m.observe(metrics.DECODE_TIME, now - first, model)

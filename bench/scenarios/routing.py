@@ -14,9 +14,13 @@ worker's share of the requests, and how often the guards fired (the queue's rout
 counters). The arrival rate is a fraction of FIFO's capacity on the shared-prompt
 workload, measured first (a closed loop of 4 workers x slots users). The highest
 sustainable rate: the shared and chat workloads again at higher rates, the highest
-whose TTFT p90 meets the SLO. ``BENCH_ROUTING_IMBALANCE`` in the benchmark's
-environment replaces the load guard's setting (:attr:`Sizes.imbalance`), to measure
-its trade-off.
+whose TTFT p90 meets the SLO. The load guard: ``prefix`` runs the ``hot`` and
+``tenants`` workloads under the adaptive guard (the default) and each fixed setting
+of :attr:`Sizes.fixed_guards`, in turn, ``repeats`` times (medians). In the
+benchmark's environment,
+``BENCH_ROUTING_IMBALANCE`` replaces the load guard's setting of every run
+(:attr:`Sizes.imbalance`) and ``BENCH_ROUTING_WORKLOADS`` (comma-separated names)
+runs only those workloads.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from redis.asyncio import Redis
 from bench import routing_workloads as wl
 from bench.procs import BenchError, Stack
 from bench.report import fmt, pct, table, target_line
-from bench.scenario import Context, ScenarioResult, Target
-from bench.stats import median
+from bench.scenario import Context, ScenarioResult, Target, interleave
+from bench.stats import median, medians
 from llmq.protocol.queue import Queue
 from loadgen.figures import percentile
 from loadgen.sse import DONE, frames
@@ -54,9 +58,16 @@ class Sizes:
     #: Arrivals as a share of FIFO's closed-loop capacity on the shared workload (at
     #: 0.7 FIFO's queue grew through the run on the loaded machine of the first runs).
     load: float = 0.5
-    #: LLMQ_ROUTING_IMBALANCE for workers of 8 slots (AIBrix's 8 is for replicas of
-    #: hundreds of sequences; 8 here would never fire).
-    imbalance: int = 2
+    #: LLMQ_ROUTING_IMBALANCE (None: unset, the adaptive guard).
+    imbalance: int | None = None
+    #: Fixed load guards `prefix` runs the tenants workload under, beside the adaptive
+    #: one: AIBrix's 8, and 2 for workers of 8 slots.
+    fixed_guards: tuple[int, ...] = (8, 2)
+    #: The tenants workload's arrivals, a multiple of the base rate: its hot tenant
+    #: then sends more than one worker serves.
+    tenants_load: float = 1.5
+    #: The tenants workload's KV cache per worker: two of its four documents.
+    tenants_kv_blocks: int = 600
     #: Long enough for a steady state: each prompt's first misses (one per worker that
     #: comes to hold it) are a small part of the trace, as in a long-running service.
     requests: int = 600
@@ -242,7 +253,7 @@ def _env(s: Sizes, policy: str) -> dict[str, str]:
         "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_s_per_token),
         "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
         "LLMQ_MAX_QUEUE_DEPTH": "100000",
-        "LLMQ_ROUTING_IMBALANCE": str(s.imbalance),
+        **({} if s.imbalance is None else {"LLMQ_ROUTING_IMBALANCE": str(s.imbalance)}),
     }
 
 
@@ -262,6 +273,7 @@ def _plan(s: Sizes, rate: float) -> Plan:
         "chat": wl.chat(s.session_rate, s.sessions, system_tokens=s.chat_system_tokens),
         "distinct": wl.distinct(rate, n, prompt_tokens=s.distinct_tokens),
         "hot": wl.hot(rate, n),
+        "tenants": wl.tenants(rate * s.tenants_load, n),
     }
     plan.levels = {
         "shared": {
@@ -292,12 +304,54 @@ def _calibrate(ctx: Context, s: Sizes) -> float:
         return asyncio.run(_closed_loop(stack.url, work, users, s.calibration_s))
 
 
+def _sized_for(s: Sizes, workload: str) -> Sizes:
+    """The sizes a workload runs at (the tenants workload's own KV cache)."""
+    return replace(s, kv_blocks=s.tenants_kv_blocks) if workload == "tenants" else s
+
+
+#: The workloads the load guards are compared on.
+GUARD_WORKLOADS = ("hot", "tenants")
+#: The figures compared, as medians over the repeats.
+GUARD_FIGURES = ("hit_rate", "ttft_ms_mean", "ttft_ms_p99", "busiest_over_mean")
+
+
+def _compare_guards(ctx: Context, s: Sizes, plan: Plan) -> dict[str, dict[str, Any]]:
+    """``prefix`` under each load guard on GUARD_WORKLOADS, the guards in turn per
+    repeat; per guard and workload the runs and their medians."""
+    names = [n for n in GUARD_WORKLOADS if n in plan.base]
+    guards = {"adaptive": s.imbalance, **{f"fixed {k}": k for k in s.fixed_guards}}
+
+    def runner(imbalance: int | None) -> Callable[[int], dict[str, Any]]:
+        def run(_: int) -> dict[str, Any]:
+            sized = replace(s, imbalance=imbalance)
+            out = {}
+            with Stack(ctx.log_dir, api_env=_env(sized, "prefix")) as stack:
+                for name in names:
+                    _fresh(stack, _sized_for(sized, name), "prefix")
+                    out[name] = _figures(stack, plan.base[name])
+            return out
+
+        return run
+
+    runs = interleave(ctx, ctx.repeats, [(g, runner(i)) for g, i in guards.items()])
+    return {
+        guard: {
+            name: {
+                "runs": [r[name] for r in repeats],
+                **medians([r[name] for r in repeats], GUARD_FIGURES),
+            }
+            for name in names
+        }
+        for guard, repeats in runs.items()
+    }
+
+
 def _run_policy(ctx: Context, s: Sizes, policy: str, plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {"workloads": {}, "levels": {}}
     with Stack(ctx.log_dir, api_env=_env(s, policy)) as stack:
         for name, workload in plan.base.items():
             ctx.say(f"  {policy}: {name} ({workload.requests} requests)")
-            _fresh(stack, s, policy)
+            _fresh(stack, _sized_for(s, name), policy)
             out["workloads"][name] = _figures(stack, workload)
         for name, levels in plan.levels.items():
             for m, workload in levels.items():
@@ -326,11 +380,12 @@ def _targets(s: Sizes, runs: dict[str, dict[str, Any]]) -> list[Target]:
         figures: dict[str, Any] = runs[policy]["workloads"][name]
         return figures
 
-    def ratio(a: Any, b: Any) -> float | None:
-        return a / b if isinstance(a, float | int) and isinstance(b, float | int) and b else None
-
+    ratio = _ratio
+    ran = set(runs["prefix"]["workloads"])
     targets = []
     for name in ("shared", "chat"):
+        if name not in ran:
+            continue
         ours = w("prefix", name)
         share = ratio(ours["hit_rate"], ours["ideal_hit_rate"])
         targets.append(
@@ -356,17 +411,41 @@ def _targets(s: Sizes, runs: dict[str, dict[str, Any]]) -> list[Target]:
                 f"x{rates[0]:g} vs x{rates[1]:g} of the base rate",
             )
         )
-    ours, fifo = w("prefix", "distinct"), w("fifo", "distinct")
-    p99 = ratio(ours["ttft_ms_p99"], fifo["ttft_ms_p99"])
-    tput = ratio(ours["output_throughput"], fifo["output_throughput"])
-    targets.append(
+    if "distinct" in ran:
+        targets += _distinct_targets(w("prefix", "distinct"), w("fifo", "distinct"))
+    if "hot" in ran and "least-loaded" in runs:
+        targets += _hot_targets(w("prefix", "hot"), w("least-loaded", "hot"))
+    if "tenants" in ran:
+        ours = w("prefix", "tenants")
+        share = ratio(ours["hit_rate"], ours["ideal_hit_rate"])
+        targets.append(
+            Target(
+                "tenants: hit rate >= 90% of the ideal's",
+                None if share is None else share >= 0.9,
+                f"{pct(ours['hit_rate'])} of {pct(ours['ideal_hit_rate'])}",
+            )
+        )
+    return targets
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return a / b if isinstance(a, float | int) and isinstance(b, float | int) and b else None
+
+
+def _distinct_targets(ours: dict[str, Any], fifo: dict[str, Any]) -> list[Target]:
+    p99 = _ratio(ours["ttft_ms_p99"], fifo["ttft_ms_p99"])
+    tput = _ratio(ours["output_throughput"], fifo["output_throughput"])
+    return [
         Target(
             "distinct: TTFT p99 and throughput within 5% of FIFO",
             None if p99 is None or tput is None else p99 <= 1.05 and tput >= 0.95,
             f"p99 x{fmt(p99, 2)}, throughput x{fmt(tput, 2)}",
         )
-    )
-    ours, least = w("prefix", "hot"), w("least-loaded", "hot")
+    ]
+
+
+def _hot_targets(ours: dict[str, Any], least: dict[str, Any]) -> list[Target]:
+    targets = []
     targets.append(
         Target(
             "hot: busiest worker <= 1.25x the mean load",
@@ -374,7 +453,7 @@ def _targets(s: Sizes, runs: dict[str, dict[str, Any]]) -> list[Target]:
             f"{fmt(ours['busiest_over_mean'], 2)}x",
         )
     )
-    p99 = ratio(ours["ttft_ms_p99"], least["ttft_ms_p99"])
+    p99 = _ratio(ours["ttft_ms_p99"], least["ttft_ms_p99"])
     targets.append(
         Target(
             "hot: TTFT p99 no worse than least-loaded",
@@ -382,6 +461,26 @@ def _targets(s: Sizes, runs: dict[str, dict[str, Any]]) -> list[Target]:
             f"x{fmt(p99, 2)}",
         )
     )
+    return targets
+
+
+def _guard_targets(guards: dict[str, dict[str, Any]]) -> list[Target]:
+    """The adaptive load guard against the fixed ones: on each workload, a median mean
+    TTFT within 10 % of the best fixed guard's (no number to guess)."""
+    targets = []
+    for name in GUARD_WORKLOADS:
+        fixed = {g: f[name]["ttft_ms_mean"] for g, f in guards.items() if g != "adaptive"}
+        if name not in guards.get("adaptive", {}) or not fixed:
+            continue
+        best = min((v for v in fixed.values() if v is not None), default=None)
+        ratio = _ratio(guards["adaptive"][name]["ttft_ms_mean"], best)
+        targets.append(
+            Target(
+                f"{name}: adaptive guard's mean TTFT within 10% of the best fixed guard's",
+                None if ratio is None else ratio <= 1.1,
+                f"x{fmt(ratio, 2)} of {fmt(best)} ms",
+            )
+        )
     return targets
 
 
@@ -404,10 +503,13 @@ def _markdown(s: Sizes, rate: float, runs: dict[str, Any], targets: list[Target]
         f"blocks of 16 tokens, prefill {s.prefill_s_per_token * 1000:g} ms per uncached prompt "
         f"token, {s.tokens_per_second:g} steps/s. FIFO's capacity on the shared workload: "
         f"{rate / s.load:.2f} requests/s; base rate {s.load:.0%} of it ({rate:.2f}/s); chat: "
-        f"{s.sessions} sessions started at {s.session_rate:g}/s; LLMQ_ROUTING_IMBALANCE "
-        f"{s.imbalance}. Sustainable rate: the "
+        f"{s.sessions} sessions started at {s.session_rate:g}/s; load guard "
+        f"{'adaptive' if s.imbalance is None else f'fixed at {s.imbalance}'}. Sustainable "
+        "rate: the "
         f"highest multiple of the base rate with TTFT p90 <= {s.slo_ttft_p90_ms:g} ms "
-        f"(tried x1 and {', '.join(f'x{m:g}' for m in s.levels)})."
+        f"(tried x1 and {', '.join(f'x{m:g}' for m in s.levels)}). tenants: arrivals at "
+        f"x{s.tenants_load:g} the base rate, a KV cache of {s.tenants_kv_blocks} blocks per "
+        "worker (two of the four documents)."
     ]
     for name in runs["fifo"]["workloads"]:
         rows = [
@@ -428,6 +530,20 @@ def _markdown(s: Sizes, rate: float, runs: dict[str, Any], targets: list[Target]
             ]
         )
         parts.append(f"**{name}**\n\n" + table(["", *(p for p in POLICIES if p in runs)], rows))
+    guards = runs.get("guards", {})
+    for name in GUARD_WORKLOADS:
+        if not guards or name not in guards["adaptive"]:
+            continue
+        rows = [
+            [label, *(show(g[name].get(key)) for g in guards.values())]
+            for key, label, show in ROWS
+            if key in GUARD_FIGURES
+        ]
+        parts.append(
+            f"**{name}: `prefix` under each load guard** (medians of "
+            f"{len(guards['adaptive'][name]['runs'])} runs, the guards in turn)\n\n"
+            + table(["", *guards], rows)
+        )
     parts += [target_line(t.description, t.met, t.detail) for t in targets]
     return "\n\n".join(parts)
 
@@ -450,8 +566,17 @@ def run(ctx: Context) -> ScenarioResult:
         raise BenchError("the calibration completed no request")
     rate = capacity * s.load
     plan = _plan(s, rate)
-    runs = {p: _run_policy(ctx, s, p, plan) for p in policies}
-    targets = _targets(s, runs) if {"prefix", "least-loaded"} <= set(runs) else []
+    chosen = os.environ.get("BENCH_ROUTING_WORKLOADS")
+    if chosen:
+        names = set(chosen.split(","))
+        plan.base = {k: v for k, v in plan.base.items() if k in names}
+        plan.levels = {k: v for k, v in plan.levels.items() if k in names}
+    runs: dict[str, Any] = {p: _run_policy(ctx, s, p, plan) for p in policies}
+    targets = _targets(s, runs) if "prefix" in runs else []
+    if "prefix" in policies:
+        ctx.say("routing: prefix under each load guard")
+        runs["guards"] = _compare_guards(ctx, s, plan)
+        targets += _guard_targets(runs["guards"])
     data = {"settings": asdict(s), "capacity_rps": capacity, "rate_rps": rate, "runs": runs}
     return ScenarioResult(
         "routing",

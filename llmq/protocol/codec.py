@@ -11,7 +11,8 @@ the Lua side reads or writes the same text.
 - claim reply: ``[id, score, cost, job, try, more, retry ms, expired..., "|", cancelled...]``;
 - route hint (``llmq:routes:{m:<model>}``): ``"priority|session|b1,b2,..."``
   (:class:`RouteHint`), read by claim.lua and enqueue.lua (``lua/affinity.lua``);
-- worker load (``llmq:loads:{m:<model>}``): ``"running|capacity"`` (:func:`load`);
+- worker load (``llmq:loads:{m:<model>}``): ``"running|capacity|service ms|block us"``
+  (:func:`load`);
 - routing counters (``llmq:routing:{m:<model>}``): :data:`ROUTING_COUNTERS`;
 - renew reply: one of ``ok``/``lost``/``cancelled`` per (id, attempt) pair sent;
 - reap reply: ``[id, attempt, id, attempt, ...]``;
@@ -132,9 +133,10 @@ class RouteHint:
         return cls(int(priority), session, names)
 
 
-def load(running: int, capacity: int) -> str:
-    """A worker's load as routed claims read it: ``"running|capacity"``."""
-    return f"{running}|{capacity}"
+def load(running: int, capacity: int, service_ms: int = 0, block_us: int = 0) -> str:
+    """A worker's load as routed claims read it: ``"running|capacity|service ms|block
+    us"``, the last two its pace (:class:`llmq.protocol.routing.Pace`; 0: unmeasured)."""
+    return f"{running}|{capacity}|{service_ms}|{block_us}"
 
 
 #: The counters of ``llmq:routing:{m:<model>}`` (HINCRBY by claim.lua and enqueue.lua):

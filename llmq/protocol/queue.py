@@ -35,7 +35,7 @@ from llmq.protocol import codec, keys, slots
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
 from llmq.protocol.quota import Quota
-from llmq.protocol.routing import FIFO, Routing
+from llmq.protocol.routing import FIFO, UNMEASURED, Pace, Routing
 from llmq.protocol.scripts import Call, run_pipelined, scripts_for
 from llmq.protocol.streams import (
     add_event,
@@ -618,8 +618,9 @@ class Queue:
         evicted: list[str],
         cache_size: int,
         full: bool = False,
+        pace: Pace = UNMEASURED,
     ) -> bool:
-        """Publish a worker's load and what its KV cache gained (``stored``) and lost
+        """Publish a worker's load and pace, and what its KV cache gained (``stored``) and lost
         (``evicted``) since the last beat (``llmq/protocol/lua/route_beat.lua``); with
         ``full``, ``stored`` is the whole cache. False: the published set is gone
         while it should hold ``cache_size`` blocks already (it expired, or Redis lost
@@ -629,8 +630,7 @@ class Queue:
             loads_key=keys.loads(model),
             beats_key=keys.beats(model),
             worker_id=worker_id,
-            running=running,
-            capacity=capacity,
+            load=codec.load(running, capacity, pace.service_ms, pace.block_us),
             ttl_ms=ttl_ms,
             full="1" if full else "0",
             cache_size=cache_size,

@@ -22,11 +22,13 @@ by side on one stack:
 Whatever the policy, the :class:`Guards` bound what affinity may cost: a request
 is anyone's once it was held for another worker ``max_wait_ms`` (from the first time
 a claim or hand-off left it; queueing that FIFO would impose too does not count) or
-``max_overtakes`` later requests were
-claimed before it; a worker busier than the claimer by more than ``imbalance``
-running requests is not preferred (AIBrix's threshold, 8); no request overtakes a
-more urgent one; and a worker that left requests to others is woken when the first
-of them becomes anyone's. So no request starves: its wait beyond FIFO's is bounded.
+``max_overtakes`` later requests were claimed before it; a busy worker is waited for
+only while its expected wait for a slot is shorter than recomputing what it holds
+elsewhere (the adaptive load guard, from the paces the workers measure,
+``worker/pace.py``; or, with ``imbalance`` set, while it runs at most that many
+requests beyond the claimer, AIBrix's fixed threshold); no request overtakes a more
+urgent one; and a worker that left requests to others is woken when the first of
+them becomes anyone's. So no request starves: its wait beyond FIFO's is bounded.
 Every process of a deployment must use the same policy (the API writes the hints,
 the workers read them).
 """
@@ -45,6 +47,25 @@ from llmq.protocol import codec, keys
 from llmq.protocol.slots import ClaimRoute, EnqueueRoute
 
 PolicyName = Literal["fifo", "least-loaded", "hash", "prefix"]
+
+#: The scripts' ``imbalance`` for the adaptive load guard (``lua/affinity.lua``).
+ADAPTIVE = -1
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast a worker's engine serves, as the adaptive load guard weighs it
+    (``lua/affinity.lua``): ``service_ms``, how long a run holds a slot; ``block_us``,
+    how long computing one uncached KV block of a prompt takes. Measured by the worker
+    from its own runs (``worker/pace.py``) and published with its load
+    (:func:`codec.load`); 0: not measured yet."""
+
+    service_ms: int = 0
+    block_us: int = 0
+
+
+#: A worker's pace before it has measured anything.
+UNMEASURED = Pace()
 
 
 @dataclass(frozen=True)
@@ -86,7 +107,9 @@ class Guards:
     window: int = 16
     max_wait_ms: int = 500
     max_overtakes: int = 8
-    imbalance: int = 8
+    #: The load guard in running requests (AIBrix's); None: adaptive (the holder's
+    #: wait for a slot against recomputing what it holds, :class:`Pace`).
+    imbalance: int | None = None
     priority: bool = True
     session_ttl_ms: int = 600_000
     #: Most live workers a routed claim or hand-off compares (bounded cost).
@@ -151,7 +174,7 @@ class Routing:
             window=g.window,
             max_wait_ms=g.max_wait_ms,
             max_overtakes=g.max_overtakes,
-            imbalance=g.imbalance,
+            imbalance=ADAPTIVE if g.imbalance is None else g.imbalance,
             priority_guard="1" if g.priority else "0",
             running=running,
             capacity=capacity,
@@ -177,7 +200,7 @@ class Routing:
             cache_prefix=keys.cache_prefix(model),
             session_prefix=keys.session_prefix(model),
             session_ttl_ms=g.session_ttl_ms,
-            imbalance=g.imbalance,
+            imbalance=ADAPTIVE if g.imbalance is None else g.imbalance,
             max_workers=g.max_workers,
             max_wait_ms=g.max_wait_ms,
             live_ms=g.live_ms,

@@ -368,8 +368,8 @@ class RouteBeat(Slots):
     loads_key: str
     beats_key: str
     worker_id: str
-    running: int
-    capacity: int
+    #: ``codec.load``: running, capacity and pace.
+    load: str
     ttl_ms: int
     full: str
     cache_size: int

@@ -14,8 +14,10 @@
 -- leaves a request that another live worker wants more, unless a guard says the
 -- request is anyone's now: it was left for another `max_wait_ms` ago (held_key: when
 -- a claim or hand-off first left it), `max_overtakes` later requests
--- were taken before it, or it has no hint. A worker busier than this one by more
--- than `imbalance` running requests wants nothing here, and no request overtakes a
+-- were taken before it, or it has no hint. A worker the load guard finds too busy
+-- (lua/affinity.lua too_busy: fixed, more than `imbalance` running requests beyond
+-- this one; adaptive, its wait for a slot longer than this worker's recompute of what
+-- it holds) wants nothing here, and no request overtakes a
 -- more urgent one (lower priority number) when the priority guard is on. A worker
 -- that takes nothing is parked and told when the first request it left becomes
 -- anyone's (the reply's retry ms).
@@ -77,10 +79,13 @@ local live_ms = tonumber(ARGV[28])
 local max_workers = tonumber(ARGV[29])
 
 local routed = policy_name ~= nil
-local route
+local route, mine
 if routed then
+  -- This worker's load as it claims, with the pace its last routing beat published.
+  mine = parse_load(redis.call('HGET', loads_key, worker_id))
+  mine[1], mine[2] = running, capacity
   route = route_of(policy_name, cache_prefix, session_prefix, loads_key, beats_key, live_ms,
-    max_workers)
+    max_workers, imbalance)
 end
 
 local now = lease_now(clock_key)
@@ -187,24 +192,21 @@ local function choose()
   local overtakes = redis.call('HMGET', overtaken_key, unpack(ids))
   local held_since = redis.call('HMGET', held_key, unpack(ids))
   local live, loads = live_workers(route)
-  local mine = {running, capacity}
-  local others, busy = {}, {}
+  local others = {}
   for _, w in ipairs(live) do
     if w ~= worker_id then
-      if loads[w][1] - running > imbalance then
-        table.insert(busy, w)
-      else
-        table.insert(others, w)
-      end
+      table.insert(others, w)
     end
   end
+  -- Requests this claim leaves to each worker, ahead of the next one it looks at.
+  local ahead = {}
   local chosen, gain, why = nil, -1, nil
   local urgent = nil
   local held, outranked_wanted = false, false
   for i, id in ipairs(ids) do
     local hint = parse_hint(hints[i])
     local forced = nil
-    local want, best, best_busy = 0, nil, nil
+    local want, best, best_busy, holder = 0, nil, nil, nil
     if not hint then
       forced = 'none'
     else
@@ -217,11 +219,12 @@ local function choose()
       want = rank(route, worker_id, hint, last, mine)
       for _, w in ipairs(others) do
         local r = rank(route, w, hint, last, loads[w])
-        if best == nil or r > best then best = r end
-      end
-      for _, w in ipairs(busy) do
-        local r = rank(route, w, hint, last, loads[w])
-        if best_busy == nil or r > best_busy then best_busy = r end
+        if r > want and route.policy.holds and too_busy(route, loads[w], mine,
+            route.policy.saved(hint, r, want), ahead[w] or 0) then
+          if best_busy == nil or r > best_busy then best_busy = r end
+        elseif best == nil or r > best then
+          best, holder = r, w
+        end
       end
     end
     if priority_guard and hint and urgent and hint.priority > urgent then
@@ -245,6 +248,7 @@ local function choose()
         end
       else
         held = true
+        ahead[holder] = (ahead[holder] or 0) + 1
         local since = tonumber(held_since[i] or '0')
         if since == 0 then
           since = deadline_now
@@ -273,7 +277,7 @@ end
 local function routed_claim()
   local i, ids, scores, hints = choose()
   if i == nil then
-    redis.call('HSET', loads_key, worker_id, running .. '|' .. capacity)
+    redis.call('HSET', loads_key, worker_id, load_text(mine))
     park(free_slots, budget, idle)
     return reply('', '0', '0')
   end
@@ -293,7 +297,8 @@ local function routed_claim()
     end
   end
   remember(route, parse_hint(hints[i]), worker_id, session_ttl_ms)
-  redis.call('HSET', loads_key, worker_id, (running + 1) .. '|' .. capacity)
+  redis.call('HSET', loads_key, worker_id,
+    load_text({running + 1, capacity, mine[3], mine[4]}))
   return take(id, scores[i], cost)
 end
 
@@ -301,7 +306,7 @@ for _ = 1, 100 do
   local head = redis.call('ZRANGE', queue_key, 0, 0, 'WITHSCORES')
   if #head == 0 then
     if routed then
-      redis.call('HSET', loads_key, worker_id, running .. '|' .. capacity)
+      redis.call('HSET', loads_key, worker_id, load_text(mine))
     end
     park(free_slots, budget, idle)
     return reply('', '0', '0')

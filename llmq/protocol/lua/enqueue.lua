@@ -16,12 +16,11 @@
 -- Routed (a policy's name in ARGV[15], llmq.protocol.routing; KEYS 14-17 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
 -- parked worker that wants it most (lua/affinity.lua), among holders alike the least
--- loaded, else the first parked, and not a parked one busier than the least loaded by more than
--- `imbalance` for its cache; if a
--- live worker that is not parked wants it more (it holds the prefix) and is not
--- busier than that parked worker by more than `imbalance`, the request is queued for
--- it instead (when `max_wait_ms` > 0): the holder claims it when a slot frees, anyone
--- once it waited `max_wait_ms`.
+-- loaded, else the first parked, and not a parked one the load guard finds too busy
+-- (lua/affinity.lua too_busy) for its cache; if a live worker that is not parked wants
+-- it more (it holds the prefix) and the load guard does not find it too busy against
+-- that parked worker, the request is queued for it instead (when `max_wait_ms` > 0):
+-- the holder claims it when a slot frees, anyone once it waited `max_wait_ms`.
 -- Fair share (fair_entry "tenant|weight|priority", '' when off: lua/fair.lua): the
 -- request's tenant is kept beside its queue entry, and a tenant that was idle is lifted
 -- to the least counter of the backlogged tenants.
@@ -76,7 +75,7 @@ local hint, route
 if routed then
   hint = parse_hint(hint_text)
   route = route_of(policy_name, cache_prefix, session_prefix, loads_key, beats_key, live_ms,
-    max_workers)
+    max_workers, imbalance)
 end
 
 if live_depth(queue_key) >= max_depth then
@@ -136,11 +135,12 @@ end
 -- Routed: the takers by how much each wants the request, then (among workers that
 -- want it alike, for their cache or session) by load, fewer running first, then in
 -- parked order: a prompt nobody holds goes where FIFO would send it. None if a busy
--- live worker wants it more (see the top). A parked worker running more than
--- `imbalance` beyond the least loaded parked one is not preferred for its cache (the
--- load guard, as in a claim): a shared prefix can carry any share of the traffic and
--- spreads; the session's last worker keeps it (a session sends one request at a
--- time, so following it never piles load up).
+-- live worker wants it more and the load guard does not find it too busy (see the
+-- top). A parked worker the load guard finds too busy, against the least loaded
+-- parked one, is not preferred for its cache (fixed: running more than `imbalance`
+-- beyond it; adaptive: a parked worker has a free slot, so never): a shared prefix
+-- can carry any share of the traffic and spreads; the session's last worker keeps it
+-- (a session sends one request at a time, so following it never piles load up).
 local function routed_order(now, found)
   route.now = now
   local live, loads = live_workers(route)
@@ -149,17 +149,18 @@ local function routed_order(now, found)
   local least = nil
   for _, t in ipairs(found) do
     parked_here[t[1]] = true
-    local load = (loads[t[1]] or {0, 0})[1]
-    if least == nil or load < least then least = load end
+    local load = loads[t[1]] or parse_load(nil)
+    if least == nil or load[1] < least[1] then least = load end
   end
   local demoted = false
   for i, t in ipairs(found) do
-    local load = (loads[t[1]] or {0, 0})[1]
-    local r = rank(route, t[1], hint, last, loads[t[1]] or {0, 0})
-    if route.policy.holds and r > 0 and load - least > imbalance and t[1] ~= last then
+    local load = loads[t[1]] or parse_load(nil)
+    local r = rank(route, t[1], hint, last, load)
+    if route.policy.holds and r > 0 and t[1] ~= last
+        and too_busy(route, load, least, route.policy.saved(hint, r, 0), 0) then
       r, demoted = 0, true
     end
-    ranks[i] = {r, i, t, load}
+    ranks[i] = {r, i, t, load[1]}
   end
   table.sort(ranks, function(a, b)
     if a[1] ~= b[1] then return a[1] > b[1] end
@@ -171,10 +172,11 @@ local function routed_order(now, found)
     redis.call('HINCRBY', stats_key, 'guard_load', 1)
   end
   if max_wait_ms > 0 and route.policy.holds then
-    local top_load = (loads[top[3][1]] or {0, 0})[1]
+    local top_load = loads[top[3][1]] or parse_load(nil)
     for _, w in ipairs(live) do
-      if not parked_here[w] and loads[w][1] - top_load <= imbalance
-          and rank(route, w, hint, last, loads[w]) > top[1] then
+      local r = not parked_here[w] and rank(route, w, hint, last, loads[w])
+      if r and r > top[1]
+          and not too_busy(route, loads[w], top_load, route.policy.saved(hint, r, top[1]), 0) then
         redis.call('HINCRBY', stats_key, 'handoff_held', 1)
         redis.call('HSET', held_key, id, now_ms)
         redis.call('PEXPIRE', held_key, ttl_ms)
@@ -215,10 +217,11 @@ if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 t
     for _, t in ipairs(found) do
       if hand_to(t[1], now, t[2], t[3], t[4], t[5]) then
         remember(route, hint, t[1], session_ttl_ms)
-        local load = redis.call('HGET', loads_key, t[1])
-        local running, capacity = string.match(load or '', '^(%d+)|(%d+)$')
-        if running then
-          redis.call('HSET', loads_key, t[1], (tonumber(running) + 1) .. '|' .. capacity)
+        local raw = redis.call('HGET', loads_key, t[1])
+        if raw then
+          local load = parse_load(raw)
+          load[1] = load[1] + 1
+          redis.call('HSET', loads_key, t[1], load_text(load))
         end
         return 2
       end
