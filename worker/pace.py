@@ -5,7 +5,8 @@ busy worker's wait for a slot against recomputing the prefix it holds elsewhere,
 it needs two figures that depend on the engine, the model and the hardware, which no
 operator should have to guess: how long a run holds a slot, and how long the engine
 takes to compute an uncached KV block of a prompt. Both come from the runs this
-worker finished (:meth:`Pace.ran`) and travel with its load (:class:`llmq.protocol.routing.Pace`).
+worker finished (:meth:`PaceMeter.ran`) and travel with its load
+(:class:`llmq.protocol.routing.Pace`).
 
 The prefill cost is the slope of the time to the first token over the uncached
 prompt tokens (least squares over the last :data:`SAMPLES` runs): the intercept

@@ -701,11 +701,10 @@ class RequestRunner:
         )
         self._count(payload, progress.produced, finish, usage)
         m, model = self.metrics, payload.model
-        if progress.first_at is not None and not progress.resumed and finish != "cancelled":
-            details = usage.prompt_tokens_details
-            cached = details.cached_tokens if details is not None else 0
-            self.pace.ran(usage.prompt_tokens - cached, first - started, now - started)
         if progress.first_at is not None:
+            if not progress.resumed and finish != "cancelled":
+                uncached = usage.prompt_tokens - _cached_tokens(usage)
+                self.pace.ran(uncached, first - started, now - started)
             m.observe(metrics.PREFILL_TIME, first - started, model)
             m.observe(metrics.DECODE_TIME, now - first, model)
         decoded = progress.produced - progress.resumed  # by this run: its decode time
@@ -801,7 +800,7 @@ class RequestRunner:
         m, model = self.metrics, payload.model
         details = usage.prompt_tokens_details
         if details is not None or self._reports_cache:
-            cached = details.cached_tokens if details is not None else 0
+            cached = _cached_tokens(usage)
             m.inc(metrics.PREFIX_CACHE_QUERIES, model, amount=usage.prompt_tokens)
             m.inc(metrics.PREFIX_CACHE_HITS, model, amount=cached)
             self.cache_queries += usage.prompt_tokens
@@ -830,6 +829,12 @@ def _usage(payload: JobPayload, progress: Progress) -> Usage:
         total_tokens=prompt + progress.produced,
         prompt_tokens_details=details,
     )
+
+
+def _cached_tokens(usage: Usage) -> int:
+    """Prompt tokens the backend found cached (0 when it did not say)."""
+    details = usage.prompt_tokens_details
+    return details.cached_tokens if details is not None else 0
 
 
 def _cache_fields(usage: Usage) -> dict[str, str]:

@@ -40,7 +40,7 @@ from bench import routing_workloads as wl
 from bench.procs import BenchError, Stack
 from bench.report import fmt, pct, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
-from bench.stats import median, medians
+from bench.stats import median, medians, ratio
 from llmq.protocol.queue import Queue
 from loadgen.figures import percentile
 from loadgen.sse import DONE, frames
@@ -380,7 +380,6 @@ def _targets(s: Sizes, runs: dict[str, dict[str, Any]]) -> list[Target]:
         figures: dict[str, Any] = runs[policy]["workloads"][name]
         return figures
 
-    ratio = _ratio
     ran = set(runs["prefix"]["workloads"])
     targets = []
     for name in ("shared", "chat"):
@@ -428,13 +427,9 @@ def _targets(s: Sizes, runs: dict[str, dict[str, Any]]) -> list[Target]:
     return targets
 
 
-def _ratio(a: Any, b: Any) -> float | None:
-    return a / b if isinstance(a, float | int) and isinstance(b, float | int) and b else None
-
-
 def _distinct_targets(ours: dict[str, Any], fifo: dict[str, Any]) -> list[Target]:
-    p99 = _ratio(ours["ttft_ms_p99"], fifo["ttft_ms_p99"])
-    tput = _ratio(ours["output_throughput"], fifo["output_throughput"])
+    p99 = ratio(ours["ttft_ms_p99"], fifo["ttft_ms_p99"])
+    tput = ratio(ours["output_throughput"], fifo["output_throughput"])
     return [
         Target(
             "distinct: TTFT p99 and throughput within 5% of FIFO",
@@ -453,7 +448,7 @@ def _hot_targets(ours: dict[str, Any], least: dict[str, Any]) -> list[Target]:
             f"{fmt(ours['busiest_over_mean'], 2)}x",
         )
     )
-    p99 = _ratio(ours["ttft_ms_p99"], least["ttft_ms_p99"])
+    p99 = ratio(ours["ttft_ms_p99"], least["ttft_ms_p99"])
     targets.append(
         Target(
             "hot: TTFT p99 no worse than least-loaded",
@@ -473,12 +468,12 @@ def _guard_targets(guards: dict[str, dict[str, Any]]) -> list[Target]:
         if name not in guards.get("adaptive", {}) or not fixed:
             continue
         best = min((v for v in fixed.values() if v is not None), default=None)
-        ratio = _ratio(guards["adaptive"][name]["ttft_ms_mean"], best)
+        against = ratio(guards["adaptive"][name]["ttft_ms_mean"], best)
         targets.append(
             Target(
                 f"{name}: adaptive guard's mean TTFT within 10% of the best fixed guard's",
-                None if ratio is None else ratio <= 1.1,
-                f"x{fmt(ratio, 2)} of {fmt(best)} ms",
+                None if against is None else against <= 1.1,
+                f"x{fmt(against, 2)} of {fmt(best)} ms",
             )
         )
     return targets

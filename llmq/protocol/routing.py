@@ -112,6 +112,12 @@ class Guards:
     imbalance: int | None = None
     priority: bool = True
     session_ttl_ms: int = 600_000
+
+    @property
+    def load_guard(self) -> int:
+        """``imbalance`` as the scripts take it (:data:`ADAPTIVE` when unset)."""
+        return ADAPTIVE if self.imbalance is None else self.imbalance
+
     #: Most live workers a routed claim or hand-off compares (bounded cost).
     max_workers: int = 32
     #: A worker whose last beat (lease time) is older than this is not compared: the
@@ -174,7 +180,7 @@ class Routing:
             window=g.window,
             max_wait_ms=g.max_wait_ms,
             max_overtakes=g.max_overtakes,
-            imbalance=ADAPTIVE if g.imbalance is None else g.imbalance,
+            imbalance=g.load_guard,
             priority_guard="1" if g.priority else "0",
             running=running,
             capacity=capacity,
@@ -200,7 +206,7 @@ class Routing:
             cache_prefix=keys.cache_prefix(model),
             session_prefix=keys.session_prefix(model),
             session_ttl_ms=g.session_ttl_ms,
-            imbalance=ADAPTIVE if g.imbalance is None else g.imbalance,
+            imbalance=g.load_guard,
             max_workers=g.max_workers,
             max_wait_ms=g.max_wait_ms,
             live_ms=g.live_ms,
