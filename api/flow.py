@@ -4,6 +4,8 @@ expected wait; each refuses before anything of the request is queued.
 - **Quota** (:mod:`llmq.protocol.quota`): a request takes one request from its
   tenant's requests per minute, prompt + max_tokens from its tokens per minute and a
   place among its requests at once, all in one script shared by every API process;
+  taken with the request's record, before it is queued (:meth:`Queue.admit
+  <llmq.protocol.queue.Queue.admit>`, on a single Redis in the same round trip);
   refused, it gets OpenAI's ``429 rate_limit_exceeded`` with the ``x-ratelimit-*``
   headers and ``retry-after``. What the request does not use comes back when it ends.
 - **Shedding** (``LLMQ_SHED_WAIT_SECONDS``): the expected wait is what is queued
@@ -29,7 +31,8 @@ from api.state import AppState
 from llmq import metrics
 from llmq.protocol import keys
 from llmq.protocol.queue import Enqueue
-from llmq.protocol.quota import Limits, Verdict
+from llmq.protocol.quota import Limits, Verdict, take_slots
+from llmq.protocol.slots import QuotaTake
 from llmq.tenants import Tenant
 
 #: How many completed periods of :func:`llmq.protocol.keys.served` measure the rate.
@@ -115,10 +118,12 @@ def _limits(tenant: Tenant) -> Limits:
     return Limits(tenant.tokens_per_minute, tenant.requests_per_minute, tenant.max_concurrent)
 
 
-async def take_quota(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> None:
-    """Take the tenant's quota for ``calls``; 429 ``rate_limit_exceeded`` if it is spent."""
+def quota_take(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> QuotaTake | None:
+    """The take of the tenant's quota for ``calls``, which :meth:`Queue.admit
+    <llmq.protocol.queue.Queue.admit>` makes with their records (None: the tenant has no
+    limits); 400 ``tokens_over_limit`` for a request no minute of its tenant could hold."""
     if tenant is None or not tenant.limited:
-        return
+        return None
     limits = _limits(tenant)
     tokens = sum(c.cost for c in calls)
     if limits.tokens_per_minute and tokens > limits.tokens_per_minute:
@@ -128,15 +133,18 @@ async def take_quota(state: AppState, tenant: Tenant | None, calls: list[Enqueue
             param="max_tokens",
             code="tokens_over_limit",
         )
-    settings = state.settings
     hold_ms = max(c.deadline_ms for c in calls) - int(time.time() * 1000)
-    hold_ms += int(settings.generation_timeout_seconds * 1000) + HOLD_MARGIN_MS
-    verdict = await state.queue.quota.take(
-        tenant.name, limits, hold_ms, [(c.request_id, c.cost) for c in calls]
-    )
+    hold_ms += int(state.settings.generation_timeout_seconds * 1000) + HOLD_MARGIN_MS
+    return take_slots(tenant.name, limits, hold_ms, [(c.request_id, c.cost) for c in calls])
+
+
+async def check_quota(state: AppState, tenant: Tenant, verdict: Verdict) -> None:
+    """The response's rate-limit headers of a take; 429 ``rate_limit_exceeded`` (nothing
+    was queued) if the quota was spent."""
     if verdict.taken:
         TAKEN.set(rate_headers(verdict))
         return
+    limits = _limits(tenant)
     limit = {
         "requests": f"{limits.requests_per_minute} requests per minute",
         "tokens": f"{limits.tokens_per_minute} tokens per minute",

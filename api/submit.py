@@ -22,7 +22,14 @@ from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
 from api.extras import Extras
-from api.flow import check_priority_ceiling, count, give_back_refused, shed, take_quota
+from api.flow import (
+    check_priority_ceiling,
+    check_quota,
+    count,
+    give_back_refused,
+    quota_take,
+    shed,
+)
 from api.state import AppState
 from llmq import metrics, replication
 from llmq.autoscale.state import serves as autoscaler_serves
@@ -424,18 +431,20 @@ async def _admit(
     state: AppState, calls: list[Enqueue], model: str, rids: list[str], tenant: Tenant | None
 ) -> None:
     """Enqueue ``calls`` all or none; 429 if the expected wait is too long
-    (:func:`api.flow.shed`), the tenant's quota is spent (:func:`api.flow.take_quota`)
+    (:func:`api.flow.shed`), the tenant's quota is spent (:func:`api.flow.check_quota`)
     or the queue has no room for them all."""
     settings = state.settings
     await shed(state, tenant, calls)
-    await take_quota(state, tenant, calls)
+    take = quota_take(state, tenant, calls)
     try:
-        accepted = await state.queue.admit(calls, max_depth=settings.max_queue_depth)
-    except BaseException:  # not admitted: its quota goes back (if Redis takes it)
+        admission = await state.queue.admit(calls, settings.max_queue_depth, quota=take)
+    except BaseException:  # not known to be admitted: its quota goes back (if Redis takes it)
         with contextlib.suppress(Exception):
             await give_back_refused(state, tenant, calls)
         raise
-    if not accepted:
+    if admission.quota is not None and tenant is not None:
+        await check_quota(state, tenant, admission.quota)
+    if not admission.queued:
         await give_back_refused(state, tenant, calls)
         state.metrics.inc(metrics.REQUESTS, model, "rejected")
         limit = settings.max_queue_depth

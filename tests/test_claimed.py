@@ -130,7 +130,7 @@ async def test_arqs_own_run_job_takes_the_claim_and_ends_through_llmq(
     names never reach Redis) and it ends through the worker's ``finish_job``."""
     queue, publisher, worker = _instant_worker(arq_pool, max_jobs=2)
     job = payload("once", max_tokens=3, seed=1)
-    assert await queue.enqueue_all([Enqueue.of(job, priority_step_ms=1000)], max_depth=10)
+    assert (await queue.admit([Enqueue.of(job, priority_step_ms=1000)], max_depth=10)).queued
     try:
         await worker._claim_free_slots()
         assert set(worker.tasks) == {"once"}
@@ -165,7 +165,7 @@ async def test_a_runs_slot_is_free_once_its_model_is_done(
 
     queue.finish = finish_when_told  # type: ignore[method-assign]
     jobs = [payload(rid, max_tokens=3, seed=1) for rid in ("first", "second")]
-    assert await queue.enqueue_all([Enqueue.of(j, priority_step_ms=1000) for j in jobs], 10)
+    assert (await queue.admit([Enqueue.of(j, priority_step_ms=1000) for j in jobs], 10)).queued
     try:
         await worker._claim_free_slots()
         assert set(worker.tasks) == {"first"}

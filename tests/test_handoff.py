@@ -12,7 +12,7 @@ from redis.asyncio.client import PubSub
 
 from llmq.protocol import keys
 from llmq.protocol.queue import Claim, Queue, parse_handoff
-from tests.support.jobs import Admission, enqueue_costing
+from tests.support.jobs import Placed, enqueue_costing
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -82,7 +82,7 @@ async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
 ) -> None:
     await listener.subscribe(keys.handoff("w1", "mock"))
     await claim(queue, "w1", free=2)
-    assert await enqueue_costing(queue, "r1", cost=7, score=42) == Admission.HANDED_OFF
+    assert await enqueue_costing(queue, "r1", cost=7, score=42) == Placed.HANDED_OFF
     got = await handed(listener)
     assert (got.request_id, got.score, got.cost, got.job, got.attempt) == (
         "r1",
@@ -111,7 +111,7 @@ async def test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skippe
     beat = await redis.zscore(keys.beats("mock"), "w1")
     assert beat is not None
     await redis.zadd(keys.beats("mock"), {"w1": beat - 3001})  # older than its 3 s lease
-    assert await enqueue_costing(queue, "r1") == Admission.QUEUED
+    assert await enqueue_costing(queue, "r1") == Placed.QUEUED
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
     assert await redis.zcard(keys.running("mock")) == 0
     assert await terms(redis, "w1") is None
@@ -122,9 +122,9 @@ async def test_the_hand_off_that_takes_the_last_free_slot_unparks(
 ) -> None:
     await listener.subscribe(keys.handoff("w1", "mock"))
     await claim(queue, "w1", free=1)
-    assert await enqueue_costing(queue, "r1") == Admission.HANDED_OFF
+    assert await enqueue_costing(queue, "r1") == Placed.HANDED_OFF
     assert await redis.zcard(keys.parked("mock")) == 0
-    assert await enqueue_costing(queue, "r2") == Admission.QUEUED
+    assert await enqueue_costing(queue, "r2") == Placed.QUEUED
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r2"]
 
 
@@ -133,7 +133,7 @@ async def test_a_parked_worker_that_does_not_listen_is_dropped_and_the_request_q
 ) -> None:
     await listener.subscribe(keys.wake("mock"))
     await claim(queue, "gone", free=4)  # parked, but nobody reads its channel
-    assert await enqueue_costing(queue, "r1") == Admission.QUEUED
+    assert await enqueue_costing(queue, "r1") == Placed.QUEUED
     assert await redis.zcard(keys.parked("mock")) == 0
     assert await terms(redis, "gone") is None
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
@@ -144,8 +144,8 @@ async def test_parked_workers_take_turns(redis: Redis, queue: Queue, listener: P
     await listener.subscribe(keys.handoff("w1", "mock"), keys.handoff("w2", "mock"))
     await claim(queue, "w1", free=4)
     await claim(queue, "w2", free=4)
-    assert await enqueue_costing(queue, "r1") == Admission.HANDED_OFF
-    assert await enqueue_costing(queue, "r2") == Admission.HANDED_OFF
+    assert await enqueue_costing(queue, "r1") == Placed.HANDED_OFF
+    assert await enqueue_costing(queue, "r2") == Placed.HANDED_OFF
     first, second = await next_message(listener), await next_message(listener)
     assert [(m["channel"], parse_handoff(m["data"]).request_id) for m in (first, second)] == [
         (keys.handoff("w1", "mock"), "r1"),
@@ -158,10 +158,10 @@ async def test_no_hand_off_over_budget_or_past_a_queued_request(
 ) -> None:
     await listener.subscribe(keys.handoff("w1", "mock"))
     await claim(queue, "w1", free=4, budget=5, idle=False)
-    assert await enqueue_costing(queue, "big", cost=10) == Admission.QUEUED
+    assert await enqueue_costing(queue, "big", cost=10) == Placed.QUEUED
     assert await redis.zrange(keys.parked("mock"), 0, -1) == ["w1"]  # it still fits others
     # "small" fits the budget, but "big" is queued ahead of it: order comes first.
-    assert await enqueue_costing(queue, "small", cost=1, score=2) == Admission.QUEUED
+    assert await enqueue_costing(queue, "small", cost=1, score=2) == Placed.QUEUED
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["big", "small"]
     assert await listener.get_message(True, timeout=0.2) is None
 

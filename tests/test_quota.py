@@ -8,16 +8,22 @@ import contextlib
 import os
 import signal
 import time
+from typing import Any
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
 from api.flow import duration
+from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.protocol import keys
-from llmq.protocol.quota import Limits, Quota
+from llmq.protocol.queue import Queue
+from llmq.protocol.quota import Limits, Quota, take_slots
+from llmq.settings import CommonSettings
 from llmq.tenants import Tenant, TenantStore
+from tests.support.cluster import BOTH_BACKENDS
+from tests.support.jobs import enqueue_call
 from tests.support.native import wait_ready
 from tests.support.processes import Proc, children_of, clean_env, reap
 from tests.support.servers import StartApi, StartWorker
@@ -42,6 +48,9 @@ async def test_a_take_is_all_or_none_and_a_return_counts_once(redis: Redis) -> N
     assert first.taken and first.remaining_tokens == 0
     assert first.limit_tokens == 6000 and first.limit_requests == 600
     assert first.remaining_requests == 59
+    again = await quota.take("acme", limits, HOLD_MS, [("a", 700)])  # a pipeline run twice
+    assert again.taken and again.remaining_requests == 59  # nothing taken twice
+    assert -100 <= await level(redis, tpm_key) < 0  # 700 of a burst of 600, once
     too_many = await quota.take("acme", limits, HOLD_MS, [("b", 300), ("c", 300)])
     assert not too_many.taken and too_many.which == "tokens"
     assert 500 < too_many.retry_ms <= 1100  # a debt of 100 tokens at 100 a second
@@ -66,6 +75,42 @@ async def test_a_place_whose_request_was_never_returned_lapses(redis: Redis) -> 
         return (await quota.take("acme", limits, HOLD_MS, [("next", 1)])).taken
 
     await wait_until(taken, timeout=10, what="the lapsed place taken again")
+
+
+@BOTH_BACKENDS
+@pytest.mark.parametrize("n", [1, 3])
+async def test_a_request_is_queued_only_with_its_quota_taken(
+    backend: str, redis_url: str, redis: Redis, n: int
+) -> None:
+    """Admission takes the quota with the requests' records (on a single Redis a lone
+    request's enqueue rides in the same round trip, and ``enqueue.lua`` checks the
+    reservation): a refused take queues nothing and leaves no record behind."""
+    client = connect(CommonSettings(redis_url=redis_url))
+    try:
+        queue = Queue(client, stream_maxlen=1000, ttl_seconds=60)
+        limits = Limits(max_concurrent=n)
+
+        def take(ids: list[str]) -> Any:
+            return take_slots("acme", limits, HOLD_MS, [(i, 10) for i in ids])
+
+        first = [enqueue_call(f"a{i}") for i in range(n)]
+        admitted = await queue.admit(first, 10, quota=take([c.request_id for c in first]))
+        assert admitted.queued and admitted.quota is not None and admitted.quota.taken
+        late = [enqueue_call(f"b{i}") for i in range(n)]
+        refused = await queue.admit(late, 10, quota=take([c.request_id for c in late]))
+        assert not refused.queued and refused.quota is not None
+        assert not refused.quota.taken and refused.quota.which == "concurrent"
+        queued = await redis.zrange(keys.queue("mock"), 0, -1)
+        assert sorted(queued) == sorted(c.request_id for c in first)
+        for c in late:  # no record, note or job of a refused request
+            assert not await redis.exists(keys.request(c.request_id), keys.lifecycle(c.request_id))
+            assert not await redis.exists(keys.job(c.request_id, "mock"))
+        _, _, inflight, reserved = keys.quota_keys("acme")
+        assert await redis.zcard(inflight) == n and await redis.hlen(reserved) == n  # type: ignore[misc]
+    finally:
+        await (
+            client.aclose() if backend == "cluster" else client.aclose(close_connection_pool=True)
+        )
 
 
 def test_durations_read_as_openai_writes_them() -> None:

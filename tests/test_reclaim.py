@@ -81,7 +81,7 @@ async def test_a_request_claimed_again_by_the_worker_still_running_it_runs_once_
     )
     worker.ctx["redis"] = worker.pool
     job = payload("twice", max_tokens=TOKENS, seed=5)
-    assert await queue.enqueue_all([Enqueue.of(job, priority_step_ms=1000)], max_depth=10)
+    assert (await queue.admit([Enqueue.of(job, priority_step_ms=1000)], max_depth=10)).queued
     try:
 
         async def claim() -> None:

@@ -22,7 +22,7 @@ from llmq.protocol.queue import Queue, now_ms
 from llmq.protocol.routing import POLICIES, UNMEASURED, Guards, Pace, Routing, session_id
 from llmq.settings import CommonSettings
 from tests.support.cluster import BOTH_BACKENDS
-from tests.support.jobs import Admission, enqueue_costing
+from tests.support.jobs import Placed, enqueue_costing
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,7 +75,7 @@ async def enqueue(
     priority: int = 0,
     session: str | None = None,
     score: int | None = None,
-) -> Admission:
+) -> Placed:
     arrival = now_ms() - age_ms
     hint = queue.routing.hint(prompt, priority, session)
     return await enqueue_costing(queue, rid, score=score or arrival, route=hint)
@@ -267,7 +267,7 @@ async def test_adaptive_load_guard_in_the_hand_off(redis: Redis) -> None:
         await worker(queue, "B", running=4, cached=SYSTEM_B, pace=HOLDER)
         assert (await claim(queue, "A")).request_id is None  # parks
         if taker is None:
-            assert await enqueue(queue, "r", SYSTEM_B) == Admission.QUEUED
+            assert await enqueue(queue, "r", SYSTEM_B) == Placed.QUEUED
             assert (await stats(queue))["handoff_held"] == 1
         else:
             assert await handed_to(redis, queue, "r", SYSTEM_B, "A") == taker
@@ -322,7 +322,7 @@ async def test_the_hand_off_goes_to_the_parked_worker_holding_the_prefix(
             await pubsub.subscribe(keys.handoff("A", "mock"), keys.handoff("B", "mock"))
             assert (await claim(queue, "A")).request_id is None  # parks first
             assert (await claim(queue, "B")).request_id is None
-            assert await enqueue(queue, "r", SYSTEM_B + " why") == Admission.HANDED_OFF
+            assert await enqueue(queue, "r", SYSTEM_B + " why") == Placed.HANDED_OFF
             message = None
             while message is None:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
@@ -335,7 +335,7 @@ async def handed_to(
     """Enqueue ``rid`` while ``workers`` are parked: the one it was handed to."""
     async with redis.pubsub() as pubsub:
         await pubsub.subscribe(*(keys.handoff(w, "mock") for w in workers))
-        assert await enqueue(queue, rid, prompt, session=session) == Admission.HANDED_OFF
+        assert await enqueue(queue, rid, prompt, session=session) == Placed.HANDED_OFF
         message = None
         while message is None:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
@@ -399,7 +399,7 @@ async def test_an_arrival_waits_for_a_busy_holder_rather_than_a_parked_stranger(
     async with redis.pubsub() as pubsub:
         await pubsub.subscribe(keys.handoff("A", "mock"))
         assert (await claim(queue, "A")).request_id is None
-        assert await enqueue(queue, "r", SYSTEM_B) == Admission.QUEUED
+        assert await enqueue(queue, "r", SYSTEM_B) == Placed.QUEUED
     assert (await stats(queue))["handoff_held"] == 1
 
 

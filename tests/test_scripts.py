@@ -14,7 +14,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from llmq.protocol import codec, keys, slots, streams
-from llmq.protocol.queue import Enqueue, Queue, now_ms
+from llmq.protocol.queue import Queue, now_ms
 from llmq.protocol.scripts import scripts_for
 from llmq.schema import (
     DoneEvent,
@@ -26,7 +26,7 @@ from llmq.schema import (
     Usage,
     decode_event,
 )
-from tests.support.jobs import enqueue_costing, enqueue_raw
+from tests.support.jobs import enqueue_call, enqueue_costing, enqueue_raw
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -255,28 +255,14 @@ async def test_an_api_process_lease_survives_a_gap_but_not_real_silence(
     assert await redis.zscore(keys.APIS, "api-1") is None  # forgotten once empty
 
 
-def _enqueue(rid: str, attach_to: str | None = None) -> Enqueue:
-    return Enqueue(
-        request_id=rid,
-        model="mock",
-        job=b"{}",
-        score=1,
-        cost=1,
-        deadline_ms=2**50,
-        record={"id": rid, "model": "mock", "status": "queued"},
-        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
-        attach_to=attach_to,
-    )
-
-
 async def test_record_writes_the_record_and_note_and_unrecord_takes_both_back(
     queue: Queue, redis: Redis
 ) -> None:
     """``record.lua`` writes a request's record and ``queued`` note in its slot;
     ``unrecord.lua`` (a refusal) deletes both, and the group's lifecycle stream if the
     note was all it held, so that a refused request leaves no key."""
-    call = _enqueue("r1", attach_to="api-1")
-    notes, _ = await queue._record([call])
+    call = enqueue_call("r1", attach_to="api-1")
+    notes, _, _ = await queue._record([call])
     assert (await redis.hgetall(keys.request("r1")))["status"] == "queued"  # type: ignore[misc]
     assert 0 < await redis.pttl(keys.request("r1")) <= queue.ttl * 1000
     [(note_id, fields)] = await redis.xrange(keys.lifecycle("r1"))
@@ -289,8 +275,8 @@ async def test_record_writes_the_record_and_note_and_unrecord_takes_both_back(
 
     # Another request's note in the same group stays, and so does the stream.
     other = next(f"o{i}" for i in range(1000) if keys.lifecycle(f"o{i}") == keys.lifecycle("r1"))
-    await queue._record([_enqueue(other)])
-    notes, _ = await queue._record([call])
+    await queue._record([enqueue_call(other)])
+    notes, _, _ = await queue._record([call])
     await queue._unrecord([call], notes)
     assert [f["request_id"] for _, f in await redis.xrange(keys.lifecycle("r1"))] == [other]
 
@@ -300,13 +286,13 @@ async def test_a_batch_the_queue_has_no_room_for_is_refused_whole(
 ) -> None:
     """``enqueue_batch.lua`` admits all of a request's choices or none: refused, none
     is queued, and each one's record and note are taken back."""
-    assert await queue.admit([_enqueue("a")], max_depth=3)
-    batch = [_enqueue(rid) for rid in ("b", "c", "d")]
-    assert not await queue.admit(batch, max_depth=3)  # 1 + 3 > 3
+    assert (await queue.admit([enqueue_call("a")], max_depth=3)).queued
+    batch = [enqueue_call(rid) for rid in ("b", "c", "d")]
+    assert not (await queue.admit(batch, max_depth=3)).queued  # 1 + 3 > 3
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["a"]
     for rid in ("b", "c", "d"):
         assert not await redis.exists(keys.request(rid), keys.job(rid, "mock"))
-    assert await queue.admit(batch[:2], max_depth=3)  # room for two: both go in
+    assert (await queue.admit(batch[:2], max_depth=3)).queued  # room for two: both go in
     assert sorted(await redis.zrange(keys.queue("mock"), 0, -1)) == ["a", "b", "c"]
 
 
@@ -381,8 +367,8 @@ async def test_worker_beat_scores_by_lease_time_and_drops_the_dead_with_their_in
 async def test_enqueue_refuses_a_full_queue_and_leaves_no_trace(queue: Queue, redis: Redis) -> None:
     """``enqueue.lua`` returns 0 when the queue holds ``max_depth``: no job, no cost,
     no deadline; the caller then takes back the record and note."""
-    assert await queue.admit([_enqueue("a")], max_depth=1)
-    assert not await queue.admit([_enqueue("b", attach_to="api-1")], max_depth=1)
+    assert (await queue.admit([enqueue_call("a")], max_depth=1)).queued
+    assert not (await queue.admit([enqueue_call("b", attach_to="api-1")], max_depth=1)).queued
     assert await redis.zrange(keys.queue("mock"), 0, -1) == ["a"]
     assert await redis.hkeys(keys.costs("mock")) == ["a"]  # type: ignore[misc]
     assert await redis.zrange(keys.deadlines("mock"), 0, -1) == ["a"]

@@ -10,9 +10,10 @@ every value a script and Python exchange is encoded and decoded in
 :mod:`llmq.protocol.codec` and nowhere else. Read it in this order:
 
 1. **Enqueue** (:meth:`Enqueue.of` builds what a validated job writes;
-   :meth:`Queue.admit` writes it: one request alone, or for the choices of one
-   request, all or none, :meth:`Queue.enqueue_all`). The request's record and its
-   ``queued`` lifecycle note go first, in the request's slot (``record.lua``). Then
+   :meth:`Queue.admit` writes it: one request alone, or the choices of one
+   request, all or none). The request's record and its ``queued`` lifecycle note go
+   first, in the request's slot (``record.lua``), with the tenant's quota take
+   (:mod:`llmq.protocol.quota`, ``quota_take.lua``, in the tenant's slot). Then
    the model's slot admits or refuses it (``enqueue.lua``, ``enqueue_batch.lua``):
    admission is the queue bound; the job record (arq's format, which llmq writes
    itself: :mod:`llmq.protocol.arq_job` says why), the cost (prompt + max_tokens) and
@@ -21,10 +22,9 @@ every value a script and Python exchange is encoded and decoded in
    empty and a worker is *parked*, the script claims the request for that worker at
    once and publishes the claim on its hand-off channel (read by
    :func:`codec.parse_handoff`); otherwise it publishes a wake-up. A refused
-   request's record and note go again (``unrecord.lua``).
-   Before it, the API takes the tenant's quota (:mod:`llmq.protocol.quota`,
-   ``quota_take.lua``, in the tenant's slot); whoever ends the request returns what it
-   did not use (:meth:`Queue.give_back_quota`, ``quota_return.lua``).
+   request's record and note go again (``unrecord.lua``). Whoever ends the request
+   returns the quota it did not use (:meth:`Queue.give_back_quota`,
+   ``quota_return.lua``).
 2. **Claim** (:meth:`Queue.claim`, ``claim.lua``): a worker with a free slot takes the
    lowest score (under ``LLMQ_FAIRNESS=vtc``, the first request of the least-served
    tenant in the head's priority band: ``lua/fair.lua``). On the way, requests past

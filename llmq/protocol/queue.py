@@ -34,7 +34,7 @@ from llmq import metrics
 from llmq.protocol import codec, keys, slots
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
 from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff
-from llmq.protocol.quota import Quota
+from llmq.protocol.quota import Quota, Verdict, parse_take
 from llmq.protocol.routing import FIFO, UNMEASURED, Pace, Routing
 from llmq.protocol.scripts import Call, run_pipelined, scripts_for
 from llmq.protocol.streams import (
@@ -88,7 +88,7 @@ FAIR_YIELD_MS = 2000
 
 @dataclass(frozen=True)
 class Enqueue:
-    """One request to enqueue (see :meth:`Queue._enqueue_one` for the fields)."""
+    """One request to enqueue (see :meth:`Queue.admit` for the fields)."""
 
     request_id: str
     model: str
@@ -164,6 +164,16 @@ class Enqueue:
 __all__ = ["Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What :meth:`Queue.admit` did with the requests of one client request."""
+
+    #: Queued (or handed to a parked worker), all of them; False: none is.
+    queued: bool
+    #: The tenant's quota take, when one was asked for; not taken: nothing was queued.
+    quota: Verdict | None = None
+
+
 class Queue:
     """Typed calls of the queue scripts on one Redis client (str or bytes replies)."""
 
@@ -196,72 +206,69 @@ class Queue:
         #: Models this process queued requests for: swept even if ``keys.MODELS`` is lost.
         self.models: set[str] = set()
 
-    async def admit(self, calls: list[Enqueue], max_depth: int) -> bool:
-        """Enqueue the requests of one client request (one model's): one by
-        :meth:`_enqueue_one`, several by :meth:`enqueue_all`, all or none. False: refused,
-        the queue is full (a hand-off counts as admitted)."""
-        if len(calls) == 1:
-            return await self._enqueue_one(calls[0], max_depth)
-        return await self.enqueue_all(calls, max_depth)
+    async def admit(
+        self, calls: list[Enqueue], max_depth: int, quota: slots.QuotaTake | None = None
+    ) -> Admission:
+        """Enqueue the requests of one client request (one model's), all or none: one by
+        ``enqueue.lua``, several by ``enqueue_batch.lua``. Not queued: the queue is full
+        (a hand-off counts as queued), or ``quota`` (the tenant's quota take for them) was
+        not taken, which :attr:`Admission.quota` says.
 
-    async def _enqueue_one(self, call: Enqueue, max_depth: int) -> bool:
-        """Add a request unless the model's queue holds ``max_depth`` already.
+        Three slots are written, in this order (see :mod:`llmq.protocol.keys`): the
+        tenant's slot (the quota take) with the global slot (attached set) and the
+        request's slot (record and ``queued`` note, ``llmq/protocol/lua/record.lua``) in
+        one round trip, then the model's slot (queue, job, hand-off), only once the quota
+        is taken. On a single Redis a lone request's steps all go in one pipeline on one
+        connection, which runs them in that order in one round trip: ``enqueue.lua``
+        checks that the quota take left the request's reservation (``quota_held``) before
+        it writes anything. A cluster client waits for the first round trip before it
+        sends the last (its pipelines run per node, in parallel), as do the several
+        requests of one client request.
 
-        If the queue is empty and a worker is parked, the request is handed to that
-        worker instead of queued (see ``llmq/protocol/lua/enqueue.lua``).
-        ``attach_to`` (an API process id) ties the request to that process's
-        liveness: if the process dies before it calls :meth:`detach`, the sweep
-        cancels the request (see :meth:`cancel_orphans`).
-
-        Three slots are written, in this order (see :mod:`llmq.protocol.keys`): the global
-        slot (attached set) with the request's slot (record and ``queued`` note,
-        ``llmq/protocol/lua/record.lua``) in one round trip, then the model's slot (queue,
-        job, hand-off); on a single Redis all three go in one pipeline on one
-        connection, which runs them in that order in one round trip, while a
-        cluster client waits for the first before it sends the last (its pipelines
-        run per node, in parallel). Before the last step nobody can run or see the
-        request: the API has not answered with its id, and no worker can claim it. So a
-        crash between the steps leaves a record and a note nobody asks about (the
-        record expires with its TTL) and at worst an attached member of a request
-        that does not exist, whose cancel by the orphan sweep only sets a flag that
-        expires. Once the model step admits the request, its record already holds
-        the fields a worker's first write adds to, and its ``queued`` note comes
-        before the run's notes. A refused request's record, note and attached
-        member are deleted again.
+        If the queue is empty and a worker is parked, a lone request is handed to that
+        worker instead of queued (see ``llmq/protocol/lua/enqueue.lua``). ``attach_to``
+        (an API process id) ties the request to that process's liveness: if the process
+        dies before it calls :meth:`detach`, the sweep cancels the request (see
+        :meth:`cancel_orphans`). Before the last step nobody can run or see the request:
+        the API has not answered with its id, and no worker can claim it. So a crash
+        between the steps leaves a record and a note nobody asks about (the record
+        expires with its TTL), a reservation whose hold lapses, and at worst an attached
+        member of a request that does not exist, whose cancel by the orphan sweep only
+        sets a flag that expires. Once the model step admits the request, its record
+        already holds the fields a worker's first write adds to, and its ``queued`` note
+        comes before the run's notes. A request not queued has its record, note and
+        attached member deleted again (its quota is the caller's to give back).
         """
-        enqueue = self._enqueue_slots(call, max_depth)
-        if isinstance(self.redis, RedisCluster):  # other nodes: the record lands first
-            notes, _ = await self._record([call])
-            admitted = bool(await enqueue.run(self.scripts))
-        else:  # one connection runs them in order: one round trip
-            notes, reply = await self._record([call], then=enqueue.call())
-            admitted = bool(int(reply))
-        if not admitted:
-            await self._unrecord([call], notes)
-        return admitted
-
-    async def enqueue_all(self, calls: list[Enqueue], max_depth: int) -> bool:
-        """Enqueue every request of ``calls`` (one model's) or none, in one atomic step.
-
-        Refused (False) unless the queue has room for all of them; each is then
-        enqueued exactly as :meth:`_enqueue_one` would (see
-        ``llmq/protocol/lua/enqueue_batch.lua``), its record and note written first as there.
-        """
-        notes, _ = await self._record(calls)
-        batch = slots.EnqueueBatch([self._enqueue_slots(c, max_depth) for c in calls], max_depth)
-        admitted = await batch.run(self.scripts)
-        if not admitted:
+        one = len(calls) == 1
+        if one and not isinstance(self.redis, RedisCluster):  # one round trip
+            held = "" if quota is None else quota.reserved_key
+            enqueue = self._enqueue_slots(calls[0], max_depth, quota_held=held)
+            notes, verdict, reply = await self._record(calls, quota, then=enqueue.call())
+            queued = int(reply) in (1, 2)
+        else:  # other nodes, or several: the record and the quota land first
+            notes, verdict, _ = await self._record(calls, quota)
+            queued = False
+            if verdict is None or verdict.taken:
+                if one:
+                    step: slots.Slots = self._enqueue_slots(calls[0], max_depth)
+                else:
+                    step = slots.EnqueueBatch(
+                        [self._enqueue_slots(c, max_depth) for c in calls], max_depth
+                    )
+                queued = bool(int(await step.run(self.scripts)))
+        if not queued:
             await self._unrecord(calls, notes)
-        return bool(admitted)
+        return Admission(queued, verdict)
 
     async def _record(
-        self, calls: list[Enqueue], then: Call | None = None
-    ) -> tuple[list[str], Any]:
-        """The requests' records and ``queued`` notes, and their attached members, in
-        one round trip; returns the notes' entry ids. Also makes the model known to
-        the deadline sweep (once per process and model). ``then``: the KEYS and ARGV
-        of an enqueue script call to make after them in the same pipeline (on one
-        connection, so in that order), whose reply is returned too."""
+        self, calls: list[Enqueue], quota: slots.QuotaTake | None = None, then: Call | None = None
+    ) -> tuple[list[str], Verdict | None, Any]:
+        """The requests' records and ``queued`` notes, their attached members and the
+        ``quota`` take, in one round trip; returns the notes' entry ids, the take's
+        verdict (None without one) and the reply of ``then``. Also makes the model
+        known to the deadline sweep (once per process and model). ``then``: the KEYS
+        and ARGV of an enqueue script call to make after them in the same pipeline (on
+        one connection, so in that order)."""
         model = calls[0].model
         if model not in self.models:
             await cast("Awaitable[int]", self.redis.sadd(keys.MODELS, model))
@@ -286,13 +293,20 @@ class Queue:
             if attach_to:
                 members = [keys.attached_member(c.request_id, c.model) for c in calls]
                 pipe.sadd(keys.attached(attach_to), *members)
+            if quota is not None:
+                quota_keys, quota_args = quota.call()
+                pipe.evalsha(self.scripts.quota_take.sha, len(quota_keys), *quota_keys, *quota_args)
             if then is not None:
                 pipe.evalsha(self.scripts.enqueue.sha, len(then[0]), *then[0], *then[1])
 
         replies = await run_pipelined(
-            self.redis, script, calls_, extra, also=(self.scripts.enqueue,)
+            self.redis, script, calls_, extra, also=(self.scripts.enqueue, self.scripts.quota_take)
         )
-        return [as_str(r) for r in replies[: len(calls)]], replies[-1]
+        notes = [as_str(r) for r in replies[: len(calls)]]
+        verdict = None
+        if quota is not None:
+            verdict = parse_take(replies[len(calls) + bool(attach_to)])
+        return notes, verdict, replies[-1]
 
     async def _unrecord(self, calls: list[Enqueue], notes: list[str]) -> None:
         """Undo :meth:`_record` for refused requests (``llmq/protocol/lua/unrecord.lua``)."""
@@ -313,8 +327,9 @@ class Queue:
 
         await run_pipelined(self.redis, self.scripts.unrecord, calls_, extra)
 
-    def _enqueue_slots(self, call: Enqueue, max_depth: int) -> slots.Enqueue:
-        """The enqueue script's slots for one request (all in the model's slot)."""
+    def _enqueue_slots(self, call: Enqueue, max_depth: int, quota_held: str = "") -> slots.Enqueue:
+        """The enqueue script's slots for one request (all in the model's slot; on a
+        single Redis ``quota_held``, the tenant's reservations, is not)."""
         request_id, model = call.request_id, call.model
         return slots.Enqueue(
             queue_key=keys.queue(model),
@@ -344,6 +359,7 @@ class Queue:
             retry_ttl=RETRY_TTL_SECONDS,
             fair_entry=call.fair if self.fairness == "vtc" else "",
             fairq_prefix=keys.fairq_prefix(model),
+            quota_held=quota_held,
             route=self.routing.enqueue_route(model, call.route),
         )
 

@@ -219,6 +219,8 @@ class Enqueue(Slots):
     retry_ttl: int
     fair_entry: str
     fairq_prefix: str
+    #: The tenant's reservations hash that must hold the request (a single Redis only).
+    quota_held: str = ""
     route: EnqueueRoute | None = field(default=None, metadata=part(EnqueueRoute))
 
 

@@ -9,13 +9,28 @@ from llmq.protocol.queue import Claim, Enqueue, Queue
 from llmq.schema import Lifecycle
 
 
-class Admission(IntEnum):
-    """What admitting one request did, as Redis shows it right after."""
+class Placed(IntEnum):
+    """Where admitting one request put it, as Redis shows it right after."""
 
     FULL = 0
     QUEUED = 1
     #: Claimed at once for a parked worker (running, never queued) and sent to it.
     HANDED_OFF = 2
+
+
+def enqueue_call(rid: str, attach_to: str | None = None) -> Enqueue:
+    """A request for ``mock`` with a bare record and job, as :meth:`Queue.admit` takes it."""
+    return Enqueue(
+        request_id=rid,
+        model="mock",
+        job=b"{}",
+        score=1,
+        cost=1,
+        deadline_ms=2**50,
+        record={"id": rid, "model": "mock", "status": "queued"},
+        lifecycle=Lifecycle(event="queued", request_id=rid, model="mock", ts=0.0),
+        attach_to=attach_to,
+    )
 
 
 async def enqueue_raw(queue: Queue, rid: str, job: bytes) -> None:
@@ -33,7 +48,7 @@ async def enqueue_costing(
     job: bytes | None = None,
     route: str = "",
     fair: str = "",
-) -> Admission:
+) -> Placed:
     """Queue (or hand off) a request for ``mock`` that costs ``cost`` tokens of budget,
     the way the API admits one (:meth:`Queue.admit`)."""
     call = Enqueue(
@@ -48,11 +63,11 @@ async def enqueue_costing(
         route=route,
         fair=fair,
     )
-    if not await queue.admit([call], max_depth=100):
-        return Admission.FULL
+    if not (await queue.admit([call], max_depth=100)).queued:
+        return Placed.FULL
     if await queue.redis.zscore(keys.running("mock"), rid) is not None:
-        return Admission.HANDED_OFF
-    return Admission.QUEUED
+        return Placed.HANDED_OFF
+    return Placed.QUEUED
 
 
 async def claim_with(queue: Queue, *, budget_left: int | None, idle: bool) -> Claim:

@@ -1,5 +1,6 @@
 -- Add a request unless the queue is full; hand it to a parked worker if one waits.
--- Returns 0 when the queue is full, 1 when queued, 2 when handed to a parked worker.
+-- Returns 0 when the queue is full, 1 when queued, 2 when handed to a parked worker,
+-- 3 when its tenant's quota was not taken (quota_held, below).
 -- Every key is in the model's slot; the request's record and lifecycle note are
 -- written before this by record.lua (see llmq.protocol.queue.Queue.enqueue for the order).
 --
@@ -13,7 +14,7 @@
 -- time: the model's beats, bumped by renew.lua) is older than its lease is skipped
 -- and unparked too: it could not renew the lease it would be handed.
 --
--- Routed (a policy's name in ARGV[15], llmq.protocol.routing; KEYS 14-17 given): the request's
+-- Routed (a policy's name in ARGV[16], llmq.protocol.routing; KEYS 14-17 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
 -- parked worker that wants it most (lua/affinity.lua), among holders alike the least
 -- loaded, else the first parked, and not a parked one the load guard finds too busy
@@ -24,6 +25,11 @@
 -- Fair share (fair_entry "tenant|weight|priority", '' when off: lua/fair.lua): the
 -- request's tenant is kept beside its queue entry, and a tenant that was idle is lifted
 -- to the least counter of the backlogged tenants.
+-- Quota (quota_held, '' when not checked): on a single Redis the tenant's quota is taken
+-- (quota_take.lua) in the same pipeline just before this call, and quota_held names the
+-- tenant's reservations hash (in the tenant's slot: never set on a Cluster, where the
+-- take is a round trip of its own): without the request's reservation there, nothing is
+-- written and the reply is 3.
 -- KEYS and ARGV: llmq.protocol.slots.Enqueue (routed: and EnqueueRoute).
 local queue_key = KEYS[1]
 local job_key = KEYS[2]
@@ -53,22 +59,23 @@ local retry_prefix = ARGV[11]
 local retry_ttl = ARGV[12]
 local fair_entry = ARGV[13]
 local fairq_prefix = ARGV[14]
+local quota_held = ARGV[15]
 
 -- Routed only (nil under fifo, or for a request without a hint):
 local routes_key = KEYS[14]
 local loads_key = KEYS[15]
 local stats_key = KEYS[16]
 local held_key = KEYS[17]
-local policy_name = ARGV[15]
-local hint_text = ARGV[16]
-local cache_prefix = ARGV[17]
-local session_prefix = ARGV[18]
-local session_ttl_ms = ARGV[19]
-local imbalance = tonumber(ARGV[20])
-local max_workers = tonumber(ARGV[21])
-local max_wait_ms = tonumber(ARGV[22])
-local live_ms = tonumber(ARGV[23])
-local now_ms = ARGV[24]
+local policy_name = ARGV[16]
+local hint_text = ARGV[17]
+local cache_prefix = ARGV[18]
+local session_prefix = ARGV[19]
+local session_ttl_ms = ARGV[20]
+local imbalance = tonumber(ARGV[21])
+local max_workers = tonumber(ARGV[22])
+local max_wait_ms = tonumber(ARGV[23])
+local live_ms = tonumber(ARGV[24])
+local now_ms = ARGV[25]
 
 local routed = policy_name ~= nil
 local hint, route
@@ -78,6 +85,9 @@ if routed then
     max_workers, imbalance)
 end
 
+if quota_held ~= '' and redis.call('HEXISTS', quota_held, id) == 0 then
+  return 3
+end
 if live_depth(queue_key) >= max_depth then
   return 0
 end

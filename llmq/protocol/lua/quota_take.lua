@@ -8,7 +8,9 @@
 -- than the burst still passes, alone. A limit of 0 is none. A request's place at once
 -- is held until it is returned (quota_return.lua) or its hold lapses (queue timeout +
 -- generation timeout: what a crashed API process or worker leaks at most); lapsed
--- places are dropped here.
+-- places are dropped here. A take whose requests all hold their reservation already is
+-- taken without taking anything again (idempotent: llmq.protocol.queue.Queue.admit
+-- pipelines it, and a pipeline may run twice).
 -- Reply: {ok, limit_requests, remaining_requests, reset_requests_ms,
 --         limit_tokens, remaining_tokens, reset_tokens_ms, retry_ms, which}
 -- (which: '' when taken, else 'requests', 'tokens' or 'concurrent');
@@ -59,8 +61,15 @@ local tokens = 0
 for i = 1, count do tokens = tokens + tonumber(ARGV[5 + 2 * i]) end
 local req_level, tok_level = level(rpm_key, rpm), level(tpm_key, tpm)
 
+-- Taken already (a pipeline run again after Redis lost a script: the same take twice):
+-- taken, and nothing taken again.
+local held = 0
+for i = 1, count do held = held + redis.call('HEXISTS', reserved_key, ARGV[4 + 2 * i]) end
+
 local which, retry = '', 0
-if rpm > 0 and req_level < count then
+if count > 0 and held == count then
+  count, tokens = 0, 0
+elseif rpm > 0 and req_level < count then
   which, retry = 'requests', wait_for(rpm, req_level, count)
 elseif tpm > 0 and tok_level <= 0 then
   which, retry = 'tokens', wait_for(tpm, tok_level, 0) + 1
