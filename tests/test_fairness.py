@@ -1,6 +1,7 @@
 """Fair share in the queue (``LLMQ_FAIRNESS=vtc``): within a priority band a claim serves
 the backlogged tenant with the least weighted service, a tenant that was idle banks
-nothing, and a lone tenant gets every claim. Tested on the claim script against Redis."""
+only what the others were served of late, and a lone tenant gets every claim. Tested on
+the claim script against Redis."""
 
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ async def queue(redis: Redis) -> Queue:
 
 
 async def backlog(queue: Queue, tenant: str, n: int, *, weight: float = 1, start: int = 1,
-                  priority: int = 0) -> None:  # fmt: skip
+                  priority: int = 0, cost: int = COST) -> None:  # fmt: skip
     for i in range(n):
         await enqueue_costing(
             queue,
             f"{tenant}-{i}",
-            cost=COST,
+            cost=cost,
             score=start + i,
             fair=fair_entry(tenant, weight, priority),
         )
@@ -65,12 +66,28 @@ async def test_weights_share_the_claims(queue: Queue) -> None:
     assert abs(served.count("big") - 30) <= 1, served
 
 
-async def test_an_idle_tenant_banks_nothing(queue: Queue, redis: Redis) -> None:
+async def test_an_idle_tenant_banks_only_what_the_others_got_of_late(queue: Queue) -> None:
+    """Early was served ten requests alone; late, idle till now, is credited what early
+    got of late (ten requests' tokens, the least a backlogged tenant was served), not
+    its whole idle time: ten turns in a row, then turns in turn."""
     await backlog(queue, "early", 30)
     assert await claims(queue, 10) == ["early"] * 10  # alone: every claim (work-conserving)
-    await backlog(queue, "late", 10, start=1000)  # lifted to early's counter on arrival
+    await backlog(queue, "late", 20, start=1000)
+    assert await claims(queue, 14) == ["late"] * 10 + ["early", "late"] * 2
+
+
+async def test_an_idle_tenant_banks_nothing_older_than_its_recent_window(
+    queue: Queue, redis: Redis
+) -> None:
+    """Early's service is older than the recent window (``RECENT_MS`` in ``fair.lua``,
+    here by dropping what it counted): late, idle till now, is lifted to the floor and
+    gets turns, not ten in a row."""
+    await backlog(queue, "early", 30)
+    assert await claims(queue, 10) == ["early"] * 10
+    await redis.hdel(keys.vtc("mock"), "r:early")  # type: ignore[misc]
+    await backlog(queue, "late", 10, start=1000)
     served = await claims(queue, 10)
-    assert 4 <= served.count("late") <= 6, served  # turns, not ten in a row
+    assert 4 <= served.count("late") <= 6, served
 
 
 async def test_priority_bands_come_first(queue: Queue) -> None:
@@ -226,6 +243,23 @@ async def test_no_slot_is_given_past_an_even_share(queue: Queue) -> None:
     await backlog(queue, "light", 6, start=100, weight=1)
     assert sorted(await claims(queue, 2)) == ["light", "noisy"]  # one each: even
     assert await queue.fair_yield("mock", "w1", ["noisy-0", "light-0"]) is None
+
+
+@pytest.mark.parametrize(("noisy_running", "gives_way"), [(2, True), (1, False)])
+async def test_a_tenant_served_less_of_late_may_hold_more_than_an_even_share(
+    queue: Queue, noisy_running: int, gives_way: bool
+) -> None:
+    """Noisy's requests cost ten times light's, so of late noisy was served far more.
+    With two of the four running requests each, light's next request still gets a slot
+    (three of four: its credit); holding three of four already, it does not get all four."""
+    await backlog(queue, "noisy", 3, cost=10 * COST)
+    assert await claims(queue, noisy_running) == ["noisy"] * noisy_running
+    await backlog(queue, "light", 4, start=100)
+    light_running = 4 - noisy_running
+    assert await claims(queue, light_running) == ["light"] * light_running
+    candidates = [f"noisy-{i}" for i in range(noisy_running)]
+    expected = candidates[0] if gives_way else None
+    assert await queue.fair_yield("mock", "w1", candidates) == expected
 
 
 async def test_a_slot_is_not_given_across_priority_bands(queue: Queue) -> None:

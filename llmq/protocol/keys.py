@@ -232,8 +232,9 @@ def fair(model: str) -> str:
 
 
 def vtc(model: str) -> str:
-    """Hash of the tenants' virtual counters (``t:<tenant>``) and ``_floor``
-    (``llmq/protocol/lua/fair.lua``)."""
+    """Hash of the tenants' virtual counters (``t:<tenant>``), ``_floor``, and their
+    recent service (``r:<tenant>``: "period|tokens|tokens before"), kept by
+    ``llmq/protocol/lua/fair.lua``."""
     return _in_model("vtc", model)
 
 

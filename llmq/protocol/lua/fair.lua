@@ -23,19 +23,65 @@ local function fair_counter(vtc_key, tenant)
   return tonumber(redis.call('HGET', vtc_key, 't:' .. tenant) or '0')
 end
 
+-- A tenant's recent service is counted in periods of this many ms, the current one and
+-- the one before: long enough to hold many of a light tenant's requests, short enough
+-- that what a tenant did not use is credited for seconds, not banked.
+local RECENT_MS = 15000
+
+local function fair_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A tenant's tokens of the current and the previous period, as of `now`.
+local function fair_periods(vtc_key, tenant, now)
+  local p = math.floor(now / RECENT_MS)
+  local raw = redis.call('HGET', vtc_key, 'r:' .. tenant)
+  if not raw then return p, 0, 0 end
+  local at, cur, prev = string.match(raw, '^(%d+)|([^|]+)|(.+)$')
+  at, cur, prev = tonumber(at), tonumber(cur), tonumber(prev)
+  if at == p then return p, cur, prev end
+  if at == p - 1 then return p, 0, cur end
+  return p, 0, 0
+end
+
+local function fair_recent_add(vtc_key, tenant, tokens)
+  local p, cur, prev = fair_periods(vtc_key, tenant, fair_now_ms())
+  redis.call('HSET', vtc_key, 'r:' .. tenant, p .. '|' .. (cur + tokens) .. '|' .. prev)
+end
+
+-- A tenant's weighted tokens charged over the last RECENT_MS (the previous period
+-- counted for the part of it still that recent).
+local function fair_recent(vtc_key, tenant)
+  local now = fair_now_ms()
+  local _, cur, prev = fair_periods(vtc_key, tenant, now)
+  return math.max(cur + prev * (1 - (now % RECENT_MS) / RECENT_MS), 0)
+end
+
 -- Keep a queued request's tenant; a tenant that was idle (its counter below the
--- floor) is lifted to the floor, so that idleness is not banked.
+-- floor) is lifted to the floor less its credit: what it was served of late short of
+-- the least any backlogged tenant was (fair_recent), so that idleness is banked for a
+-- recent period at most, and only up to what the others got in it.
 local function fair_enqueue(fair_key, vtc_key, tenants_key, fairq_prefix, id, score, entry,
     ttl_ms)
   local tenant = fair_parse(entry)
   if not tenant then return end
   redis.call('HSET', fair_key, id, entry)
   redis.call('ZADD', fairq_prefix .. tenant, score, id)
-  redis.call('SADD', tenants_key, tenant)
   local floor = tonumber(redis.call('HGET', vtc_key, '_floor') or '0')
-  if fair_counter(vtc_key, tenant) < floor then
-    redis.call('HSET', vtc_key, 't:' .. tenant, tostring(floor))
+  local own = fair_counter(vtc_key, tenant)
+  if own < floor then
+    local least
+    for _, t in ipairs(redis.call('SMEMBERS', tenants_key)) do
+      if t ~= tenant then
+        local r = fair_recent(vtc_key, t)
+        if least == nil or r < least then least = r end
+      end
+    end
+    local credit = least and math.max(least - fair_recent(vtc_key, tenant), 0) or 0
+    redis.call('HSET', vtc_key, 't:' .. tenant, tostring(math.max(own, floor - credit)))
   end
+  redis.call('SADD', tenants_key, tenant)
   for _, k in ipairs({fair_key, fairq_prefix .. tenant, tenants_key, vtc_key}) do
     redis.call('PEXPIRE', k, ttl_ms)
   end
@@ -140,6 +186,7 @@ local function fair_charge(fair_key, vtc_key, fairq_prefix, id, cost, least)
   local c = fair_counter(vtc_key, t)
   redis.call('HSET', vtc_key, 't:' .. t, tostring(c + (tonumber(cost) - earlier) / w),
     '_floor', tostring(least or c))
+  fair_recent_add(vtc_key, t, (tonumber(cost) - earlier) / w)
   redis.call('HSET', fair_key, CHARGED .. id, cost)
 end
 
@@ -152,6 +199,7 @@ local function fair_handed(fair_key, vtc_key, id, entry, cost, ttl_ms)
   local c = math.max(fair_counter(vtc_key, t),
     tonumber(redis.call('HGET', vtc_key, '_floor') or '0'))
   redis.call('HSET', vtc_key, 't:' .. t, tostring(c + tonumber(cost) / w))
+  fair_recent_add(vtc_key, t, tonumber(cost) / w)
   redis.call('HSET', fair_key, id, entry, CHARGED .. id, cost)
   redis.call('PEXPIRE', fair_key, ttl_ms)
   redis.call('PEXPIRE', vtc_key, ttl_ms)
@@ -166,6 +214,7 @@ local function fair_settle(fair_key, vtc_key, id, used)
   if charged and t and used >= 0 then
     local c = fair_counter(vtc_key, t) + (used - tonumber(charged)) / w
     redis.call('HSET', vtc_key, 't:' .. t, tostring(c))
+    fair_recent_add(vtc_key, t, (used - tonumber(charged)) / w)
     -- The floor stays at or below every counter: a tenant lifted to it later is not
     -- put past one whose charge came back.
     if c < tonumber(redis.call('HGET', vtc_key, '_floor') or '0') then
