@@ -1012,7 +1012,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "fair-yield-share",
-        "a run gives way only to a tenant that holds less of the pool, by weight",
+        "a run gives way only to a tenant holding less of the pool, by weight and service of late",
         "llmq/protocol/lua/fair_yield.lua",
         "p == w_band and share >= 0 then",
         "p == w_band then",
