@@ -24,7 +24,7 @@
 -- the holder claims it when a slot frees, anyone once it waited `max_wait_ms`.
 -- Fair share (fair_entry "tenant|weight|priority", '' when off: lua/fair.lua): the
 -- request's tenant is kept beside its queue entry, and a tenant that was idle is lifted
--- to the least counter of the backlogged tenants.
+-- to the least counter of the backlogged tenants, less its credit (fair_enqueue).
 -- Quota (quota_held, '' when not checked): on a single Redis the tenant's quota is taken
 -- (quota_take.lua) in the same pipeline just before this call, and quota_held names the
 -- tenant's reservations hash (in the tenant's slot: never set on a Cluster, where the
