@@ -3,12 +3,13 @@
 -- next (lua/fair.lua's pick in the head's band) is of tenant W; a candidate of tenant
 -- R, in the same band, gives way when, after the swap, R would still hold at least W's
 -- share of the pool, counting both the running requests and the service of late:
---   (run[R] - 1 - (run[W] + 1)) / running  +  (recent[R] - recent[W]) / (recent[R] + recent[W])  >=  0
--- with run[t] a tenant's running requests in the pool divided by its weight, running
--- all of the pool's, and recent[t] the tokens it was charged in about the last RECENT_MS
--- (fair_recent), divided by its weight. Slot-level max-min fairness on top of the
--- counters' order: a lone tenant keeps every slot (work-conserving); two backlogged
--- tenants of equal weight, served alike of late, settle at half the pool each; a tenant
+--   ((n[R] - 1) / weight[R] - (n[W] + 1) / weight[W]) / n
+--     + (recent[R] - recent[W]) / (recent[R] + recent[W])  >=  0
+-- with n[t] a tenant's running requests in the pool, n all of the pool's, and recent[t]
+-- the tokens it was charged in about the last RECENT_MS, divided by its weight
+-- (fair_recent). Slot-level max-min fairness on top of the counters' order: a lone
+-- tenant keeps every slot (work-conserving); two backlogged tenants of equal weight,
+-- served alike of late, settle at half the pool each; a tenant
 -- that arrives at a full pool starts within a token instead of waiting for a run to
 -- end; and one served less than R of late may hold more slots than R at once (light
 -- traffic in bursts starts at once), by the pool's size times the difference of their
