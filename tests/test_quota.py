@@ -19,7 +19,8 @@ from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue
-from llmq.protocol.quota import Limits, Quota, take_slots
+from llmq.protocol.quota import Limits, Quota, Verdict, parse_take, take_slots
+from llmq.protocol.scripts import scripts_for
 from llmq.settings import CommonSettings
 from llmq.tenants import Tenant, TenantStore
 from tests.support.cluster import BOTH_BACKENDS
@@ -35,6 +36,14 @@ pytestmark = pytest.mark.timeout(120)
 HOLD_MS = 60_000
 
 
+async def take(
+    redis: Redis, limits: Limits, hold_ms: int, reservations: list[tuple[str, int]]
+) -> Verdict:
+    """Tenant ``acme``'s take for ``reservations`` (id, tokens), the script alone."""
+    slots = take_slots("acme", limits, hold_ms, reservations)
+    return parse_take(await slots.run(scripts_for(redis)))
+
+
 async def level(redis: Redis, key: str) -> float:
     found = await redis.hget(key, "level")  # type: ignore[misc]
     return float(found)
@@ -44,14 +53,14 @@ async def test_a_take_is_all_or_none_and_a_return_counts_once(redis: Redis) -> N
     quota = Quota(redis)
     limits = Limits(tokens_per_minute=6000, requests_per_minute=600)  # bursts 600 and 60
     tpm_key, _, inflight, reserved = keys.quota_keys("acme")
-    first = await quota.take("acme", limits, HOLD_MS, [("a", 700)])  # more than the burst
+    first = await take(redis, limits, HOLD_MS, [("a", 700)])  # more than the burst
     assert first.taken and first.remaining_tokens == 0
     assert first.limit_tokens == 6000 and first.limit_requests == 600
     assert first.remaining_requests == 59
-    again = await quota.take("acme", limits, HOLD_MS, [("a", 700)])  # a pipeline run twice
+    again = await take(redis, limits, HOLD_MS, [("a", 700)])  # a pipeline run twice
     assert again.taken and again.remaining_requests == 59  # nothing taken twice
     assert -100 <= await level(redis, tpm_key) < 0  # 700 of a burst of 600, once
-    too_many = await quota.take("acme", limits, HOLD_MS, [("b", 300), ("c", 300)])
+    too_many = await take(redis, limits, HOLD_MS, [("b", 300), ("c", 300)])
     assert not too_many.taken and too_many.which == "tokens"
     assert 500 < too_many.retry_ms <= 1100  # a debt of 100 tokens at 100 a second
     assert await redis.zrange(inflight, 0, -1) == ["a"]  # none of b, c
@@ -59,20 +68,19 @@ async def test_a_take_is_all_or_none_and_a_return_counts_once(redis: Redis) -> N
     assert await quota.give_back("acme", "a", 0) == 0  # only the first return counts
     assert await level(redis, tpm_key) >= 450
     assert await redis.zcard(inflight) == 0 and await redis.hlen(reserved) == 0  # type: ignore[misc]
-    assert (await quota.take("acme", limits, HOLD_MS, [("b", 300), ("c", 300)])).taken
+    assert (await take(redis, limits, HOLD_MS, [("b", 300), ("c", 300)])).taken
     at_once = Limits(max_concurrent=3)
-    third = await quota.take("acme", at_once, HOLD_MS, [("d", 10), ("e", 10)])
+    third = await take(redis, at_once, HOLD_MS, [("d", 10), ("e", 10)])
     assert not third.taken and third.which == "concurrent"
 
 
 async def test_a_place_whose_request_was_never_returned_lapses(redis: Redis) -> None:
-    quota = Quota(redis)
     limits = Limits(max_concurrent=1)
-    assert (await quota.take("acme", limits, 50, [("lost", 1)])).taken  # nobody returns it
-    assert not (await quota.take("acme", limits, HOLD_MS, [("next", 1)])).taken
+    assert (await take(redis, limits, 50, [("lost", 1)])).taken  # nobody returns it
+    assert not (await take(redis, limits, HOLD_MS, [("next", 1)])).taken
 
     async def taken() -> bool:
-        return (await quota.take("acme", limits, HOLD_MS, [("next", 1)])).taken
+        return (await take(redis, limits, HOLD_MS, [("next", 1)])).taken
 
     await wait_until(taken, timeout=10, what="the lapsed place taken again")
 
@@ -90,14 +98,14 @@ async def test_a_request_is_queued_only_with_its_quota_taken(
         queue = Queue(client, stream_maxlen=1000, ttl_seconds=60)
         limits = Limits(max_concurrent=n)
 
-        def take(ids: list[str]) -> Any:
+        def take_for(ids: list[str]) -> Any:
             return take_slots("acme", limits, HOLD_MS, [(i, 10) for i in ids])
 
         first = [enqueue_call(f"a{i}") for i in range(n)]
-        admitted = await queue.admit(first, 10, quota=take([c.request_id for c in first]))
+        admitted = await queue.admit(first, 10, quota=take_for([c.request_id for c in first]))
         assert admitted.queued and admitted.quota is not None and admitted.quota.taken
         late = [enqueue_call(f"b{i}") for i in range(n)]
-        refused = await queue.admit(late, 10, quota=take([c.request_id for c in late]))
+        refused = await queue.admit(late, 10, quota=take_for([c.request_id for c in late]))
         assert not refused.queued and refused.quota is not None
         assert not refused.quota.taken and refused.quota.which == "concurrent"
         queued = await redis.zrange(keys.queue("mock"), 0, -1)

@@ -1,7 +1,9 @@
 """A tenant's quota, shared by every API process: taken at admission, returned at the end.
 
-Admission takes, in one script in the tenant's slot (``lua/quota_take.lua``), a
-request from the tenant's request bucket, the request's tokens (prompt +
+Admission takes, in one script in the tenant's slot (``lua/quota_take.lua``, built by
+:func:`take_slots`, run with the request's record by
+:meth:`llmq.protocol.queue.Queue.admit`, read by :func:`parse_take`), a request from
+the tenant's request bucket, the request's tokens (prompt +
 max_tokens) from its token bucket and a place among its requests at once; all or
 none, for every choice of one client request. The end of the request
 (:meth:`Quota.give_back`, ``lua/quota_return.lua``) returns its place and the tokens
@@ -80,13 +82,6 @@ class Quota:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self.scripts = scripts_for(redis)
-
-    async def take(
-        self, tenant: str, limits: Limits, hold_ms: int, reservations: list[tuple[str, int]]
-    ) -> Verdict:
-        """Take a request, its tokens and a place at once for each (id, tokens)."""
-        slots = take_slots(tenant, limits, hold_ms, reservations)
-        return parse_take(await slots.run(self.scripts))
 
     async def give_back(self, tenant: str, request_id: str, used: int) -> int:
         """Return the request's place and its unused tokens; the tokens given back."""

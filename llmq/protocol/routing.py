@@ -112,17 +112,16 @@ class Guards:
     imbalance: int | None = None
     priority: bool = True
     session_ttl_ms: int = 600_000
-
-    @property
-    def load_guard(self) -> int:
-        """``imbalance`` as the scripts take it (:data:`ADAPTIVE` when unset)."""
-        return ADAPTIVE if self.imbalance is None else self.imbalance
-
     #: Most live workers a routed claim or hand-off compares (bounded cost).
     max_workers: int = 32
     #: A worker whose last beat (lease time) is older than this is not compared: the
     #: registry's ``worker_ttl_seconds``, so its cache is forgotten as it is.
     live_ms: int = 5000
+
+    @property
+    def load_guard(self) -> int:
+        """``imbalance`` as the scripts take it (:data:`ADAPTIVE` when unset)."""
+        return ADAPTIVE if self.imbalance is None else self.imbalance
 
 
 def session_id(raw: str) -> str:

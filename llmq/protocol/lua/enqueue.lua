@@ -2,7 +2,7 @@
 -- Returns 0 when the queue is full, 1 when queued, 2 when handed to a parked worker,
 -- 3 when its tenant's quota was not taken (quota_held, below).
 -- Every key is in the model's slot; the request's record and lifecycle note are
--- written before this by record.lua (see llmq.protocol.queue.Queue.enqueue for the order).
+-- written before this by record.lua (see llmq.protocol.queue.Queue.admit for the order).
 --
 -- The hand-off: when the queue is empty and a worker is parked (see claim.lua), the
 -- request is claimed for that worker here (attempt 1) and published on its own

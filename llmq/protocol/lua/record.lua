@@ -1,5 +1,5 @@
 -- A new request's record and its 'queued' lifecycle note, in the request's slot,
--- written before the model-slot enqueue.lua admits it (llmq.protocol.queue.Queue.enqueue
+-- written before the model-slot enqueue.lua admits it (llmq.protocol.queue.Queue.admit
 -- argues the order). Returns the note's entry id, which a refused request's caller
 -- deletes again with the record.
 local record_key = KEYS[1]
