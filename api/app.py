@@ -34,9 +34,18 @@ from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
 from llmq.tasks import run_periodically, stop_tasks
-from llmq.tenants import TenantStore, load_file
+from llmq.tenants import TenantStore, load_file, unused_weights
 
 log = logging.getLogger(__name__)
+
+
+async def _warn_unused_weights(redis: Redis, fairness: str) -> None:
+    """Say once, at start-up, that the tenants' weights do nothing under this fairness."""
+    with contextlib.suppress(Exception):  # Redis away: the API starts all the same
+        async with asyncio.timeout(2):
+            warning = unused_weights(fairness, await TenantStore(redis).all())
+            if warning:
+                log.warning("%s", warning)
 
 
 async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> NoReturn:
@@ -104,6 +113,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         )
         if settings.tenants_file:
             await load_file(TenantStore(redis), settings.tenants_file)
+        await _warn_unused_weights(redis, settings.fairness)
         await relay.start()
         # The first beat before serving, so the process is known before it attaches requests.
         with contextlib.suppress(Exception):

@@ -21,6 +21,7 @@ from llmq.metrics import field as metric_field
 from llmq.protocol import keys
 from llmq.settings import CommonSettings
 from llmq.tenants import (
+    Tenant,
     TenantError,
     TenantStore,
     digest,
@@ -28,6 +29,7 @@ from llmq.tenants import (
     load_file,
     parse_tenant,
     text,
+    unused_weights,
 )
 
 #: The outcomes of ``llmq_tenant_requests_total``, in the order ``tenant stats`` shows them.
@@ -73,14 +75,16 @@ def _row(values: list[Any]) -> str:
     return "  ".join(str(v) for v in values)
 
 
-async def _tenant(store: TenantStore, args: argparse.Namespace) -> None:
+async def _tenant(store: TenantStore, args: argparse.Namespace, fairness: str) -> None:
     if args.verb == "create":
         tenant = parse_tenant({"name": args.name, **_changes(args)})
         await store.put(tenant, create=True)
         print(f"tenant {tenant.name} created")
+        _warn_unused(fairness, [tenant])
     elif args.verb == "set":
         tenant = await store.update(args.name, _changes(args))
         print(f"tenant {tenant.name}: {tenant.model_dump_json(exclude={'name'})}")
+        _warn_unused(fairness, [tenant])
     elif args.verb == "list":
         print(_row(["NAME", "WEIGHT", "TOKENS/MIN", "REQUESTS/MIN", "AT ONCE", "MIN PRIORITY"]))
         for t in await store.all():
@@ -95,6 +99,12 @@ async def _tenant(store: TenantStore, args: argparse.Namespace) -> None:
         print(f"tenant {args.name} deleted ({revoked} key(s) revoked)")
     elif args.verb == "load":
         print(f"{await load_file(store, args.file)} tenant(s) written from {args.file}")
+
+
+def _warn_unused(fairness: str, tenants: list[Tenant]) -> None:
+    warning = unused_weights(fairness, tenants)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 async def _stats(store: TenantStore) -> None:
@@ -143,7 +153,10 @@ async def run(settings: CommonSettings, args: argparse.Namespace) -> int:
     redis = connect(settings)
     try:
         store = TenantStore(redis)
-        await (_tenant if args.command == "tenant" else _key)(store, args)
+        if args.command == "tenant":
+            await _tenant(store, args, settings.fairness)
+        else:
+            await _key(store, args)
     except TenantError as exc:
         print(f"llmq {args.command} {args.verb}: {exc}", file=sys.stderr)
         return 2

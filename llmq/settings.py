@@ -71,10 +71,11 @@ class CommonSettings(BaseSettings):
         "prefix or session the worker holds. Every process must use the same.",
     )
     fairness: Literal["fifo", "vtc"] = Field(
-        "fifo",
-        description="How a claim shares a priority band among tenants: fifo, the queue's "
-        "order; vtc, the backlogged tenant with the least weighted service first (see "
-        "Tenants). Every process must use the same.",
+        "vtc",
+        description="How a claim shares a priority band among tenants: vtc, the backlogged "
+        "tenant with the least weighted service first (see Tenants; a lone tenant is "
+        "served in the queue's order); fifo, the queue's order, tenants' weights unused. "
+        "Every process must use the same.",
     )
     fairness_slack_tokens: int = Field(
         8192,

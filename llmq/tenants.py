@@ -237,3 +237,16 @@ class TenantLabels:
             names = sorted(text(n) for n in await cast("Any", self.redis.smembers(keys.TENANTS)))
             self.named = frozenset({self.default, *names[:LABELED_TENANTS]})
         return name if name in self.named else "other"
+
+
+def unused_weights(fairness: str, tenants: list[Tenant]) -> str | None:
+    """What an operator should hear when tenants have weights that the pool's fairness
+    does not use (``fifo`` serves the queue's order): the line the CLI prints and the API
+    logs, or None when every weight takes effect."""
+    weighted = sorted(t.name for t in tenants if t.weight != 1)
+    if fairness == "vtc" or not weighted:
+        return None
+    return (
+        f"LLMQ_FAIRNESS={fairness}: the weights of {', '.join(weighted)} take no effect "
+        "(fair share among tenants needs LLMQ_FAIRNESS=vtc, the default)"
+    )

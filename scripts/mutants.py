@@ -1001,6 +1001,43 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_fairness.py::test_a_request_claimed_again_is_charged_once",),
     ),
     Mutant(
+        "fair-requeue",
+        "a request handed back or yielded keeps its tenant's turn behind another's backlog",
+        "llmq/protocol/lua/requeue.lua",
+        "fair_requeue(fair_key, tenants_key, fairq_prefix, id, score)\n",
+        "",
+        (
+            "tests/test_fairness.py::test_a_request_back_in_the_queue_is_claimed_in_its_tenants_turn[hand_back]",
+            "tests/test_fairness.py::test_a_request_back_in_the_queue_is_claimed_in_its_tenants_turn[yield]",
+        ),
+    ),
+    Mutant(
+        "fair-reap",
+        "a request reaped from a dead worker keeps its tenant's turn behind another's backlog",
+        "llmq/protocol/lua/reap.lua",
+        "    fair_requeue(fair_key, tenants_key, fairq_prefix, id, score)\n",
+        "",
+        (
+            "tests/test_fairness.py::test_a_request_back_in_the_queue_is_claimed_in_its_tenants_turn[reaped]",
+        ),
+    ),
+    Mutant(
+        "fair-default",
+        "fair share among tenants is on by default",
+        "llmq/settings.py",
+        'fairness: Literal["fifo", "vtc"] = Field(\n        "vtc",',
+        'fairness: Literal["fifo", "vtc"] = Field(\n        "fifo",',
+        ("tests/test_fairness.py::test_fair_share_is_on_by_default",),
+    ),
+    Mutant(
+        "fair-unused-weights",
+        "under fifo the command and the API say that tenants' weights take no effect",
+        "llmq/tenants.py",
+        'if fairness == "vtc" or not weighted:',
+        "if True:",
+        ("tests/test_fairness.py::test_a_weight_that_takes_no_effect_is_said",),
+    ),
+    Mutant(
         "fair-yield",
         "a full pool gives a slot to a tenant below its share at once (LLMQ_FAIRNESS=vtc)",
         "worker/queue_worker.py",

@@ -20,6 +20,7 @@ from llmq.settings import CommonSettings
 from llmq.tenants import Tenant, TenantStore
 from tests.support.jobs import claim_with, enqueue_costing
 from tests.support.native import wait_ready, wait_status
+from tests.support.processes import llmq
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
 
@@ -145,16 +146,64 @@ async def test_fifo_is_the_queues_order(redis: Redis) -> None:
     assert await claims(queue, 3) == ["noisy", "noisy", "noisy"]
 
 
-async def test_a_request_handed_back_is_claimed_in_its_tenants_turn(
-    queue: Queue, redis: Redis
+async def back_to_the_queue(queue: Queue, how: str, rid: str, attempt: int) -> None:
+    """Put a running request back in the queue the way ``how`` does."""
+    if how == "reaped":  # its worker died: the lease runs out in lease time, then a sweep
+
+        async def reaped() -> bool:
+            return (rid, attempt) in await queue.reap("mock")
+
+        await wait_until(reaped, timeout=10, what=f"{rid}'s lease reaped")
+    else:  # a hand-back (its worker stops) and a yield requeue alike
+        assert await queue.requeue("mock", rid, attempt)
+
+
+@pytest.mark.parametrize("how", ["hand_back", "yield", "reaped"])
+async def test_a_request_back_in_the_queue_is_claimed_in_its_tenants_turn(
+    queue: Queue, redis: Redis, how: str
 ) -> None:
-    await backlog(queue, "a", 1)
+    """b's backlog is older than a's requests, but b was served more: a's two run
+    first. a-1 goes back to the queue, behind b's backlog; the claim after b's next is
+    a-1's, its tenant's turn, not the end of b's backlog."""
+    await backlog(queue, "b", 6)
+    await redis.hset(keys.vtc("mock"), "t:b", str(1.5 * COST))  # type: ignore[misc]
+    await backlog(queue, "a", 2, start=100)
     first = await claim_with(queue, budget_left=None, idle=True)
-    assert first.request_id == "a-0"
-    assert await queue.requeue("mock", "a-0", first.attempt)  # its worker stops
-    await backlog(queue, "b", 5, start=10)
-    served = await claims(queue, 3)
-    assert served.count("a") == 1, served  # not starved behind b's backlog
+    second = await queue.claim(
+        "mock",
+        lease_ms=1 if how == "reaped" else 3000,
+        in_progress_ms=4000,
+        budget_left=None,
+        idle=True,
+    )
+    assert [first.request_id, second.request_id] == ["a-0", "a-1"]
+    if how == "yield":  # the pool is full and b's next is fair share's: a-1 gives way
+        assert await queue.fair_yield("mock", "w1", ["a-1"]) == "a-1"
+    await back_to_the_queue(queue, how, "a-1", second.attempt)
+    assert await claims(queue, 2) == ["b", "a"]
+
+
+def test_fair_share_is_on_by_default() -> None:
+    assert CommonSettings().fairness == "vtc"
+
+
+@pytest.mark.parametrize(("fairness", "warned"), [("fifo", True), ("vtc", False)])
+async def test_a_weight_that_takes_no_effect_is_said(
+    redis_url: str,
+    start_api: StartApi,
+    fairness: str,
+    warned: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under fifo a tenant's weight does nothing: the command that sets it says so, and
+    an API process says so once at start-up."""
+    said = "the weights of heavy take no effect"
+    for args in (["create", "heavy", "--weight", "3"], ["create", "plain"]):
+        code, _, err = await llmq(redis_url, "tenant", *args, LLMQ_FAIRNESS=fairness)
+        assert code == 0 and (said in err) == (warned and "heavy" in args), err
+    await start_api(fairness=fairness)
+    logged = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert len(logged) == (1 if warned else 0), logged
 
 
 async def vtc_api(

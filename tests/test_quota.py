@@ -26,10 +26,9 @@ from llmq.tenants import Tenant, TenantStore
 from tests.support.cluster import BOTH_BACKENDS
 from tests.support.jobs import enqueue_call
 from tests.support.native import wait_ready
-from tests.support.processes import Proc, children_of, clean_env, reap
+from tests.support.processes import Proc, children_of, clean_env, llmq, reap
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
-from tests.test_tenants import llmq
 
 pytestmark = pytest.mark.timeout(120)
 

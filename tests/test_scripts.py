@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
@@ -463,21 +463,26 @@ async def test_reap_requeues_only_a_due_lease_of_the_fenced_attempt(
     await cast("Awaitable[int]", redis.hset(keys.leases("mock"), "broken", "junk"))
     _, lease = await lease_clock(redis)
     await set_clock(redis, lease=lease + 2_000)  # r1's lease is due, r2's is not
-    reap = scripts_for(redis).reap
-    args: list[str | int] = [10, keys.wake("mock"), keys.in_progress_prefix("mock")]
-    keys_ = [
-        keys.running("mock"),
-        keys.queue("mock"),
-        keys.leases("mock"),
-        keys.costs("mock"),
-        keys.clock("mock"),
-    ]
+    reap = slots.Reap(
+        running_key=keys.running("mock"),
+        queue_key=keys.queue("mock"),
+        leases_key=keys.leases("mock"),
+        costs_key=keys.costs("mock"),
+        clock_key=keys.clock("mock"),
+        fair_key=keys.fair("mock"),
+        tenants_key=keys.fair_tenants("mock"),
+        limit=10,
+        wake_channel=keys.wake("mock"),
+        in_progress_prefix=keys.in_progress_prefix("mock"),
+        fairq_prefix=keys.fairq_prefix("mock"),
+    )
+    scripts = scripts_for(redis)
     assert first.request_id == "r1" and second.request_id == "r2"
-    wrong: list[str | int] = ["r1", first.attempt + 1, "r2", second.attempt]
-    assert await reap(keys=keys_, args=[*args, *wrong, "broken", 0]) == []
+    wrong = ["r1", first.attempt + 1, "r2", second.attempt, "broken", 0]
+    assert await replace(reap, fenced=wrong).run(scripts) == []
     assert await redis.zrange(keys.running("mock"), 0, -1) == ["r1", "r2"]
     assert await redis.hget(keys.leases("mock"), "broken") is None  # type: ignore[misc]
-    assert await reap(keys=keys_, args=[*args, "r1", first.attempt]) == [
+    assert await replace(reap, fenced=["r1", first.attempt]).run(scripts) == [
         "r1",
         first.attempt,
     ]

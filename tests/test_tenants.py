@@ -4,8 +4,6 @@ key, revocation on every API process, the trusted tenant header, the priority ce
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
 import httpx
@@ -18,6 +16,7 @@ from llmq.schema import Lifecycle
 from llmq.tail import format_line
 from llmq.tenants import Tenant, TenantStore, digest, key_id
 from tests.support.native import post_request, wait_ready
+from tests.support.processes import llmq
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
 from tests.test_batch import chat_line, finished, jsonl
@@ -30,20 +29,6 @@ BODY = {"model": "mock", "prompt": "hello", "max_tokens": 2}
 async def field(redis: Redis, key: str, name: str) -> str | None:
     found: str | None = await redis.hget(key, name)  # type: ignore[misc]
     return found
-
-
-async def llmq(redis_url: str, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "cli",
-        *args,
-        env={**os.environ, "LLMQ_REDIS_URL": redis_url},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    return int(proc.returncode or 0), out.decode(), err.decode()
 
 
 @pytest.mark.slow

@@ -470,10 +470,13 @@ class Queue:
             running_key=keys.running(model),
             leases_key=keys.leases(model),
             costs_key=keys.costs(model),
+            fair_key=keys.fair(model),
+            tenants_key=keys.fair_tenants(model),
             id=request_id,
             attempt=attempt,
             wake_channel=keys.wake(model),
             in_progress_marker=keys.in_progress(request_id, model),
+            fairq_prefix=keys.fairq_prefix(model),
         ).run(self.scripts)
         if done:
             await self.raise_fences([(request_id, attempt)])
@@ -611,9 +614,12 @@ class Queue:
             leases_key=keys.leases(model),
             costs_key=keys.costs(model),
             clock_key=keys.clock(model),
+            fair_key=keys.fair(model),
+            tenants_key=keys.fair_tenants(model),
             limit=limit,
             wake_channel=keys.wake(model),
             in_progress_prefix=keys.in_progress_prefix(model),
+            fairq_prefix=keys.fairq_prefix(model),
         )
         due = codec.parse_reaped(await reap.run(self.scripts))
         if not due:

@@ -44,7 +44,7 @@ ROUTED = frozenset({"claim", "enqueue", "enqueue_batch"})
 #: Prepended as well to the scripts that route and to those that keep or drop a
 #: request's fair-share entries: fair share among tenants.
 FAIR_HELPERS = "fair"
-FAIR = ROUTED | {"release", "fair_yield", "cancel", "sweep"}
+FAIR = ROUTED | {"release", "fair_yield", "cancel", "sweep", "requeue", "reap"}
 
 NAMES = (
     "enqueue",

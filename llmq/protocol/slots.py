@@ -290,10 +290,13 @@ class Requeue(Slots):
     running_key: str
     leases_key: str
     costs_key: str
+    fair_key: str
+    tenants_key: str
     id: str
     attempt: int
     wake_channel: str
     in_progress_marker: str
+    fairq_prefix: str
 
 
 @dataclass(frozen=True)
@@ -353,9 +356,12 @@ class Reap(Slots):
     leases_key: str
     costs_key: str
     clock_key: str
+    fair_key: str
+    tenants_key: str
     limit: int
     wake_channel: str
     in_progress_prefix: str
+    fairq_prefix: str
     #: (id, fenced attempt) pairs, flat: the second call's.
     fenced: Sequence[Any] = tail()
 

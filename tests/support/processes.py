@@ -7,6 +7,8 @@ naming them (``Proc(["worker"], env)`` runs ``python -m cli worker``).
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import sys
 import tempfile
@@ -45,3 +47,19 @@ def logged_restart(output: str, name: str, pid: int) -> bool:
         rf"{name} \(pid {pid}\) exited unexpectedly with signal SIGKILL; restarting it in [\d.]+s"
     )
     return re.search(line, output) is not None
+
+
+async def llmq(redis_url: str, *args: str, **env: str) -> tuple[int, str, str]:
+    """Run one ``llmq`` command (``python -m cli ARGS``) to its end against ``redis_url``:
+    its exit code, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "cli",
+        *args,
+        env={**os.environ, "LLMQ_REDIS_URL": redis_url, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    return int(proc.returncode or 0), out.decode(), err.decode()

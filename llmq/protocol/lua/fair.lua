@@ -87,6 +87,25 @@ local function fair_enqueue(fair_key, vtc_key, tenants_key, fairq_prefix, id, sc
   end
 end
 
+-- A request back in the queue (a hand-back, a yield, a drain, a reap after its worker
+-- died or was fenced) goes back into its tenant's set at its score, so that it is its
+-- tenant's next (it is older than the tenant's other queued requests) and is claimed at
+-- its tenant's turn rather than when it reaches the head of the whole queue. Its charge
+-- stays (the next claim replaces it); keys made anew get the fair hash's lifetime.
+local function fair_requeue(fair_key, tenants_key, fairq_prefix, id, score)
+  local tenant = fair_parse(redis.call('HGET', fair_key, id))
+  if not tenant then return end
+  local q = fairq_prefix .. tenant
+  redis.call('ZADD', q, score, id)
+  redis.call('SADD', tenants_key, tenant)
+  local ttl = redis.call('PTTL', fair_key)
+  if ttl > 0 then
+    for _, k in ipairs({q, tenants_key}) do
+      if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+    end
+  end
+end
+
 -- A tenant's first `n` queued requests {id, score}, dropping ids no longer queued.
 local function fair_firsts(queue_key, tenants_key, fairq_prefix, tenant, n)
   local q = fairq_prefix .. tenant
@@ -143,7 +162,7 @@ local function fair_window(queue_key, fair_key, vtc_key, tenants_key, fairq_pref
     band)
   local listed = false
   for _, f in ipairs(found) do listed = listed or f[1] == head_tenant end
-  if not listed then  -- a request handed back to the queue is in no tenant's set
+  if not listed then  -- in no tenant's set (requeued by a version that did not keep it)
     local c = fair_counter(vtc_key, head_tenant)
     found[#found + 1] = {head_tenant, c, head, head_score}
     if least == nil or c < least then least = c end

@@ -1,5 +1,6 @@
 -- Requests whose lease ran out in lease time (their worker died, stopped, or is cut
--- off) go back to the queue at their original score, in two calls with the fence
+-- off) go back to the queue at their original score (and into their tenant's fair-share
+-- set: lua/fair.lua fair_requeue), in two calls with the fence
 -- raised between them (llmq.protocol.queue.Queue.reap). Called with no pairs, it changes
 -- nothing and returns the due requests as llmq.protocol.codec.Reaped pairs (id, attempt);
 -- the caller raises their fences (fence.lua, in each request's slot), then calls
@@ -10,11 +11,14 @@ local queue_key = KEYS[2]
 local leases_key = KEYS[3]
 local costs_key = KEYS[4]
 local clock_key = KEYS[5]
+local fair_key = KEYS[6]
+local tenants_key = KEYS[7]
 
 local limit = ARGV[1]
 local wake_channel = ARGV[2]
 local in_progress_prefix = ARGV[3]
-local pairs_from = 4
+local fairq_prefix = ARGV[4]
+local pairs_from = 5
 
 local now = lease_now(clock_key)
 local out = {}
@@ -36,6 +40,7 @@ for i = pairs_from, #ARGV, 2 do
     redis.call('HDEL', leases_key, id)
     redis.call('ZADD', queue_key, score, id)
     redis.call('HSET', costs_key, id, cost)
+    fair_requeue(fair_key, tenants_key, fairq_prefix, id, score)
     table.insert(out, id)
     table.insert(out, attempt)
   elseif expiry and expiry <= now and not attempt then
