@@ -1127,6 +1127,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_chat_routing.py",),
     ),
     Mutant(
+        "chat-render-closed",
+        "the API's chat rendering, closed at shutdown, opens no client (and connection) again",
+        "api/chat_render.py",
+        "        if self._closed:\n            return None\n",
+        "",
+        ("tests/test_chat_render.py",),
+    ),
+    Mutant(
         "batch-embeddings-kept",
         "an embeddings batch line's vectors stay in its stream for a feeder that collects it again",
         "api/batch_run.py",
