@@ -11,6 +11,7 @@ tenants file (TOML, :func:`read_file`) declares them for a deployment kept in gi
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
@@ -223,17 +224,32 @@ async def load_file(store: TenantStore, path: str | Path) -> int:
 class TenantLabels:
     """A tenant's metric label: its name for the first :data:`LABELED_TENANTS` tenants
     by name (and ``default``), else ``other``; the names reread every
-    :data:`LABELS_REFRESH_SECONDS`."""
+    :data:`LABELS_REFRESH_SECONDS`.
+
+    A label asked for while the names are being read waits for that read (one read,
+    shared): a fresh process's first requests, arriving together, would otherwise be
+    counted as ``other`` before the first read returns.
+    """
 
     def __init__(self, redis: Redis, default: str = "default") -> None:
         self.redis = redis
         self.named = frozenset({default})
         self.default = default
         self._read_at = -LABELS_REFRESH_SECONDS
+        self._reading: asyncio.Task[None] | None = None
 
     async def label(self, name: str) -> str:
-        if time.monotonic() - self._read_at > LABELS_REFRESH_SECONDS:
-            self._read_at = time.monotonic()
+        if self._reading is None and time.monotonic() - self._read_at > LABELS_REFRESH_SECONDS:
+            self._reading = asyncio.create_task(self._read())
+        if self._reading is not None:
+            # shielded: a caller cancelled does not cancel the read the others wait on
+            await asyncio.shield(self._reading)
+        return name if name in self.named else "other"
+
+    async def _read(self) -> None:
+        try:
             names = sorted(text(n) for n in await cast("Any", self.redis.smembers(keys.TENANTS)))
             self.named = frozenset({self.default, *names[:LABELED_TENANTS]})
-        return name if name in self.named else "other"
+        finally:
+            self._read_at = time.monotonic()
+            self._reading = None

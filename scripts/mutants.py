@@ -934,6 +934,20 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_tenants.py::test_a_key_is_its_tenants_until_revoked",),
     ),
     Mutant(
+        "tenant-labels-first-read",
+        "a fresh process's first concurrent requests are counted under their tenants, not other",
+        "llmq/tenants.py",
+        "            self._reading = asyncio.create_task(self._read())\n"
+        "        if self._reading is not None:\n",
+        "            self._reading = asyncio.create_task(self._read())\n"
+        "            await self._reading\n"
+        "        if False:\n",
+        (
+            "tests/test_tenants.py::"
+            "test_a_fresh_process_labels_its_first_concurrent_requests_by_tenant",
+        ),
+    ),
+    Mutant(
         "shed-by-wait",
         "a request expected to wait longer than LLMQ_SHED_WAIT_SECONDS gets 429 at once",
         "api/flow.py",

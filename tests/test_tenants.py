@@ -16,7 +16,7 @@ from llmq.protocol import keys
 from llmq.protocol.streams import lifecycle_entries
 from llmq.schema import Lifecycle
 from llmq.tail import format_line
-from llmq.tenants import Tenant, TenantStore, digest, key_id
+from llmq.tenants import Tenant, TenantLabels, TenantStore, digest, key_id
 from tests.support.native import post_request, wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -96,6 +96,20 @@ async def test_a_tenants_file_is_loaded_at_start(
     assert (await TenantStore(redis).get("team-a")) == Tenant(
         name="team-a", weight=2, requests_per_minute=60
     )
+
+
+async def test_a_fresh_process_labels_its_first_concurrent_requests_by_tenant(
+    redis: Redis,
+) -> None:
+    """Requests that arrive together in a fresh process wait for its first read of the
+    tenants' names: each is counted under its tenant, none under ``other``."""
+    names = [f"team-{i}" for i in range(8)]
+    store = TenantStore(redis)
+    for name in names:
+        await store.put(Tenant(name=name))
+    labels = TenantLabels(redis)
+    assert await asyncio.gather(*(labels.label(n) for n in names)) == names
+    assert await labels.label("unknown") == "other"
 
 
 @pytest.fixture
