@@ -11,6 +11,9 @@ text, cut then by the routing's tokenizer; vLLM's ``POST /tokenize`` with
 names that rendering. The call is bounded (:data:`TIMEOUT_SECONDS`) and any failure
 falls back to the plain rendering, logged once until the endpoint answers again;
 answers are kept in a bounded LRU cache by the digest of the endpoint and messages.
+Once the API process closes it (:meth:`ChatRendering.aclose`, at shutdown), it asks
+no engine again: a request admitted while the process stops gets the plain names
+rather than a client (and a connection) that nobody would close.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class ChatRendering:
         self._timeout = timeout
         self._size = size
         self._client: httpx.AsyncClient | None = None
+        self._closed = False
         self._cache: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
         self._failing: set[str] = set()
 
@@ -62,6 +66,8 @@ class ChatRendering:
         if (cached := self._cache.get(key)) is not None:
             self._cache.move_to_end(key)
             return cached
+        if self._closed:
+            return None
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout)
         try:
@@ -80,6 +86,9 @@ class ChatRendering:
         return tokens
 
     async def aclose(self) -> None:
+        """Close the client and its connections, for good: a later :meth:`render`
+        names the plain rendering instead of opening another client."""
+        self._closed = True
         if self._client is not None:
             await self._client.aclose()
             self._client = None

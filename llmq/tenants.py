@@ -11,14 +11,25 @@ tenants file (TOML, :func:`read_file`) declares them for a deployment kept in gi
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import re
 import secrets
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
@@ -28,6 +39,12 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 #: The prefix of every key ``llmq key create`` makes.
 KEY_PREFIX = "sk-llmq-"
+
+#: A key's digest (:func:`digest`): what a tenants file lists and Redis stores.
+DIGEST_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+
+#: The largest weight: a share of the pool a million times another's.
+MAX_WEIGHT = 1_000_000
 
 
 #: Tenants named in metric labels (the first by name, and the default); the rest are
@@ -43,12 +60,19 @@ class TenantError(ValueError):
 
 
 class Tenant(BaseModel):
-    """One tenant's settings; every limit 0 means none."""
+    """One tenant's settings; every limit 0 means none.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Strict: the commands and a tenants file are held to the same types, so a file's
+    ``weight = "2"`` (a string) is refused, not read as 2; an unknown field is refused
+    too (a misspelled limit would otherwise be no limit).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     name: str = Field(pattern=NAME_PATTERN)
-    weight: float = Field(1.0, gt=0, le=1_000_000, description="Share of the pool when busy.")
+    weight: float = Field(
+        1.0, gt=0, le=MAX_WEIGHT, allow_inf_nan=False, description="Share of the pool when busy."
+    )
     tokens_per_minute: int = Field(0, ge=0, description="Prompt + max_tokens per minute.")
     requests_per_minute: int = Field(0, ge=0)
     max_concurrent: int = Field(0, ge=0, description="Requests queued or running at once.")
@@ -93,6 +117,72 @@ def parse_tenant(data: dict[str, Any]) -> Tenant:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "tenant"
         raise TenantError(f"{where}: {first['msg']}") from None
+
+
+def _key_digest(value: str) -> str:
+    if not DIGEST_PATTERN.match(value):
+        raise PydanticCustomError(
+            "key_digest",
+            "'{value}' is not a key digest (32 lowercase hex digits: `llmq key digest KEY`)",
+            {"value": value},
+        )
+    return value
+
+
+class FileTenant(Tenant):
+    """A table of a tenants file: a tenant (validated as the commands validate it) and
+    the digests of its keys."""
+
+    key_digests: list[Annotated[str, AfterValidator(_key_digest)]] = []
+
+    def tenant(self) -> Tenant:
+        return Tenant.model_validate(self.model_dump(exclude={"key_digests"}))
+
+
+class TenantsFile(BaseModel):
+    """A tenants file: one table, ``[tenants]``, of tenants by name. Anything else in
+    it (a misspelled table, a field no tenant has) is refused, as is a key digest
+    listed under two tenants: the file says whose each key is, once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    tenants: dict[str, FileTenant]
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _named(cls, value: Any) -> Any:
+        """Each table's name is its tenant's (a ``name`` field in it is refused)."""
+        if not isinstance(value, dict):
+            return value
+        named: dict[str, Any] = {}
+        for name, fields in value.items():
+            if isinstance(fields, dict) and "name" in fields:
+                raise PydanticCustomError(
+                    "name_field",
+                    "a tenant's name is its table's",
+                    {"table": f"tenants.{name}", "field": "name"},
+                )
+            named[name] = {**fields, "name": name} if isinstance(fields, dict) else fields
+        return named
+
+    @model_validator(mode="after")
+    def _keys_once(self) -> TenantsFile:
+        owners: dict[str, str] = {}
+        for name, entry in self.tenants.items():
+            for key_digest in entry.key_digests:
+                first = owners.setdefault(key_digest, name)
+                if first != name:
+                    raise PydanticCustomError(
+                        "key_digest_twice",
+                        "{digest} is listed under [tenants.{first}] too: a key is one tenant's",
+                        {
+                            "digest": key_digest,
+                            "first": first,
+                            "table": f"tenants.{name}",
+                            "field": "key_digests",
+                        },
+                    )
+        return self
 
 
 class TenantStore:
@@ -178,8 +268,10 @@ class TenantStore:
         return found[0]
 
 
-def read_file(path: str | Path) -> tuple[list[Tenant], list[tuple[str, str]]]:
-    """The tenants of a TOML file, and its keys as (tenant, digest) pairs.
+def read_file(path: str | Path) -> TenantsFile:
+    """The tenants of a TOML file and the digests of their keys, all valid, or
+    :class:`TenantError` naming the first thing wrong: the line of its table, the
+    table, the field.
 
     One table per tenant::
 
@@ -188,55 +280,110 @@ def read_file(path: str | Path) -> tuple[list[Tenant], list[tuple[str, str]]]:
         tokens_per_minute = 200000
         key_digests = ["<digest of a key>"]   # llmq key digest <key>
     """
+    source = _source(path)
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(source)
+    except tomllib.TOMLDecodeError as exc:
         raise TenantError(f"{path}: {exc}") from None
-    tenants: list[Tenant] = []
-    digests: list[tuple[str, str]] = []
-    table = data.get("tenants", {})
-    if not isinstance(table, dict):
-        raise TenantError(f"{path}: [tenants] must be a table of tenants")
-    for name, fields in table.items():
-        if not isinstance(fields, dict):
-            raise TenantError(f"{path}: tenants.{name} must be a table")
-        fields = dict(fields)
-        for d in fields.pop("key_digests", []):
-            digests.append((name, str(d)))
-        try:
-            tenants.append(parse_tenant({"name": name, **fields}))
-        except TenantError as exc:
-            raise TenantError(f"{path}: tenants.{name}: {exc}") from None
-    return tenants, digests
+    try:
+        return TenantsFile.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # a misspelled table before the [tenants] it leaves missing
+        first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
+        loc = [str(p) for p in first["loc"]]
+        table, field = ".".join(loc[:2]), ".".join(loc[2:])
+        context = first.get("ctx") or {}
+        if "table" in context:
+            table, field = str(context["table"]), str(context["field"])
+        msg = first["msg"]
+        if first["type"] == "extra_forbidden":
+            msg = "unknown table" if len(loc) == 1 else "unknown field"
+        if len(loc) <= 1 and first["type"] in ("extra_forbidden", "missing"):
+            msg += ": a tenants file's tenants are its [tenants.NAME] tables"
+        raise TenantError(_located(path, table, field, msg)) from None
+
+
+def _source(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TenantError(f"{path}: {exc}") from None
+
+
+def _located(path: str | Path, table: str, field: str, msg: str) -> str:
+    """``path:line: [table] field: msg``, the line that of the table's header where it
+    has one (a table given inline has none)."""
+    if not table:
+        return f"{path}: {msg}"
+    parts = r"\s*\.\s*".join(f'"?{re.escape(p)}"?' for p in table.split("."))
+    header = re.compile(rf"^\s*\[\s*{parts}\s*[.\]]")
+    lines = _source(path).splitlines()
+    line = next((n for n, text_line in enumerate(lines, 1) if header.match(text_line)), None)
+    where = f"[{table}]" + (f" {field}" if field else "")
+    return f"{path}{f':{line}' if line else ''}: {where}: {msg}"
 
 
 async def load_file(store: TenantStore, path: str | Path) -> int:
-    """Write the tenants and keys of a tenants file into Redis; returns how many tenants."""
-    tenants, digests = read_file(path)
-    for tenant in tenants:
-        await store.put(tenant)
-    for name, key_digest in digests:
-        await store.add_key(name, key_digest, hint="(file)")
-    return len(tenants)
+    """Write the tenants and keys of a tenants file into Redis; returns how many tenants.
+
+    All or nothing: the file is checked whole before anything is written, and a key
+    digest that Redis holds for another tenant is refused (a file does not move a key:
+    ``llmq key revoke`` it first)."""
+    found = read_file(path)
+    for name, entry in found.tenants.items():
+        for key_digest in entry.key_digests:
+            owner = await store.key_tenant(key_digest)
+            if owner is not None and owner != name:
+                raise TenantError(
+                    _located(
+                        path,
+                        f"tenants.{name}",
+                        "key_digests",
+                        f"{key_digest} is a key of tenant '{owner}'"
+                        f" (revoke it first: llmq key revoke {key_id(key_digest)})",
+                    )
+                )
+    for entry in found.tenants.values():
+        await store.put(entry.tenant())
+    for name, entry in found.tenants.items():
+        for key_digest in entry.key_digests:
+            await store.add_key(name, key_digest, hint="(file)")
+    return len(found.tenants)
 
 
 class TenantLabels:
     """A tenant's metric label: its name for the first :data:`LABELED_TENANTS` tenants
     by name (and ``default``), else ``other``; the names reread every
-    :data:`LABELS_REFRESH_SECONDS`."""
+    :data:`LABELS_REFRESH_SECONDS`.
+
+    A label asked for while the names are being read waits for that read (one read,
+    shared): a fresh process's first requests, arriving together, would otherwise be
+    counted as ``other`` before the first read returns.
+    """
 
     def __init__(self, redis: Redis, default: str = "default") -> None:
         self.redis = redis
         self.named = frozenset({default})
         self.default = default
         self._read_at = -LABELS_REFRESH_SECONDS
+        self._reading: asyncio.Task[None] | None = None
 
     async def label(self, name: str) -> str:
-        if time.monotonic() - self._read_at > LABELS_REFRESH_SECONDS:
-            self._read_at = time.monotonic()
+        if self._reading is None and time.monotonic() - self._read_at > LABELS_REFRESH_SECONDS:
+            self._reading = asyncio.create_task(self._read())
+        if self._reading is not None:
+            # shielded: a caller cancelled does not cancel the read the others wait on
+            await asyncio.shield(self._reading)
+        return name if name in self.named else "other"
+
+    async def _read(self) -> None:
+        try:
             names = sorted(text(n) for n in await cast("Any", self.redis.smembers(keys.TENANTS)))
             self.named = frozenset({self.default, *names[:LABELED_TENANTS]})
-        return name if name in self.named else "other"
+        finally:
+            self._read_at = time.monotonic()
+            self._reading = None
 
 
 def unused_weights(fairness: str, tenants: list[Tenant]) -> str | None:

@@ -934,6 +934,71 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_tenants.py::test_a_key_is_its_tenants_until_revoked",),
     ),
     Mutant(
+        "tenants-file-strict",
+        "a tenants file's fields are held to the commands' types: weight = \"2\" is refused",
+        "llmq/tenants.py",
+        'extra="forbid", strict=True)\n\n    name: str',
+        'extra="forbid")\n\n    name: str',
+        ("tests/test_tenants.py::test_a_wrong_tenants_file_is_refused_whole[weight-a-string]",),
+    ),
+    Mutant(
+        "tenants-file-tables",
+        "a tenants file with a misspelled table is refused, not read as no tenants",
+        "llmq/tenants.py",
+        'extra="forbid", strict=True)\n\n    tenants: dict[str, FileTenant]\n',
+        'extra="ignore", strict=True)\n\n    tenants: dict[str, FileTenant] = {}\n',
+        ("tests/test_tenants.py::test_a_wrong_tenants_file_is_refused_whole[misspelled-table]",),
+    ),
+    Mutant(
+        "tenants-file-digest",
+        "a tenants file's key digest is 32 lowercase hex digits, else the file is refused",
+        "llmq/tenants.py",
+        "if not DIGEST_PATTERN.match(value):",
+        "if False:",
+        (
+            "tests/test_tenants.py::test_a_wrong_tenants_file_is_refused_whole[digest-not-hex]",
+            "tests/test_tenants.py::test_a_wrong_tenants_file_is_refused_whole[digest-too-short]",
+        ),
+    ),
+    Mutant(
+        "tenants-file-key-once",
+        "a tenants file listing one key digest under two tenants is refused",
+        "llmq/tenants.py",
+        "                if first != name:\n",
+        "                if False:\n",
+        ("tests/test_tenants.py::test_a_wrong_tenants_file_is_refused_whole[digest-under-two]",),
+    ),
+    Mutant(
+        "tenants-file-key-moved",
+        "a tenants file does not move a key Redis holds for another tenant",
+        "llmq/tenants.py",
+        "if owner is not None and owner != name:",
+        "if False:",
+        ("tests/test_tenants.py::test_a_wrong_tenants_file_is_refused_whole[digest-moves-a-key]",),
+    ),
+    Mutant(
+        "tenant-weight-finite",
+        "a weight of nan or inf is refused as not finite",
+        "llmq/tenants.py",
+        "allow_inf_nan=False,",
+        "allow_inf_nan=True,",
+        ("tests/test_tenants.py::test_a_wrong_tenants_file_is_refused_whole[weight-nan]",),
+    ),
+    Mutant(
+        "tenant-labels-first-read",
+        "a fresh process's first concurrent requests are counted under their tenants, not other",
+        "llmq/tenants.py",
+        "            self._reading = asyncio.create_task(self._read())\n"
+        "        if self._reading is not None:\n",
+        "            self._reading = asyncio.create_task(self._read())\n"
+        "            await self._reading\n"
+        "        if False:\n",
+        (
+            "tests/test_tenants.py::"
+            "test_a_fresh_process_labels_its_first_concurrent_requests_by_tenant",
+        ),
+    ),
+    Mutant(
         "shed-by-wait",
         "a request expected to wait longer than LLMQ_SHED_WAIT_SECONDS gets 429 at once",
         "api/flow.py",
@@ -1162,6 +1227,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "session or params.user, tokens=choice.rendered",
         "session or params.user, tokens=None",
         ("tests/test_chat_routing.py",),
+    ),
+    Mutant(
+        "chat-render-closed",
+        "the API's chat rendering, closed at shutdown, opens no client (and connection) again",
+        "api/chat_render.py",
+        "        if self._closed:\n            return None\n",
+        "",
+        ("tests/test_chat_render.py",),
     ),
     Mutant(
         "batch-embeddings-kept",

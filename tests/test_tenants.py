@@ -14,7 +14,15 @@ from llmq.protocol import keys
 from llmq.protocol.streams import lifecycle_entries
 from llmq.schema import Lifecycle
 from llmq.tail import format_line
-from llmq.tenants import Tenant, TenantStore, digest, key_id
+from llmq.tenants import (
+    Tenant,
+    TenantError,
+    TenantLabels,
+    TenantStore,
+    digest,
+    key_id,
+    load_file,
+)
 from tests.support.native import post_request, wait_ready
 from tests.support.processes import llmq
 from tests.support.servers import RunningApi, StartApi, StartWorker
@@ -32,13 +40,17 @@ async def field(redis: Redis, key: str, name: str) -> str | None:
 
 
 @pytest.mark.slow
-async def test_the_commands_manage_tenants_and_keys(redis_url: str, redis: Redis) -> None:
+async def test_the_commands_manage_tenants_and_keys(
+    redis_url: str, redis: Redis, tmp_path: Path
+) -> None:
     assert (await llmq(redis_url, "tenant", "create", "acme", "--weight", "3"))[0] == 0
     code, _, err = await llmq(redis_url, "tenant", "create", "acme")
     assert code == 2 and "exists already" in err
     for bad, why in (
         (["--weight", "0"], "weight"),
         (["--tokens-per-minute", "-5"], "tokens_per_minute"),
+        (["--weight", "nan"], "weight: Input should be a finite number"),
+        (["--weight", "inf"], "weight: Input should be a finite number"),
     ):
         code, _, err = await llmq(redis_url, "tenant", "create", "other", *bad)
         assert code == 2 and why in err, err
@@ -61,6 +73,10 @@ async def test_the_commands_manage_tenants_and_keys(redis_url: str, redis: Redis
     assert await field(redis, keys.API_KEYS, digest(key)) is None
     code, _, err = await llmq(redis_url, "key", "revoke", key_id(digest(key)))
     assert code == 2 and "no key matches" in err
+    wrong = tmp_path / "tenants.toml"
+    wrong.write_text("[tenant.acme]\nweight = 2\n")
+    code, out, err = await llmq(redis_url, "tenant", "load", str(wrong))
+    assert code == 2 and "[tenant]: unknown table" in err and not out, err
     assert (await llmq(redis_url, "tenant", "delete", "acme"))[0] == 0
     assert await TenantStore(redis).names() == []
 
@@ -81,6 +97,83 @@ async def test_a_tenants_file_is_loaded_at_start(
     assert (await TenantStore(redis).get("team-a")) == Tenant(
         name="team-a", weight=2, requests_per_minute=60
     )
+
+
+GOOD = "[tenants.good]\nweight = 2\n\n"
+TAKEN = digest("sk-acme")
+
+#: A tenants file that must be refused whole, after a valid table, and what the error says.
+WRONG_FILES = {
+    "digest-not-hex": (
+        GOOD + f'[tenants.b]\nkey_digests = ["{"z" * 32}"]\n',
+        ":4: [tenants.b] key_digests.0: 'zzzz",
+    ),
+    "digest-too-short": (
+        GOOD + '[tenants.b]\nkey_digests = ["5e884898"]\n',
+        "'5e884898' is not a key digest",
+    ),
+    "digest-under-two": (
+        GOOD + f'[tenants.b]\nkey_digests = ["{digest("sk-b")}"]\n\n'
+        f'[tenants.c]\nkey_digests = ["{digest("sk-b")}"]\n',
+        f":7: [tenants.c] key_digests: {digest('sk-b')} is listed under [tenants.b] too",
+    ),
+    "digest-moves-a-key": (
+        GOOD + f'[tenants.b]\nkey_digests = ["{TAKEN}"]\n',
+        f":4: [tenants.b] key_digests: {TAKEN} is a key of tenant 'acme'",
+    ),
+    "misspelled-table": (
+        GOOD.replace("tenants", "tenant"),
+        ":1: [tenant]: unknown table",
+    ),
+    "misspelled-field": (
+        GOOD + "[tenants.b]\nwieght = 2\n",
+        ":4: [tenants.b] wieght: unknown field",
+    ),
+    "weight-a-string": (
+        GOOD + '[tenants.b]\nweight = "2"\n',
+        ":4: [tenants.b] weight: Input should be a valid number",
+    ),
+    "weight-nan": (
+        GOOD + "[tenants.b]\nweight = nan\n",
+        ":4: [tenants.b] weight: Input should be a finite number",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_FILES))
+async def test_a_wrong_tenants_file_is_refused_whole(
+    case: str, tmp_path: Path, redis: Redis
+) -> None:
+    """A tenants file is held to what the commands accept, and a key to one tenant: a
+    file with anything wrong writes nothing, and its error names the line, the table
+    and the field."""
+    store = TenantStore(redis)
+    await store.put(Tenant(name="acme"))
+    await store.add_key("acme", TAKEN)
+    before = (await store.all(), await store.keys())
+    content, message = WRONG_FILES[case]
+    path = tmp_path / "tenants.toml"
+    path.write_text(content)
+    with pytest.raises(TenantError) as refused:
+        await load_file(store, path)
+    assert str(refused.value).startswith(str(path)) and message in str(refused.value)
+    assert (await store.all(), await store.keys()) == before
+    path.write_text(GOOD)  # the same store takes a right file
+    assert await load_file(store, path) == 1
+
+
+async def test_a_fresh_process_labels_its_first_concurrent_requests_by_tenant(
+    redis: Redis,
+) -> None:
+    """Requests that arrive together in a fresh process wait for its first read of the
+    tenants' names: each is counted under its tenant, none under ``other``."""
+    names = [f"team-{i}" for i in range(8)]
+    store = TenantStore(redis)
+    for name in names:
+        await store.put(Tenant(name=name))
+    labels = TenantLabels(redis)
+    assert await asyncio.gather(*(labels.label(n) for n in names)) == names
+    assert await labels.label("unknown") == "other"
 
 
 @pytest.fixture
