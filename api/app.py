@@ -119,17 +119,20 @@ def create_app(settings: ApiSettings) -> FastAPI:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await state.queue.api_beat(process_id, settings.orphan_grace_seconds)
+        feeder = BatchFeeder(state)
         tasks = [
             asyncio.create_task(sweep_forever(state.queue, settings.sweep_seconds)),
             asyncio.create_task(metrics.flush_forever(state.metrics, redis)),
             asyncio.create_task(_heartbeat(state.queue, settings, process_id)),
             asyncio.create_task(state.catalog.refresh_forever()),
-            asyncio.create_task(BatchFeeder(state).run_forever()),
+            asyncio.create_task(feeder.run_forever()),
         ]
         app.state.llmq = state
+        app.state.batch_feeder = feeder  # handed over first when the process stops (api/main.py)
         try:
             yield
         finally:
+            await feeder.hand_over()
             await stop_tasks(tasks, timeout=5)
             # disconnect-triggered cancels are short Redis calls: let them finish
             if state.background:

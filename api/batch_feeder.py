@@ -23,13 +23,24 @@ the lease, from the state in Redis alone. Each step, for each active batch:
    next token), and their lines that never ran go to the error file
    (``batch_expired``, ``batch_cancelled``). Once no line runs, the output and error
    files are assembled, once (their ids are kept in the batch), and the batch ends
-   ``completed``, ``expired`` or ``cancelled``.
+   ``completed``, ``expired`` or ``cancelled``; its lines and results are then deleted
+   (:func:`api.batch_store.ended`).
+
+A process that stops (SIGTERM) hands its feeding over (:meth:`BatchFeeder.hand_over`):
+it ends the step under way, stops its collections without recording them, and gives
+up the lease, so that another process (or itself, restarted) takes over at once and
+collects the same lines again from their streams: their requests run on without it.
+
+Every collection is a task the feeder owns: one that fails is logged once, in one
+line, and collected again by a later step; all are cancelled and awaited when the
+feeder stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -50,6 +61,10 @@ log = logging.getLogger(__name__)
 #: Statuses an enqueue refusal may clear by itself: the line is fed again later.
 RETRYABLE = frozenset({429, 503})
 
+#: How long a hand-over waits for the step under way, and then for Redis to release
+#: the lease: a stopping process is not held up longer by a Redis that does not answer.
+HAND_OVER_SECONDS = 2.0
+
 
 class BatchFeeder:
     """The feeding, collecting and ending of batches by one API process (see above)."""
@@ -61,6 +76,10 @@ class BatchFeeder:
         self.cancelled: set[str] = set()
         #: The status and counts of each batch's last lifecycle note.
         self.noted: dict[str, tuple[str, int, int]] = {}
+        #: Set when the process stops: no step, collection or record from then on.
+        self.handing_over = False
+        #: Held by a step, so that a hand-over waits for the one under way.
+        self.stepping = asyncio.Lock()
 
     async def run_forever(self) -> NoReturn:
         try:
@@ -70,23 +89,35 @@ class BatchFeeder:
         finally:
             await stop_tasks(list(self.collecting.values()), timeout=2)
 
-    async def _lease(self) -> bool:
-        """Take or keep the feeder's lease; False while another process holds it."""
-        ms = int(self.state.settings.orphan_grace_seconds * 1000)
-        me = self.state.process_id
-        if await self.redis.set(keys.BATCH_FEEDER, me, nx=True, px=ms):
-            return True
-        if await self.redis.get(keys.BATCH_FEEDER) == me:
-            await self.redis.pexpire(keys.BATCH_FEEDER, ms)
-            return True
-        return False
+    async def hand_over(self) -> None:
+        """Stop feeding and give the batches to another process at once: the step
+        under way ends (no line is left fed but unnoted), the collections stop unrecorded
+        (their lines' requests run on, and the next feeder collects their answers from
+        their streams), and the lease is given up. Called on SIGTERM, before the open
+        streams are ended, and again (a no-op by then) when the app stops."""
+        self.handing_over = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HAND_OVER_SECONDS), self.stepping:
+                pass
+        await stop_tasks(list(self.collecting.values()), timeout=HAND_OVER_SECONDS)
+        try:
+            async with asyncio.timeout(HAND_OVER_SECONDS):
+                released = await batches.lease(self.redis, self.state.process_id, 0)
+        except Exception as exc:  # it then lapses after LLMQ_ORPHAN_GRACE_SECONDS
+            log.warning("batch feeder: could not give up the lease: %r", exc)
+            return
+        if released:
+            log.info("batch feeder: handed over (lease given up)")
 
     async def step(self) -> None:
-        for key, task in list(self.collecting.items()):
-            if task.done():
-                del self.collecting[key]
+        async with self.stepping:
+            if not self.handing_over:
+                await self._step()
+
+    async def _step(self) -> None:
         listed = await self.redis.zrange(keys.BATCHES_ACTIVE, 0, -1, withscores=True)
-        if not listed or not await self._lease():
+        ms = int(self.state.settings.orphan_grace_seconds * 1000)
+        if not listed or not await batches.lease(self.redis, self.state.process_id, ms):
             return  # nothing to feed (no lease taken), or another process feeds
         rooms: dict[str, int] = {}
         for raw, created in listed:
@@ -161,7 +192,7 @@ class BatchFeeder:
         for custom_id, raw in running.items():
             entry = json.loads(raw)
             if entry.get("subs"):
-                self._collect(batch, custom_id, entry)
+                self.collect(batch, custom_id, entry)
             elif (batch.id, custom_id) not in self.collecting:
                 unfed.append((custom_id, entry))
         for custom_id, entry in unfed:
@@ -190,12 +221,28 @@ class BatchFeeder:
         await self.redis.hset(  # type: ignore[misc]
             keys.batch_running(batch.id), custom_id, json.dumps(entry)
         )
-        self._collect(batch, custom_id, entry)
+        self.collect(batch, custom_id, entry)
 
-    def _collect(self, batch: BatchObject, custom_id: str, entry: dict[str, Any]) -> None:
+    def collect(self, batch: BatchObject, custom_id: str, entry: dict[str, Any]) -> None:
+        """Collect a running line (``entry``: its line and requests) in a task of its own,
+        unless one collects it already; the task's end is seen by :meth:`_collect_ended`."""
         key = (batch.id, custom_id)
-        if key not in self.collecting:
-            self.collecting[key] = asyncio.create_task(self._collected(batch, custom_id, entry))
+        if key in self.collecting or self.handing_over:
+            return
+        task = asyncio.create_task(
+            self._collected(batch, custom_id, entry), name=f"collect {batch.id} {custom_id}"
+        )
+        self.collecting[key] = task
+        task.add_done_callback(functools.partial(self._collect_ended, key))
+
+    def _collect_ended(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        """A collection ended: forgotten, and its failure (Redis lost, say) logged in one
+        line; the line is still running, so a later step collects it again."""
+        if self.collecting.get(key) is task:
+            del self.collecting[key]
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        log.warning("batch %s: collecting line %s failed, collected again later: %r", *key, exc)
 
     async def _collected(self, batch: BatchObject, custom_id: str, entry: dict[str, Any]) -> None:
         subs = batch_run.decode_subs(json.dumps(entry["subs"]))
@@ -205,9 +252,6 @@ class BatchFeeder:
             )
         except ApiError as exc:
             status, body = exc.status, exc.body()
-        except Exception:
-            log.exception("batch %s: collecting line %s failed", batch.id, custom_id)
-            return  # collected again by a later step
         if status != 200 or await self._any_cancelled(subs):
             current = await batch_store.load(self.redis, batch.id)
             if current is not None and (current.status == "cancelling" or current.ending):
@@ -226,6 +270,8 @@ class BatchFeeder:
             return "cancelled" in await pipe.execute()
 
     async def _record(self, batch: BatchObject, custom_id: str, ok: bool, line: str) -> None:
+        if self.handing_over:
+            return  # the process stops (its streams may end early): the next feeder records
         if await batches.record(self.redis, batch.id, custom_id, line, ok=ok):
             outcome = "completed" if ok else "failed"
             self.state.metrics.inc(metrics.BATCH_LINES, batch.model, outcome)
@@ -238,7 +284,7 @@ class BatchFeeder:
             if not entry.get("subs"):
                 await self._record(batch, custom_id, False, _unrun(custom_id, ending))
                 continue
-            self._collect(batch, custom_id, entry)
+            self.collect(batch, custom_id, entry)
             for sub in entry["subs"]:
                 if sub["id"] not in self.cancelled:
                     self.cancelled.add(sub["id"])

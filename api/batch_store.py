@@ -8,7 +8,7 @@ feeder's finalizing cannot both win), ``completed`` and ``failed`` (bumped only 
 ``batch_result.lua``, once per ``custom_id``), ``next`` (the next line to feed),
 ``output_file_id``, ``error_file_id`` and ``ending`` (``expired`` or ``cancelled``:
 how a batch that stops early ends). Its lines, the requests in flight and the
-results share the batch's hash tag. Statuses::
+results share the batch's hash tag, and go when it ends (:func:`ended`). Statuses::
 
     validating -> failed                       (a bad line: nothing else is made)
     validating -> in_progress -> finalizing -> completed
@@ -229,15 +229,18 @@ async def move(redis: Redis, batch_id: str, status: Status, *, since: tuple[str,
 
 
 async def ended(redis: Redis, batch_id: str, ttl_seconds: int) -> None:
-    """An ended batch leaves the feeder's list and expires with its results."""
+    """An ended batch leaves the feeder's list and keeps only what its owner fetches:
+    the batch (expiring after ``ttl_seconds``) and its files. Its copied lines and its
+    results, already in the output and error files, are deleted; ``batch_result.lua``
+    records nothing in an ended batch, so a late collector does not bring them back."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.BATCHES_ACTIVE, batch_id)
+        pipe.expire(keys.batch(batch_id), ttl_seconds)
         for key in (
-            keys.batch(batch_id),
             keys.batch_lines(batch_id),
             keys.batch_running(batch_id),
             keys.batch_output(batch_id),
             keys.batch_errors(batch_id),
         ):
-            pipe.expire(key, ttl_seconds)
+            pipe.delete(key)
         await pipe.execute()

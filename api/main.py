@@ -7,11 +7,13 @@ API process: its own relay, its own liveness lease and attached requests, its ow
 Redis pools. They share nothing but Redis, exactly like API replicas on different
 hosts.
 
-On SIGTERM/SIGINT uvicorn stops accepting and waits for open responses. Streams
-still open ``shutdown_grace_seconds`` later (their worker stopped, or their
-request went back to the queue) are ended by the API with an error chunk and
-``[DONE]`` (:func:`api.follow.end_open_streams`), before uvicorn's own deadline
-would cut them.
+On SIGTERM/SIGINT uvicorn stops accepting and waits for open responses. At once,
+the process hands its batch feeding over (:meth:`api.batch_feeder.BatchFeeder.hand_over`:
+the lease is given up, the lines it was collecting are collected by the next feeder,
+none is failed). Streams still open ``shutdown_grace_seconds`` later (their worker
+stopped, or their request went back to the queue) are ended by the API with an error
+chunk and ``[DONE]`` (:func:`api.follow.end_open_streams`), before uvicorn's own
+deadline would cut them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app
+from api.batch_feeder import BatchFeeder
 from api.follow import end_open_streams
 from api.state import AppState
 from llmq.collector import tune_garbage_collector
@@ -47,14 +50,21 @@ class Server(uvicorn.Server):
         if state is not None and (n := end_open_streams(state)):
             log.info("ended %d open stream(s) at shutdown", n)
 
+    async def _hand_over_batches(self) -> None:
+        feeder: BatchFeeder | None = getattr(self.llmq_app.state, "batch_feeder", None)
+        if feeder is not None:
+            await feeder.hand_over()
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         ender = asyncio.create_task(self._end_streams_later())
+        handing = asyncio.create_task(self._hand_over_batches())
         try:
             await super().shutdown(sockets)
         finally:
             ender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ender
+            await handing  # bounded: HAND_OVER_SECONDS per wait
 
 
 def _server(settings: ApiSettings) -> Server:

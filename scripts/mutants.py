@@ -107,6 +107,62 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py",),
     ),
     Mutant(
+        "batch-sigterm-hand-over",
+        "a SIGTERMed API process hands its batch feeding over: no line it collected fails",
+        "api/main.py",
+        "            await feeder.hand_over()\n",
+        "            pass\n",
+        (
+            "tests/test_batch_faults.py::"
+            "test_a_stopped_feeding_api_hands_its_batch_over_and_fails_no_line",
+        ),
+    ),
+    Mutant(
+        "batch-hand-over-lease",
+        "a feeder that hands over gives its lease up, so another takes over at once",
+        "api/batch_feeder.py",
+        "released = await batches.lease(self.redis, self.state.process_id, 0)",
+        "released = False",
+        (
+            "tests/test_batch_faults.py::"
+            "test_a_stopped_feeding_api_hands_its_batch_over_and_fails_no_line",
+        ),
+    ),
+    Mutant(
+        "batch-collect-owned",
+        "a failed collection's exception is retrieved and logged once, never left unretrieved",
+        "api/batch_feeder.py",
+        "task.add_done_callback(functools.partial(self._collect_ended, key))",
+        "functools.partial(self._collect_ended, key)",
+        (
+            "tests/test_batch.py::"
+            "test_a_collection_that_loses_redis_is_logged_once_and_leaves_no_task_exception",
+        ),
+    ),
+    Mutant(
+        "batch-ended-cleanup",
+        "an ended batch keeps only itself and its files: its lines and results are deleted",
+        "api/batch_store.py",
+        "            pipe.delete(key)",
+        "            pipe.expire(key, ttl_seconds)",
+        (
+            "tests/test_batch.py::"
+            "test_a_batch_runs_through_the_sdk_and_each_line_equals_the_request_alone",
+        ),
+    ),
+    Mutant(
+        "batch-ended-no-result",
+        "an ended batch records no late result (which would bring its results back)",
+        "llmq/protocol/lua/batch_result.lua",
+        "if status == 'completed' or status == 'expired' or status == 'cancelled'\n"
+        "    or status == 'failed' then",
+        "if false then",
+        (
+            "tests/test_batch.py::"
+            "test_a_batch_runs_through_the_sdk_and_each_line_equals_the_request_alone",
+        ),
+    ),
+    Mutant(
         "batch-yield-no-failure",
         "a batch line's yields do not count against LLMQ_MAX_TRIES",
         "worker/queue_worker.py",

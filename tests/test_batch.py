@@ -3,9 +3,14 @@ output, bad input refused with nothing half-made, the completion window honoured
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import gc
 import io
 import json
+import logging
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +18,11 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
+from api import batch_run, batch_store
+from api.batch_feeder import BatchFeeder
 from cli.batch import run_batch
 from cli.main import build_parser
+from llmq.embedded import EmbeddedRedis
 from llmq.protocol import batches, keys, scripts
 from llmq.protocol.queue import BATCH_BAND_MS
 from llmq.protocol.streams import lifecycle_entries
@@ -115,6 +123,18 @@ async def test_a_batch_runs_through_the_sdk_and_each_line_equals_the_request_alo
     # nothing of the batch waits in the queue or runs once it ended
     assert not await redis.exists(keys.batch_running(batch.id))
     assert await redis.zcard(keys.BATCHES_ACTIVE) == 0
+    # it keeps only what its owner fetches: the batch and its files (its copied lines
+    # and results go), and a late result (a collector that did not stop) is not taken
+    own = {keys.batch(batch.id)}
+
+    async def only_its_record() -> bool:
+        return {k async for k in redis.scan_iter(f"*{batch.id}*")} == own
+
+    await wait_until(only_its_record, timeout=5, what="the ended batch's lines and results to go")
+    assert not await batches.record(redis, batch.id, "line-0", '{"late": 1}', ok=True)
+    assert {k async for k in redis.scan_iter(f"*{batch.id}*")} == own
+    for file_id in (uploaded.id, done.output_file_id):
+        assert await redis.exists(keys.file(file_id))
 
 
 async def test_batch_lines_run_in_a_band_below_every_interactive_priority(
@@ -296,6 +316,56 @@ async def test_a_line_result_is_recorded_once_whoever_collects_it_again(redis: R
     assert not await redis.exists(keys.batch_errors("b1"))
     assert await redis.hget(keys.batch("b1"), "completed") == "1"  # type: ignore[misc]
     assert await redis.hget(keys.batch("b1"), "failed") is None  # type: ignore[misc]
+
+
+async def test_a_collection_that_loses_redis_is_logged_once_and_leaves_no_task_exception(
+    stack: RunningApi, redis: Redis, own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line's answer is read from its stream, then its feeder's Redis is gone (killed)
+    when the collection checks and records it: the connection error is logged once, in
+    one line, and the task's exception is retrieved: the event loop reports no "Task
+    exception was never retrieved" once the task is collected."""
+    state = stack.app_state()
+    batch = batch_store.new_batch(
+        endpoint="/v1/chat/completions",
+        input_file_id="file-none",
+        completion_window="24h",
+        window_seconds=3600,
+        metadata=None,
+        owner=None,
+    ).model_copy(update={"model": "mock"})
+    body = chat_line("only", "lost redis")["body"]
+    subs = await batch_run.submit_line(state, batch, body)
+
+    async def answered() -> bool:
+        status = await redis.hget(keys.request(subs[0].id), "status")  # type: ignore[misc]
+        return bool(status == "done")
+
+    await wait_until(answered, timeout=10, what="the line's request to finish")
+    lost = Redis.from_url(own_redis.url, decode_responses=True)
+    await lost.ping()
+    own_redis.kill()
+    # the answer is read through the live relay, the rest from the Redis that is gone
+    feeder = BatchFeeder(dataclasses.replace(state, redis=lost))
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(str(context["message"])))
+    try:
+        with caplog.at_level(logging.WARNING, logger="api.batch_feeder"):
+            entry = {"line": {"custom_id": "only", "body": body}, "subs": [asdict(subs[0])]}
+            feeder.collect(batch, "only", entry)
+            task = feeder.collecting[(batch.id, "only")]
+            await asyncio.wait([task])  # its own done callback ran first, added first
+            del feeder, task
+            gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+        await lost.aclose()
+    assert not [m for m in reported if "never retrieved" in m], reported
+    logged = [r for r in caplog.records if "collecting line only failed" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is None, logged
+    assert "Error" in logged[0].getMessage()  # the connection error, named
 
 
 @pytest.mark.slow

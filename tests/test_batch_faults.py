@@ -1,11 +1,13 @@
 """A batch under faults: a worker SIGKILLed and the feeding API process SIGKILLed
-mid-batch, or Redis SIGKILLed and started again from its AOF; every custom_id is in
-the output exactly once, each body equal to the same request run alone (the mock is
-seeded)."""
+mid-batch, the feeding API process stopped (SIGTERM) mid-batch, or Redis SIGKILLed and
+started again from its AOF; every custom_id is in the output exactly once, each body
+equal to the same request run alone (the mock is seeded)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
 from typing import Any
 
 import httpx
@@ -13,11 +15,12 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from llmq.embedded import EmbeddedRedis, free_port
+from llmq.embedded import EmbeddedRedis
 from llmq.protocol import keys
 from tests.support.native import wait_ready
-from tests.support.processes import Proc, clean_env
+from tests.support.processes import start_api_process
 from tests.support.servers import SpawnWorkers, StartApi, StartWorker
+from tests.support.sse import stream_completion
 from tests.support.waiting import wait_until
 from tests.test_batch import by_custom_id, chat_line, create, finished
 
@@ -28,19 +31,14 @@ async def test_every_line_once_and_exact_after_a_worker_and_the_feeding_api_die(
     start_api: StartApi, spawn_workers: SpawnWorkers, redis_url: str, redis: Redis
 ) -> None:
     procs = await spawn_workers(2, concurrency=2, model_tokens_per_second=100, lease_seconds=1)
-    port = free_port()
-    env = clean_env(
-        LLMQ_REDIS_URL=redis_url,
-        LLMQ_PORT=str(port),
-        LLMQ_HEARTBEAT_SECONDS="0.2",
-        LLMQ_ORPHAN_GRACE_SECONDS="1",
+    url, feeding = start_api_process(
+        redis_url, LLMQ_HEARTBEAT_SECONDS="0.2", LLMQ_ORPHAN_GRACE_SECONDS="1"
     )
-    feeding = Proc(["api"], env)
     lines = [chat_line(f"l{i}", f"line {i} asks", max_tokens=30 + i) for i in range(16)]
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as a:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as a:
             await wait_ready(a, timeout=30, path="/healthz")
-        first = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        first = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused")
         async with first:
             batch = await create(first, lines)
 
@@ -75,6 +73,55 @@ async def test_every_line_once_and_exact_after_a_worker_and_the_feeding_api_die(
         expected = alone[custom_id]
         assert body["choices"][0]["message"]["content"] == expected.choices[0].message.content
         assert body["usage"]["completion_tokens"] == expected.usage.completion_tokens
+
+
+async def test_a_stopped_feeding_api_hands_its_batch_over_and_fails_no_line(
+    start_api: StartApi, start_worker: StartWorker, redis_url: str, redis: Redis
+) -> None:
+    """SIGTERM to the API process feeding a batch of 300 short lines while a client
+    stream is open on it (so it stops only after its streams' grace): it gives the
+    lease up at once and records none of the lines it was collecting; another API
+    process takes over at once (the first one's lease, 30 s long, does not lapse
+    meanwhile) and collects them. No line is in the error file, every custom_id is in
+    the output once, and the client stream ends as documented (``shutting_down``)."""
+    await start_worker(concurrency=3)
+    url, feeding = start_api_process(
+        redis_url, LLMQ_ORPHAN_GRACE_SECONDS="30", LLMQ_SHUTDOWN_GRACE_SECONDS="2"
+    )
+    lines = [chat_line(f"s{i}", f"short {i}", max_tokens=4) for i in range(300)]
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as a:
+            await wait_ready(a, timeout=30, path="/healthz")
+            started = asyncio.Event()
+            live = asyncio.create_task(stream_completion(a, 2000, started))
+            async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused") as sdk:
+                batch = await create(sdk, lines)
+
+            async def some_done() -> bool:
+                done = await redis.hget(keys.batch(batch.id), "completed")  # type: ignore[misc]
+                return started.is_set() and int(done or 0) >= 20
+
+            await wait_until(some_done, timeout=30, what="the stream and 20 lines")
+            feeding.signal(signal.SIGTERM)
+            survivor = await start_api()
+            _, stream_errors = await live
+        assert await asyncio.to_thread(feeding.wait, 15) in (
+            0,
+            -signal.SIGTERM,
+        )  # uvicorn re-raises it
+        async with survivor.sdk() as client:
+            done = (await finished(client, batch.id, timeout=20))[-1]
+            errors = (
+                (await client.files.content(done.error_file_id)).text if done.error_file_id else ""
+            )
+            output = by_custom_id((await client.files.content(done.output_file_id)).text)
+    finally:
+        feeding.stop()
+    assert [e["code"] for e in stream_errors] == ["shutting_down"]
+    assert done.status == "completed", done
+    assert errors == "", errors.splitlines()[:3]
+    assert sorted(output) == sorted(line["custom_id"] for line in lines)
+    assert done.request_counts is not None and done.request_counts.failed == 0
 
 
 async def test_every_line_once_and_exact_across_a_redis_restart(

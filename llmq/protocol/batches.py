@@ -1,10 +1,11 @@
 """The Batch API's steps in Redis: take lines to feed, record a line's result exactly
-once, move a batch's status, and how much room a model's pool has for batch lines.
+once, move a batch's status, hold the feeder's lease, and how much room a model's pool
+has for batch lines.
 
 Each step is one script (``lua/batch_take.lua``, ``batch_result.lua``,
 ``batch_status.lua``) over the keys of one batch (:func:`llmq.protocol.keys.batch`
-and its neighbours, one hash tag); the API's feeder (``api/batch_feeder.py``) and
-batch routes call them.
+and its neighbours, one hash tag), or over the feeder's lease (``batch_lease.lua``);
+the API's feeder (``api/batch_feeder.py``) and batch routes call them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from llmq.protocol import keys
 from llmq.protocol.codec import as_str
 from llmq.protocol.queue import BATCH_BAND_MS
 from llmq.protocol.scripts import scripts_for
-from llmq.protocol.slots import BatchResult, BatchStatus, BatchTake
+from llmq.protocol.slots import BatchLease, BatchResult, BatchStatus, BatchTake
 
 
 async def take(redis: Redis, batch_id: str, count: int) -> list[str]:
@@ -41,6 +42,13 @@ async def record(redis: Redis, batch_id: str, custom_id: str, line: str, *, ok: 
         "1" if ok else "0",
     ).run(scripts_for(redis))
     return bool(recorded)
+
+
+async def lease(redis: Redis, holder: str, ms: int) -> bool:
+    """Take or keep the feeder's lease for ``ms`` (True while ``holder`` holds it), or,
+    with ``ms`` 0, give it up if ``holder`` holds it (True if it did)."""
+    held = await BatchLease(keys.BATCH_FEEDER, holder, ms).run(scripts_for(redis))
+    return bool(held)
 
 
 async def move(redis: Redis, batch_id: str, status: str, *, since: tuple[str, ...]) -> bool:

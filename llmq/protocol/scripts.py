@@ -68,6 +68,7 @@ NAMES = (
     "batch_take",
     "batch_result",
     "batch_status",
+    "batch_lease",
     "quota_take",
     "quota_return",
     "fair_yield",
@@ -123,6 +124,7 @@ class Scripts:
     batch_take: AsyncScript
     batch_result: AsyncScript
     batch_status: AsyncScript
+    batch_lease: AsyncScript
     quota_take: AsyncScript
     quota_return: AsyncScript
     fair_yield: AsyncScript

@@ -586,6 +586,17 @@ class BatchResult(Slots):
 
 
 @dataclass(frozen=True)
+class BatchLease(Slots):
+    """``batch_lease.lua``: take or keep the batch feeder's lease, or give it up (``ms`` 0)."""
+
+    SCRIPT: ClassVar[str] = "batch_lease"
+
+    lease_key: str
+    holder: str
+    ms: int
+
+
+@dataclass(frozen=True)
 class BatchStatus(Slots):
     """``batch_status.lua``: move a batch's status if it is in one of ``since``."""
 

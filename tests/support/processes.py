@@ -40,6 +40,14 @@ def start_run(*args: str, **env: str) -> tuple[str, Proc]:
     return f"http://127.0.0.1:{port}", proc
 
 
+def start_api_process(redis_url: str, **env: str) -> tuple[str, Proc]:
+    """``llmq api`` on a free port against ``redis_url`` (``env``: more ``LLMQ_*``
+    settings): its URL and process, which a test may signal or kill."""
+    port = free_port()
+    proc = Proc(["api"], clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **env))
+    return f"http://127.0.0.1:{port}", proc
+
+
 def logged_restart(output: str, name: str, pid: int) -> bool:
     """Whether the supervisor's ``output`` says it restarts ``name`` (pid ``pid``)
     after a SIGKILL."""
