@@ -1,7 +1,7 @@
-"""The deploy/ files (Prometheus config, Grafana dashboard) name only real metrics.
+"""The deploy/ files (Prometheus config and rules, Grafana dashboard) name only real metrics.
 
-A renamed metric would otherwise leave a dashboard panel silently empty: every
-``llmq_*`` name in those files must appear in a live ``/metrics`` answer.
+A renamed metric would otherwise leave a dashboard panel silently empty, or an alert
+silent: every ``llmq_*`` name in those files must appear in a live ``/metrics`` answer.
 """
 
 from __future__ import annotations
@@ -18,15 +18,23 @@ from tests.support.servers import RunningApi
 from tests.support.waiting import wait_until
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-FILES = [DEPLOY / "prometheus.yml", *sorted((DEPLOY / "grafana").rglob("*.json"))]
+PROMETHEUS = DEPLOY / "prometheus"
+FILES = [
+    PROMETHEUS / "prometheus.yml",
+    *sorted((PROMETHEUS / "rules").glob("*.yml")),
+    *sorted((DEPLOY / "grafana").rglob("*.json")),
+]
 NAME = re.compile(r"\bllmq_[a-z0-9_]+")
 
 
 def exposed(text: str) -> set[str]:
+    """Families and samples; a counter family without samples yet still names its ``_total``."""
     names = set()
     for family in text_string_to_metric_families(text):
         names.add(family.name)
         names.update(s.name for s in family.samples)
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
     return names
 
 
@@ -40,10 +48,11 @@ def test_dashboard_is_valid_json_with_queries() -> None:
 
 
 def test_prometheus_config_scrapes_the_api() -> None:
-    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     (job,) = config["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     assert job["static_configs"][0]["targets"] == ["api:8000"]
+    assert config["rule_files"] == ["rules/*.yml"]  # docker-compose.yml mounts the folder
 
 
 async def test_every_metric_named_in_deploy_files_is_exposed(stack: RunningApi) -> None:
