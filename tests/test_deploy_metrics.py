@@ -43,8 +43,27 @@ def test_dashboard_is_valid_json_with_queries() -> None:
     assert dashboards
     for path in dashboards:
         board = json.loads(path.read_text())
-        exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
-        assert exprs and all(NAME.search(e) for e in exprs), path
+        panels = [p for p in board["panels"] if p["type"] != "row"]
+        exprs = [t["expr"] for p in panels for t in p["targets"]]
+        assert all(p["targets"] for p in panels) and exprs, path
+        assert all(NAME.search(e) for e in exprs), path
+
+
+def test_dashboard_repeats_a_row_per_tenant_and_has_one_for_batches() -> None:
+    board = json.loads((DEPLOY / "grafana" / "dashboards" / "llmq.json").read_text())
+    (variable,) = board["templating"]["list"]
+    assert variable["name"] == "tenant" and "llmq_tenant_" in variable["definition"]
+    rows = [i for i, p in enumerate(board["panels"]) if p["type"] == "row"]
+    sections = {
+        board["panels"][i]["title"]: board["panels"][i + 1 : j]
+        for i, j in zip(rows, [*rows[1:], len(board["panels"])], strict=True)
+    }
+    tenant = next(board["panels"][i] for i in rows if board["panels"][i].get("repeat"))
+    assert tenant["repeat"] == "tenant"
+    for panel in sections[tenant["title"]]:
+        assert all('tenant="$tenant"' in t["expr"] for t in panel["targets"]), panel["title"]
+    batch_exprs = " ".join(t["expr"] for p in sections["Batches"] for t in p["targets"])
+    assert "llmq_batch_lines_total" in batch_exprs and "llmq_batches_total" in batch_exprs
 
 
 def test_prometheus_config_scrapes_the_api() -> None:
