@@ -23,6 +23,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	bash scripts/check-rules.sh
 
 format: install
 	$(BIN)/ruff check --fix .

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from api.totals import Totals, read_totals
 from llmq import metrics, registry
 from llmq.autoscale.state import autoscaled
+from llmq.protocol import keys
 from llmq.protocol.depth import queue_depth, queued_by_priority
 from llmq.schema import ScaleState, WorkerInfo
 
@@ -36,6 +37,9 @@ RUNNING = "llmq_running_requests"
 UTILIZATION = "llmq_utilization_ratio"
 DESIRED_WORKERS = "llmq_autoscaler_desired_workers"
 ACTUAL_WORKERS = "llmq_autoscaler_actual_workers"
+MAX_WORKERS = "llmq_autoscaler_max_workers"
+BATCHES_ACTIVE = "llmq_batches_active"
+REDIS_UP = "llmq_redis_up"
 KV_CACHE_USAGE = "llmq_worker_kv_cache_usage_ratio"
 #: Counters per live worker (since it started), beside the cluster's per model.
 WORKER_CACHE_QUERIES = "llmq_worker_prefix_cache_queries"
@@ -52,6 +56,9 @@ GAUGES = (
     UTILIZATION,
     DESIRED_WORKERS,
     ACTUAL_WORKERS,
+    MAX_WORKERS,
+    BATCHES_ACTIVE,
+    REDIS_UP,
     KV_CACHE_USAGE,
 )
 
@@ -63,6 +70,7 @@ class Scrape:
     depths: dict[str, int]
     priorities: dict[str, dict[int, int]]
     scaled: dict[str, ScaleState] = field(default_factory=dict)
+    batches_active: int = 0
 
 
 async def scrape(redis: Redis, worker_ttl: float, extra_models: frozenset[str]) -> Scrape:
@@ -72,7 +80,9 @@ async def scrape(redis: Redis, worker_ttl: float, extra_models: frozenset[str]) 
     models = sorted(totals.models() | {w.model for w in workers} | extra_models)
     depths = {m: await queue_depth(redis, m) for m in models}
     priorities = {m: await queued_by_priority(redis, m) for m in models if depths[m]}
-    return Scrape(totals, workers, depths, priorities, await autoscaled(redis))
+    scaled = await autoscaled(redis)
+    batches_active = int(await redis.zcard(keys.BATCHES_ACTIVE))
+    return Scrape(totals, workers, depths, priorities, scaled, batches_active)
 
 
 class ClusterCollector(Collector):
@@ -140,10 +150,20 @@ class ClusterCollector(Collector):
         actual = GaugeMetricFamily(
             ACTUAL_WORKERS, "Live workers the autoscaler counts per model.", labels=["model"]
         )
+        most = GaugeMetricFamily(
+            MAX_WORKERS, "The most workers the autoscaler may order per model.", labels=["model"]
+        )
         for model, state in sorted(data.scaled.items()):
             desired.add_metric([model], state.desired)
             actual.add_metric([model], state.actual)
-        yield from (desired, actual)
+            most.add_metric([model], state.max_workers)
+        yield from (desired, actual, most)
+        yield GaugeMetricFamily(
+            BATCHES_ACTIVE,
+            "Batches not ended yet (validating to finalizing).",
+            value=data.batches_active,
+        )
+        yield redis_up(True)
 
     def _worker_caches(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """Each live worker's KV cache, as vLLM exposes its own (the cluster's prefix cache
@@ -170,7 +190,21 @@ class ClusterCollector(Collector):
         yield from (usage, queries, hits)
 
 
-def render(data: Scrape) -> bytes:
+def redis_up(up: bool) -> GaugeMetricFamily:
+    """1 when this answer was read from Redis; a scrape while Redis is away gets only
+    this gauge, at 0, so that an alert can tell Redis away from the API away."""
+    return GaugeMetricFamily(
+        REDIS_UP, "Whether this API replica reached Redis for this scrape.", value=float(up)
+    )
+
+
+class RedisDown(Collector):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield redis_up(False)
+
+
+def render(data: Scrape | None) -> bytes:
+    """The exposition of ``data``, or of Redis being away when there is none."""
     registry_ = CollectorRegistry(auto_describe=False)
-    registry_.register(ClusterCollector(data))
+    registry_.register(ClusterCollector(data) if data is not None else RedisDown())
     return generate_latest(registry_)

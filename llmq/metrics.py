@@ -168,6 +168,10 @@ FAIR_YIELDS = Counter(
     "Live requests that gave their slot to another tenant's (LLMQ_FAIRNESS=vtc), to be "
     "resumed later.",
 )
+WORKER_STARTS = Counter(
+    "llmq_worker_starts",
+    "Worker processes started (counted by each at its start; restarts included).",
+)
 
 TENANT_REQUESTS = Counter(
     "llmq_tenant_requests",
@@ -203,6 +207,7 @@ COUNTERS: tuple[Counter, ...] = (
     BATCH_LINES,
     BATCHES,
     FAIR_YIELDS,
+    WORKER_STARTS,
     TENANT_REQUESTS,
     TENANT_TOKENS,
 )

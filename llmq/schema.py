@@ -430,6 +430,8 @@ class ScaleState(_Frozen):
     actual: int
     starting: int
     target: int
+    #: The most workers it may order (its MIN:MAX bound); 0 in an entry that predates it.
+    max_workers: int = 0
     owner: str
     #: Unix seconds after which the entry is stale (its controller stopped or lost the lease).
     expires_at: float

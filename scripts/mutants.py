@@ -46,6 +46,8 @@ class Mutant:
 
 
 CONTRACT = "tests/test_readme_contract.py"
+ALERT_RULES = "deploy/prometheus/rules/llmq.rules.yml"
+ALERT_TESTS = "tests/test_alert_rules.py::test_the_rules_pass_their_unit_tests"
 
 #: One entry per guarantee. To retarget after a refactor, change ``path``/``old``/``new``.
 MUTANTS: tuple[Mutant, ...] = (
@@ -431,6 +433,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "stop_grace_period: 30s",
         "stop_grace_period: 10s",
         ("tests/test_compose.py",),
+    ),
+    Mutant(
+        "alert-burn-6x",
+        "a 6x burn of an objective's error budget over 6h and 30m pages",
+        ALERT_RULES,
+        "llmq:slo_errors:ratio_rate6h > on (slo) group_left () (6 * llmq:slo:error_budget)",
+        "llmq:slo_errors:ratio_rate6h > on (slo) group_left () (60 * llmq:slo:error_budget)",
+        (ALERT_TESTS,),
+    ),
+    Mutant(
+        "alert-burn-short-window",
+        "a burn that stopped pages no more (each row's short window must burn too)",
+        ALERT_RULES,
+        "llmq:slo_errors:ratio_rate30m > on (slo) group_left ()",
+        "llmq:slo_errors:ratio_rate6h > on (slo) group_left ()",
+        (ALERT_TESTS,),
+    ),
+    Mutant(
+        "alert-no-live-worker",
+        "a model without a live worker pages, unless its autoscaler wants none",
+        ALERT_RULES,
+        "max by (model) (llmq_live_workers) == 0",
+        "max by (model) (llmq_live_workers) < 0",
+        (ALERT_TESTS,),
     ),
     Mutant(
         "job-timeout-bound",

@@ -149,6 +149,8 @@ async def test_a_model_without_workers_is_accepted_while_autoscaled(
                 return 'llmq_autoscaler_desired_workers{model="mock"} 1.0' in text
 
             await wait_until(gauge, timeout=10, what="the desired-workers gauge")
+            text = (await client.get("/metrics")).text
+            assert 'llmq_autoscaler_max_workers{model="mock"} 2.0' in text  # bounds' MAX
             await start_worker()  # what the driver (KEDA, llmq run) does
             done = await wait_status(client, rid, "done")
             assert done["completion_tokens"] == 3

@@ -28,6 +28,7 @@ from llmq.protocol.queue import BATCH_BAND_MS
 from llmq.protocol.streams import lifecycle_entries
 from llmq.schema import Lifecycle
 from llmq.tail import format_line
+from tests.support.exposition import value
 from tests.support.native import post_request, record, wait_ready, wait_status
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -486,6 +487,20 @@ async def test_batch_counters_are_in_the_metrics(stack: RunningApi) -> None:
             )
 
         await wait_until(counted, timeout=10, what="the batch counters")
+
+
+async def test_a_batch_is_active_in_the_metrics_until_it_ends(start_api: StartApi) -> None:
+    """``llmq_batches_active`` counts a batch from its creation to its end: what the
+    stalled-batch alert compares with the lines' progress."""
+    api = await start_api(accept_models="ghost")  # no worker: its line never runs
+    line = chat_line("g", "waits")
+    line["body"]["model"] = "ghost"
+    async with api.sdk() as client, api.client() as http:
+        batch = await create(client, [line])
+        assert value((await http.get("/metrics")).text, "llmq_batches_active") == 1
+        await client.batches.cancel(batch.id)
+        assert (await finished(client, batch.id))[-1].status == "cancelled"
+        assert value((await http.get("/metrics")).text, "llmq_batches_active") == 0
 
 
 async def test_a_batch_s_progress_is_in_the_lifecycle_stream(

@@ -41,6 +41,27 @@ def seconds(duration: str | int | float) -> float:
     return sum(float(n) * units[u] for n, u in parts)
 
 
+def mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Target -> host path of a service's bind mounts, short or long syntax."""
+    out = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+        else:
+            source, target = volume["source"], volume["target"]
+        if source.startswith((".", "/")):
+            out[target] = (COMPOSE.parent / source).resolve()
+    return out
+
+
+def check_prometheus(service: dict[str, Any]) -> None:
+    """Its config (deploy/prometheus/prometheus.yml) and the rules it names are mounted."""
+    assert "--config.file=/etc/prometheus/prometheus.yml" in service["command"]
+    folder = mounts(service)["/etc/prometheus"]
+    config = yaml.safe_load((folder / "prometheus.yml").read_text())
+    assert all(list(folder.glob(g)) for g in config["rule_files"]), config["rule_files"]
+
+
 def check(config: dict[str, Any]) -> None:
     services = config["services"]
     assert {"redis", "api", "worker", "prometheus", "grafana"} <= set(services)
@@ -73,6 +94,7 @@ def check(config: dict[str, Any]) -> None:
     default = {n for n, s in services.items() if not s.get("profiles")}
     publishing = {n for n in default if services[n].get("ports")}
     assert publishing == {"api"}, f"`docker compose up` must publish only the API: {publishing}"
+    check_prometheus(services["prometheus"])
     for name, port in (("prometheus", 9090), ("grafana", 3000)):
         assert services[name]["profiles"] == ["monitoring"], name
         published = [str(p) for p in services[name].get("ports", [])]

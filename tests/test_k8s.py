@@ -150,6 +150,20 @@ def test_keda_scales_workers_on_the_published_desired_count() -> None:
     assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["llmq-api:8000"]
 
 
+def test_prometheus_loads_the_rules_configmap_made_from_the_rules_folder() -> None:
+    config = yaml.safe_load(by_kind("ConfigMap")["prometheus"]["data"]["prometheus.yml"])
+    (rules,) = config["rule_files"]
+    pod = by_kind("Deployment")["prometheus"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mount = next(m for m in container["volumeMounts"] if rules.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    name = volume["configMap"]["name"]
+    # the command the manifest's comment gives makes it from the repository's rules
+    made = f"kubectl create configmap {name} --from-file=deploy/prometheus/rules/"
+    assert made in (K8S / "prometheus.yaml").read_text()
+    assert list((K8S.parent / "prometheus" / "rules").glob(rules.rsplit("/", 1)[1]))
+
+
 def test_keda_redis_fallback_counts_the_models_queue() -> None:
     (obj,) = documents(K8S / "keda" / "scaledobject-redis.yaml")
     trigger = check_scaled_object(obj)

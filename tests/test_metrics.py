@@ -159,6 +159,7 @@ async def test_cluster_counts_survive_a_killed_worker(
         assert value(text, f"{metrics.TTFT.name}_count") == n
         assert value(text, f"{metrics.ITL.name}_count") == 4 * n
         assert value(text, "llmq_live_workers", model="mock") == 2
+        assert value(text, "llmq_worker_starts_total", model="mock") == 2
         assert value(text, "llmq_capacity_requests", model="mock") == 4
         served = {
             ls for (name, ls), _ in samples(text).items() if name == "llmq_worker_running_requests"

@@ -1,9 +1,11 @@
-"""A real Prometheus scrapes ``/metrics`` and computes a TTFT percentile from it.
+"""A real Prometheus scrapes ``/metrics``, computes a TTFT percentile, evaluates the rules.
 
 This proves the exposition is what Prometheus accepts (not only what
-prometheus_client's parser accepts) and that the histogram works with
-``histogram_quantile``. Debian's ``prometheus`` package provides the binary
-(``scripts/system-deps.sh`` installs it in CI); without it the test is skipped.
+prometheus_client's parser accepts), that the histogram works with
+``histogram_quantile``, and that the objectives' ``le`` bounds in
+deploy/prometheus/rules/ name buckets ``/metrics`` really has. Debian's
+``prometheus`` package provides the binary (``scripts/system-deps.sh`` installs it in
+CI); without it the test is skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from tests.support.waiting import wait_until
 
 PROMETHEUS = shutil.which("prometheus")
 QUERY = "histogram_quantile(0.5, sum(rate(llmq_time_to_first_token_seconds_bucket[30s])) by (le))"
+RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules"
+#: Each objective's error ratio: a number (0 here) only if its ``le`` names a real bucket.
+RATIOS = "llmq:slo_errors:ratio_rate5m"
 
 
 def _config(target: str) -> str:
@@ -28,6 +33,7 @@ def _config(target: str) -> str:
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
+rule_files: ["{RULES}/*.yml"]
 scrape_configs:
   - job_name: llmq
     scrape_interval: 1s
@@ -83,8 +89,22 @@ async def test_prometheus_computes_ttft_quantile(stack: RunningApi, tmp_path: Pa
                 return value == value and value > 0  # not NaN
 
             await wait_until(
-                ttft_median, timeout=75, interval=0.2, what="Prometheus to compute the TTFT p50"
+                ttft_median, timeout=60, interval=0.2, what="Prometheus to compute the TTFT p50"
             )
+            ratios: dict[str, float] = {}
+
+            async def objectives_evaluated() -> bool:
+                body = {"model": "mock", "prompt": "hi", "max_tokens": 2}
+                assert (await client.post("/v1/completions", json=body)).status_code == 200
+                r = await prom.get("/api/v1/query", params={"query": RATIOS})
+                for sample in r.json()["data"]["result"]:
+                    ratios[sample["metric"]["slo"]] = float(sample["value"][1])
+                return len(ratios) == 2 and all(v == v for v in ratios.values())  # not NaN
+
+            await wait_until(
+                objectives_evaluated, timeout=20, interval=0.2, what="the objectives' ratios"
+            )
+            assert ratios == {"queue_wait": 0.0, "ttft": 0.0}  # the mock answers at once
     finally:
         proc.kill()
         proc.wait(10)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from llmq.embedded import EmbeddedRedis
+from tests.support.exposition import samples, value
 from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -46,6 +47,26 @@ async def test_outage_and_restart(
     assert refused_in < 5
     assert ready.status_code == 503 and health.status_code == 200
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
+
+
+async def test_metrics_say_redis_is_away_while_it_is(
+    own_redis: EmbeddedRedis, start_api: StartApi
+) -> None:
+    """``/metrics`` answers ``llmq_redis_up 0`` (not an error) while Redis is away, so
+    that the Redis alert tells it from the API being away."""
+    api = await start_api(redis_url=own_redis.url, **FAST_FAIL)
+    async with api.client(timeout=10) as c:
+        up = await c.get("/metrics")
+        own_redis.kill()
+        down = await c.get("/metrics")
+        own_redis.start()
+
+        async def back() -> bool:
+            return value((await c.get("/metrics")).text, "llmq_redis_up") == 1
+
+        await wait_until(back, timeout=20, what="llmq_redis_up back at 1")
+    assert value(up.text, "llmq_redis_up") == 1 and "llmq_queue_depth" in up.text
+    assert down.status_code == 200 and samples(down.text) == {("llmq_redis_up", ()): 0.0}
 
 
 async def test_queued_requests_survive_a_restart_with_aof(

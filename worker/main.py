@@ -241,6 +241,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
         lifecycle_maxlen=settings.lifecycle_maxlen,
     )
     tally = metrics.Tally()
+    tally.inc(metrics.WORKER_STARTS, settings.model)  # a crash loop shows as starts
     cache = CacheReport(backend)
     runner = RequestRunner(
         worker_id,

@@ -13,19 +13,28 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from redis.exceptions import MaxConnectionsError
 
 from api.exposition import render, scrape
 from api.state import State
 from api.summary import cluster_summary, window_rates
 from api.totals import read_totals
+from llmq.connection import PoolExhausted
+from llmq.outage import OUTAGE
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", response_class=Response)
 async def prometheus_metrics(state: State) -> Response:
-    """Counters and histograms of the whole cluster, plus queue and worker gauges."""
-    data = await scrape(state.redis, state.settings.worker_ttl_seconds, state.accept_models)
+    """Counters and histograms of the whole cluster, plus queue and worker gauges; while
+    Redis is away, only ``llmq_redis_up 0`` (a 200, so that Prometheus keeps the answer)."""
+    try:
+        data = await scrape(state.redis, state.settings.worker_ttl_seconds, state.accept_models)
+    except (PoolExhausted, MaxConnectionsError):
+        raise  # this process is busy, Redis is not away: the error boundary's 429
+    except OUTAGE:
+        data = None
     return Response(render(data), media_type=CONTENT_TYPE_LATEST)
 
 

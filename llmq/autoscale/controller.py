@@ -1,8 +1,9 @@
 """The controller loop: every period, hold the lease, read the cluster, decide, act, show it.
 
 Every decision is visible three ways: the published state per model
-(``llmq:autoscaler:state``: desired, actual, starting; ``/metrics`` shows it as
-``llmq_autoscaler_desired_workers`` and ``llmq_autoscaler_actual_workers``), a
+(``llmq:autoscaler:state``: desired, actual, starting, its maximum; ``/metrics`` shows
+it as ``llmq_autoscaler_desired_workers``, ``llmq_autoscaler_actual_workers`` and
+``llmq_autoscaler_max_workers``), a
 counter of actions by direction and reason (``llmq_autoscaler_actions_total``), and
 a ``scaled`` entry on the lifecycle stream for each action.
 """
@@ -150,6 +151,7 @@ class Controller:
                 if decision.direction == "none"
                 else max(decision.target - signals.ready, 0),
                 target=decision.target,
+                max_workers=law.settings.max_workers,
                 owner=self.lease.owner,
                 expires_at=expires,
             ),
