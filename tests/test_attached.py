@@ -25,7 +25,7 @@ async def attached(redis: Redis, api: RunningApi) -> set[str]:
 async def test_an_openai_request_is_attached_while_its_client_is_there(
     stack: RunningApi, redis: Redis
 ) -> None:
-    body = {"model": "mock", "prompt": "hold on", "max_tokens": 3, "stream": True}
+    body = {"model": "mock", "prompt": "hold on", "max_tokens": 500, "stream": True}  # seconds
     async with stack.client() as client:
         async with client.stream("POST", "/v1/completions", json=body) as r:
             async for frame in frames(r):

@@ -90,12 +90,13 @@ async def test_a_higher_priority_overtakes_the_backlog(
     await spawn_workers(1, concurrency=1, model_tokens_per_second=100)
     api = await start_api()
     async with api.client() as client:
-        busy = await post_request(client, "busy", max_tokens=30)
+        busy = await post_request(client, "busy", max_tokens=3000)  # until cancelled
         await wait_status(client, busy, "running")
         backlog = [
             await post_request(client, f"low{i}", priority=5, max_tokens=10) for i in range(3)
         ]
         urgent = await post_request(client, "urgent", priority=0, max_tokens=10)
+        assert (await client.delete(f"/v1/requests/{busy}")).status_code == 200  # a slot frees
         records = {rid: await wait_status(client, rid, "done") for rid in [*backlog, urgent]}
     order = sorted(records, key=lambda rid: records[rid]["started_at"])
     assert order == [urgent, *backlog]
