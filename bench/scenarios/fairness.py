@@ -10,6 +10,10 @@ far); *served* the completion tokens of requests finished in the window.
 - ``noisy``: tenant ``light`` at half its fair share, alone, then beside ``noisy`` at ten
   times its share: light's p99 TTFT (from its requests' ``first_token`` notes) beside
   noisy against alone (target: at most 1.25x), and its p99 wait beside it.
+- ``bursty``: under the default settings, tenant ``bursty`` sending bursts of
+  ``burst`` requests at once every ``burst_every_s`` (half its fair share on average),
+  alone, then beside ``noisy`` at ten times its share: bursty's p99 TTFT beside noisy
+  against alone (target: at most 2x).
 - ``weights``: tenants of weight 3 and 1, both sending twice the pool's capacity: the
   ratio of tokens served (target 3 ± 10 %), and per 10 s window.
 - ``lone``: one tenant at 1.5x capacity: its throughput (target: at least 98 % of fifo's).
@@ -18,14 +22,16 @@ far); *served* the completion tokens of requests finished in the window.
 - ``tpm``: a tenant limited to N tokens per minute, offered 1.6 N through 4 API
   processes for 3 minutes: what it was admitted per minute (target 0.9 N to 1.05 N).
 - ``light``: the light scenario's load (one worker, nothing queues) with tenants (the
-  default tenant given limits: its quota taken and returned, ``vtc``) and without
-  (``fifo``, no limits), alternated: pickup (API accept to worker start) and TTFT
-  medians (target: with tenants no more than 10 % slower, median of paired ratios).
+  default settings, so ``vtc``, and the default tenant given limits: its quota taken and
+  returned) and without (``LLMQ_FAIRNESS=fifo``, no limits), alternated: pickup (API
+  accept to worker start) and TTFT medians (target: with tenants no more than 10 %
+  slower, median of paired ratios).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
@@ -58,6 +64,9 @@ class Sizes:
     tpm: int = 30_000
     tpm_api_processes: int = 4
     tpm_duration_s: float = 180.0
+    #: The bursty case: this many requests at once, every this many seconds.
+    burst: int = 4
+    burst_every_s: float = 2.0
 
     @property
     def capacity(self) -> float:
@@ -90,9 +99,16 @@ async def _send(client: httpx.AsyncClient, tenant: str, body: dict[str, Any]) ->
 
 
 async def _drive(
-    url: str, s: Sizes, rates: dict[str, float], seed: int, duration: float | None = None
+    url: str,
+    s: Sizes,
+    rates: dict[str, float],
+    seed: int,
+    duration: float | None = None,
+    bursts: frozenset[str] = frozenset(),
 ) -> list[Sent]:
-    """Poisson arrivals per tenant for ``duration`` (default ``s.duration_s``)."""
+    """Poisson arrivals per tenant for ``duration`` (default ``s.duration_s``); a tenant
+    in ``bursts`` sends ``s.burst`` at once every ``s.burst_every_s`` instead (its rate
+    unused), from a random phase."""
     body = {
         "model": "mock",
         "prompt": "fair share",
@@ -111,8 +127,21 @@ async def _drive(
                     return
                 tasks.append(asyncio.create_task(_send(client, tenant, body)))
 
+        async def burst(tenant: str, rng: random.Random) -> None:
+            end = time.monotonic() + (duration or s.duration_s)
+            await asyncio.sleep(rng.uniform(0, s.burst_every_s))
+            while time.monotonic() < end:
+                for _ in range(s.burst):
+                    tasks.append(asyncio.create_task(_send(client, tenant, body)))
+                await asyncio.sleep(s.burst_every_s)
+
         await asyncio.gather(
-            *(arrivals(t, r, random.Random(f"{seed}-{t}")) for t, r in rates.items())
+            *(
+                (burst if t in bursts else functools.partial(arrivals, rate=r))(
+                    t, rng=random.Random(f"{seed}-{t}")
+                )
+                for t, r in rates.items()
+            )
         )
         return list(await asyncio.gather(*tasks))
 
@@ -164,17 +193,21 @@ async def _records(redis_url: str, sent: list[Sent]) -> list[dict[str, Any]]:
 def _case(
     ctx: Context,
     s: Sizes,
-    policy: str,
+    policy: str | None,
     tenants: list[Tenant],
     rates: dict[str, float],
     seed: int,
     api_env: dict[str, str] | None = None,
     duration: float | None = None,
+    bursts: frozenset[str] = frozenset(),
 ) -> tuple[list[Sent], list[dict[str, Any]]]:
-    env = {"LLMQ_FAIRNESS": policy, "LLMQ_TENANT_HEADER": "X-Tenant"}
+    """One stack, ``policy`` on every process (None: the default settings'), driven by
+    the tenants' arrivals."""
+    fairness = {} if policy is None else {"LLMQ_FAIRNESS": policy}
+    env = {**fairness, "LLMQ_TENANT_HEADER": "X-Tenant"}
     env.update({"LLMQ_MAX_QUEUE_DEPTH": "20000", **(api_env or {})})
     worker_env = {
-        "LLMQ_FAIRNESS": policy,
+        **fairness,
         "LLMQ_CONCURRENCY": str(s.slots),
         "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
     }
@@ -187,7 +220,7 @@ def _case(
             for t in tenants:
                 await store.put(t)
             await redis.aclose()
-            sent = await _drive(stack.url, s, rates, seed, duration)
+            sent = await _drive(stack.url, s, rates, seed, duration, bursts)
             return sent, await _records(stack.redis.url, sent)
 
         return asyncio.run(go())
@@ -240,6 +273,29 @@ def _noisy(ctx: Context, s: Sizes) -> dict[str, Any]:
             "noisy_wait_p99_ms": _p99(both, "noisy"),
         }
     return out
+
+
+def _bursty(ctx: Context, s: Sizes) -> dict[str, Any]:
+    """Bursts of a tenant below its share, alone and beside a noisy tenant, under the
+    default settings."""
+    share = s.capacity / 2
+    tenants = [Tenant(name="bursty"), Tenant(name="noisy")]
+    bursts = frozenset({"bursty"})
+    ctx.say("  bursty: default settings")
+    _, alone = _case(ctx, s, None, tenants, {"bursty": 0}, 6, bursts=bursts)
+    _, both = _case(ctx, s, None, tenants, {"bursty": 0, "noisy": 10 * share}, 6, bursts=bursts)
+    a, b = _ttft_p99(alone, "bursty"), _ttft_p99(both, "bursty")
+    return {
+        "burst": s.burst,
+        "every_s": s.burst_every_s,
+        "share_used": s.burst / s.burst_every_s / share,
+        "ttft_p99_alone_ms": a,
+        "ttft_p99_beside_noisy_ms": b,
+        "ttft_beside_noisy_ms": describe_ms(
+            [r["ttft_ms"] or r["wait_ms"] for r in both if r["tenant"] == "bursty"]
+        ),
+        "ratio": None if not a or b is None else b / a,
+    }
 
 
 def _weights(ctx: Context, s: Sizes) -> dict[str, Any]:
@@ -329,11 +385,11 @@ def _light(ctx: Context) -> dict[str, Any]:
     for folder in logs.values():
         folder.mkdir(parents=True, exist_ok=True)
     with (
-        Stack(logs["plain"]) as plain,
-        Stack(logs["tenants"], {"LLMQ_FAIRNESS": "vtc"}) as ten,
+        Stack(logs["plain"], {"LLMQ_FAIRNESS": "fifo"}) as plain,
+        Stack(logs["tenants"]) as ten,
     ):
-        plain.scale(1, worker_env)
-        ten.scale(1, {**worker_env, "LLMQ_FAIRNESS": "vtc"})
+        plain.scale(1, {**worker_env, "LLMQ_FAIRNESS": "fifo"})
+        ten.scale(1, worker_env)
 
         async def limit() -> None:
             redis = Redis.from_url(ten.redis.url)
@@ -364,7 +420,7 @@ def _light(ctx: Context) -> dict[str, Any]:
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
     noisy, weights, lone, shed = _noisy(ctx, s), _weights(ctx, s), _lone(ctx, s), _shed(ctx, s)
-    tpm, quiet = _tpm(ctx, s), _light(ctx)
+    bursty, tpm, quiet = _bursty(ctx, s), _tpm(ctx, s), _light(ctx)
     rows = []
     for policy in POLICIES:
         n, w = noisy[policy], weights[policy]
@@ -387,6 +443,13 @@ def run(ctx: Context) -> ScenarioResult:
             "light tenant's p99 TTFT beside a noisy one at most 1.25x its p99 alone (vtc)",
             None if vtc["ratio"] is None else vtc["ratio"] <= 1.25,
             f"{fmt(vtc['ratio'], 2)}x",
+        ),
+        Target(
+            f"a bursty tenant's p99 TTFT beside a noisy one at most 2x its p99 alone "
+            f"(default settings; bursts of {s.burst} every {s.burst_every_s:g} s)",
+            None if bursty["ratio"] is None else bursty["ratio"] <= 2,
+            f"{fmt(bursty['ratio'], 2)}x: {fmt(bursty['ttft_p99_alone_ms'])} ms alone, "
+            f"{fmt(bursty['ttft_p99_beside_noisy_ms'])} ms beside",
         ),
         Target(
             "weights 3:1 served 3 ± 10 % (vtc)",
@@ -453,6 +516,7 @@ def run(ctx: Context) -> ScenarioResult:
         "weights": weights,
         "lone": lone,
         "shed": shed,
+        "bursty": bursty,
         "tpm": tpm,
         "light": quiet,
     }
