@@ -13,7 +13,7 @@ from typing import NoReturn, cast
 
 from fastapi import FastAPI
 from redis.asyncio import Redis, RedisCluster
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from api import errors, event_stream, openapi
 from api.batch_feeder import BatchFeeder
@@ -58,16 +58,36 @@ async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> No
     )
 
 
+#: The header a draining process adds to each response.
+CLOSE = (b"connection", b"close")
+
+
 class _App(FastAPI):
     """FastAPI that hands the server's own ``send`` to the streaming responses.
 
     A stream's chunks then skip the middleware wrappers around ``send``, which only
-    watch a response's start (see :class:`api.event_stream.EventStream`).
+    watch a response's start (see :class:`api.event_stream.EventStream`). While the
+    process drains (:attr:`AppState.draining`), every response says
+    ``Connection: close``; otherwise nothing wraps ``send``.
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[event_stream.SERVER_SEND] = send
+        state: AppState | None = getattr(self.state, "llmq", None)
+        if state is not None and state.draining.is_set() and scope["type"] == "http":
+            send = _closing(send)
         await super().__call__(scope, receive, send)
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``Connection: close`` added to the response's start."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), CLOSE]}
+        await send(message)
+
+    return closing
 
 
 def create_app(settings: ApiSettings) -> FastAPI:

@@ -7,13 +7,18 @@ API process: its own relay, its own liveness lease and attached requests, its ow
 Redis pools. They share nothing but Redis, exactly like API replicas on different
 hosts.
 
-On SIGTERM/SIGINT uvicorn stops accepting and waits for open responses. At once,
+On SIGTERM/SIGINT the process first *drains* (:meth:`Server.drain`): readiness fails
+and every response closes its connection, while idle keep-alive connections are given
+until they are used once more or time out, so that a client does not send a request
+on a connection at the moment the process closes it (a reset that would leave the
+client not knowing whether its request was taken). Then uvicorn stops accepting and
+waits for open responses. At once, at the SIGTERM,
 the process hands its batch feeding over (:meth:`api.batch_feeder.BatchFeeder.hand_over`:
 the lease is given up, the lines it was collecting are collected by the next feeder,
 none is failed). Streams still open ``shutdown_grace_seconds`` later (their worker
 stopped, or their request went back to the queue) are ended by the API with an error
 chunk and ``[DONE]`` (:func:`api.follow.end_open_streams`), before uvicorn's own
-deadline would cut them.
+deadline would cut them (the grace counts from the drain's end).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -34,6 +40,17 @@ from llmq.collector import tune_garbage_collector
 from llmq.settings import ApiSettings
 
 log = logging.getLogger(__name__)
+
+
+#: How long after the keep-alive timeout a drain may last, and how often it looks.
+DRAIN_MARGIN_SECONDS = 0.5
+DRAIN_POLL_SECONDS = 0.05
+
+
+def _idle(connection: Any) -> bool:
+    """A connection between requests (uvicorn's own test in its protocols' ``shutdown``)."""
+    cycle = getattr(connection, "cycle", None)
+    return cycle is None or bool(cycle.response_complete)
 
 
 class Server(uvicorn.Server):
@@ -55,15 +72,31 @@ class Server(uvicorn.Server):
         if feeder is not None:
             await feeder.hand_over()
 
+    async def drain(self) -> None:
+        """Fail readiness and close each connection after its next response, until no
+        connection is idle (a request may come on an idle one) or the keep-alive timeout
+        has passed (uvicorn has closed every connection idle that long)."""
+        state: AppState | None = getattr(self.llmq_app.state, "llmq", None)
+        if state is None:
+            return
+        state.draining.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout_keep_alive + DRAIN_MARGIN_SECONDS
+        while loop.time() < deadline and any(map(_idle, self.server_state.connections)):
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        ender = asyncio.create_task(self._end_streams_later())
         handing = asyncio.create_task(self._hand_over_batches())
+        ender: asyncio.Task[None] | None = None
         try:
+            await self.drain()
+            ender = asyncio.create_task(self._end_streams_later())
             await super().shutdown(sockets)
         finally:
-            ender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ender
+            if ender is not None:
+                ender.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ender
             await handing  # bounded: HAND_OVER_SECONDS per wait
 
 

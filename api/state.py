@@ -43,6 +43,9 @@ class AppState:
     metrics: Tally = field(default_factory=Tally)
     #: The subscriptions of the streams being relayed, ended cleanly at shutdown.
     following: set[Subscription] = field(default_factory=set)
+    #: Set on SIGTERM (:mod:`api.main`): readiness fails and every response closes its
+    #: connection, so that clients move to another process before this one stops.
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` detached from the request (e.g. a cancel after a disconnect).

@@ -27,6 +27,10 @@ async def readyz(state: State) -> dict[str, Any] | JSONResponse:
     """Ready: Redis answers and at least one worker is alive with a model that answers
     (``ready``; a worker whose upstream is down stays listed, not ready), or an
     autoscaler serves a model (scaled to zero, its first request starts a worker)."""
+    if state.draining.is_set():
+        return error_response(
+            503, "this API process is stopping", "service_unavailable", code="shutting_down"
+        )
     try:
         await state.redis.ping()
         workers = await state.catalog.workers()
