@@ -57,13 +57,17 @@ API: dict[str, Any] = {"sse_keepalive_seconds": 1.0, "tenant_header": "X-Tenant"
 WAIT_MARGIN = 2.0
 
 
-def wait_bound(worker: dict[str, Any]) -> float:
+def wait_bound(worker: dict[str, Any], max_tokens: int) -> float:
     """The longest a request of a tenant below its share may wait for its first token
     (docs/chaos.md): what losing its worker costs (the lease running out, or the drain
-    of a SIGTERMed worker, then the sweep that requeues it), plus :data:`WAIT_MARGIN`."""
+    of a SIGTERMed worker, then the sweep that requeues it), plus a slot freeing in a
+    pool full of other tenants' requests (an interactive run is not preempted, a batch
+    line is: at worst the longest run, ``max_tokens`` at the mock's speed), plus
+    :data:`WAIT_MARGIN`."""
     settings = WorkerSettings(**worker)
     lost = max(settings.lease_seconds, settings.drain_seconds)
-    return lost + settings.sweep_seconds + WAIT_MARGIN
+    longest_run = max_tokens / settings.model_tokens_per_second
+    return lost + settings.sweep_seconds + longest_run + WAIT_MARGIN
 
 
 #: A Redis pause or sleep (at most 3 s) is not a failover; SENTINEL FAILOVER is.
@@ -197,7 +201,7 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     history = History(plan.seed, plan.duration, started_unix=time.time(), bound=plan.bound)
     history.flush_seconds = FLUSH_SECONDS
     history.below_share = list(tenants.BELOW_SHARE)
-    history.wait_bound = wait_bound(rig.worker_settings)
+    history.wait_bound = wait_bound(rig.worker_settings, plan.max_tokens[1])
     history.fault_tail = rig.worker_settings["lease_seconds"] + 1.0
     clients = Clients([rig.stack.api_url(h) for h in API_HOSTS], rig.started)
     kinds = [k for k in KINDS if not plan.kinds or k.name in plan.kinds]
