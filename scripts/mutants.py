@@ -951,6 +951,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_quota.py::test_a_request_is_queued_only_with_its_quota_taken",),
     ),
     Mutant(
+        "rolling-restart-quota",
+        "after a rolling restart under load no tenant holds a place among its requests at once",
+        "llmq/protocol/lua/quota_return.lua",
+        "redis.call('ZREM', inflight_key, id)",
+        "-- the place is kept",
+        ("tests/test_rolling_restart.py",),
+    ),
+    Mutant(
+        "rolling-restart-tenant-tokens",
+        "each tenant's tokens counted (llmq tenant stats) equal its requests' records",
+        "llmq/protocol/queue.py",
+        "self.tally.inc(metrics.TENANT_TOKENS, label, amount=used)",
+        "self.tally.inc(metrics.TENANT_TOKENS, label, amount=used + 1)",
+        ("tests/test_rolling_restart.py",),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",

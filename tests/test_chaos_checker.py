@@ -32,7 +32,7 @@ def reference(spec: Spec) -> list[str]:
 
 def native(n: int = 0, **changes: object) -> Request:
     r = Request(
-        Spec(n, "native", seed=1, prompt="p", max_tokens=4),
+        Spec(n, "native", seed=1, prompt="p", max_tokens=4, tenant="steady"),
         submitted_at=1.0,
         request_id=f"r{n}",
         outcome="done",
@@ -48,7 +48,7 @@ def native(n: int = 0, **changes: object) -> Request:
 
 def openai(n: int = 1, **changes: object) -> Request:
     r = Request(
-        Spec(n, "openai", seed=1, prompt="p", max_tokens=4),
+        Spec(n, "openai", seed=1, prompt="p", max_tokens=4, tenant="steady"),
         submitted_at=1.0,
         request_id=f"r{n}",
         outcome="done",
@@ -102,7 +102,7 @@ def rules(h: History) -> list[str]:
 
 
 def test_a_correct_history_passes_and_survives_json() -> None:
-    h = history(native(0), openai(1), batch=batch(), counters={"length": 4.0})
+    h = history(native(0), openai(1), batches=[batch()], counters={"length": 4.0})
     assert check(h, reference) == []
     assert check(from_json(to_json(h)), reference) == []
 
@@ -115,6 +115,21 @@ def test_delivered_counts_tokens_of_a_prefix_and_rejects_anything_else() -> None
     assert delivered("a  b", REF) is None
     assert delivered("a b ", REF) is None  # cut inside a token
 
+
+#: Prompt + completion tokens of ``native()``'s record.
+TOKENS = 4.0
+API1 = "http://api1:8000"
+#: Graceful stops overlapping ``native()`` and ``openai()`` (submitted at 1 s, ended at 3 s).
+TERM = Fault("worker-term", ["worker1"], 1.5, 2.5)
+API_TERM = Fault("api-term", ["api1"], 1.5, 2.5, detail={"apis": [API1]})
+#: An OpenAI stream its stopping API ended with the documented error chunk.
+SHUT: dict[str, object] = {
+    "outcome": "error",
+    "finish_reason": None,
+    "text": "a b",
+    "usage_tokens": None,
+    "error_code": "shutting_down",
+}
 
 CASES: dict[str, tuple[str, Callable[[], History]]] = {
     "never ended": ("ends", lambda: history(native(record={"status": "running"}))),
@@ -159,20 +174,89 @@ CASES: dict[str, tuple[str, Callable[[], History]]] = {
     ),
     "a batch line twice": (
         "batch",
-        lambda: history(batch=batch(output=[*batch().output, ("line-100", "a b c d")])),
+        lambda: history(batches=[batch(output=[*batch().output, ("line-100", "a b c d")])]),
     ),
-    "a batch line missing": ("batch", lambda: history(batch=batch(output=batch().output[:1]))),
+    "a batch line missing": ("batch", lambda: history(batches=[batch(output=batch().output[:1])])),
     "a batch line failed": (
         "batch",
         lambda: history(
-            batch=batch(output=batch().output[:1], errors=[("line-101", "status 500")])
+            batches=[batch(output=batch().output[:1], errors=[("line-101", "shutting_down")])]
         ),
     ),
     "a batch line's text differs": (
         "batch",
-        lambda: history(batch=batch(output=[("line-100", "a b c"), ("line-101", "a b")])),
+        lambda: history(batches=[batch(output=[("line-100", "a b c"), ("line-101", "a b")])]),
     ),
-    "a batch not completed": ("batch", lambda: history(batch=batch(status="expired"))),
+    "a batch not completed": ("batch", lambda: history(batches=[batch(status="expired")])),
+    "a later batch's line failed": (
+        "batch",
+        lambda: history(batches=[batch(), batch(errors=[("line-100", "status 500")])]),
+    ),
+    "a 429 without retry-after": (
+        "quota",
+        lambda: history(native(request_id=None, outcome="refused", refused_status=429)),
+    ),
+    "a reservation left": (
+        "quota",
+        lambda: history(native(), quotas={"steady": {"reserved": 1, "inflight": 0}}),
+    ),
+    "a place at once left": (
+        "quota",
+        lambda: history(native(), quotas={"steady": {"reserved": 0, "inflight": 2}}),
+    ),
+    "tenant tokens counted twice": (
+        "tenant-tokens",
+        lambda: history(native(), tenant_tokens={"steady": 2 * TOKENS}),
+    ),
+    "tenant tokens not counted": (
+        "tenant-tokens",
+        lambda: history(native(), tenant_tokens={"steady": 0.0}),
+    ),
+    "tenant tokens of another tenant": (
+        "tenant-tokens",
+        lambda: history(native(), tenant_tokens={"steady": TOKENS, "flood": 3.0}),
+    ),
+    "a below-share request waited": (
+        "wait",
+        lambda: history(native(first_token_at=9.0), below_share=["steady"], wait_bound=4.0),
+    ),
+    "a below-share request waited across a worker's loss": (
+        "wait",
+        lambda: history(
+            native(first_token_at=9.0),
+            below_share=["steady"],
+            wait_bound=4.0,
+            faults=[Fault("worker-kill", ["worker1"], 1.5, 3.0)],
+        ),
+    ),
+    "a native stream failed across a worker's SIGTERM": (
+        "graceful",
+        lambda: history(
+            native(outcome="error", finish_reason="error", error_code="model_error"),
+            faults=[TERM],
+        ),
+    ),
+    "an OpenAI stream cut across an API's SIGTERM": (
+        "graceful",
+        lambda: history(
+            openai(outcome="cut", finish_reason=None, text="a b", usage_tokens=None, api=API1),
+            faults=[API_TERM],
+        ),
+    ),
+    "an OpenAI stream ended shutting_down by an API that kept running": (
+        "graceful",
+        lambda: history(
+            openai(1, **SHUT, api="http://api2:8000"),
+            faults=[API_TERM],
+        ),
+    ),
+    "a request refused (503) across a SIGTERM": (
+        "graceful",
+        lambda: history(
+            native(request_id=None, outcome="refused", refused_status=503, record={}),
+            faults=[TERM],
+        ),
+    ),
     "crashed": (
         "crashes",
         lambda: history(native(), processes=[Process("worker1", 7, 1, by_nemesis=False)]),
@@ -205,6 +289,39 @@ def test_a_count_lost_with_a_killed_process_is_allowed_but_never_an_extra_one() 
     assert check(lost, reference) == []
     extra = history(native(), counters={"length": 2.0}, faults=[kill])
     assert rules(extra) == ["metrics"]
+
+
+def test_tenants_quotas_waits_and_graceful_stops_pass_when_they_hold() -> None:
+    flood = native(
+        2,
+        request_id=None,
+        outcome="refused",
+        refused_status=429,
+        retry_after="1",
+        record={},
+        spec=Spec(2, "native", seed=1, prompt="p", max_tokens=4, tenant="flood"),
+    )
+    shut = openai(3, **SHUT, api=API1, record=_record("cancelled", "cancelled", 2, at=3.0))
+    h = history(
+        native(first_token_at=2.0),
+        openai(1, api=API1),
+        flood,
+        shut,
+        faults=[TERM, API_TERM],
+        quotas={"steady": {"reserved": 0, "inflight": 0}, "flood": {"reserved": 0, "inflight": 0}},
+        tenant_tokens={"steady": 2 * TOKENS + 2},  # the cancelled one may count its tokens
+        below_share=["steady"],
+        wait_bound=4.0,
+        counters={"length": 2.0, "cancelled": 1.0},
+    )
+    assert check(h, reference) == []
+    assert check(from_json(to_json(h)), reference) == []
+
+
+def test_a_wait_across_a_fault_that_stops_everything_is_no_violation() -> None:
+    stall = Fault("redis-pause", ["redis1"], 1.5, 4.0)
+    h = history(native(first_token_at=9.0), below_share=["steady"], wait_bound=4.0, faults=[stall])
+    assert check(h, reference) == []
 
 
 def test_a_process_the_nemesis_killed_is_no_crash() -> None:

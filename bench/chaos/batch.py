@@ -1,9 +1,11 @@
-"""A batch through the Batch API beside the campaign's clients, under the same faults.
+"""Batches through the Batch API beside the campaign's clients, under the same faults.
 
-Created before the faults start, through whichever API host answers; once the
-faults are healed it is awaited (within the campaign's bound) and its output and
-error files read back line by line into the history, where the checker's ``batch``
-rule wants every ``custom_id`` once with the undisturbed run's text.
+One after another throughout the campaign (:func:`throughout`): each is created
+through whichever API host answers, awaited, and its output and error files read
+back line by line into the history, where the checker's ``batch`` rule wants every
+``custom_id`` once with the undisturbed run's text and no line failed; the next is
+made once it ended, until the faults stop (the last one is awaited within the
+campaign's bound). The batches are the default tenant's (no ``X-Tenant``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -24,18 +26,51 @@ FIRST_LINE = 100_000
 ENDED = ("completed", "failed", "expired", "cancelled")
 
 
-def batch_specs(seed: int, lines: int, max_tokens: tuple[int, int]) -> list[Spec]:
-    rng = random.Random(f"batch:{seed}")
+def batch_specs(seed: int, lines: int, max_tokens: tuple[int, int], number: int = 0) -> list[Spec]:
+    """The lines of the campaign's ``number``-th batch."""
+    rng = random.Random(f"batch:{seed}:{number}")
+    first = FIRST_LINE + number * lines
     return [
         Spec(
-            n=FIRST_LINE + i,
+            n=first + i,
             kind="openai",
             seed=rng.randrange(1 << 30),
-            prompt=f"chaos {seed} batch line {i}",
+            prompt=f"chaos {seed} batch line {first + i}",
             max_tokens=rng.randint(*max_tokens),
         )
         for i in range(lines)
     ]
+
+
+async def throughout(
+    apis: Sequence[str],
+    seed: int,
+    lines: int,
+    max_tokens: tuple[int, int],
+    now: Callable[[], float],
+    stop: asyncio.Event,
+    bound: float,
+    into: list[BatchRun],
+) -> None:
+    """Batches one after another into ``into`` until ``stop`` is set; the one running
+    then is awaited for ``bound`` seconds more."""
+    number = 0
+    while True:
+        run = await submit(apis, batch_specs(seed, lines, max_tokens, number))
+        run.created_at = now()
+        into.append(run)
+        collecting = asyncio.ensure_future(collect(apis, run, None))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({collecting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not collecting.done() and not (await asyncio.wait({collecting}, timeout=bound))[0]:
+            collecting.cancel()
+            await asyncio.gather(collecting, return_exceptions=True)
+            run.error = f"not ended {bound:g} s after the faults stopped (status {run.status})"
+        run.ended_at = now()
+        number += 1
+        if stop.is_set() or run.error:
+            return
 
 
 def _line(spec: Spec) -> str:
@@ -97,8 +132,9 @@ async def submit(apis: Sequence[str], specs: list[Spec]) -> BatchRun:
     return run
 
 
-async def collect(apis: Sequence[str], run: BatchRun, timeout: float) -> None:
-    """Wait for the batch to end (at most ``timeout`` s), then read its files."""
+async def collect(apis: Sequence[str], run: BatchRun, timeout: float | None) -> None:
+    """Wait for the batch to end (at most ``timeout`` s; None: for as long as it
+    takes), then read its files."""
     if not run.batch_id:
         return
     try:
@@ -112,9 +148,17 @@ async def collect(apis: Sequence[str], run: BatchRun, timeout: float) -> None:
         for field, into in (("output_file_id", run.output), ("error_file_id", run.errors)):
             if got.get(field):
                 text = (await _any(apis, "GET", f"/v1/files/{got[field]}/content")).text
-                into += [_entry(json.loads(raw), field) for raw in text.splitlines()]
+                lines = [json.loads(raw) for raw in text.splitlines()]
+                into += [_entry(line, field) for line in lines]
+                run.tokens += sum(_tokens(line) for line in lines)
     except (TimeoutError, RuntimeError, httpx.HTTPError, ValueError) as exc:
         run.error = f"the batch could not be read back: {type(exc).__name__}: {exc}"
+
+
+def _tokens(line: dict[str, Any]) -> int:
+    """Prompt + completion tokens of an output line (none for an error line)."""
+    usage = ((line.get("response") or {}).get("body") or {}).get("usage") or {}
+    return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
 
 
 def _entry(line: dict[str, Any], field: str) -> tuple[str, str]:

@@ -4,12 +4,13 @@ whole history checked.
 
 The stack: Redis with its append-only file (primary, replica, three Sentinels),
 two API hosts, three worker hosts and the client side in the root namespace
-(which reaches every host over the bridge). Clients arrive as a Poisson process
-drawn from the seed: half native, half OpenAI streams, a share cancelling at a
-random moment, each asking ``max_tokens`` with ``ignore_eos`` so that the
-expected text is exactly that many tokens of the mock for its seed
-(:func:`reference`); and a batch of such lines through the Batch API
-(:mod:`bench.chaos.batch`), made before the faults start.
+(which reaches every host over the bridge). Clients of three tenants with quotas
+(:mod:`bench.chaos.tenants`: one flooding, one bursty, one steady) arrive as drawn
+from the seed: half native, half OpenAI streams, a share cancelling at a random
+moment, each asking ``max_tokens`` with ``ignore_eos`` so that the expected text is
+exactly that many tokens of the mock for its seed (:func:`reference`); and batches
+of such lines through the Batch API (:mod:`bench.chaos.batch`), one after another
+throughout.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
-from bench.chaos import batch
+from bench.chaos import batch, tenants
 from bench.chaos.checker import TERMINAL, Violation, check
 from bench.chaos.clients import Clients
 from bench.chaos.history import History, Kind, Process, Request, Spec, to_json
@@ -50,7 +51,25 @@ WORKER: dict[str, Any] = {
     "concurrency": 4,
     "drain_seconds": 2,
 }
-API: dict[str, Any] = {"sse_keepalive_seconds": 1.0}
+API: dict[str, Any] = {"sse_keepalive_seconds": 1.0, "tenant_header": "X-Tenant"}
+#: What the ``wait`` bound allows beyond a worker's loss: a claim, a prefill and a
+#: token interval, and the clients' and APIs' scheduling on a loaded 2-CPU host.
+WAIT_MARGIN = 2.0
+
+
+def wait_bound(worker: dict[str, Any], max_tokens: int) -> float:
+    """The longest a request of a tenant below its share may wait for its first token
+    (docs/chaos.md): what losing its worker costs (the lease running out, or the drain
+    of a SIGTERMed worker, then the sweep that requeues it), plus a slot freeing in a
+    pool full of other tenants' requests (an interactive run is not preempted, a batch
+    line is: at worst the longest run, ``max_tokens`` at the mock's speed), plus
+    :data:`WAIT_MARGIN`."""
+    settings = WorkerSettings(**worker)
+    lost = max(settings.lease_seconds, settings.drain_seconds)
+    longest_run = max_tokens / settings.model_tokens_per_second
+    return lost + settings.sweep_seconds + longest_run + WAIT_MARGIN
+
+
 #: A Redis pause or sleep (at most 3 s) is not a failover; SENTINEL FAILOVER is.
 DOWN_AFTER_MS = 5000
 
@@ -71,18 +90,24 @@ class Plan:
     self_expiry: bool = True
     #: Fault kinds to draw from, by name (empty: every one).
     kinds: tuple[str, ...] = ()
-    #: Lines of the batch run beside the clients (0: none).
-    batch_lines: int = 30
+    #: Lines of each batch run beside the clients, one after another (0: none).
+    batch_lines: int = 20
+    #: The flooding tenant's arrivals (far above its share: its quota refuses most).
+    flood_per_second: float = 3.0
+    #: The bursty tenant's bursts: this many requests at once, every so many seconds.
+    burst: int = 4
+    burst_every: tuple[float, float] = (4.0, 6.0)
 
 
 def replay_command(plan: Plan) -> str:
     return f"python -m bench --scenarios chaos --seed {plan.seed} --duration {plan.duration:g}"
 
 
-async def reference(spec: Spec) -> list[str]:
+async def reference(spec: Spec, worker: dict[str, Any] = WORKER) -> list[str]:
     """The tokens of an undisturbed run: the mock for the seed, without its waits, with
-    the workers' chance to stop (its draws shape the tokens even under ``ignore_eos``)."""
-    stop = WorkerSettings(**WORKER).mock_stop_probability()
+    the chance to stop of workers run with ``worker`` settings (its draws shape the
+    tokens even under ``ignore_eos``)."""
+    stop = WorkerSettings(**worker).mock_stop_probability()
     model = MockBackend(tokens_per_second=1e9, prefill_seconds_per_token=0.0, stop_probability=stop)
     request = GenerationRequest(
         prompt=spec.prompt,
@@ -95,25 +120,40 @@ async def reference(spec: Spec) -> list[str]:
 
 
 def specs(plan: Plan) -> list[tuple[float, Spec]]:
-    """Every request of the campaign, with its arrival time (seconds), from the seed."""
-    rng = random.Random(f"clients:{plan.seed}")
-    at, out = 0.0, list[tuple[float, Spec]]()
-    while True:
-        at += rng.expovariate(plan.arrivals_per_second)
-        if at >= plan.duration:
-            return out
-        n = len(out)
-        kind: Kind = "openai" if rng.random() < plan.openai_share else "native"
-        cancel = rng.uniform(0.2, 3.0) if rng.random() < plan.cancel_share else None
+    """Every request of the campaign, with its arrival time (seconds), from the seed:
+    the steady tenant's, the flooding one's, the bursty one's, numbered by arrival."""
+    arrivals = _poisson(plan, f"clients:{plan.seed}", plan.arrivals_per_second, tenants.STEADY)
+    arrivals += _poisson(plan, f"flood:{plan.seed}", plan.flood_per_second, tenants.FLOOD)
+    rng, at = random.Random(f"bursty:{plan.seed}"), 0.0
+    while (at := at + rng.uniform(*plan.burst_every)) < plan.duration:
+        arrivals += [(at, tenants.BURSTY, rng) for _ in range(plan.burst)]
+    arrivals.sort(key=lambda a: a[0])
+    out = list[tuple[float, Spec]]()
+    for n, (at, tenant, draw) in enumerate(arrivals):
+        kind: Kind = "openai" if draw.random() < plan.openai_share else "native"
+        cancel = draw.uniform(0.2, 3.0) if draw.random() < plan.cancel_share else None
         spec = Spec(
             n=n,
             kind=kind,
-            seed=rng.randrange(1 << 30),
+            seed=draw.randrange(1 << 30),
             prompt=f"chaos {plan.seed} request {n}",
-            max_tokens=rng.randint(*plan.max_tokens),
+            max_tokens=draw.randint(*plan.max_tokens),
             cancel_after=cancel,
+            tenant=tenant,
         )
         out.append((at, spec))
+    return out
+
+
+def _poisson(
+    plan: Plan, name: str, per_second: float, tenant: str
+) -> list[tuple[float, str, random.Random]]:
+    """Arrivals of one tenant, each with the generator its request is drawn from."""
+    rng, at = random.Random(name), 0.0
+    out: list[tuple[float, str, random.Random]] = []
+    while per_second > 0 and (at := at + rng.expovariate(per_second)) < plan.duration:
+        out.append((at, tenant, random.Random(f"{name}:{len(out)}")))
+    return out
 
 
 def run(plan: Plan, say: Callable[[str], None], keep_logs: Path) -> tuple[History, list[Violation]]:
@@ -144,7 +184,7 @@ def run(plan: Plan, say: Callable[[str], None], keep_logs: Path) -> tuple[Histor
             for p in cluster.processes
         ]
         specs_ = [r.spec for r in history.requests]
-        specs_ += history.batch.specs if history.batch is not None else []
+        specs_ += [spec for run in history.batches for spec in run.specs]
         refs = {spec.n: asyncio.run(reference(spec)) for spec in specs_}
         violations = check(history, lambda spec: refs[spec.n])
         if violations:
@@ -160,11 +200,30 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     rig.started = time.monotonic()
     history = History(plan.seed, plan.duration, started_unix=time.time(), bound=plan.bound)
     history.flush_seconds = FLUSH_SECONDS
+    history.below_share = list(tenants.BELOW_SHARE)
+    history.wait_bound = wait_bound(rig.worker_settings, plan.max_tokens[1])
+    history.fault_tail = rig.worker_settings["lease_seconds"] + 1.0
     clients = Clients([rig.stack.api_url(h) for h in API_HOSTS], rig.started)
     kinds = [k for k in KINDS if not plan.kinds or k.name in plan.kinds]
+    redis = _redis(rig.stack)
+    try:
+        await tenants.create(redis)
+    finally:
+        await redis.aclose(close_connection_pool=True)
+    batches, quiet = None, asyncio.Event()
     if plan.batch_lines:
-        lines = batch.batch_specs(plan.seed, plan.batch_lines, plan.max_tokens)
-        history.batch = await batch.submit(clients.apis, lines)
+        batches = asyncio.create_task(
+            batch.throughout(
+                clients.apis,
+                plan.seed,
+                plan.batch_lines,
+                plan.max_tokens,
+                rig.now,
+                quiet,
+                plan.bound,
+                history.batches,
+            )
+        )
     nemesis = Nemesis(rig, plan.seed, kinds=kinds)
     history.faults = nemesis.faults
     faults = asyncio.create_task(nemesis.run(until=plan.duration))
@@ -186,6 +245,7 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     finally:
         await rig.heal_all()
     history.quiet_at = rig.now()
+    quiet.set()
     say(f"chaos: {len(history.faults)} faults; healed at {history.quiet_at:.0f} s; settling")
     if tasks:
         _, pending = await asyncio.wait(tasks, timeout=plan.bound)
@@ -195,9 +255,8 @@ async def _drive(plan: Plan, rig: Rig, say: Callable[[str], None]) -> History:
     for request in history.requests:
         if request.outcome is None:
             request.outcome, request.ended_at = "hung", rig.now()
-    if history.batch is not None:
-        left = history.quiet_at + plan.bound - rig.now()
-        await batch.collect(clients.apis, history.batch, max(left, 1.0))
+    if batches is not None:
+        await batches
     await _settle(rig, history)
     return history
 
@@ -220,6 +279,13 @@ async def _settle(rig: Rig, history: History) -> None:
         await redis.aclose(close_connection_pool=True)
     await asyncio.sleep(FLUSH_SECONDS * 2.5)  # every process's last counts flushed
     history.counters, history.lease_lost_tokens = await _counters(rig)
+    names = [tenants.DEFAULT, *(t.name for t in tenants.TENANTS)]
+    redis = _redis(rig.stack)
+    try:
+        history.quotas = await tenants.quotas(redis, names)
+        history.tenant_tokens = await tenants.tokens(redis, names)
+    finally:
+        await redis.aclose(close_connection_pool=True)
 
 
 async def _read_records(redis: Redis, history: History) -> int:

@@ -25,9 +25,23 @@ produces (the mock model for its seed, computed in-process; see
 - ``crashes``: no process exited unless the nemesis stopped it;
 - ``nemesis``: every fault was healed (a failover that never completes, a process
   that does not come back ready, is the system's failure too);
-- ``batch``: a batch run beside the clients completed, every ``custom_id`` is in its
-  output exactly once (none missing, none twice, none in the error file), and each
-  line's text is the undisturbed run's.
+- ``batch``: every batch run beside the clients completed, every ``custom_id`` is in
+  its output exactly once (none missing, none twice, none in the error file: a fault
+  fails no line), and each line's text is the undisturbed run's;
+- ``quota``: a refusal for a tenant's quota (429) carries ``retry-after``, and once
+  everything ended no tenant holds a reservation or a place among its requests at once;
+- ``tenant-tokens``: ``llmq_tenant_tokens_total`` of each tenant (what ``llmq tenant
+  stats`` shows) is the sum of prompt + completion tokens over its requests' records
+  (a request cancelled while queued counts none), less no more than the counts a
+  killed process took with it, more by no more than submissions whose id was lost;
+- ``wait``: no request of a tenant below its share waited longer than
+  ``history.wait_bound`` for its first token, unless its wait overlapped a fault that
+  stops every request (Redis, an API killed, stopped or cut off, every worker killed);
+- ``graceful``: a request whose life overlapped only graceful stops (SIGTERM of a
+  worker or an API, a rolling restart) ends well: native ``done`` with all its tokens;
+  OpenAI ``[DONE]`` with the exact text, or, if its own API process was stopped while
+  it streamed, the documented ``shutting_down`` error chunk and ``[DONE]`` after the
+  API's shutdown grace (the request is to be retried); a refusal only for a quota.
 """
 
 from __future__ import annotations
@@ -46,6 +60,16 @@ COMPLETE = ("length", "stop")
 REASONS = ("length", "stop", "cancelled", "timeout", "error")
 #: Fault kinds that kill a process (its unflushed metrics are lost with it).
 KILLING = ("worker-kill", "all-workers-kill", "api-kill", "redis-stall-worker-kill")
+#: Graceful stops (SIGTERM): no request may fail for them.
+GRACEFUL = ("worker-term", "api-term", "rolling-restart")
+#: Fault kinds that cost a request at most what one worker's loss costs (its lease,
+#: or its drain, and a sweep): the ``wait`` bound holds across them; every other kind
+#: stops every request for as long as the nemesis holds it.
+ONE_WORKER = ("worker-kill", "worker-pause", "worker-partition", *GRACEFUL)
+#: The error code of a stream an API process ended as it stopped (api/follow.py).
+SHUTTING_DOWN = "shutting_down"
+#: The most prompt tokens a campaign request has (its prompt is a short sentence).
+PROMPT_TOKENS_AT_MOST = 64
 #: Batch lines a killed feeder may have enqueued without noting them (fed again, so
 #: run and counted twice): what one feeder step feeds, the pool's slots and lookahead.
 BATCH_REFED_PER_KILL = 20
@@ -78,7 +102,12 @@ def check(history: History, reference: Reference) -> list[Violation]:
     found += _settled(history)
     found += _metrics(history)
     found += _crashes(history)
-    found += _batch(history, reference)
+    for run in history.batches:
+        found += _batch(run, reference)
+    found += _quota(history)
+    found += _tenant_tokens(history)
+    found += _wait(history)
+    found += _graceful(history)
     return found
 
 
@@ -168,22 +197,17 @@ def _metrics(history: History) -> list[Violation]:
     recorded = Counter(
         reason for r in history.requests if r.request_id and (reason := _reason(r)) is not None
     )
-    kills = [f.started_at for f in history.faults if f.kind in KILLING]
-    window = history.flush_seconds + 0.5
     at_risk: Counter[str] = Counter()
     for r in history.requests:
-        reason, ended = _reason(r), _finished_at(history, r)
-        if reason is None or ended is None:
-            continue
-        if any(ended - 0.5 <= k <= ended + window for k in kills):
+        reason = _reason(r)
+        if reason is not None and _at_risk(history, r):
             at_risk[reason] += 1
     # submissions whose id the client never learnt may have run and been counted
-    unknown = sum(r.request_id is None and r.outcome != "refused" for r in history.requests)
-    if history.batch is not None:  # its lines are requests too, each counted once...
-        recorded["length"] += len(history.batch.output)
-        # ...but for those a killed feeding API had enqueued without noting it yet
-        api_kills = sum(f.kind == "api-kill" for f in history.faults)
-        unknown += api_kills * BATCH_REFED_PER_KILL
+    unknown = sum(_lost(r) for r in history.requests)
+    # batch lines are requests too, each counted once...
+    recorded["length"] += sum(len(run.output) for run in history.batches)
+    # ...but for those a killed feeding API had enqueued without noting it yet
+    unknown += _refed(history)
     out = []
     for reason in REASONS:
         counted = history.counters.get(reason, 0.0)
@@ -197,6 +221,30 @@ def _metrics(history: History) -> list[Violation]:
             )
             out.append(Violation("metrics", None, message))
     return out
+
+
+def _at_risk(history: History, r: Request) -> bool:
+    """Whether ``r`` ended within a flush interval before a process was killed (the
+    counts of its end may have died with it)."""
+    ended = _finished_at(history, r)
+    if ended is None:
+        return False
+    window = history.flush_seconds + 0.5
+    kills = [f.started_at for f in history.faults if f.kind in KILLING]
+    return any(ended - 0.5 <= k <= ended + window for k in kills)
+
+
+def _lost(r: Request) -> bool:
+    """A submission whose id the client never learnt: it may have run, unseen."""
+    return r.request_id is None and r.outcome != "refused"
+
+
+def _refed(history: History) -> int:
+    """Batch lines that may have run twice: those a killed feeding API had enqueued
+    without noting them (fed again)."""
+    if not history.batches:
+        return 0
+    return sum(f.kind == "api-kill" for f in history.faults) * BATCH_REFED_PER_KILL
 
 
 def _finished_at(history: History, r: Request) -> float | None:
@@ -219,12 +267,9 @@ def batch_custom_id(spec: Spec) -> str:
     return f"line-{spec.n}"
 
 
-def _batch(history: History, reference: Reference) -> list[Violation]:
-    run: BatchRun | None = history.batch
-    if run is None:
-        return []
+def _batch(run: BatchRun, reference: Reference) -> list[Violation]:
     if run.error or run.status != "completed":
-        return [Violation("batch", None, f"the batch ended {run.status!r}: {run.error}")]
+        return [Violation("batch", None, f"{run.batch_id} ended {run.status!r}: {run.error}")]
     out = [
         Violation("batch", None, f"line {custom_id} failed: {code}")
         for custom_id, code in run.errors
@@ -248,6 +293,130 @@ def _batch(history: History, reference: Reference) -> list[Violation]:
     unknown = set(texts) - {batch_custom_id(spec) for spec in run.specs}
     if unknown:
         out.append(Violation("batch", None, f"lines nobody asked for: {sorted(unknown)[:5]}"))
+    return out
+
+
+def _quota(history: History) -> list[Violation]:
+    out = [
+        Violation("quota", r.spec.n, f"refused 429 without retry-after ({_describe(r)})")
+        for r in history.requests
+        if r.refused_status == 429 and r.retry_after is None
+    ]
+    for tenant, held in sorted(history.quotas.items()):
+        left = {name: count for name, count in held.items() if count}
+        if left:
+            out.append(Violation("quota", None, f"tenant {tenant} still holds {left} at the end"))
+    return out
+
+
+def _tokens(r: Request) -> int:
+    return int(r.record.get("prompt_tokens") or 0) + int(r.record.get("completion_tokens") or 0)
+
+
+def _tenant_tokens(history: History) -> list[Violation]:
+    """Each tenant's counted tokens against its records: at least those of requests that
+    ran to an end (done, failed), less those a killed process may not have flushed; at
+    most those plus what cancelled requests used and lost submissions could have."""
+    if not history.tenant_tokens and not history.quotas:
+        return []  # a campaign without tenants
+    least: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+    risk: Counter[str] = Counter()
+    for r in history.requests:
+        tenant = r.spec.tenant or "default"
+        if _lost(r):
+            most[tenant] += PROMPT_TOKENS_AT_MOST + r.spec.max_tokens
+            continue
+        status = r.record.get("status")
+        if status not in TERMINAL:
+            continue
+        tokens = _tokens(r)
+        most[tenant] += tokens
+        if status != "cancelled":  # one cancelled while queued counts none
+            least[tenant] += tokens
+        if _at_risk(history, r):
+            risk[tenant] += tokens
+    for run in history.batches:
+        least["default"] += run.tokens
+        most["default"] += run.tokens
+        line_most = PROMPT_TOKENS_AT_MOST + max((s.max_tokens for s in run.specs), default=0)
+        most["default"] += _refed(history) * line_most
+    out = []
+    for tenant in sorted({*least, *most, *history.tenant_tokens}):
+        counted = history.tenant_tokens.get(tenant, 0.0)
+        if counted > most[tenant]:
+            message = f"tenant {tenant}: {counted:g} tokens counted, its records say {most[tenant]}"
+            out.append(Violation("tenant-tokens", None, message))
+        elif counted < least[tenant] - risk[tenant]:
+            message = (
+                f"tenant {tenant}: {counted:g} tokens counted, its records say {least[tenant]} "
+                f"({risk[tenant]} ended just before a process was killed)"
+            )
+            out.append(Violation("tenant-tokens", None, message))
+    return out
+
+
+def _overlaps(history: History, start: float, end: float, kinds: Callable[[str], bool]) -> bool:
+    """Whether a fault of a kind ``kinds`` accepts, or its tail, overlaps [start, end]."""
+    return any(
+        kinds(f.kind)
+        and f.started_at <= end
+        and start <= (f.ended_at if f.ended_at is not None else end) + history.fault_tail
+        for f in history.faults
+    )
+
+
+def _wait(history: History) -> list[Violation]:
+    out = []
+    for r in history.requests:
+        if r.spec.tenant not in history.below_share or r.request_id is None:
+            continue
+        if r.cancelled or r.outcome == "refused":
+            continue
+        first = r.first_token_at if r.first_token_at is not None else r.ended_at
+        if first is None or first - r.submitted_at <= history.wait_bound:
+            continue
+        if _overlaps(history, r.submitted_at, first, lambda kind: kind not in ONE_WORKER):
+            continue  # a fault that stops everything: its hold is the nemesis's choice
+        message = (
+            f"tenant {r.spec.tenant} waited {first - r.submitted_at:.2f} s for its first "
+            f"token, bound {history.wait_bound:g} s ({_describe(r)})"
+        )
+        out.append(Violation("wait", r.spec.n, message))
+    return out
+
+
+def _stopped_apis(history: History, start: float, end: float) -> set[str]:
+    """The API URLs a graceful stop ended while [start, end]."""
+    return {
+        url
+        for f in history.faults
+        if f.kind in GRACEFUL and f.started_at <= end and start <= (f.ended_at or end)
+        for url in f.detail.get("apis", [])
+    }
+
+
+def _graceful(history: History) -> list[Violation]:
+    out = []
+    for r in history.requests:
+        end = r.ended_at if r.ended_at is not None else r.submitted_at
+        if r.cancelled or not _overlaps(history, r.submitted_at, end, GRACEFUL.__contains__):
+            continue
+        if _overlaps(history, r.submitted_at, end, lambda kind: kind not in GRACEFUL):
+            continue
+        if r.outcome == "refused" and r.refused_status == 429:
+            continue  # a quota, not the stop
+        if r.outcome == "done" and r.finish_reason in COMPLETE:
+            continue  # the rules above check that it holds all its tokens
+        if (
+            r.spec.kind == "openai"
+            and r.outcome == "error"
+            and r.error_code == SHUTTING_DOWN
+            and r.api in _stopped_apis(history, r.submitted_at, end)
+        ):
+            continue  # the documented end of a stream its API stopped relaying
+        message = f"failed across a graceful stop: {r.error or r.outcome} ({_describe(r)})"
+        out.append(Violation("graceful", r.spec.n, message))
     return out
 
 

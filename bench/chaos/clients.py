@@ -1,5 +1,8 @@
 """The campaign's clients: native streams that reconnect to any API with
-``Last-Event-ID``, and OpenAI streams; some cancel at a random moment.
+``Last-Event-ID``, and OpenAI streams; some cancel at a random moment. Each sends
+its tenant in the ``X-Tenant`` header (the APIs run with ``LLMQ_TENANT_HEADER``),
+and like a load balancer tries another API when one refuses the connection (nothing
+reached it: a stopped or restarting process).
 
 Each client fills in its :class:`bench.chaos.history.Request` as things arrive and
 never raises: whatever happens becomes the request's outcome. Streams are read
@@ -12,7 +15,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +32,8 @@ OPENAI_IDLE_SECONDS = 15.0
 RECONNECT_PAUSE = 0.2
 #: An error event that ends one connection, not the request.
 SHUTTING_DOWN = "shutting_down"
+#: The header that names a request's tenant (the APIs' ``tenant_header``).
+TENANT_HEADER = "X-Tenant"
 
 
 @dataclass
@@ -69,38 +74,56 @@ class Clients:
         if r.ended_at is None:
             r.ended_at = self.now()
 
-    def _arrived(self, r: Request, last: float) -> float:
+    def _arrived(self, r: Request, last: float, *, token: bool = True) -> float:
         now = self.now()
         r.stall = max(r.stall, now - last)
+        if token and r.first_token_at is None:
+            r.first_token_at = now
         return now
+
+    def headers(self, r: Request) -> dict[str, str]:
+        return {TENANT_HEADER: r.spec.tenant} if r.spec.tenant else {}
+
+    def _refused(self, r: Request, response: httpx.Response) -> None:
+        r.refused_status = response.status_code
+        r.retry_after = response.headers.get("retry-after")
+        r.error = f"HTTP {response.status_code}: {response.text[:200]}"
+        self._end(r, "refused")
 
     def _end(self, r: Request, outcome: Any) -> None:
         r.outcome, r.ended_at = outcome, self.now()
 
-    async def _submit(self, http: httpx.AsyncClient, r: Request, rng: random.Random) -> bool:
-        """POST to APIs in random order until one answers; False if none accepted."""
+    async def _apis(self, rng: random.Random) -> AsyncIterator[str]:
+        """The APIs in a random order, round after round for 15 s (a pause between
+        rounds): a client goes on to the next while one refuses the connection."""
         apis = list(self.apis)
         rng.shuffle(apis)
         deadline = self.now() + 15.0
         while self.now() < deadline:
             for url in apis:
-                try:
-                    response = await http.post(url + "/v1/requests", json=self.body(r))
-                except httpx.ConnectError:
-                    continue  # nothing reached the API: safe to try another
-                except httpx.TransportError as exc:
-                    self._end(r, "unknown")
-                    r.error = f"submission's answer lost: {type(exc).__name__}"
-                    return False
-                if response.status_code == 202:
-                    r.request_id = str(response.json()["id"])
-                    return True
-                if response.status_code >= 500 and response.status_code != 503:
-                    continue
-                self._end(r, "refused")
-                r.error = f"HTTP {response.status_code}: {response.text[:200]}"
-                return False
+                yield url
             await asyncio.sleep(RECONNECT_PAUSE)
+
+    async def _submit(self, http: httpx.AsyncClient, r: Request, rng: random.Random) -> bool:
+        """POST to APIs in random order until one answers; False if none accepted."""
+        async for url in self._apis(rng):
+            try:
+                response = await http.post(
+                    url + "/v1/requests", json=self.body(r), headers=self.headers(r)
+                )
+            except httpx.ConnectError:
+                continue  # nothing reached the API: safe to try another
+            except httpx.TransportError as exc:
+                self._end(r, "unknown")
+                r.error = f"submission's answer lost: {type(exc).__name__}"
+                return False
+            if response.status_code == 202:
+                r.request_id, r.api = str(response.json()["id"]), url
+                return True
+            if response.status_code >= 500 and response.status_code != 503:
+                continue
+            self._refused(r, response)
+            return False
         self._end(r, "refused")
         r.error = "no API answered"
         return False
@@ -113,7 +136,9 @@ class Clients:
             # Set before sending: the request may end cancelled before the answer comes.
             r.cancelled = True
             try:
-                response = await http.delete(f"{url}/v1/requests/{r.request_id}")
+                response = await http.delete(
+                    f"{url}/v1/requests/{r.request_id}", headers=self.headers(r)
+                )
                 if response.status_code == 200:
                     return
             except httpx.ConnectError:
@@ -142,7 +167,7 @@ class Clients:
         timeout = httpx.Timeout(5.0, connect=2.0, read=NATIVE_IDLE_SECONDS)
         while True:
             url = rng.choice(list(self.apis))
-            headers = {"Last-Event-ID": last_id} if last_id else {}
+            headers = {**self.headers(r), **({"Last-Event-ID": last_id} if last_id else {})}
             events = f"{url}/v1/requests/{r.request_id}/events"
             try:
                 async with http.stream("GET", events, headers=headers, timeout=timeout) as resp:
@@ -159,6 +184,7 @@ class Clients:
                             elif frame.event == "done" or (
                                 frame.event == "error" and data.get("code") != SHUTTING_DOWN
                             ):
+                                r.error_code = str(data.get("code") or "")
                                 r.finish_reason = data.get("finish_reason")
                                 usage = data.get("usage") or {}
                                 r.usage_tokens = usage.get("completion_tokens")
@@ -170,7 +196,18 @@ class Clients:
             await asyncio.sleep(RECONNECT_PAUSE)
 
     async def _openai(self, http: httpx.AsyncClient, r: Request, rng: random.Random) -> None:
-        url = rng.choice(list(self.apis))
+        async for url in self._apis(rng):
+            try:
+                await self._openai_stream(http, r, url)
+                return
+            except httpx.ConnectError:
+                continue  # nothing reached the API: safe to try another
+        r.error = "no API answered"
+        self._end(r, "refused")
+
+    async def _openai_stream(self, http: httpx.AsyncClient, r: Request, url: str) -> None:
+        """One streaming completion on ``url``; raises ``ConnectError`` only if the
+        connection was refused (nothing sent)."""
         body = {**self.body(r), "stream": True, "stream_options": {"include_usage": True}}
         timeout = httpx.Timeout(5.0, connect=2.0, read=OPENAI_IDLE_SECONDS)
         cancel_at = None
@@ -180,12 +217,16 @@ class Clients:
         cancel_timer = asyncio.timeout_at(_loop_time(cancel_at, self))
         try:
             async with http.stream(
-                "POST", url + "/v1/completions", json=body, timeout=timeout
+                "POST", url + "/v1/completions", json=body, headers=self.headers(r), timeout=timeout
             ) as resp:
+                r.api = url
                 if resp.status_code != 200:
                     await resp.aread()
-                    r.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                    self._end(r, "refused" if resp.status_code in (429, 503) else "error")
+                    if resp.status_code in (429, 503):
+                        self._refused(r, resp)
+                    else:
+                        r.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                        self._end(r, "error")
                     return
                 async with cancel_timer:
                     async for frame in frames(resp.aiter_bytes()):
@@ -193,13 +234,17 @@ class Clients:
                             self._end(r, "error" if r.error else "done")
                             return
                         self._chunk(r, frame.json())
-                        last = self._arrived(r, last)
+                        last = self._arrived(r, last, token=bool(r.text))
         except TimeoutError:
             if not cancel_timer.expired():
                 raise  # the campaign's deadline, not this client's cancel
             r.cancelled = True  # the client closes the connection: a cancel
             self._end(r, "cut")
             return
+        except httpx.ConnectError:
+            if not r.api:
+                raise
+            r.error = "ConnectError"
         except (httpx.TransportError, ValueError) as exc:
             r.error = f"{type(exc).__name__}: {exc}"
         self._end(r, "cut")
@@ -207,6 +252,7 @@ class Clients:
     def _chunk(self, r: Request, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
             r.error = str(chunk["error"])[:300]
+            r.error_code = str((chunk["error"] or {}).get("code") or "")
             return
         r.request_id = r.request_id or str(chunk["id"]).split("-", 1)[1]
         if chunk.get("usage"):

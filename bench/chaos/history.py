@@ -36,6 +36,8 @@ class Spec:
     max_tokens: int
     #: Cancel (native: DELETE; OpenAI: close the connection) this long after submitting.
     cancel_after: float | None = None
+    #: The tenant it is sent for (the ``X-Tenant`` header; "": none, the default tenant).
+    tenant: str = ""
 
 
 @dataclass
@@ -57,6 +59,15 @@ class Request:
     #: The client cancelled (a DELETE answered, or it closed the connection).
     cancelled: bool = False
     reconnects: int = 0
+    #: The API it was accepted by (OpenAI: the one that streamed it).
+    api: str = ""
+    #: When its first token arrived (None: none did).
+    first_token_at: float | None = None
+    #: A refusal's HTTP status, and its ``retry-after`` header (None: it had none).
+    refused_status: int | None = None
+    retry_after: str | None = None
+    #: The code of the error event or chunk that ended it (``shutting_down``, ...).
+    error_code: str = ""
     #: Longest wait between two token arrivals (or from submitting to the first).
     stall: float = 0.0
     #: The request's record once the faults stopped: status, finish_reason, ...
@@ -108,6 +119,11 @@ class BatchRun:
     errors: list[tuple[str, str]] = field(default_factory=list)
     #: Why the batch could not be made or read back.
     error: str = ""
+    #: When it was made and when it was seen ended (campaign seconds).
+    created_at: float = 0.0
+    ended_at: float | None = None
+    #: Prompt + completion tokens its output lines' usage says.
+    tokens: int = 0
 
 
 @dataclass
@@ -134,8 +150,19 @@ class History:
     flush_seconds: float = 1.0
     #: A fault the nemesis could not inject or heal (the system did not come back).
     nemesis_error: str = ""
-    #: The batch run beside the clients (None: none was).
-    batch: BatchRun | None = None
+    #: The batches run beside the clients, one after another throughout.
+    batches: list[BatchRun] = field(default_factory=list)
+    #: Each tenant's quota state at the end: ``reserved`` (reservations left) and
+    #: ``inflight`` (places among its requests at once left).
+    quotas: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: ``llmq_tenant_tokens_total`` by tenant at the end (what ``llmq tenant stats`` shows).
+    tenant_tokens: dict[str, float] = field(default_factory=dict)
+    #: Tenants that ask less than their share: none of their requests waits longer than
+    #: ``wait_bound`` seconds for its first token, but for a fault that stops everything.
+    below_share: list[str] = field(default_factory=list)
+    wait_bound: float = 0.0
+    #: How long after a fault its effects may still be felt (a killed worker's leases).
+    fault_tail: float = 3.0
 
 
 def to_json(history: History) -> str:
@@ -151,12 +178,13 @@ def from_json(text: str) -> History:
         requests.append(Request(spec=spec, events=events, **r))
     faults = [Fault(**f) for f in raw.pop("faults")]
     processes = [Process(**p) for p in raw.pop("processes")]
-    batch = raw.pop("batch", None)
-    if batch is not None:
-        batch = BatchRun(
-            specs=[Spec(**spec) for spec in batch.pop("specs")],
-            output=[(str(c), str(t)) for c, t in batch.pop("output")],
-            errors=[(str(c), str(e)) for c, e in batch.pop("errors")],
-            **batch,
+    batches = [
+        BatchRun(
+            specs=[Spec(**spec) for spec in b.pop("specs")],
+            output=[(str(c), str(t)) for c, t in b.pop("output")],
+            errors=[(str(c), str(e)) for c, e in b.pop("errors")],
+            **b,
         )
-    return History(requests=requests, faults=faults, processes=processes, batch=batch, **raw)
+        for b in raw.pop("batches")
+    ]
+    return History(requests=requests, faults=faults, processes=processes, batches=batches, **raw)

@@ -101,6 +101,26 @@ class Rig:
         await _exited(self.stack.workers[host])
         self.stack.start_worker(host, **self.worker_settings)
 
+    async def worker_ids(self) -> set[str]:
+        """The workers the registry lists (asked of any API that answers)."""
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            for host in self.stack.apis:
+                try:
+                    got = await http.get(self.stack.api_url(host) + "/v1/workers")
+                except httpx.HTTPError:
+                    continue
+                if got.status_code == 200:
+                    return {str(w["id"]) for w in got.json()["data"]}
+        return set()
+
+    async def worker_ready(self, before: set[str], timeout: float = 60.0) -> None:
+        """Until the registry lists a worker that is not in ``before`` (the restarted one)."""
+        deadline = time.monotonic() + timeout
+        while not (await self.worker_ids()) - before:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no restarted worker registered within {timeout:g} s")
+            await asyncio.sleep(0.1)
+
     async def restart_api(self, host: str) -> None:
         await _exited(self.stack.apis[host])
         self.stack.start_api(host, **self.api_settings)
@@ -189,10 +209,33 @@ class Kill:
     async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
         host = await rig.target(self.role, rng)
         fault.targets = [host]
+        if self.role == "api":  # which clients' streams it ended (the checker's graceful)
+            fault.detail["apis"] = [rig.stack.api_url(host)]
         rig.end(rig.process(self.role, host), self.sig)
         if self.down is not None:
             await asyncio.sleep(rng.uniform(*self.down))
         await rig.restart(self.role, host)
+
+
+@dataclass(frozen=True)
+class RollingRestart:
+    """A deploy: every API process, then every worker, one at a time, is sent SIGTERM,
+    started again once it has exited, and waited for (ready, registered) before the
+    next. Nothing may fail for it (the checker's ``graceful``)."""
+
+    name: str = "rolling-restart"
+
+    async def run(self, rig: Rig, rng: random.Random, fault: Fault) -> None:
+        fault.targets = [*API_HOSTS, *WORKER_HOSTS]
+        fault.detail["apis"] = [rig.stack.api_url(host) for host in API_HOSTS]
+        for host in API_HOSTS:
+            rig.end(rig.stack.apis[host], signal.SIGTERM)
+            await rig.restart_api(host)
+        for host in WORKER_HOSTS:
+            before = await rig.worker_ids()
+            rig.end(rig.stack.workers[host], signal.SIGTERM)
+            await rig.restart_worker(host)
+            await rig.worker_ready(before)
 
 
 @dataclass(frozen=True)
@@ -328,7 +371,9 @@ KINDS: tuple[Kind, ...] = (
     Kill("worker-term", "worker", signal.SIGTERM),
     AllWorkersKill(),
     Kill("api-kill", "api", down=(0.5, 2.0)),
+    Kill("api-term", "api", signal.SIGTERM),
     Pause("api-pause", "api", seconds=(1.0, 3.0)),
+    RollingRestart(),
     Kill("redis-kill", "redis", down=(0.2, 1.5)),
     Pause("redis-pause", "redis", seconds=(0.5, 3.0)),
     RedisSleep(),

@@ -81,6 +81,16 @@ def summary(history: History, violations: list[Violation], plan: Plan) -> dict[s
             kind: dict(Counter(str(r.outcome) for r in history.requests if r.spec.kind == kind))
             for kind in ("native", "openai")
         },
+        "tenants": {
+            tenant: dict(
+                Counter(str(r.outcome) for r in history.requests if r.spec.tenant == tenant)
+            )
+            for tenant in sorted({r.spec.tenant for r in history.requests})
+        },
+        "batches": len(history.batches),
+        "batch_lines": sum(len(b.specs) for b in history.batches),
+        "tenant_tokens": history.tenant_tokens,
+        "wait_bound_s": history.wait_bound,
         "statuses": dict(Counter(r.record.get("status", "—") for r in accepted)),
         "settled_after_max_s": max((r.settled_after or 0.0 for r in accepted), default=0.0),
         "stall_ms": describe_ms(stalls),
@@ -108,6 +118,17 @@ def markdown(d: dict[str, Any]) -> str:
                 for kind in ("native", "openai")
             ],
         ),
+        "",
+        table(
+            ["tenant", "outcomes (as the client saw them)", "tokens counted"],
+            [
+                [tenant, _counts(outcomes), f"{d['tenant_tokens'].get(tenant or 'default', 0):g}"]
+                for tenant, outcomes in d["tenants"].items()
+            ],
+        ),
+        "",
+        f"{d['batches']} batches ({d['batch_lines']} lines) ran one after another. Bound on "
+        f"the first token of a tenant below its share: {d['wait_bound_s']:g} s.",
         "",
         f"Records at the end: {_counts(d['statuses'])}; the last ended "
         f"{d['settled_after_max_s']:.1f} s after the faults stopped. {d['cancelling']} clients "

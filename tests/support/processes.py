@@ -44,8 +44,18 @@ def start_api_process(redis_url: str, **env: str) -> tuple[str, Proc]:
     """``llmq api`` on a free port against ``redis_url`` (``env``: more ``LLMQ_*``
     settings): its URL and process, which a test may signal or kill."""
     port = free_port()
-    proc = Proc(["api"], clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **env))
-    return f"http://127.0.0.1:{port}", proc
+    return f"http://127.0.0.1:{port}", api_process_on(port, redis_url, **env)
+
+
+def api_process_on(port: int, redis_url: str, **env: str) -> Proc:
+    """``llmq api`` on ``port`` (a restart takes its predecessor's port)."""
+    return Proc(["api"], clean_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **env))
+
+
+def worker_process(redis_url: str, **settings: object) -> Proc:
+    """``llmq worker`` against ``redis_url`` with ``settings`` (as ``LLMQ_*``)."""
+    env = {f"LLMQ_{k.upper()}": str(v) for k, v in settings.items()}
+    return Proc(["worker"], clean_env(LLMQ_REDIS_URL=redis_url, **env))
 
 
 def logged_restart(output: str, name: str, pid: int) -> bool:
