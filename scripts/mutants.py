@@ -1164,6 +1164,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_fairness.py::test_a_request_claimed_again_is_charged_once",),
     ),
     Mutant(
+        "api-drain",
+        "a stopping API process drains before closing its idle keep-alive connections",
+        "api/main.py",
+        "            await self.drain()\n",
+        "",
+        ("tests/test_graceful_stop.py",),
+    ),
+    Mutant(
+        "api-drain-close",
+        "while draining, each response closes its connection",
+        "api/app.py",
+        "            send = _closing(send)\n",
+        "            pass\n",
+        ("tests/test_graceful_stop.py",),
+    ),
+    Mutant(
         "fair-requeue",
         "a request handed back or yielded keeps its tenant's turn behind another's backlog",
         "llmq/protocol/lua/requeue.lua",
