@@ -46,7 +46,7 @@ _provider: TracerProvider | None = None
 _tracer: trace.Tracer = trace.NoOpTracer()
 
 
-def _exporters() -> list[str]:
+def exporters() -> list[str]:
     """The exporters the environment names; empty: tracing stays off."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return []
@@ -63,8 +63,8 @@ def setup(service: str) -> bool:
     """Configure this process's tracing from the environment (once, at start); whether
     it is on. ``service``: the service name unless ``OTEL_SERVICE_NAME`` sets one."""
     global _provider, _tracer
-    exporters = _exporters()
-    if not exporters or _provider is not None:
+    named = exporters()
+    if not named or _provider is not None:
         return _provider is not None
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -76,7 +76,7 @@ def setup(service: str) -> bool:
 
     name = os.environ.get("OTEL_SERVICE_NAME") or service
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
-    for exporter_name in exporters:
+    for exporter_name in named:
         exporter: SpanExporter
         if exporter_name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -91,7 +91,7 @@ def setup(service: str) -> bool:
     trace.set_tracer_provider(provider)
     _provider = provider
     _tracer = provider.get_tracer("llmq")
-    log.info("tracing on: service %s, exporters %s", name, ",".join(exporters))
+    log.info("tracing on: service %s, exporters %s", name, ",".join(named))
     return True
 
 
