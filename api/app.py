@@ -26,7 +26,8 @@ from api.routes import batches, embeddings, files, health, native, openai, respo
 from api.routes import metrics as metrics_routes
 from api.state import AppState
 from api.tenancy import Tenancy
-from llmq import __version__, metrics
+from api.traced import TraceRequests
+from llmq import __version__, metrics, tracing
 from llmq.connection import connect, is_cluster
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue
@@ -191,4 +192,6 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, upload_bytes=settings.batch_max_file_bytes
     )
+    if tracing.enabled():  # outermost: its span is current for everything below it
+        app.add_middleware(TraceRequests)
     return app

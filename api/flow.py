@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import InvalidRequest, Overloaded
 from api.state import AppState
-from llmq import metrics
+from llmq import metrics, tracing
 from llmq.protocol import keys
 from llmq.protocol.queue import Enqueue
 from llmq.protocol.quota import Limits, Verdict, take_slots
@@ -189,6 +189,9 @@ async def shed(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> 
     # the completed periods and the current one so far: requests per second
     rate = finished / (RATE_PERIODS * keys.SERVED_PERIOD_SECONDS + now % keys.SERVED_PERIOD_SECONDS)
     wait_ms = ahead / rate * 1000
+    if (span := tracing.current()) is not None:
+        span.set_attribute("llmq.shed.expected_wait_ms", round(wait_ms, 3))
+        span.set_attribute("llmq.shed.bound_ms", round(bound_ms, 3))
     if wait_ms <= bound_ms:
         return
     await count(state, tenant, "shed")

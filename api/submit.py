@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from api.bodies import EmbeddingRequest, GenerationParams
 from api.catalog import Declaration
 from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
@@ -31,7 +33,7 @@ from api.flow import (
     shed,
 )
 from api.state import AppState
-from llmq import metrics, replication
+from llmq import metrics, replication, tracing
 from llmq.autoscale.state import serves as autoscaler_serves
 from llmq.protocol.queue import Enqueue, batch_score
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
@@ -138,6 +140,7 @@ def _plan(
     session: str | None = None,
     band: BatchBand | None = None,
     tenant: Tenant | None = None,
+    trace: dict[str, str] | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
     settings = state.settings
@@ -156,6 +159,7 @@ def _plan(
         messages=messages,
         batch=None if band is None else band.batch_id,
         tenant=None if tenant is None else tenant.name,
+        trace=trace,
     )
     call = Enqueue.of(
         payload,
@@ -391,6 +395,7 @@ async def submit_choices(
     n = params.choices
     calls: list[Enqueue] = []
     subs: list[Submitted] = []
+    trace = _trace(band)
     for p, (prompt, prompt_tokens) in enumerate(zip(prompts, counts, strict=True)):
         for k in range(n):
             index = p * n + k
@@ -407,10 +412,11 @@ async def submit_choices(
                 session,
                 band,
                 tenant,
+                trace,
             )
             calls.append(call)
             subs.append(sub)
-    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant)
+    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant, band)
     for sub in subs:
         prompt = prompts[sub.prompt_index]
         log.info(
@@ -427,12 +433,57 @@ async def submit_choices(
     return subs
 
 
+def _trace(band: BatchBand | None) -> dict[str, str] | None:
+    """The trace context the jobs carry (None while tracing is off): the request's
+    (the client's ``traceparent`` continued, :class:`api.traced.TraceRequests`), or for
+    a batch line a trace of its own, rooted in a ``llmq.batch_line`` span that names
+    its batch."""
+    if band is None or not tracing.enabled():
+        return tracing.carrier()
+    line = tracing.start_batch_line(band.batch_id)
+    if line is None:
+        return None
+    line.end()
+    return tracing.carrier(line)
+
+
 async def _admit(
-    state: AppState, calls: list[Enqueue], model: str, rids: list[str], tenant: Tenant | None
+    state: AppState,
+    calls: list[Enqueue],
+    model: str,
+    rids: list[str],
+    tenant: Tenant | None,
+    band: BatchBand | None = None,
 ) -> None:
-    """Enqueue ``calls`` all or none; 429 if the expected wait is too long
-    (:func:`api.flow.shed`), the tenant's quota is spent (:func:`api.flow.check_quota`)
-    or the queue has no room for them all."""
+    """Enqueue ``calls`` all or none, in a ``llmq.admission`` span while tracing is on;
+    429 if the expected wait is too long (:func:`api.flow.shed`), the tenant's quota is
+    spent (:func:`api.flow.check_quota`) or the queue has no room for them all."""
+    if not tracing.enabled():
+        await _admit_traced(state, calls, model, rids, tenant, None)
+        return
+    attributes: dict[str, str | int | list[str]] = {
+        "gen_ai.request.model": model,
+        "llmq.request.id": rids if len(rids) > 1 else rids[0],
+        "llmq.priority": int(calls[0].record.get("priority", "0")),
+        "llmq.priority.band": "live" if band is None else "batch",
+        "llmq.request.cost_tokens": sum(c.cost for c in calls),
+    }
+    if tenant is not None:
+        attributes["llmq.tenant"] = tenant.name
+    if band is not None:
+        attributes["llmq.batch.id"] = band.batch_id
+    with tracing.tracer().start_as_current_span("llmq.admission", attributes=attributes) as span:
+        await _admit_traced(state, calls, model, rids, tenant, span)
+
+
+async def _admit_traced(
+    state: AppState,
+    calls: list[Enqueue],
+    model: str,
+    rids: list[str],
+    tenant: Tenant | None,
+    span: Span | None,
+) -> None:
     settings = state.settings
     await shed(state, tenant, calls)
     take = quota_take(state, tenant, calls)
@@ -442,6 +493,11 @@ async def _admit(
         with contextlib.suppress(Exception):
             await give_back_refused(state, tenant, calls)
         raise
+    if span is not None:
+        span.set_attribute("llmq.admission.queued", admission.queued)
+        if admission.quota is not None:
+            span.set_attribute("llmq.quota.taken", admission.quota.taken)
+            span.set_attribute("llmq.quota.refused_by", admission.quota.which)
     if admission.quota is not None and tenant is not None:
         await check_quota(state, tenant, admission.quota)
     if not admission.queued:
@@ -515,6 +571,7 @@ async def submit_embedding(
         embed=EmbedTask(inputs=tuple(texts), dimensions=body.dimensions, seed=body.seed or 0),
         batch=None if band is None else band.batch_id,
         tenant=None if tenant is None else tenant.name,
+        trace=_trace(band),
     )
     call = Enqueue.of(
         payload,
@@ -525,7 +582,7 @@ async def submit_embedding(
     )
     if band is not None:
         call = replace(call, score=batch_score(int(now * 1000)))
-    await _admit(state, [call], body.model, [rid], tenant)
+    await _admit(state, [call], body.model, [rid], tenant, band)
     log.info(
         "accepted embedding request %s (model %s, %d inputs, %d tokens)",
         rid,

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from llmq import tracing
 from llmq.collector import tune_garbage_collector
 from llmq.logs import setup_logging
 from llmq.settings import (
@@ -136,7 +137,8 @@ def _run_api(args: argparse.Namespace) -> int:
         return _run_async(serve_api_processes(settings, settings_flags(ApiSettings, args)))
     from api.main import serve
 
-    serve(settings, reuse_port=args.reuse_port)
+    with tracing.traced("llmq-api"):
+        serve(settings, reuse_port=args.reuse_port)
     return 0
 
 
@@ -146,7 +148,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     settings = build_settings(WorkerSettings, args)
     setup_logging(settings, "worker")
     tune_garbage_collector()
-    _run_async(serve(settings))
+    with tracing.traced("llmq-worker"):
+        _run_async(serve(settings))
     return 0
 
 

@@ -107,6 +107,10 @@ class JobPayload(_Frozen):
     #: The tenant the request belongs to (:mod:`llmq.tenants`): whose quota it took
     #: and whose share of the pool it is served from; left out when None.
     tenant: str | None = Field(None, exclude_if=lambda v: v is None)
+    #: The request's W3C trace context (``traceparent``, and ``tracestate`` when the
+    #: trace has one), which the worker's spans continue (:mod:`llmq.tracing`); left
+    #: out while the API's tracing is off.
+    trace: dict[str, str] | None = Field(None, exclude_if=lambda v: v is None)
 
     def required_capabilities(self) -> list[tuple[str, str]]:
         """What the serving model must honour, each with the parameter that asks for it."""

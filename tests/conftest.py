@@ -25,6 +25,7 @@ from llmq.settings import ApiSettings, WorkerSettings
 from rigs.embedded_cluster import EmbeddedCluster
 from tests.support.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
 from tests.support.native import wait_ready
+from tests.support.phoenix import phoenix  # noqa: F401 (the trace backend fixture)
 from tests.support.processes import Proc, clean_env
 from tests.support.servers import (
     FAST_MODEL,

@@ -19,6 +19,7 @@ NEEDS = {
     "engine": re.compile(r"\btiny_server\(|\bvllm_server\b|\bLlamaServer\b|\bwrite_tiny_gguf\b"),
     "docker": re.compile(r"\bCompose\b"),
     "netns": re.compile(r"\brequire_netns\b|\bcluster_stack\b|\brigs\.(netns|hosts)\b"),
+    "trace_backend": re.compile(r"\bphoenix: Phoenix\b"),
 }
 
 

@@ -257,6 +257,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
             settings.lease_margin_seconds,
             enabled=settings.lease_self_expiry,
         ),
+        trace_attributes={"llmq.routing": settings.routing, "llmq.fairness": settings.fairness},
     )
     queue = Queue(
         store,

@@ -26,6 +26,8 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import Span
+
 from llmq.schema import FinishReason, JobPayload
 from worker.leases import Held
 
@@ -97,6 +99,8 @@ class Run:
     lease: Held | None = None
     #: Stopped from outside (its task was cancelled), for an UNFINISHED run.
     interrupted: bool = False
+    #: Its ``llmq.run`` span while tracing is on (:mod:`llmq.tracing`); None otherwise.
+    span: Span | None = None
 
     @property
     def request_id(self) -> str:

@@ -52,9 +52,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arq.worker import Retry
+from opentelemetry.trace import Span
 from redis.asyncio import Redis
 
-from llmq import metrics
+from llmq import metrics, tracing
 from llmq.metrics import Tally
 from llmq.model.interface import (
     Backend,
@@ -173,6 +174,9 @@ class RequestRunner:
     #: Told (request id, attempt) when a run's model is done with it for good, before
     #: the run writes its outcome: the model's slot is free from then on.
     on_model_done: Callable[[str, int], None] | None = None
+    #: What every run's spans say of how this worker claims (its routing policy and
+    #: fairness), while tracing is on.
+    trace_attributes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # What the backend offers, asked once: an isinstance check against a runtime
@@ -201,6 +205,7 @@ class RequestRunner:
         run = self.runs.get(request_id)
         if run is not None:
             run.hand_back()
+            tracing.event(run.span, "llmq.handed_back", tokens=run.progress.produced)
 
     @property
     def batch_lines(self) -> set[str]:
@@ -258,6 +263,7 @@ class RequestRunner:
             if run.lease is None or not self.leases.due(run.lease, now):
                 continue
             if run.pause_for_lease():
+                tracing.event(run.span, "llmq.paused", tokens=run.progress.produced)
                 log.warning(
                     "request %s: its lease would have expired by this worker's clock; "
                     "generation paused at %d tokens until Redis answers",
@@ -300,6 +306,7 @@ class RequestRunner:
                     raise
                 if not await run.wait_pause():
                     raise
+            tracing.event(run.span, "llmq.resumed", tokens=run.progress.produced)
             log.info(
                 "request %s: Redis answered and the lease holds; generation resumes at %d",
                 run.request_id,
@@ -320,8 +327,10 @@ class RequestRunner:
             run.lease = self.leases.start(loop.time())
         if self.job_timeout is not None:
             run.progress.deadline = loop.time() + job_time_limit(self.job_timeout)
+        run.span = self._spans(payload, attempt, run.started)
         try:
-            await self._run(run)
+            with tracing.use(run.span):
+                await self._run(run)
         except Fenced:
             self.fence(rid)
         except BaseException as exc:
@@ -334,6 +343,34 @@ class RequestRunner:
                 self._count_lost(run)
             if run.status in (RunStatus.FENCED, RunStatus.UNFINISHED):
                 self.ended[rid] = run
+
+    def _spans(self, payload: JobPayload, attempt: int, started: float) -> Span | None:
+        """The attempt's ``llmq.queue_wait`` (ended) and ``llmq.run`` spans, in the
+        request's trace (:func:`llmq.tracing.start_job`); None while tracing is off."""
+        if not tracing.enabled():
+            return None
+        attributes: dict[str, str | int] = {
+            "llmq.request.id": payload.request_id,
+            "gen_ai.request.model": payload.model,
+            "llmq.priority": payload.priority,
+            "llmq.attempt": attempt,
+            "llmq.worker.id": self.worker_id,
+            **self.trace_attributes,
+        }
+        if payload.tenant is not None:
+            attributes["llmq.tenant"] = payload.tenant
+        if payload.batch is not None:
+            attributes["llmq.batch.id"] = payload.batch
+        return tracing.start_job(
+            payload.trace,
+            enqueued_at=payload.enqueued_at,
+            claimed_at=started,
+            attributes=attributes,
+            run_attributes={
+                "gen_ai.request.max_tokens": payload.params.max_tokens,
+                "gen_ai.usage.input_tokens": payload.prompt_tokens,
+            },
+        )
 
     def _count_lost(self, run: Run) -> None:
         """The tokens a fenced run produced after its last successful renewal: work
@@ -622,9 +659,8 @@ class RequestRunner:
                 # No ITL across the gap between runs; and a resumed request's
                 # first token reached its readers in an earlier run.
                 progress.first_at = now
-                if not progress.resumed:
-                    # Noted once the token's flush is under way: not on its path.
-                    loop.call_soon(self._note_first_token, payload, now)
+                # Noted once the token's flush is under way: not on its path.
+                loop.call_soon(self._first_token, run, now)
             else:
                 observe(itl, now - progress.last_at, model)
             progress.last_at = now
@@ -688,6 +724,7 @@ class RequestRunner:
             completion_tokens=progress.produced,
         )
         run.finish()
+        self._traced(run, finish, usage)
         await self.publisher.emit(
             payload.request_id,
             event,
@@ -723,6 +760,7 @@ class RequestRunner:
         produced = progress.produced
         usage = _usage(payload, progress)
         run.finish()
+        self._traced(run, finish, usage, code)
         self._note(
             payload,
             "failed",
@@ -751,8 +789,30 @@ class RequestRunner:
         )
         self._count(payload, produced, finish, usage)
 
-    def _note_first_token(self, payload: JobPayload, at: float) -> None:
-        self._note(payload, "first_token", ttft_ms=_ms(at - payload.enqueued_at))
+    def _first_token(self, run: Run, at: float) -> None:
+        """This run's first token: the request's TTFT unless it resumed (its first
+        token reached its readers in an earlier run), and an event of its span."""
+        payload = run.payload
+        if not run.progress.resumed:
+            self._note(payload, "first_token", ttft_ms=_ms(at - payload.enqueued_at))
+        tracing.event(run.span, "llmq.first_token", at, index=run.progress.resumed)
+
+    def _traced(
+        self, run: Run, finish: FinishReason, usage: Usage, error: str | None = None
+    ) -> None:
+        """The run's outcome on its span (while tracing is on)."""
+        if run.span is None:
+            return
+        details = usage.prompt_tokens_details
+        tracing.outcome(
+            run.span,
+            finish,
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
+            cached_tokens=None if details is None else details.cached_tokens,
+            resumed_tokens=run.progress.resumed,
+            error=error,
+        )
 
     def _note(self, payload: JobPayload, event: LifecycleKind, **fields: Any) -> None:
         if event != "first_token":

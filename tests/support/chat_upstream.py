@@ -10,7 +10,8 @@ probe) and ``POST /v1/chat/completions`` streamed as OpenAI streams a call:
 ``tool_calls``, the usage chunk (``stream_options.include_usage``), ``[DONE]``.
 
 Each chat request takes the next :class:`ScriptedCall` (the last one answers every
-request after it) and is kept in :attr:`ChatUpstream.requests`. A call with
+request after it) and is kept in :attr:`ChatUpstream.requests` (its headers in
+:attr:`ChatUpstream.headers`). A call with
 ``hold_after`` stops after that many characters of its arguments and keeps its
 stream open until the client goes away: a run that a test cuts mid-call.
 """
@@ -52,6 +53,8 @@ class ChatUpstream:
         self.port = free_port()
         #: The bodies of the chat requests, in arrival order.
         self.requests: list[dict[str, Any]] = []
+        #: Their headers (names in lower case), likewise.
+        self.headers: list[dict[str, str]] = []
         self._released = asyncio.Event()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -94,17 +97,18 @@ class ChatUpstream:
             models = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
             await _json(send, 200, models)
         elif (method, path) == ("POST", "/v1/chat/completions"):
-            await self._chat(receive, send)
+            await self._chat(scope, receive, send)
         else:
             await _json(send, 404, {"error": {"message": f"no {method} {path}", "code": None}})
 
-    async def _chat(self, receive: Receive, send: Send) -> None:
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = json.loads(await request_body(receive))
         if not request.get("stream"):
             await _json(send, 400, {"error": {"message": "only streams are scripted"}})
             return
         answer = self.answers[min(len(self.requests), len(self.answers) - 1)]
         self.requests.append(request)
+        self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         chunk = _Chunks(f"chatcmpl-{len(self.requests)}", request.get("model") or self.model)

@@ -53,6 +53,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic_core import from_json
 
+from llmq import tracing
 from llmq.model.interface import (
     GenerationRequest,
     Output,
@@ -181,16 +182,19 @@ class OpenAIUpstream:
             )
         return self._client
 
-    async def _post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
-        """POST ``body``; sent again on another connection where the pool's one was
-        found closed (:mod:`llmq.stale_connections`). The caller releases the answer."""
+    async def _post(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        """POST ``body`` (with ``headers`` beside the session's); sent again on another
+        connection where the pool's one was found closed (:mod:`llmq.stale_connections`).
+        The caller releases the answer."""
         for _ in range(STALE_RETRIES):
             try:
-                return await self._http().post(self.url + path, json=body)
+                return await self._http().post(self.url + path, json=body, headers=headers)
             except aiohttp.ClientError as exc:
                 if not unsent(exc):
                     raise
-        return await self._http().post(self.url + path, json=body)
+        return await self._http().post(self.url + path, json=body, headers=headers)
 
     async def _post_status(self, path: str, body: dict[str, Any]) -> int:
         async with await self._post(path, body) as response:
@@ -309,10 +313,14 @@ class OpenAIUpstream:
         self._streams += 1
         self._warm = False  # the stream takes the connection opened ahead, if any
         failed = False
+        # While tracing, the call is a span of the run's trace, whose context the engine
+        # gets in ``traceparent`` (vLLM's own spans join it).
+        engine = tracing.start_engine(self.url + path, self.model)
         try:
             # Leaving the block before the end of the stream closes its connection:
             # the upstream aborts the sequence and frees its slot.
-            async with await self._post(path, body) as response:
+            async with await self._post(path, body, tracing.inject(engine)) as response:
+                tracing.attribute(engine, "http.response.status_code", response.status)
                 if response.status >= 400:
                     _raise_for(response.status, await response.read())
                 outputs = self._outputs(response, len(resumed), echoed, request.seed, tools)
@@ -339,6 +347,7 @@ class OpenAIUpstream:
             self._streams -= 1
             if not failed:
                 self._keep_warm()
+            tracing.end(engine, failed)
 
     def _down(self) -> None:
         if self.on_down is not None:
