@@ -3,6 +3,7 @@ answer every request exactly as FastAPI's resolution of the same signature would
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -50,8 +51,10 @@ class _OneTenant:
 
 
 def _state(keys: frozenset[str]) -> SimpleNamespace:
-    """All of the app state that auth reads."""
-    return SimpleNamespace(api_keys=keys, settings=ApiSettings(), tenancy=_OneTenant())
+    """All of the app state that auth reads, and whether the process drains."""
+    return SimpleNamespace(
+        api_keys=keys, settings=ApiSettings(), tenancy=_OneTenant(), draining=asyncio.Event()
+    )
 
 
 def _app(route_class: type[APIRoute], keys: frozenset[str]) -> FastAPI:
