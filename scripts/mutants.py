@@ -1100,8 +1100,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "script-slots-tail-last",
         "a builder's tails follow its named slots (one that declares a tail first is refused)",
         "llmq/protocol/slots.py",
-        '            raise TypeError(f"{cls.__name__}: a tail or a part comes before a named slot")',
-        "            pass",
+        'raise TypeError(f"{cls.__name__}: a tail or a part comes before a named slot")',
+        "pass",
         ("tests/test_slots.py::test_a_builder_with_a_tail_before_a_named_slot_is_refused",),
     ),
     Mutant(
