@@ -1137,6 +1137,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_slots.py",),
     ),
     Mutant(
+        "script-slots-tail-last",
+        "a builder's tails follow its named slots (one that declares a tail first is refused)",
+        "llmq/protocol/slots.py",
+        'raise TypeError(f"{cls.__name__}: a tail or a part comes before a named slot")',
+        "pass",
+        ("tests/test_slots.py::test_a_builder_with_a_tail_before_a_named_slot_is_refused",),
+    ),
+    Mutant(
+        "publish-call-counts",
+        "a flush's publish.lua call counts each request's arguments before them",
+        "llmq/protocol/streams.py",
+        "argv[count_at] = str(len(argv) - count_at - 1)",
+        "argv[count_at] = str(len(argv) - count_at)",
+        ("tests/test_slots.py::test_publish_calls_send_each_requests_slots_in_publishs_order",),
+    ),
+    Mutant(
         "fair-pick",
         "LLMQ_FAIRNESS=vtc: a claim serves the backlogged tenant with the least weighted service",
         "llmq/protocol/lua/claim.lua",

@@ -8,10 +8,11 @@ fails here, before any Redis test meets a script reading the wrong argument.
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from importlib import resources
 from types import SimpleNamespace
-from typing import get_args
+from typing import ClassVar, get_args
 
 import pytest
 
@@ -83,6 +84,21 @@ def test_a_builder_puts_each_value_at_its_slot_and_its_part_after_its_own() -> N
 def test_a_tail_is_spread_last_and_a_keys_tail_after_the_named_keys() -> None:
     flush = slots.MetricsFlush("m", "w", 1, 2, 0, families=["f1", "f2"], deltas=[3, "x", 4])
     assert flush.call() == (["m", "w", "f1", "f2"], [1, 2, 0, 3, "x", 4])
+
+
+def test_a_builder_with_a_tail_before_a_named_slot_is_refused() -> None:
+    """Named slots are read off a builder in one go each, then its tails: a tail
+    declared before a named slot would land after it, so such a builder is refused."""
+
+    @dataclass(frozen=True)
+    class Misordered(slots.Slots):
+        SCRIPT: ClassVar[str] = "misordered"
+        first_key: str
+        rest: Sequence[str] = slots.tail()
+        last: str = ""
+
+    with pytest.raises(TypeError, match="comes before a named slot"):
+        Misordered("k", ["a"], "b").call()
 
 
 def test_publish_calls_send_each_requests_slots_in_publishs_order() -> None:

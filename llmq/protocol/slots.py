@@ -1,15 +1,16 @@
 """The KEYS and ARGV of every Lua script, named once: one builder per script.
 
-A builder is a frozen dataclass whose fields are the script's slots in their order,
-each named as the script's own ``local x = KEYS[n]`` / ``local x = ARGV[n]`` line
-names it (``tests/test_slots.py`` holds each builder against its script, so a slot
-out of order fails a test). A field named ``*_key`` is a KEY, any other an ARGV; a
-field made by :func:`tail` (a sequence, always last) is spread into ARGV (or KEYS)
-as the variable part the script reads in a loop; a field holding another builder (a
-routed claim's or enqueue's extra slots, ``None`` when not routed) adds its KEYS
-after these KEYS and its ARGV after these ARGV. :meth:`Slots.call` flattens a
-builder into the (KEYS, ARGV) a script call or :func:`~llmq.protocol.scripts.run_pipelined`
-takes; :meth:`Slots.run` calls the builder's script (:attr:`Slots.SCRIPT`).
+A builder is a dataclass (frozen, but for :class:`Publish`) whose fields are the
+script's slots in their order, each named as the script's own ``local x = KEYS[n]`` /
+``local x = ARGV[n]`` line names it (``tests/test_slots.py`` holds each builder
+against its script, so a slot out of order fails a test). A field named ``*_key`` is
+a KEY, any other an ARGV; a field made by :func:`tail` (a sequence, always last) is
+spread into ARGV (or KEYS) as the variable part the script reads in a loop; a field
+holding another builder (a routed claim's or enqueue's extra slots, ``None`` when not
+routed) adds its KEYS after these KEYS and its ARGV after these ARGV.
+:meth:`Slots.call` flattens a builder into the (KEYS, ARGV) a script call or
+:func:`~llmq.protocol.scripts.run_pipelined` takes; :meth:`Slots.run` calls the
+builder's script (:attr:`Slots.SCRIPT`).
 
 ``publish.lua`` and ``enqueue_batch.lua`` take many requests in one call:
 :class:`EnqueueBatch` puts :class:`Enqueue` calls together, and
@@ -19,8 +20,9 @@ together, each request's ARGV after their count.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Sequence
+from dataclasses import Field, dataclass, field, fields
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from llmq.protocol.scripts import Call, Scripts
@@ -42,23 +44,69 @@ def part(cls: type[Slots]) -> dict[str, Any]:
     return {"kind": PART, "part": cls}
 
 
-_LAYOUTS: dict[type, tuple[tuple[str, str], ...]] = {}
+@dataclass(frozen=True)
+class Layout:
+    """A builder's fields by kind, in order, with what reads them off an instance: one
+    C call (:func:`operator.attrgetter`) for its named KEYS and one for its named ARGV,
+    not a Python loop over its fields (a builder made per request per flush, as
+    :class:`Publish` is, is on every token's path)."""
+
+    #: (field name, kind) of every field, in order.
+    slots: tuple[tuple[str, str], ...]
+    #: The named KEYS' and ARGV's values of an instance, as tuples.
+    keys: Callable[[Any], tuple[Any, ...]]
+    args: Callable[[Any], tuple[Any, ...]]
+    #: The fields spread into KEYS or ARGV after the named ones, and the nested builders.
+    keys_tails: tuple[str, ...]
+    args_tails: tuple[str, ...]
+    parts: tuple[str, ...]
 
 
-def layout(cls: type[Slots]) -> tuple[tuple[str, str], ...]:
-    """(field name, kind) of a builder's fields, in order (computed once per class)."""
+def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
+    """The named attributes of an object, always as a tuple."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    if names:
+        one = attrgetter(names[0])
+        return lambda obj: (one(obj),)
+    return lambda obj: ()
+
+
+_LAYOUTS: dict[type, Layout] = {}
+
+
+def layout(cls: type[Slots]) -> Layout:
+    """A builder's :class:`Layout` (computed once per class)."""
     found = _LAYOUTS.get(cls)
     if found is None:
-        found = _LAYOUTS[cls] = tuple(
+        kinds = tuple(
             (f.name, f.metadata.get("kind") or (KEY if f.name.endswith("_key") else ARG))
             for f in fields(cls)
+        )
+        named = [kind for _, kind in kinds if kind not in (TAIL, KEYS_TAIL, PART)]
+        if named != [kind for _, kind in kinds[: len(named)]]:
+            raise TypeError(f"{cls.__name__}: a tail or a part comes before a named slot")
+        by_kind = {k: [name for name, kind in kinds if kind == k] for k in (KEY, ARG)}
+        found = _LAYOUTS[cls] = Layout(
+            slots=kinds,
+            keys=_getter(by_kind[KEY]),
+            args=_getter(by_kind[ARG]),
+            keys_tails=tuple(name for name, kind in kinds if kind == KEYS_TAIL),
+            args_tails=tuple(name for name, kind in kinds if kind == TAIL),
+            parts=tuple(name for name, kind in kinds if kind == PART),
         )
     return found
 
 
-@dataclass(frozen=True)
 class Slots:
-    """A script's KEYS and ARGV as fields in their order (see the module docstring)."""
+    """A script's KEYS and ARGV as fields in their order (see the module docstring).
+
+    Not a dataclass itself (it has no fields): each builder is, frozen or not of its own
+    choosing (:class:`Publish` is not)."""
+
+    __slots__ = ()
+    #: What :func:`dataclasses.fields` reads of every builder.
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     #: The script (a field of :class:`~llmq.protocol.scripts.Scripts`) these slots are of.
     SCRIPT: ClassVar[str] = ""
@@ -67,32 +115,31 @@ class Slots:
         """The KEYS and ARGV of the script call."""
         keys_: list[Any] = []
         args: list[Any] = []
-        self._into(keys_, args)
+        self.into(keys_, args)
         return keys_, args
 
-    def _into(self, keys_: list[Any], args: list[Any]) -> None:
-        part: Slots | None = None
-        for name, kind in layout(type(self)):
-            value = getattr(self, name)
-            if kind == KEY:
-                keys_.append(value)
-            elif kind == ARG:
-                args.append(value)
-            elif kind == TAIL:
-                args.extend(value)
-            elif kind == KEYS_TAIL:
-                keys_.extend(value)
-            elif value is not None:
-                part = value
-        if part is not None:
-            part._into(keys_, args)
+    def into(self, keys_: list[Any], args: list[Any]) -> None:
+        """Append the KEYS and ARGV of these slots to a call's (one that carries the
+        slots of many requests: :func:`llmq.protocol.streams.publish_calls`)."""
+        lay = layout(type(self))
+        keys_ += lay.keys(self)
+        args += lay.args(self)
+        for name in lay.keys_tails:
+            keys_ += getattr(self, name)
+        for name in lay.args_tails:
+            args += getattr(self, name)
+        for name in lay.parts:
+            part: Slots | None = getattr(self, name)
+            if part is not None:
+                part.into(keys_, args)
 
     @classmethod
     def names(cls) -> tuple[list[str], list[str]]:
         """The named KEYS and ARGV slots in order, parts included (what the script's
         ``local`` lines name); a spread tail has no name of its own."""
-        keys_ = [name for name, kind in layout(cls) if kind == KEY]
-        args = [name for name, kind in layout(cls) if kind == ARG]
+        slots_ = layout(cls).slots
+        keys_ = [name for name, kind in slots_ if kind == KEY]
+        args = [name for name, kind in slots_ if kind == ARG]
         for p in (f.metadata["part"] for f in fields(cls) if f.metadata.get("kind") == PART):
             k, a = p.names()
             keys_ += k
@@ -480,12 +527,16 @@ class MetricsFlush(Slots):
     deltas: Sequence[Any] = tail()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Publish(Slots):
     """``publish.lua``'s slots of one request (a call carries many, each after its
     argument count: :func:`llmq.protocol.streams.publish_calls`); the keys are
     :func:`llmq.protocol.keys.run_keys`, the writes
-    :func:`llmq.protocol.codec.publish_writes`."""
+    :func:`llmq.protocol.codec.publish_writes`.
+
+    Not frozen: one is made per request per flush, nearly once per token, and a frozen
+    dataclass's ``__init__`` (``object.__setattr__`` per field) costs five times a plain
+    one's."""
 
     SCRIPT: ClassVar[str] = "publish"
 

@@ -215,8 +215,10 @@ def publish_calls(
             argv: list[str] = []
             for request_id in chunk:
                 w = writes[request_id]
+                count_at = len(argv)
+                argv.append("")  # the request's argument count, once they are in
                 stream_key, record_key, fence_key, lifecycle_key = keys.run_keys(request_id)
-                one_keys, args = slots.Publish(
+                slots.Publish(
                     stream_key,
                     record_key,
                     fence_key,
@@ -229,9 +231,7 @@ def publish_calls(
                     n_record=len(w.record),
                     n_notes=len(w.notes),
                     writes=codec.publish_writes(w.events, w.record, w.notes),
-                ).call()
-                call_keys += one_keys
-                argv.append(str(len(args)))
-                argv += args
+                ).into(call_keys, argv)
+                argv[count_at] = str(len(argv) - count_at - 1)
             calls.append((("EVALSHA", sha, len(call_keys), *call_keys, *argv), chunk))
     return calls
