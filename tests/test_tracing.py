@@ -24,7 +24,14 @@ from redis.asyncio import Redis
 
 from llmq.embedded import free_port
 from llmq.protocol import keys
-from tests.support.chat_upstream import ChatUpstream, ScriptedCall
+from tests.support.chat_upstream import (
+    ARGUMENTS,
+    ASK,
+    NAME,
+    TOOL,
+    ChatUpstream,
+    ScriptedCall,
+)
 from tests.support.native import wait_ready, workers
 from tests.support.phoenix import Phoenix, Span, named, names, untraced_env
 from tests.support.processes import Proc
@@ -33,19 +40,6 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.timeout(240), pytest.mark.trace_backend]
 
 MODEL = "scripted"
-NAME = "reserve_table"
-ASK: list[Any] = [{"role": "user", "content": "a table for four at half past seven"}]
-TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": NAME,
-        "parameters": {
-            "type": "object",
-            "properties": {"party": {"type": "integer"}, "time": {"type": "string"}},
-        },
-    },
-}
-ARGUMENTS = json.dumps({"party": 4, "time": "19:30"})
 CUT = ARGUMENTS.index('"time"')
 WHOLE = ScriptedCall("call_first", NAME, ARGUMENTS)
 #: The first run stalls after CUT characters of its call: a run a test cuts.

@@ -22,7 +22,14 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.protocol import keys
-from tests.support.chat_upstream import ChatUpstream, ScriptedCall
+from tests.support.chat_upstream import (
+    ARGUMENTS,
+    ASK,
+    NAME,
+    TOOL,
+    ChatUpstream,
+    ScriptedCall,
+)
 from tests.support.native import ready_workers, record
 from tests.support.processes import Proc
 from tests.support.servers import RunningApi, SpawnWorkers, StartApi
@@ -31,21 +38,6 @@ pytestmark = pytest.mark.timeout(120)
 
 MODEL = "scripted"
 MAX_TRIES = 3
-NAME = "reserve_table"
-ASK: list[Any] = [{"role": "user", "content": "a table for four at half past seven"}]
-TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": NAME,
-        "description": "Reserve a table for a party.",
-        "parameters": {
-            "type": "object",
-            "properties": {"party": {"type": "integer"}, "time": {"type": "string"}},
-            "required": ["party", "time"],
-        },
-    },
-}
-ARGUMENTS = json.dumps({"party": 4, "time": "19:30"})
 #: Another call: it differs from ARGUMENTS at the party, within what is published.
 OTHER = json.dumps({"party": 2, "time": "19:30"})
 #: The first run's arguments the client has when the worker dies: past the party.

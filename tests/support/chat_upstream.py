@@ -33,6 +33,24 @@ from llmq.embedded import free_port
 from tests.support.servers import request_body, start_uvicorn
 from tests.support.waiting import wait_until
 
+#: A tool call the scripted upstream answers with, in the tests that use one: its name,
+#: the question that asks for it, the tool as a request declares it, and its arguments.
+NAME = "reserve_table"
+ASK: list[Any] = [{"role": "user", "content": "a table for four at half past seven"}]
+TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": NAME,
+        "description": "Reserve a table for a party.",
+        "parameters": {
+            "type": "object",
+            "properties": {"party": {"type": "integer"}, "time": {"type": "string"}},
+            "required": ["party", "time"],
+        },
+    },
+}
+ARGUMENTS = json.dumps({"party": 4, "time": "19:30"})
+
 
 @dataclass(frozen=True)
 class ScriptedCall:
