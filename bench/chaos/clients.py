@@ -111,7 +111,7 @@ class Clients:
                 response = await http.post(
                     url + "/v1/requests", json=self.body(r), headers=self.headers(r)
                 )
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):  # nothing was sent
                 continue  # nothing reached the API: safe to try another
             except httpx.TransportError as exc:
                 self._end(r, "unknown")
@@ -141,7 +141,7 @@ class Clients:
                 )
                 if response.status_code == 200:
                     return
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):  # nothing was sent
                 r.cancelled = False  # it never left
             except httpx.HTTPError:
                 pass  # it may have been applied: the request may end cancelled
@@ -200,7 +200,7 @@ class Clients:
             try:
                 await self._openai_stream(http, r, url)
                 return
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):  # nothing was sent
                 continue  # nothing reached the API: safe to try another
         r.error = "no API answered"
         self._end(r, "refused")
