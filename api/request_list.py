@@ -9,6 +9,7 @@ and at most :data:`PAGE_MAX` records returned, whatever the pool holds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -81,6 +82,16 @@ async def records(state: AppState, ids: list[str]) -> list[RequestRecord]:
     return out
 
 
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing: its records, how many matched of the ids looked at, and
+    whether those were all there were (False: :data:`SCAN_MAX` was reached)."""
+
+    records: list[RequestRecord]
+    matched: int
+    complete: bool
+
+
 async def listed(
     state: AppState,
     models: list[str],
@@ -88,26 +99,28 @@ async def listed(
     tenant: str | None,
     status: Status | None,
     limit: int,
-) -> tuple[list[RequestRecord], bool]:
+) -> Page:
     """Up to ``limit`` requests of ``models`` that match: queued first (in queue order),
-    then running, then the newest ended; and whether more matched."""
+    then running, then the newest ended."""
     ids: dict[str, None] = {}  # ordered, once each
     for source in _sources(status):
-        cap = SCAN_MAX - len(ids)
-        if cap <= 0:
+        room = SCAN_MAX + 1 - len(ids)  # one more: whether there were more
+        if room <= 0:
             break
-        found = await (
-            _ended(state, cap) if source == "ended" else _live(state, models, source, cap)
-        )
+        if source == "ended":
+            found = await _ended(state, room)
+        else:
+            found = await _live(state, models, source, room)
         ids.update(dict.fromkeys(found))
+    looked = list(ids)[:SCAN_MAX]
     matched = [
         r
-        for r in await records(state, list(ids))
+        for r in await records(state, looked)
         if r.model in models
         and (tenant is None or r.tenant == tenant)
         and (status is None or r.status == status)
     ]
-    return matched[:limit], len(matched) > limit
+    return Page(matched[:limit], len(matched), len(ids) <= SCAN_MAX)
 
 
 def summary(record: RequestRecord) -> dict[str, Any]:

@@ -41,7 +41,8 @@ async def list_requests(
     limit: Annotated[int, Query(ge=1, le=request_list.PAGE_MAX)] = 50,
 ) -> dict[str, Any]:
     """Queued requests first (in the order they will be claimed), then running, then
-    the newest ended; no prompts. ``has_more``: more matched than ``limit``."""
+    the newest ended; no prompts. ``matched``: how many of the ids looked at (at most
+    1,000) matched; ``complete``: false when there were more to look at."""
     models = await pool_models(state)
     if model is not None:
         if model not in models:
@@ -49,10 +50,14 @@ async def list_requests(
                 f"no model '{model}' in the pool", param="model", code="invalid_value"
             )
         models = [model]
-    found, more = await request_list.listed(
-        state, models, tenant=tenant, status=status, limit=limit
-    )
-    return {"object": "list", "data": [request_list.summary(r) for r in found], "has_more": more}
+    page = await request_list.listed(state, models, tenant=tenant, status=status, limit=limit)
+    return {
+        "object": "list",
+        "data": [request_list.summary(r) for r in page.records],
+        "has_more": page.matched > len(page.records),
+        "matched": page.matched,
+        "complete": page.complete,
+    }
 
 
 async def _prompt(state: AppState, model: str, request_id: str) -> str | None:
