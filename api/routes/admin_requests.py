@@ -8,6 +8,7 @@ Its tokens stream from ``/admin/requests/{id}/events``, the native event stream
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query
@@ -21,12 +22,16 @@ from api.pool_view import models as pool_models
 from api.routes.native import _events, _record
 from api.state import AppState, State
 from api.subscription import valid_id
+from llmq.admin import admin_key
 from llmq.protocol import keys
 from llmq.protocol.arq_job import deserialize
 from llmq.schema import TERMINAL_STATUSES, Status
 from llmq.tenants import NAME_PATTERN
 
 router = APIRouter(prefix="/admin", tags=["admin"])
+
+#: How often a stream checks that its reader's admin key still holds.
+REVOKED_POLL_SECONDS = 1.0
 
 RequestId = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -108,7 +113,7 @@ async def cancel_request(request_id: RequestId, state: State, who: AdminCaller) 
 async def request_events(
     request_id: RequestId,
     state: State,
-    _: AdminCaller,
+    who: AdminCaller,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> event_stream.EventStream:
     """The request's events as ``GET /v1/requests/{id}/events`` sends them."""
@@ -118,4 +123,12 @@ async def request_events(
             "Last-Event-ID must be a stream id", param="Last-Event-ID", code="invalid_value"
         )
     record = await _record(state, request_id, None)
-    return event_stream.EventStream(_events(state, record, resume))
+    return event_stream.EventStream(
+        _events(state, record, resume), until=_revoked(state, who.digest)
+    )
+
+
+async def _revoked(state: AppState, key_digest: str) -> None:
+    """Return once the reader's admin key is revoked: its stream ends then."""
+    while await admin_key(state.redis, key_digest) is not None:
+        await asyncio.sleep(REVOKED_POLL_SECONDS)

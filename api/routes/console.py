@@ -38,6 +38,13 @@ POLL_MS = 1000
 ROWS_SHOWN = 100
 TOKENS_SHOWN = 2000
 
+#: A page runs only its own script and style, and no other site may frame it.
+HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+}
+
 router = APIRouter(include_in_schema=False)
 _templates = Environment(loader=FileSystemLoader(HERE), autoescape=select_autoescape(["html"]))
 
@@ -52,7 +59,7 @@ def _render(page: str, title: str, **extra: str) -> HTMLResponse:
         tokens_shown=TOKENS_SHOWN,
         **extra,
     )
-    return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(html, headers=HEADERS)
 
 
 @router.get("/console")
