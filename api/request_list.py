@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from api.state import AppState
 from llmq.protocol import keys
-from llmq.schema import RequestRecord, Status
+from llmq.schema import Lifecycle, RequestRecord, Status
 from llmq.tenants import text
 
 #: The most records one page holds.
@@ -24,6 +24,9 @@ PAGE_MAX = 100
 
 #: The most request ids one listing looks at, over all its sources.
 SCAN_MAX = 1_000
+
+#: How many of the newest entries of a request's lifecycle stream are searched for its own.
+LIFECYCLE_SCAN = 2_000
 
 #: The lifecycle events that end a request.
 ENDINGS = frozenset({"finished", "cancelled", "failed"})
@@ -126,3 +129,20 @@ async def listed(
 def summary(record: RequestRecord) -> dict[str, Any]:
     """What a listing shows of a request: never its prompt nor its owner."""
     return record.model_dump(exclude={"owner", "reserved"})
+
+
+async def lifecycle(state: AppState, request_id: str) -> list[dict[str, Any]]:
+    """The request's lifecycle entries (queued, started, first token, ended, each
+    attempt), oldest first, among the newest :data:`LIFECYCLE_SCAN` of its group's."""
+    found = await state.redis.xrevrange(keys.lifecycle(request_id), count=LIFECYCLE_SCAN)
+    out = []
+    for _, fields in reversed(found):
+        named = {text(k): text(v) for k, v in fields.items()}
+        if named.get("request_id") != request_id:
+            continue
+        try:
+            note = Lifecycle.model_validate_json(named.get("data", ""))
+        except ValidationError:
+            continue
+        out.append(note.model_dump(exclude_none=True, exclude={"request_id", "model"}))
+    return out

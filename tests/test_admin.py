@@ -209,6 +209,10 @@ async def test_a_drained_worker_finishes_its_runs_and_claims_nothing_more(
         await wait_until(drained, timeout=10, what="the worker to say it is drained")
         waiting = await post_request(plain, max_tokens=4)
         await wait_status(plain, running, "done", timeout=20)
+        opened = (await client.get(f"/admin/requests/{running}")).json()
+        events = [e["event"] for e in opened["lifecycle"]]
+        assert events[:2] == ["queued", "started"] and events[-1] == "finished", events
+        assert opened["lifecycle"][1]["worker"] == worker_id
         # ten heartbeats and many claim polls later, nothing took the new request
         await asyncio.sleep(2)
         assert (await plain.get(f"/v1/requests/{waiting}")).json()["status"] == "queued"

@@ -110,6 +110,9 @@ async def test_a_clients_request_appears_its_tokens_arrive_live_and_cancel_ends_
         "data-ended", "cancelled", timeout=SHOWN_MS
     )
     await expect(page.locator("dd[data-field=status]")).to_have_text("cancelled", timeout=SHOWN_MS)
+    events = page.locator("#lifecycle tbody tr")
+    await expect(events.first).to_have_attribute("data-event", "queued")
+    await expect(events.last).to_have_attribute("data-event", "cancelled", timeout=SHOWN_MS)
 
 
 async def test_a_key_revoked_from_the_console_gets_401_and_a_new_key_is_shown_once(

@@ -76,12 +76,14 @@ async def _prompt(state: AppState, model: str, request_id: str) -> str | None:
 
 @router.get("/requests/{request_id}", responses=error_responses(*REFUSALS, 404))
 async def one_request(request_id: RequestId, state: State, _: AdminCaller) -> dict[str, Any]:
-    """One request: its record, its place in the queue while queued, and its prompt."""
+    """One request: its record, its place in the queue while queued, its prompt, and
+    its lifecycle (each state change, each attempt)."""
     record = await _record(state, request_id, None)
     body = {"object": "request", **request_list.summary(record)}
     if record.status == "queued":
         body["position"] = await state.redis.zrank(keys.queue(record.model), request_id)
     body["prompt"] = await _prompt(state, record.model, request_id)
+    body["lifecycle"] = await request_list.lifecycle(state, request_id)
     return body
 
 

@@ -160,6 +160,11 @@
       }
       dl.append(el("dt", "created"), el("dd", when(r.created_at)));
       if (r.prompt !== null && $("prompt").textContent === "") $("prompt").textContent = r.prompt;
+      fill("lifecycle", r.lifecycle.map((e) => cells([
+        when(e.ts), e.event, e.worker, e.attempt,
+        ["queue_ms", "ttft_ms", "e2e_ms", "finish_reason", "completion_tokens"]
+          .filter((k) => e[k] !== undefined).map((k) => `${k} ${e[k]}`).join(", "),
+      ], { "data-event": e.event })));
       $("cancel").hidden = !["queued", "running"].includes(r.status);
       tokens.start(id);
     },
