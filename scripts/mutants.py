@@ -77,6 +77,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{ADMIN_TESTS}::test_every_admin_action_is_in_the_audit_trail_with_who_did_it",),
     ),
     Mutant(
+        "admin-audit-cap",
+        "the audit trail is capped at about AUDIT_MAXLEN entries",
+        "llmq/admin.py",
+        "        maxlen=AUDIT_MAXLEN,\n        approximate=True,\n",
+        "",
+        (f"{ADMIN_TESTS}::test_the_audit_trail_is_capped",),
+    ),
+    Mutant(
         "admin-list-bound",
         "a listing of requests holds at most its limit, whatever the queue holds",
         "api/request_list.py",

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from llmq.admin import ADMIN_KEY_PREFIX, audit_trail, create_admin_key
+from llmq.admin import ADMIN_KEY_PREFIX, AUDIT_MAXLEN, audit, audit_trail, create_admin_key
 from llmq.protocol import keys
 from llmq.tenants import Tenant, TenantStore, digest, key_id
 from tests.support.native import post_request, wait_ready, wait_status
@@ -235,3 +235,17 @@ async def test_the_command_makes_an_admin_key_apart_from_every_tenants(
     assert code == 2 and "not allowed with" in err
     assert (await llmq(redis_url, "key", "revoke", key_id(digest(key))))[0] == 0
     assert await redis.hlen(keys.ADMIN_KEYS) == 0  # type: ignore[misc]
+
+
+async def test_the_audit_trail_is_capped(redis: Redis) -> None:
+    pipe = redis.pipeline(transaction=False)
+    for i in range(AUDIT_MAXLEN + 1000):
+        pipe.xadd(keys.AUDIT, {"data": "{}"})  # untrimmed: the next audit entry trims
+        if i % 1000 == 999:
+            await pipe.execute()
+    await pipe.execute()
+    await audit(redis, "0" * 32, "ops", "tenant.create", "acme")
+    # approximate trimming drops whole nodes (100 entries each by default)
+    assert AUDIT_MAXLEN <= await redis.xlen(keys.AUDIT) <= AUDIT_MAXLEN + 100
+    (newest,) = await audit_trail(redis, 1)
+    assert (newest.action, newest.target, newest.who) == ("tenant.create", "acme", "0" * 12)
