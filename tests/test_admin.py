@@ -36,6 +36,7 @@ CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("DELETE", "/admin/keys/{key_id}", None),
     ("GET", "/admin/batches", None),
     ("POST", "/admin/batches/b1/cancel", None),
+    ("GET", "/admin/batches/b1/output", None),
     ("POST", "/admin/workers/w1/drain", None),
     ("GET", "/admin/audit", None),
 ]
@@ -115,6 +116,7 @@ async def test_bad_filters_and_unknown_ids_are_refused_clearly_changing_nothing(
             ("GET", "/admin/requests/nosuch/events"),
             ("POST", "/admin/requests/nosuch/cancel"),
             ("POST", "/admin/batches/nosuch/cancel"),
+            ("GET", "/admin/batches/nosuch/output"),
             ("POST", "/admin/workers/nosuch/drain"),
             ("DELETE", "/admin/keys/abcdef123456"),
         ]:

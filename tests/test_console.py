@@ -9,6 +9,7 @@ where a missing browser fails the run.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from collections.abc import AsyncIterator
@@ -164,7 +165,13 @@ async def test_a_batchs_progress_moves_and_its_cancel_from_the_console_works(
     async with api.sdk() as sdk:
         ended = await sdk.batches.retrieve(batch.id)
     assert ended.status == "cancelled"
-    assert ended.request_counts is not None and ended.request_counts.completed < 200
+    assert ended.request_counts is not None and 0 < ended.request_counts.completed < 200
+    async with page.expect_download() as saving:
+        await row.get_by_role("button", name="Output").click()
+    saved = await (await saving.value).path()
+    lines = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert len(lines) == ended.request_counts.completed
+    assert {line["custom_id"] for line in lines} <= {f"l{i}" for i in range(200)}
 
 
 async def test_a_tenants_throttled_count_rises_under_a_flood(

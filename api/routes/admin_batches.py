@@ -8,11 +8,12 @@ Batches are indexed per owner (``keys.batches_of``); the listing reads at most
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
+from fastapi.responses import PlainTextResponse
 
-from api import batch_store
+from api import batch_store, files
 from api.admin import REFUSALS, AdminCaller, audit
 from api.errors import NotFound
 from api.openapi import error_responses
@@ -72,3 +73,34 @@ async def cancel_batch(batch_id: BatchId, state: State, who: AdminCaller) -> dic
     await audit(state, who, "batch.cancel", batch_id, changed=moved)
     found = await batch_store.load(state.redis, batch_id)
     return _row(found) if found is not None else {"id": batch_id, "object": "batch"}
+
+
+@router.get(
+    "/batches/{batch_id}/{part}",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"application/jsonl": {"schema": {"type": "string"}}}},
+        **error_responses(*REFUSALS, 404),
+    },
+)
+async def batch_file(
+    batch_id: BatchId, part: Literal["output", "errors"], state: State, who: AdminCaller
+) -> PlainTextResponse:
+    """The batch's output file (the lines that succeeded) or its error file (the lines
+    that failed, and why), once made: as its owner downloads them. A tenant's data:
+    each download is written to the audit trail."""
+    batch = await batch_store.load(state.redis, batch_id)
+    file_id = None
+    if batch is not None:
+        file_id = batch.output_file_id if part == "output" else batch.error_file_id
+    if batch is None or file_id is None:
+        raise NotFound(
+            f"no {part} file of batch '{batch_id}' (yet)", param="batch_id", code="file_not_found"
+        )
+    content = await files.content(state.redis, file_id, batch.owner)
+    await audit(state, who, f"batch.{part}", batch_id, file=file_id)
+    return PlainTextResponse(
+        content,
+        media_type="application/jsonl",
+        headers={"Content-Disposition": f'attachment; filename="{batch_id}-{part}.jsonl"'},
+    )

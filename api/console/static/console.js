@@ -198,9 +198,12 @@
         bar.append(el("progress", undefined, { max: String(c.total || 1), value: String(done) }),
           el("span", ` ${done} / ${c.total || 0}`, { "data-progress": b.id }));
         const open = ["validating", "in_progress"].includes(b.status);
+        const acts = el("span");
+        if (open) acts.append(action("Cancel", () => api("POST", `/admin/batches/${b.id}/cancel`), "danger"));
+        if (b.output_file_id) acts.append(action("Output", () => download(b.id, "output")));
+        if (b.error_file_id) acts.append(action("Errors", () => download(b.id, "errors")));
         return cells([
-          b.id, b.tenant, b.model, b.status, bar, c.failed || 0, when(b.created_at),
-          open ? action("Cancel", () => api("POST", `/admin/batches/${b.id}/cancel`), "danger") : "",
+          b.id, b.tenant, b.model, b.status, bar, c.failed || 0, when(b.created_at), acts,
         ], { "data-batch": b.id, "data-status": b.status });
       }));
     },
@@ -212,6 +215,20 @@
       ], { "data-action": e.action })));
     },
   };
+
+  // A batch's output or error file, saved by the browser (a link could not send the key).
+  async function download(id, part) {
+    const r = await fetch(`/admin/batches/${encodeURIComponent(id)}/${part}`, {
+      headers: { Authorization: "Bearer " + adminKey() },
+    });
+    if (!r.ok) throw new Error(`${part}: HTTP ${r.status}`);
+    const link = el("a", undefined, {
+      href: URL.createObjectURL(await r.blob()),
+      download: `${id}-${part}.jsonl`,
+    });
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+  }
 
   // --- a request's tokens, live over its event stream (fetch: it needs the header) ---
 
