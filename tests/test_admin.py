@@ -251,3 +251,21 @@ async def test_the_audit_trail_is_capped(redis: Redis) -> None:
     assert AUDIT_MAXLEN <= await redis.xlen(keys.AUDIT) <= AUDIT_MAXLEN + 100
     (newest,) = await audit_trail(redis, 1)
     assert (newest.action, newest.target, newest.who) == ("tenant.create", "acme", "0" * 12)
+
+
+async def test_the_consoles_pages_hold_no_data_and_forbid_framing(
+    stack: RunningApi, redis: Redis
+) -> None:
+    store = TenantStore(redis)
+    await store.put(Tenant(name="acme"))
+    await store.create_key("acme")
+    async with stack.client() as client:
+        assert (await client.get("/console")).headers["location"] == "/console/pool"
+        for page in ("pool", "queue", "tenants", "keys", "batches", "audit", "requests/r1"):
+            r = await client.get(f"/console/{page}")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+            assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+            assert "acme" not in r.text  # the pages are shells: the data comes from /admin/
+        assert_error(await client.get("/console/nosuch"), 404)
+        script = await client.get("/console/static/console.js")
+        assert script.status_code == 200 and "sessionStorage" in script.text
