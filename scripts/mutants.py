@@ -991,6 +991,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rolling_restart.py",),
     ),
     Mutant(
+        "chaos-batch-line-kill",
+        "the chaos checker allows a batch line's count lost with a process killed just after",
+        "bench/chaos/checker.py",
+        "if _ended_before_kill(history, run.finished.get(request_id))",
+        "if False",
+        (
+            "tests/test_chaos_checker.py::"
+            "test_a_batch_lines_tokens_lost_with_a_killed_process_are_allowed_only_then",
+        ),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",
