@@ -451,6 +451,22 @@ MUTANTS: tuple[Mutant, ...] = (
         (ALERT_TESTS,),
     ),
     Mutant(
+        "alert-5xx-ratio",
+        "a 5xx ratio over 5% of the API's responses pages",
+        ALERT_RULES,
+        'sum(rate(llmq_http_responses_total{code_class="5xx"}[5m]))',
+        'sum(rate(llmq_http_responses_total{code_class="4xx"}[5m]))',
+        (ALERT_TESTS,),
+    ),
+    Mutant(
+        "http-responses-once",
+        "each HTTP response is counted once, by its status class, at its start",
+        "api/app.py",
+        'if message["type"] == "http.response.start":\n            code_class',
+        'if message["type"].startswith("http.response"):\n            code_class',
+        ("tests/test_metrics.py::test_http_responses_are_counted_by_status_class_once_each",),
+    ),
+    Mutant(
         "alert-no-live-worker",
         "a model without a live worker pages, unless its autoscaler wants none",
         ALERT_RULES,
