@@ -1018,6 +1018,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "claim-matched-blocks",
+        "a routed claim says how many leading blocks the claimer held (the session bonus apart)",
+        "llmq/protocol/lua/claim.lua",
+        "matched = want > #hint.blocks and want - #hint.blocks - 1 or want",
+        "matched = want",
+        (
+            "tests/test_routing_scripts.py::"
+            "test_a_claim_says_how_many_leading_blocks_the_claimer_held",
+        ),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",

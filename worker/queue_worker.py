@@ -95,7 +95,7 @@ from arq.connections import ArqRedis
 from arq.constants import job_key_prefix, retry_key_prefix
 from arq.worker import Worker, func
 
-from llmq import metrics
+from llmq import metrics, tracing
 from llmq.outage import OUTAGE, Outage
 from llmq.protocol import batches, keys
 from llmq.protocol.arq_job import JOB_FUNCTION, deserialize, serialize
@@ -456,6 +456,8 @@ class QueueWorker(Worker):
         self._slots.add(slot)
         context = contextvars.copy_context()  # only this run_job's read sees the claim
         context.run(carry, ClaimedJob(rid, claim.job, claim.attempt))
+        if claim.matched_blocks >= 0:
+            context.run(tracing.note_claim, {"llmq.claim.matched_blocks": claim.matched_blocks})
         task = asyncio.create_task(self.run_job(rid, claim.score), context=context)
         task.add_done_callback(lambda _: self._free_slot(*slot))  # if the model never ran
         self.tasks[rid] = task

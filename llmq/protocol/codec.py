@@ -82,6 +82,9 @@ class Claim:
     #: A routed claim left requests to the workers that hold their prefix: claim
     #: again in this many ms at the latest, when the first of them is anyone's (0: none).
     retry_ms: int = 0
+    #: Of a routed claim under the prefix policy: how many of the request's leading KV
+    #: blocks the claimer's cache held (-1: not known).
+    matched_blocks: int = -1
 
 
 def parse_handoff(message: bytes | str) -> Claim:
@@ -97,8 +100,8 @@ def parse_handoff(message: bytes | str) -> Claim:
 
 
 def parse_claim(reply: Sequence[Any]) -> Claim:
-    request_id, score, cost, job, attempt, more, retry_ms = reply[:7]
-    rest = [as_str(x) for x in reply[7:]]
+    request_id, score, cost, job, attempt, more, retry_ms, matched = reply[:8]
+    rest = [as_str(x) for x in reply[8:]]
     split = rest.index("|")
     return Claim(
         request_id=as_str(request_id) or None,
@@ -110,6 +113,7 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
         cancelled=rest[split + 1 :],
         more=as_str(more) == "1",
         retry_ms=int(retry_ms),
+        matched_blocks=int(matched),
     )
 
 
