@@ -1305,6 +1305,39 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "finish-used",
+        "a worker's finish settles fair share to what its run used without reading the record",
+        "llmq/protocol/queue.py",
+        'if used is None and self.fairness == "vtc" and attempt is not None:',
+        'if self.fairness == "vtc" and attempt is not None:',
+        (
+            "tests/test_fairness.py::"
+            "test_a_finish_told_what_the_run_used_settles_without_reading_the_record",
+        ),
+    ),
+    Mutant(
+        "fair-yield-quiet",
+        "a full worker does not ask fair share again while only its runs' tenant waits",
+        "worker/queue_worker.py",
+        'if only == "" or (only is not None and self.runner.all_of(candidates, only)):',
+        "if False:",
+        (
+            "tests/test_fairness.py::"
+            "test_a_full_worker_asks_fair_share_again_only_when_another_tenant_may_wait",
+        ),
+    ),
+    Mutant(
+        "fair-yield-woken",
+        "a wake-up for another tenant's request makes a full worker ask fair share again",
+        "worker/queue_worker.py",
+        "if tenant != self._fair_only:",
+        "if False:",
+        (
+            "tests/test_fairness.py::"
+            "test_a_light_tenant_starts_at_once_beside_a_noisy_one_filling_the_pool",
+        ),
+    ),
+    Mutant(
         "fair-yield-share",
         "a run gives way only to a tenant holding less of the pool, by weight and service of late",
         "llmq/protocol/lua/fair_yield.lua",

@@ -87,6 +87,34 @@ class Claim:
     matched_blocks: int = -1
 
 
+@dataclass(frozen=True)
+class FairAnswer:
+    """What ``lua/fair_yield.lua`` answered a full worker."""
+
+    #: The candidate to hand back; None: none.
+    request_id: str | None
+    #: For a no: the one tenant whose requests wait ("": none wait), or None (several,
+    #: or not known). No later answer differs for candidates of that tenant until a
+    #: request of another is queued (its wake-up names its tenant: :func:`woken_tenant`).
+    only: str | None
+
+
+def parse_fair_answer(reply: Any) -> FairAnswer:
+    """``fair_yield.lua``'s reply: a request id, ``=tenant`` (a no, only that tenant's
+    requests wait), or false (a no)."""
+    answer = as_str(reply) if reply else ""
+    if answer.startswith("="):
+        return FairAnswer(None, answer[1:])
+    return FairAnswer(answer or None, None)
+
+
+def woken_tenant(message: str) -> str | None:
+    """The tenant a wake-up of the model's channel names (``lua/enqueue.lua``: ``id|tenant``);
+    None for one that names none (a requeue, a reap)."""
+    _, bar, tenant = message.partition("|")
+    return tenant if bar else None
+
+
 def parse_handoff(message: bytes | str) -> Claim:
     """The claim enqueue.lua made for this worker: ``id|score|cost|attempt|job``."""
     request_id, score, cost, attempt, job = as_bytes(message).split(b"|", 4)
