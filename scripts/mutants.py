@@ -1029,6 +1029,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "trace-batch-line-admission",
+        "a batch line's admission is a span of its line's trace, under llmq.batch_line",
+        "api/submit.py",
+        "parent = tracing.extract(trace) if band is not None and trace else None",
+        "parent = None",
+        (
+            "tests/test_tracing.py::"
+            "test_a_batch_lines_trace_is_rooted_in_its_line_through_the_worker",
+        ),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",
