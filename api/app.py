@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from fastapi import FastAPI
 from redis.asyncio import Redis, RedisCluster
@@ -59,6 +60,15 @@ async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> No
         logger=log,
     )
 
+
+#: FastAPI's own OpenTelemetry server span (FastAPI >= 0.16x, on whenever a tracer
+#: provider is set) off: ``llmq.request`` (:mod:`api.traced`) is the request's span,
+#: and FastAPI's marked every streamed answer failed (its end as a disconnect).
+_NO_NATIVE_TRACING: dict[str, Any] = (
+    {"telemetry": {"tracing": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 #: The header a draining process adds to each response.
 CLOSE = (b"connection", b"close")
@@ -196,6 +206,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         version=__version__,
         description="Queue-based LLM serving: OpenAI-compatible and native APIs.",
         lifespan=lifespan,
+        **_NO_NATIVE_TRACING,
     )
     errors.install(app)
     openapi.install(app)

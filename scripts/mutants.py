@@ -1040,6 +1040,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "trace-one-server-span",
+        "a request's trace has one server span, llmq.request (FastAPI's own is off)",
+        "api/app.py",
+        '    {"telemetry": {"tracing": False}}\n',
+        "    {}\n",
+        ("tests/test_tracing.py::test_one_request_is_one_trace_from_the_client_to_the_engine",),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",

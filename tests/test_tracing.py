@@ -185,6 +185,8 @@ async def test_one_request_is_one_trace_from_the_client_to_the_engine(
     assert [e["name"] for e in run["events"]] == ["llmq.first_token"]
     assert engine["attributes"]["gen_ai.request.model"] == MODEL
     assert engine["attributes"]["url.full"].endswith("/v1/chat/completions")
+    # llmq's spans alone: not a second server span of the framework's beside llmq.request
+    assert [s["name"] for s in spans if not s["name"].startswith("llmq.")] == []
 
 
 async def test_the_engine_receives_the_trace_context_of_its_call(
