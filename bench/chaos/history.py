@@ -188,7 +188,7 @@ def from_json(text: str) -> History:
             specs=[Spec(**spec) for spec in b.pop("specs")],
             output=[(str(c), str(t)) for c, t in b.pop("output")],
             errors=[(str(c), str(e)) for c, e in b.pop("errors")],
-            line_tokens=[(str(r), int(t)) for r, t in b.pop("line_tokens")],
+            line_tokens=[(str(r), int(t)) for r, t in b.pop("line_tokens", [])],
             **b,
         )
         for b in raw.pop("batches")
