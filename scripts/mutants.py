@@ -1048,6 +1048,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_tracing.py::test_one_request_is_one_trace_from_the_client_to_the_engine",),
     ),
     Mutant(
+        "trace-claim-matched-blocks",
+        "a routed claim's matched prefix blocks are on the attempt's llmq.queue_wait span",
+        "worker/queue_worker.py",
+        "        if claim.matched_blocks >= 0:\n",
+        "        if False:\n",
+        ("tests/test_tracing.py::test_a_routed_claims_matched_blocks_are_on_its_queue_wait",),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",

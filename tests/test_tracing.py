@@ -331,3 +331,49 @@ async def test_a_batch_lines_trace_is_rooted_in_its_line_through_the_worker(
     assert f"-{stack.workers[0].pid}-" in run["attributes"]["llmq.worker.id"]
     assert waited["end_time"] <= run["start_time"] <= engine["start_time"]
     assert run["attributes"]["gen_ai.response.finish_reasons"] == ["stop"]
+
+
+async def test_a_routed_claims_matched_blocks_are_on_its_queue_wait(
+    redis_url: str, phoenix: Phoenix
+) -> None:
+    """Under the prefix policy, a request claimed behind a run of the same prompt
+    prefix: its ``llmq.queue_wait`` says how many of its prompt's leading KV blocks the
+    claiming worker held (all 4: the first run cached them)."""
+    env = {**phoenix.otel_env(), "LLMQ_ROUTING": "prefix"}
+    worker = Proc(
+        ["worker"],
+        untraced_env(
+            LLMQ_REDIS_URL=redis_url,
+            LLMQ_CONCURRENCY="1",
+            LLMQ_MODEL_TOKENS_PER_SECOND="100",
+            LLMQ_HEARTBEAT_SECONDS="0.2",
+            **env,
+        ),
+    )
+    port = free_port()
+    api = Proc(["api"], untraced_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **env))
+    prefix = " ".join(f"w{i}" for i in range(64))  # 4 blocks of 16
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            await wait_ready(client, timeout=60)
+
+            async def up() -> bool:
+                return any(w["ready"] for w in await workers(client))
+
+            await wait_until(up, timeout=60, what="a ready worker")
+            body = {"model": "mock", "max_tokens": 40, "ignore_eos": True}
+            first = await client.post("/v1/requests", json={**body, "prompt": f"{prefix} one"})
+            assert first.status_code == 202, first.text
+            traceparent, trace_id, _ = client_context()
+            second = await client.post(
+                "/v1/requests",
+                json={**body, "prompt": f"{prefix} two", "max_tokens": 4},
+                headers={"traceparent": traceparent},
+            )
+            assert second.status_code == 202, second.text
+        spans = await phoenix.wait_spans(trace_id, lambda s: "llmq.queue_wait" in names(s))
+        waited = by_name(spans, "llmq.queue_wait")
+        assert waited["attributes"]["llmq.routing"] == "prefix"
+        assert waited["attributes"]["llmq.claim.matched_blocks"] == 4
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in (api, worker)))
