@@ -89,6 +89,27 @@
   const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
   const link = (id) => el("a", id, { href: "/console/requests/" + encodeURIComponent(id) });
 
+  // A sparkline of counts per minute (oldest first) as an inline SVG, its peak in its title.
+  function sparkline(values, label) {
+    const NS = "http://www.w3.org/2000/svg";
+    const w = 120, h = 24, top = Math.max(1, ...values);
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("role", "img");
+    svg.setAttribute("aria-label", `${label} per minute, last hour`);
+    const line = document.createElementNS(NS, "polyline");
+    const step = w / Math.max(1, values.length - 1);
+    line.setAttribute("points", values.map((v, i) =>
+      `${(i * step).toFixed(1)},${(h - 1 - (v / top) * (h - 2)).toFixed(1)}`).join(" "));
+    const title = document.createElementNS(NS, "title");
+    title.textContent = `${label} per minute, last hour (peak ${Math.max(0, ...values)})`;
+    svg.append(title, line);
+    return svg;
+  }
+
+  const sum = (xs) => xs.reduce((a, b) => a + b, 0);
+
   function formObject(form) {
     const out = {};
     for (const [k, v] of new FormData(form).entries()) {
@@ -172,11 +193,16 @@
     async tenants() {
       const data = await api("GET", "/admin/tenants");
       fill("tenants", data.data.map((t) => {
-        const u = t.usage;
+        const u = t.usage, h = t.last_hour;
+        const hour = el("span");
+        hour.append(sparkline(h.tokens, "tokens"), el("span",
+          ` ${sum(h.tokens)} tok, ${sum(h.accepted)} req, `),
+          el("span", sum(h.rate_limited), { "data-hour-throttled": t.name }),
+          el("span", ` throttled, ${sum(h.shed)} shed`));
         return cells([
           t.name, t.weight ?? 1, t.tokens_per_minute || "–", t.requests_per_minute || "–",
           t.max_concurrent || "–", u.queued, u.running, u.tokens, u.accepted,
-          el("span", u.rate_limited, { "data-throttled": t.name }), u.shed,
+          el("span", u.rate_limited, { "data-throttled": t.name }), u.shed, hour,
         ], { "data-tenant": t.name });
       }));
     },
