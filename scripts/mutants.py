@@ -117,6 +117,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{ADMIN_TESTS}::test_a_tenants_usage_over_the_last_hour_is_kept_per_minute",),
     ),
     Mutant(
+        "console-tenant-hour",
+        "the tenants page shows each tenant's throttled requests over the last hour",
+        "api/console/static/console.js",
+        'el("span", sum(h.rate_limited), { "data-hour-throttled": t.name })',
+        'el("span", 0, { "data-hour-throttled": t.name })',
+        ("tests/test_console.py::test_a_tenants_throttled_count_rises_under_a_flood",),
+    ),
+    Mutant(
         "console-tokens-bound",
         "a request's page keeps the latest tokens only, and counts the earlier ones",
         "api/console/static/console.js",

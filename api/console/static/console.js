@@ -89,22 +89,33 @@
   const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
   const link = (id) => el("a", id, { href: "/console/requests/" + encodeURIComponent(id) });
 
-  // A sparkline of counts per minute (oldest first) as an inline SVG, its peak in its title.
-  function sparkline(values, label) {
+  // A tenant's requests per minute over the hour (oldest first) as an inline SVG: a bar
+  // per minute, its refused part (throttled or shed) on top in red, against the peak.
+  function sparkline(h) {
     const NS = "http://www.w3.org/2000/svg";
-    const w = 120, h = 24, top = Math.max(1, ...values);
+    const refused = h.rate_limited.map((v, i) => v + h.shed[i]);
+    const all = h.accepted.map((v, i) => v + refused[i]);
+    const w = 2 * all.length, ht = 24, top = Math.max(0, ...all);
     const svg = document.createElementNS(NS, "svg");
-    svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+    svg.setAttribute("viewBox", `0 0 ${w} ${ht}`);
     svg.setAttribute("class", "spark");
     svg.setAttribute("role", "img");
-    svg.setAttribute("aria-label", `${label} per minute, last hour`);
-    const line = document.createElementNS(NS, "polyline");
-    const step = w / Math.max(1, values.length - 1);
-    line.setAttribute("points", values.map((v, i) =>
-      `${(i * step).toFixed(1)},${(h - 1 - (v / top) * (h - 2)).toFixed(1)}`).join(" "));
     const title = document.createElementNS(NS, "title");
-    title.textContent = `${label} per minute, last hour (peak ${Math.max(0, ...values)})`;
-    svg.append(title, line);
+    title.textContent = `requests per minute, last hour (peak ${top}; red: refused)`;
+    svg.append(title);
+    const bar = (i, from, n, cls) => {
+      if (n <= 0) return;
+      const r = document.createElementNS(NS, "rect");
+      const y0 = (from / top) * ht, tall = Math.max(1, (n / top) * ht);
+      for (const [k, x] of Object.entries({ x: 2 * i, y: ht - y0 - tall, width: 1.6, height: tall, class: cls })) {
+        r.setAttribute(k, String(x));
+      }
+      svg.append(r);
+    };
+    all.forEach((_, i) => {
+      bar(i, 0, h.accepted[i], "ok");
+      bar(i, h.accepted[i], refused[i], "refused");
+    });
     return svg;
   }
 
@@ -195,10 +206,10 @@
       fill("tenants", data.data.map((t) => {
         const u = t.usage, h = t.last_hour;
         const hour = el("span");
-        hour.append(sparkline(h.tokens, "tokens"), el("span",
-          ` ${sum(h.tokens)} tok, ${sum(h.accepted)} req, `),
-          el("span", sum(h.rate_limited), { "data-hour-throttled": t.name }),
-          el("span", ` throttled, ${sum(h.shed)} shed`));
+        const totals = el("div", `${sum(h.tokens)} tok, ${sum(h.accepted)} req, `, { class: "hour" });
+        totals.append(el("span", sum(h.rate_limited), { "data-hour-throttled": t.name }),
+          ` throttled, ${sum(h.shed)} shed`);
+        hour.append(sparkline(h), totals);
         return cells([
           t.name, t.weight ?? 1, t.tokens_per_minute || "–", t.requests_per_minute || "–",
           t.max_concurrent || "–", u.queued, u.running, u.tokens, u.accepted,
