@@ -17,7 +17,11 @@ stored per bucket (not cumulative); readers accumulate them.
 
 Counter deltas are also added, summed over labels, to a per-second hash
 (:func:`llmq.protocol.keys.metrics_second`, expiring after ``WINDOW_KEEP_SECONDS``) so that
-rates over the last minute can be computed without keeping history elsewhere.
+rates over the last minute can be computed without keeping history elsewhere. The
+per-tenant counters (:data:`PER_MINUTE`) are also added, with their labels, to a
+per-minute hash (:func:`llmq.protocol.keys.metrics_minute`, expiring after
+``MINUTE_KEEP_SECONDS``): a tenant's usage over the last hour, written by the same call
+(:mod:`llmq.tenant_usage` reads it). Its fields are bounded as the families' are.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ FLUSH_SECONDS = 1.0
 FLUSH_MARKER_SECONDS = 600
 #: Per-second totals are kept this long (the rate window is at most this).
 WINDOW_KEEP_SECONDS = 120
+#: Per-minute tenant totals are kept this long: the last hour, and the minute before it
+#: (the current minute is still being written).
+MINUTE_KEEP_SECONDS = 61 * 60
 
 #: vLLM's TTFT buckets (seconds).
 TTFT_BUCKETS = (
@@ -191,6 +198,9 @@ HTTP_RESPONSES = Counter(
     ("code_class",),
 )
 
+#: The counters kept per minute with their labels (an hour of each tenant's usage).
+PER_MINUTE: frozenset[str] = frozenset({TENANT_REQUESTS.name, TENANT_TOKENS.name})
+
 HISTOGRAMS: tuple[Histogram, ...] = (
     TTFT,
     E2E,
@@ -228,6 +238,11 @@ _Key = tuple[str, str, tuple[str, ...]]
 
 def field(kind: str, labels: tuple[str, ...]) -> str:
     return json.dumps([kind, *labels])
+
+
+def minute_field(family: str, labels: tuple[str, ...]) -> str:
+    """A per-minute hash's field: the family's name and its label values."""
+    return json.dumps([family, *labels])
 
 
 def parse_field(raw: str) -> tuple[str, tuple[str, ...]] | None:
@@ -295,21 +310,27 @@ class Tally:
         marker = keys.metrics_flush(self._id, self._flushes)
         second = int(time.time())
         per_second: defaultdict[str, float] = defaultdict(float)
+        per_minute: list[str | float] = []
         per_family: defaultdict[str, list[str | float]] = defaultdict(list)
         for (name, kind, labels), value in deltas.items():
             per_family[name] += (field(kind, labels), value)
             if kind == "":
                 per_second[name] += value
+                if name in PER_MINUTE:
+                    per_minute += (minute_field(name, labels), value)
         deltas_: list[str | float] = []
         for name, value in per_second.items():
             deltas_ += (name, value)
+        deltas_ += (len(per_minute) // 2, *per_minute)
         for pairs in per_family.values():
             deltas_ += (len(pairs) // 2, *pairs)
         flush = MetricsFlush(
             marker_key=marker,
             window_key=keys.metrics_second(second),
+            minute_key=keys.metrics_minute(second // 60),
             marker_ttl=FLUSH_MARKER_SECONDS,
             window_ttl=WINDOW_KEEP_SECONDS,
+            minute_ttl=MINUTE_KEEP_SECONDS,
             n_window=len(per_second),
             families=[keys.metric(name) for name in per_family],
             deltas=deltas_,

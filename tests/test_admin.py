@@ -4,13 +4,16 @@ audit trail, its listings bounded, and a drained worker claiming nothing more.""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
+from llmq import metrics
 from llmq.admin import ADMIN_KEY_PREFIX, AUDIT_MAXLEN, audit, audit_trail, create_admin_key
+from llmq.metrics import MINUTE_KEEP_SECONDS, minute_field
 from llmq.protocol import keys
 from llmq.tenants import Tenant, TenantStore, digest, key_id
 from tests.support.native import post_request, wait_ready, wait_status
@@ -269,3 +272,53 @@ async def test_the_consoles_pages_hold_no_data_and_forbid_framing(
         assert_error(await client.get("/console/nosuch"), 404)
         script = await client.get("/console/static/console.js")
         assert script.status_code == 200 and "sessionStorage" in script.text
+
+
+async def test_a_tenants_usage_over_the_last_hour_is_kept_per_minute(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    await start_worker()
+    api = await start_api(tenant_keys=True)
+    store = TenantStore(redis)
+    await store.put(Tenant(name="acme", requests_per_minute=2))
+    key = await store.create_key("acme")
+    admin_key = await create_admin_key(redis, "ops")
+    # An hour and a minute ago (dropped from the window) and 59 minutes ago (its first).
+    now_minute = int(time.time()) // 60
+    for ago, n in ((60, 7), (59, 5)):
+        field = minute_field(metrics.TENANT_REQUESTS.name, ("acme", "shed"))
+        await redis.hset(keys.metrics_minute(now_minute - ago), field, str(n))  # type: ignore[misc]
+    async with api.client(headers=bearer(key)) as client:
+        await wait_ready(client)
+        body = {"model": "mock", "prompt": "p", "max_tokens": 3}
+        answers = [await client.post("/v1/requests", json=body) for _ in range(5)]
+        taken = [r.json()["id"] for r in answers if r.status_code == 202]
+        refused = sum(r.status_code == 429 for r in answers)
+        assert taken and refused == 5 - len(taken), [r.status_code for r in answers]
+        for rid in taken:
+            await wait_status(client, rid, "done")
+
+    async def acme() -> dict[str, Any]:
+        async with api.client(headers=bearer(admin_key)) as client:
+            rows = (await client.get("/admin/tenants")).json()["data"]
+        found: dict[str, Any] = next(t for t in rows if t["name"] == "acme")
+        return found
+
+    async def counted() -> bool:
+        hour: dict[str, list[int]] = (await acme())["last_hour"]
+        return sum(hour["accepted"]) == len(taken) and sum(hour["tokens"]) > 0
+
+    await wait_until(counted, timeout=15, what="the minute's counts flushed")
+    row = await acme()
+    hour, usage = row["last_hour"], row["usage"]
+    assert {k: len(v) for k, v in hour.items() if k != "start"} == dict.fromkeys(
+        ("tokens", "accepted", "rate_limited", "shed"), 60
+    )
+    assert hour["start"] // 60 in (now_minute - 59, now_minute - 58)  # a minute may turn
+    assert sum(hour["rate_limited"]) == refused == usage["rate_limited"]
+    assert sum(hour["tokens"]) == usage["tokens"]
+    assert hour["shed"][0] == (5 if hour["start"] // 60 == now_minute - 59 else 0)
+    assert sum(hour["shed"]) <= 5, "a minute older than the hour was shown"
+    flushed = [keys.metrics_minute(m) for m in (now_minute, now_minute + 1)]
+    ttls = [await redis.ttl(k) for k in flushed if await redis.exists(k)]
+    assert ttls and all(0 < t <= MINUTE_KEEP_SECONDS for t in ttls), ttls

@@ -191,6 +191,11 @@ async def test_a_tenants_throttled_count_rises_under_a_flood(
     refused = sum(r.status_code == 429 for r in answers)
     assert refused >= 8, [r.status_code for r in answers]
     await expect(throttled).to_have_text(str(refused), timeout=SHOWN_MS)
+    # and in the last hour's, beside its requests per minute, the refused part in red
+    await expect(page.locator("[data-hour-throttled=acme]")).to_have_text(str(refused))
+    await expect(page.locator("tr[data-tenant=acme] svg.spark rect.refused").first).to_be_attached(
+        timeout=SHOWN_MS
+    )
 
 
 def _small() -> dict[str, Any]:

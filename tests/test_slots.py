@@ -82,8 +82,8 @@ def test_a_builder_puts_each_value_at_its_slot_and_its_part_after_its_own() -> N
 
 
 def test_a_tail_is_spread_last_and_a_keys_tail_after_the_named_keys() -> None:
-    flush = slots.MetricsFlush("m", "w", 1, 2, 0, families=["f1", "f2"], deltas=[3, "x", 4])
-    assert flush.call() == (["m", "w", "f1", "f2"], [1, 2, 0, 3, "x", 4])
+    flush = slots.MetricsFlush("m", "w", "n", 1, 2, 5, 0, families=["f1", "f2"], deltas=[3, "x", 4])
+    assert flush.call() == (["m", "w", "n", "f1", "f2"], [1, 2, 5, 0, 3, "x", 4])
 
 
 def test_a_builder_with_a_tail_before_a_named_slot_is_refused() -> None:

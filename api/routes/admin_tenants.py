@@ -18,7 +18,7 @@ from api.errors import InvalidRequest, NotFound
 from api.openapi import error_responses
 from api.state import AppState, State
 from llmq import admin
-from llmq.tenant_usage import tenant_usage
+from llmq.tenant_usage import last_hour, tenant_usage
 from llmq.tenants import (
     NAME_PATTERN,
     Tenant,
@@ -50,14 +50,17 @@ def _row(tenant: Tenant) -> dict[str, Any]:
 
 @router.get("/tenants", responses=error_responses(*REFUSALS))
 async def list_tenants(state: State, _: AdminCaller) -> dict[str, Any]:
-    """Every tenant with its limits and its usage now (``llmq tenant list`` and ``stats``)."""
+    """Every tenant with its limits, its usage now (``llmq tenant list`` and ``stats``)
+    and its usage per minute over the last hour."""
     store = TenantStore(state.redis)
     tenants = {t.name: t for t in await store.all()}
+    names = sorted({state.settings.default_tenant, *tenants})
+    hour = await last_hour(state.redis, names)
     rows = []
-    for name in sorted({state.settings.default_tenant, *tenants}):
+    for name in names:
         usage = (await tenant_usage(state.redis, name)).model_dump(exclude={"name"})
         limits = _row(tenants[name]) if name in tenants else {"name": name}
-        rows.append({**limits, "usage": usage})
+        rows.append({**limits, "usage": usage, "last_hour": hour[name].model_dump()})
     return {"object": "list", "data": rows}
 
 

@@ -459,6 +459,12 @@ def metrics_second(unix_second: int) -> str:
     return f"{PREFIX}:{METRICS}:second:{unix_second}"
 
 
+def metrics_minute(unix_minute: int) -> str:
+    """Hash of the per-tenant counters flushed during one minute (an hour's TTL): a
+    tenant's usage over the last hour."""
+    return f"{PREFIX}:{METRICS}:minute:{unix_minute}"
+
+
 def metrics_flush(tally: str, seq: int) -> str:
     """Marker written with one flush of a process's metrics (short TTL): whether a
     flush whose reply was lost was applied."""

@@ -513,15 +513,18 @@ class Sweep(Slots):
 @dataclass(frozen=True)
 class MetricsFlush(Slots):
     """``metrics_flush.lua``: one process's metric deltas with their marker. After the
-    named keys come the family hashes (``families``); after the named ARGV the
-    window's pairs and each family's count and pairs (``deltas``)."""
+    named keys come the family hashes (``families``); after the named ARGV the second
+    window's pairs, the minute window's count and pairs, and each family's count and
+    pairs (``deltas``)."""
 
     SCRIPT: ClassVar[str] = "metrics_flush"
 
     marker_key: str
     window_key: str
+    minute_key: str
     marker_ttl: int
     window_ttl: int
+    minute_ttl: int
     n_window: int
     families: Sequence[str] = tail(into=KEYS_TAIL)
     deltas: Sequence[Any] = tail()

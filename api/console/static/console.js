@@ -89,6 +89,38 @@
   const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
   const link = (id) => el("a", id, { href: "/console/requests/" + encodeURIComponent(id) });
 
+  // A tenant's requests per minute over the hour (oldest first) as an inline SVG: a bar
+  // per minute, its refused part (throttled or shed) on top in red, against the peak.
+  function sparkline(h) {
+    const NS = "http://www.w3.org/2000/svg";
+    const refused = h.rate_limited.map((v, i) => v + h.shed[i]);
+    const all = h.accepted.map((v, i) => v + refused[i]);
+    const w = 2 * all.length, ht = 24, top = Math.max(0, ...all);
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("viewBox", `0 0 ${w} ${ht}`);
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("role", "img");
+    const title = document.createElementNS(NS, "title");
+    title.textContent = `requests per minute, last hour (peak ${top}; red: refused)`;
+    svg.append(title);
+    const bar = (i, from, n, cls) => {
+      if (n <= 0) return;
+      const r = document.createElementNS(NS, "rect");
+      const y0 = (from / top) * ht, tall = Math.max(1, (n / top) * ht);
+      for (const [k, x] of Object.entries({ x: 2 * i, y: ht - y0 - tall, width: 1.6, height: tall, class: cls })) {
+        r.setAttribute(k, String(x));
+      }
+      svg.append(r);
+    };
+    all.forEach((_, i) => {
+      bar(i, 0, h.accepted[i], "ok");
+      bar(i, h.accepted[i], refused[i], "refused");
+    });
+    return svg;
+  }
+
+  const sum = (xs) => xs.reduce((a, b) => a + b, 0);
+
   function formObject(form) {
     const out = {};
     for (const [k, v] of new FormData(form).entries()) {
@@ -172,11 +204,16 @@
     async tenants() {
       const data = await api("GET", "/admin/tenants");
       fill("tenants", data.data.map((t) => {
-        const u = t.usage;
+        const u = t.usage, h = t.last_hour;
+        const hour = el("span");
+        const totals = el("div", `${sum(h.tokens)} tok, ${sum(h.accepted)} req, `, { class: "hour" });
+        totals.append(el("span", sum(h.rate_limited), { "data-hour-throttled": t.name }),
+          ` throttled, ${sum(h.shed)} shed`);
+        hour.append(sparkline(h), totals);
         return cells([
           t.name, t.weight ?? 1, t.tokens_per_minute || "–", t.requests_per_minute || "–",
           t.max_concurrent || "–", u.queued, u.running, u.tokens, u.accepted,
-          el("span", u.rate_limited, { "data-throttled": t.name }), u.shed,
+          el("span", u.rate_limited, { "data-throttled": t.name }), u.shed, hour,
         ], { "data-tenant": t.name });
       }));
     },
