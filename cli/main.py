@@ -92,6 +92,7 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
         "autoscale": "decide and publish how many workers each model needs (for KEDA/HPA)",
         "tenant": "create, list, change or delete tenants (weights and limits)",
         "key": "create, list or revoke tenants' API keys",
+        "config": "show or change the pool policy (routing, fairness, limits), live",
     }
     parsers = {}
     for name, cls in SETTINGS.items():
@@ -111,12 +112,14 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     from cli.batch import add_arguments as batch_arguments
 
     batch_arguments(sub.add_parser("batch", help="run a JSONL file through the Batch API"))
+    from cli.config import add_arguments as add_config_arguments
     from cli.tenants import add_arguments as add_tenant_arguments
 
-    for name in ("tenant", "key"):
+    for name in ("tenant", "key", "config"):
         parsers[name] = sub.add_parser(name, help=helps[name])
         _add_settings_flags(parsers[name], CommonSettings)
     add_tenant_arguments(parsers["tenant"], parsers["key"])
+    add_config_arguments(parsers["config"])
     loadgen_parser = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
     if not loadgen:
         return parser
@@ -190,6 +193,12 @@ def _run_tenants(args: argparse.Namespace) -> int:
     return _run_async(run(build_settings(CommonSettings, args), args))
 
 
+def _run_config(args: argparse.Namespace) -> int:
+    from cli.config import run
+
+    return _run_async(run(build_settings(CommonSettings, args), args))
+
+
 def _loadgen_missing() -> str | None:
     """What a server-only install (no ``loadgen`` extra) lacks to run the load
     generator, or None where it is installed."""
@@ -226,6 +235,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "batch": _run_batch,
     "tenant": _run_tenants,
     "key": _run_tenants,
+    "config": _run_config,
 }
 
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 from llmq import metrics
 from llmq.connection import connect
 from llmq.metrics import field as metric_field
+from llmq.policy import store as policy_store
 from llmq.protocol import keys
 from llmq.settings import CommonSettings
 from llmq.tenants import (
@@ -154,7 +155,7 @@ async def run(settings: CommonSettings, args: argparse.Namespace) -> int:
     try:
         store = TenantStore(redis)
         if args.command == "tenant":
-            await _tenant(store, args, settings.fairness)
+            await _tenant(store, args, (await policy_store.show(redis)).policy.fairness)
         else:
             await _key(store, args)
     except TenantError as exc:
