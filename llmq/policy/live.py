@@ -42,8 +42,10 @@ DERIVE_SECONDS = 1.0
 class LivePolicy:
     """The policy of every model as this process holds it now."""
 
-    def __init__(self, redis: Redis, *, live_ms: int, derived: bool = False) -> None:
+    def __init__(self, redis: Redis, *, live_ms: int, derived: bool = False, who: str = "") -> None:
         self.redis = redis
+        #: This process, as its log lines name it.
+        self.who = who
         self.live_ms = live_ms
         #: Whether this process derives values from the registry (the API does; a
         #: worker's claims use no derived value).
@@ -109,7 +111,7 @@ class LivePolicy:
         self.stored, self._declared = stored, declared
         self._effective, self._routing = {}, {}
         if changed:
-            log.info("pool policy version %d", stored.version)
+            log.info("%s: pool policy version %d", self.who or "process", stored.version)
 
     async def follow_forever(self) -> None:
         """Poll the version; read the policy when it changed (and re-derive)."""
@@ -141,7 +143,8 @@ async def start(redis: Redis, settings: Any, who: str, *, derived: bool = False)
     """A process's live policy: the pool's, seeded from this process's explicitly set
     policy settings where the pool has none yet (once, whichever process comes
     first); a process whose settings the pool's policy overrules says once which."""
-    live = LivePolicy(redis, live_ms=int(settings.worker_ttl_seconds * 1000), derived=derived)
+    live_ms = int(settings.worker_ttl_seconds * 1000)
+    live = LivePolicy(redis, live_ms=live_ms, derived=derived, who=who)
     mine = explicit(settings)
     try:
         async with asyncio.timeout(START_SECONDS):
