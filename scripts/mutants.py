@@ -1446,6 +1446,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    )",
         (
             "tests/test_policy.py::test_the_first_process_seeds_the_policy_from_its_environment_once",
+            "tests/test_policy.py::test_of_processes_starting_together_on_a_new_pool_one_seeds",
         ),
     ),
     Mutant(

@@ -17,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq import registry
+from llmq.connection import connect
 from llmq.policy import store
 from llmq.policy.live import LivePolicy, start
 from llmq.policy.model import PolicyError
@@ -24,7 +25,8 @@ from llmq.protocol import keys
 from llmq.protocol import policy as stored_policy
 from llmq.protocol.queue import Queue
 from llmq.schema import WorkerInfo
-from llmq.settings import ApiSettings, WorkerSettings
+from llmq.settings import ApiSettings, CommonSettings, WorkerSettings
+from tests.support.cluster import BOTH_BACKENDS
 from tests.support.native import wait_ready
 from tests.support.processes import llmq
 from tests.support.servers import StartApi, StartWorker
@@ -90,6 +92,7 @@ async def test_a_change_reaches_a_running_api_and_worker_within_a_second_losing_
         assert statuses and set(statuses) == {200}, statuses
 
 
+@BOTH_BACKENDS
 async def test_two_models_on_one_redis_route_as_each_ones_policy_says(
     redis_url: str, redis: Redis, start_api: StartApi
 ) -> None:
@@ -110,7 +113,7 @@ async def test_two_models_on_one_redis_route_as_each_ones_policy_says(
 
 
 async def test_a_bad_value_is_refused_and_nothing_changes(redis_url: str, redis: Redis) -> None:
-    assert (await llmq(redis_url, "config", "set", "max_queue_depth=50"))[0] == 0
+    assert (await llmq(redis_url, "config", "set", "max_queue_depth=50", "max_priority=10"))[0] == 0
     before = await stored_policy.read(redis)
     for args in (
         ["set", "routing=sideways"],
@@ -118,6 +121,7 @@ async def test_a_bad_value_is_refused_and_nothing_changes(redis_url: str, redis:
         ["set", "max_queue_depth=10", "no_such_setting=1"],
         ["set", "min_priority=5", "max_priority=1"],
         ["set", "--model", "m", "min_priority=2000"],
+        ["set", "--model", "m", "min_priority=50"],  # valid alone, not over the pool's
         ["unset", "no_such_setting"],
     ):
         code, _, err = await llmq(redis_url, "config", *args)
@@ -148,6 +152,7 @@ async def test_a_policy_file_is_loaded_whole_or_refused_whole_at_its_line(
     assert (code, out.strip()) == (0, "no change")
 
 
+@BOTH_BACKENDS
 async def test_concurrent_changes_are_all_kept(redis: Redis) -> None:
     names = ["max_queue_depth", "max_choices", "routing_window", "max_prompt_tokens"]
     await asyncio.gather(
@@ -159,21 +164,24 @@ async def test_concurrent_changes_are_all_kept(redis: Redis) -> None:
     assert sorted(c.who for c in await store.history(redis)) == [f"op{i}" for i in range(4)]
 
 
+@BOTH_BACKENDS
 async def test_a_claim_under_a_stale_version_is_refused_and_made_again_under_the_new(
-    redis: Redis,
+    redis_url: str,
 ) -> None:
     """The claim script refuses a version below the model's floor; the queue reads the
     policy again (the version it holds moves only so) and claims under the new one."""
+    redis = connect(CommonSettings(redis_url=redis_url))
     await store.set_values(redis, {"max_queue_depth": 5}, None, "op")
     live = LivePolicy(redis, live_ms=5000)
     await live.refresh()
     queue = Queue(redis, stream_maxlen=100, ttl_seconds=60, policy=live)
     await store.set_values(redis, {"fairness": "fifo"}, "mock", "op")  # floor of mock: 2
-    assert await redis.get(keys.policy_version("mock")) == "2"
+    assert int(await redis.get(keys.policy_version("mock"))) == 2
     assert live.version == 1  # no follower here: only a refused claim reads it again
     got = await queue.claim("mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True)
     assert got.request_id is None and live.version == 2
     assert live.fairness_for("mock") == "fifo" and live.fairness_for("other") == "vtc"
+    await redis.aclose()
 
 
 async def test_the_first_process_seeds_the_policy_from_its_environment_once(
@@ -193,6 +201,14 @@ async def test_the_first_process_seeds_the_policy_from_its_environment_once(
     history = await store.history(redis)
     assert [(c.version, c.who) for c in history] == [(1, "api-1")]
     assert json.loads(history[0].what)["seed"] == {"routing": "prefix", "max_queue_depth": 30}
+
+
+async def test_of_processes_starting_together_on_a_new_pool_one_seeds(redis: Redis) -> None:
+    starting = [ApiSettings(max_queue_depth=10 + i) for i in range(4)]
+    started = await asyncio.gather(*(start(redis, s, f"api-{i}") for i, s in enumerate(starting)))
+    assert {live.version for live in started} == {1}
+    assert len({live.of("m").max_queue_depth for live in started}) == 1
+    assert [c.version for c in await store.history(redis)] == [1]
 
 
 async def test_derived_values_come_from_what_the_workers_declare(
