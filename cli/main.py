@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from llmq import tracing
 from llmq.collector import tune_garbage_collector
 from llmq.logs import setup_logging
+from llmq.policy.fields import POLICY_NAMES
 from llmq.settings import (
     ApiSettings,
     AutoscaleSettings,
@@ -44,8 +45,12 @@ SETTINGS: dict[str, type[CommonSettings]] = {
 }
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[CommonSettings]) -> None:
+def _add_settings_flags(
+    parser: argparse.ArgumentParser, cls: type[CommonSettings], skip: Sequence[str] = ()
+) -> None:
     for name, info in cls.model_fields.items():
+        if name in skip:
+            continue
         flag = "--" + name.replace("_", "-")
         env = "LLMQ_" + name.upper()
         help_text = f"{info.description or ''} [env {env}; default {info.default!r}]".strip()
@@ -115,9 +120,9 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     from cli.config import add_arguments as add_config_arguments
     from cli.tenants import add_arguments as add_tenant_arguments
 
-    for name in ("tenant", "key", "config"):
+    for name in ("tenant", "key", "config"):  # the pool policy is in Redis, not flags
         parsers[name] = sub.add_parser(name, help=helps[name])
-        _add_settings_flags(parsers[name], CommonSettings)
+        _add_settings_flags(parsers[name], CommonSettings, skip=POLICY_NAMES)
     add_tenant_arguments(parsers["tenant"], parsers["key"])
     add_config_arguments(parsers["config"])
     loadgen_parser = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
