@@ -157,13 +157,12 @@ async def start(redis: Redis, settings: Any, who: str, *, derived: bool = False)
 
 
 async def _start(live: LivePolicy, mine: dict[str, Any], who: str) -> None:
-    redis = live.redis
-    if await stored_policy.version(redis) == 0:
-        seeded = await store.seed(redis, mine, who)
-        if seeded is not None:
-            shown = ", ".join(f"{k}={v}" for k, v in mine.items()) or "nothing set: defaults"
-            log.info("pool policy seeded from this process's environment (%s)", shown)
-            mine = {}
+    # The seed's compare-and-set from version 0 is what makes it once: a pool that
+    # has a policy refuses it (one script call per process start).
+    if await store.seed(live.redis, mine, who) is not None:
+        shown = ", ".join(f"{k}={v}" for k, v in mine.items()) or "nothing set: defaults"
+        log.info("pool policy seeded from this process's environment (%s)", shown)
+        mine = {}
     if mine:
         log.warning(
             "the pool's policy holds these settings; this process's values are ignored "
