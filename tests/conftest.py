@@ -131,7 +131,7 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
             "heartbeat_seconds": 0.2,
             "drain_seconds": 1,
             **FAST_MODEL,
-            **await set_pool_policy(redis_url, overrides),
+            **await set_pool_policy(overrides.get("redis_url", redis_url), overrides),
         }
         settings = WorkerSettings(**chosen)
         stop = asyncio.Event()
@@ -155,7 +155,9 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
         chosen: dict[str, Any] = {
             "redis_url": redis_url,
             "port": free_port(),
-            **await set_pool_policy(redis_url, {"default_max_tokens": 128, **overrides}),
+            **await set_pool_policy(
+                overrides.get("redis_url", redis_url), {"default_max_tokens": 128, **overrides}
+            ),
         }
         settings = ApiSettings(**chosen)
         responses = ResponseLog(create_app(settings))
@@ -198,7 +200,7 @@ async def spawn_workers(redis_url: str, redis: Redis) -> AsyncIterator[SpawnWork
     procs: list[Proc] = []
 
     async def spawn(n: int = 1, **settings: Any) -> list[Proc]:
-        own = await set_pool_policy(redis_url, settings)
+        own = await set_pool_policy(str(settings.get("redis_url", redis_url)), settings)
         chosen = {"heartbeat_seconds": 0.2, "drain_seconds": 1, **FAST_MODEL, **own}
         env = clean_env(
             LLMQ_REDIS_URL=redis_url,

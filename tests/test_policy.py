@@ -225,8 +225,11 @@ async def test_derived_values_come_from_what_the_workers_declare(
         heartbeat_at=0.0,
         tokenizer="chars",
         context_length=2048,
+        upstream={"engine": "vllm"},
     )
     await registry.heartbeat(redis, info, 10)
+    other = info.model_copy(update={"id": "w2", "model": "tgi", "upstream": {"engine": "tgi"}})
+    await registry.heartbeat(redis, other, 10)
     found = await store.show(redis, "llama")
     assert found.policy.max_prompt_tokens == found.policy.max_tokens_limit == 2048
     assert found.policy.routing_tokenizer == "chars"
@@ -238,7 +241,9 @@ async def test_derived_values_come_from_what_the_workers_declare(
     shown = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
     assert shown["max_prompt_tokens"] == ["1000", "model"]
     assert shown["max_tokens_limit"] == ["2048", "derived"]
-    assert shown["routing"] == ['"fifo"', "default"]
+    assert shown["routing"] == ['"prefix"', "derived"]  # vLLM keeps a prefix cache
+    assert (await store.show(redis, "tgi")).policy.routing == "least-loaded"
+    assert (await store.show(redis, "mock")).source("routing") == "default"
     live = LivePolicy(redis, live_ms=10_000, derived=True)
     await live.refresh()
     await live.derive()
