@@ -1458,6 +1458,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_policy.py::test_derived_values_come_from_what_the_workers_declare",),
     ),
     Mutant(
+        "policy-derived-routing",
+        "a model's routing is derived from its workers' engines (prefix where they cache)",
+        "llmq/policy/derived.py",
+        'values["routing"] = "prefix" if cached else "least-loaded"',
+        "pass",
+        ("tests/test_policy.py::test_derived_values_come_from_what_the_workers_declare",),
+    ),
+    Mutant(
         "policy-per-model",
         "each model follows its own overrides of the pool policy",
         "llmq/policy/live.py",
