@@ -30,11 +30,11 @@ format: install
 	$(BIN)/ruff format .
 
 # The fast loop, for every change: lint, then every test that needs no inference
-# server, Docker engine, root (network namespaces) or long run (pytest markers in
-# pyproject.toml), two at a time (pytest-xdist: the tests mostly wait on processes and
+# server, Docker engine, root (network namespaces), browser or long run (pytest markers
+# in pyproject.toml), two at a time (pytest-xdist: the tests mostly wait on processes and
 # Redis; more than two failed timing bounds on a loaded 2-core machine). `make test`
 # runs them all, one at a time.
-FAST := not engine and not docker and not netns and not slow and not trace_backend
+FAST := not engine and not docker and not netns and not slow and not trace_backend and not browser
 
 check: install lint
 	$(BIN)/pytest -q -n 2 -m "$(FAST)"

@@ -22,6 +22,7 @@ from api.flow import RateLimitHeaders
 from api.grouped_relay import GroupedRelay
 from api.limits import BodyLimit
 from api.relay import StreamRelay
+from api.routes import admin as admin_routes
 from api.routes import batches, embeddings, files, health, native, openai, responses
 from api.routes import metrics as metrics_routes
 from api.state import AppState
@@ -189,6 +190,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(native.router)
     app.include_router(health.router)
     app.include_router(metrics_routes.router)
+    admin_routes.install(app)
     app.add_middleware(RateLimitHeaders)
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, upload_bytes=settings.batch_max_file_bytes

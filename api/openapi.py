@@ -32,7 +32,8 @@ class ErrorBody(BaseModel):
 _WHEN = {
     400: "Invalid request (OpenAI's invalid_request_error), or a parameter the model "
     "cannot honour (code unsupported_parameter).",
-    401: "API keys are on and the request has no valid key.",
+    401: "API keys are on and the request has no valid key (the admin API: no admin key).",
+    403: "The admin API, called with a tenant's key rather than an admin key.",
     404: "Unknown model, request or route.",
     413: "The body is larger than LLMQ_MAX_BODY_BYTES.",
     429: "The model's queue is full (Retry-After, x-should-retry: true).",

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, cast
+from typing import Any
 
-from llmq import metrics
+from llmq import admin
 from llmq.connection import connect
-from llmq.metrics import field as metric_field
 from llmq.policy import store as policy_store
-from llmq.protocol import keys
 from llmq.settings import CommonSettings
+from llmq.tenant_usage import tenant_usage
 from llmq.tenants import (
     Tenant,
     TenantError,
@@ -29,12 +28,8 @@ from llmq.tenants import (
     key_id,
     load_file,
     parse_tenant,
-    text,
     unused_weights,
 )
-
-#: The outcomes of ``llmq_tenant_requests_total``, in the order ``tenant stats`` shows them.
-OUTCOMES = ("accepted", "rate_limited", "shed")
 
 #: The tenant flags: (flag, field, type).
 FIELDS = (
@@ -60,9 +55,13 @@ def add_arguments(tenant: argparse.ArgumentParser, key: argparse.ArgumentParser)
     verbs.add_parser("delete", help="delete a tenant and revoke its keys").add_argument("name")
     verbs.add_parser("load", help="write the tenants of a TOML file").add_argument("file")
     kverbs = key.add_subparsers(dest="verb", required=True, metavar="VERB")
-    kverbs.add_parser("create", help="make a key (shown once)").add_argument(
-        "--tenant", required=True
+    create = kverbs.add_parser("create", help="make a key (shown once)")
+    whose = create.add_mutually_exclusive_group(required=True)
+    whose.add_argument("--tenant")
+    whose.add_argument(
+        "--admin", action="store_true", help="an operator's key: the admin API and the console"
     )
+    create.add_argument("--name", default="admin", help="an admin key's name (in the audit)")
     kverbs.add_parser("list", help="list keys (ids and tenants, never the keys)")
     kverbs.add_parser("revoke", help="revoke a key by its id").add_argument("id")
     kverbs.add_parser("digest", help="the digest a tenants file lists").add_argument("key")
@@ -111,39 +110,33 @@ def _warn_unused(fairness: str, tenants: list[Tenant]) -> None:
 async def _stats(store: TenantStore) -> None:
     """Per tenant: its requests at once by status (tracked for tenants with limits), and
     the totals of ``llmq_tenant_tokens_total`` and ``llmq_tenant_requests_total``."""
-    redis = store.redis
     print(_row(["TENANT", "QUEUED", "RUNNING", "TOKENS", "ACCEPTED", "RATE_LIMITED", "SHED"]))
-    names = sorted({"default", *await store.names()})
-    for name in names:
-        held = await cast("Any", redis.zrange(keys.quota_keys(name)[2], 0, -1))
-        statuses = [
-            await cast("Any", redis.hget(keys.request(text(rid)), "status")) for rid in held
-        ]
-        queued = sum(1 for s in statuses if s and text(s) == "queued")
-        running = sum(1 for s in statuses if s and text(s) == "running")
-        totals = [
-            await cast("Any", redis.hget(keys.metric(family.name), metric_field("", labels)))
-            for family, labels in (
-                (metrics.TENANT_TOKENS, (name,)),
-                *((metrics.TENANT_REQUESTS, (name, o)) for o in OUTCOMES),
-            )
-        ]
-        shown = [int(float(text(t))) if t is not None else 0 for t in totals]
-        print(_row([name, queued, running, *shown]))
+    for name in sorted({"default", *await store.names()}):
+        u = await tenant_usage(store.redis, name)
+        print(_row([name, u.queued, u.running, u.tokens, u.accepted, u.rate_limited, u.shed]))
 
 
 async def _key(store: TenantStore, args: argparse.Namespace) -> None:
-    if args.verb == "create":
+    if args.verb == "create" and args.admin:
+        key = await admin.create_admin_key(store.redis, args.name)
+        print(key)
+        print(f"admin key {key_id(digest(key))} ({args.name}): shown once", file=sys.stderr)
+    elif args.verb == "create":
         key = await store.create_key(args.tenant)
         print(key)
         print(f"key {key_id(digest(key))} of tenant {args.tenant}: shown once", file=sys.stderr)
     elif args.verb == "list":
         print(_row(["ID", "TENANT", "CREATED", "BEGINS"]))
-        for d, entry in await store.keys():
-            created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.created_at))
-            print(_row([key_id(d), entry.tenant, created, entry.hint]))
+        listed = [(d, e.tenant, e.created_at, e.hint) for d, e in await store.keys()]
+        listed += [
+            (d, f"(admin {e.name})", e.created_at, e.hint)
+            for d, e in await admin.admin_keys(store.redis)
+        ]
+        for d, whose, at, hint in listed:
+            created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+            print(_row([key_id(d), whose, created, hint]))
     elif args.verb == "revoke":
-        print(f"key {key_id(await store.revoke(args.id))} revoked")
+        print(f"key {key_id(await admin.revoke_key(store.redis, args.id))} revoked")
 
 
 async def run(settings: CommonSettings, args: argparse.Namespace) -> int:

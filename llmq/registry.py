@@ -65,3 +65,18 @@ async def live_workers(redis: Redis, ttl_seconds: float) -> list[WorkerInfo]:
         except ValidationError:
             log.warning("skipping malformed worker entry %r", value[:200])
     return sorted(workers, key=lambda w: w.id)
+
+
+#: How long an operator's drain of a worker holds: longer than any worker's drain, and
+#: bounded, since a worker id is never reused.
+DRAIN_TTL_SECONDS = 86_400
+
+
+async def drain(redis: Redis, worker_id: str) -> None:
+    """Tell the worker to claim nothing more; it sees this at its next heartbeat."""
+    await redis.set(keys.drain(worker_id), "1", ex=DRAIN_TTL_SECONDS)
+
+
+async def drained(redis: Redis, worker_id: str) -> bool:
+    """Whether an operator drained the worker."""
+    return bool(await redis.exists(keys.drain(worker_id)))

@@ -425,6 +425,9 @@ class WorkerInfo(BaseModel):
     #: ``render`` (where and how the engine renders chat messages with it: ``url``,
     #: ``answer`` ``prompt`` or ``tokens``, the body's other ``fields``; None: it does not).
     upstream: dict[str, Any] | None = None
+    #: True once an operator drained it (``POST /admin/workers/{id}/drain``): it finishes
+    #: its runs and claims nothing more.
+    draining: bool = False
 
 
 class ScaleState(_Frozen):

@@ -48,9 +48,66 @@ class Mutant:
 CONTRACT = "tests/test_readme_contract.py"
 ALERT_RULES = "deploy/prometheus/rules/llmq.rules.yml"
 ALERT_TESTS = "tests/test_alert_rules.py::test_the_rules_pass_their_unit_tests"
+ADMIN_TESTS = "tests/test_admin.py"
 
 #: One entry per guarantee. To retarget after a refactor, change ``path``/``old``/``new``.
 MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "admin-key-required",
+        "the admin API answers only an admin key: no key or a wrong one is 401",
+        "api/admin.py",
+        "    if found is not None:\n        return Admin(digest(given), found.name)",
+        "    if True:\n        return Admin(digest(given), 'anyone')",
+        (f"{ADMIN_TESTS}::test_the_admin_api_refuses_no_key_a_wrong_key_and_a_tenants_key",),
+    ),
+    Mutant(
+        "admin-tenant-key-403",
+        "a tenant's key on the admin API is 403, told apart from no key",
+        "api/admin.py",
+        "    if await _tenant_key(state, given):",
+        "    if False:",
+        (f"{ADMIN_TESTS}::test_the_admin_api_refuses_no_key_a_wrong_key_and_a_tenants_key",),
+    ),
+    Mutant(
+        "admin-audit-write",
+        "every admin action is appended to the audit trail, with who did it",
+        "llmq/admin.py",
+        "    await redis.xadd(\n        keys.AUDIT,",
+        "    return\n    await redis.xadd(\n        keys.AUDIT,",
+        (f"{ADMIN_TESTS}::test_every_admin_action_is_in_the_audit_trail_with_who_did_it",),
+    ),
+    Mutant(
+        "admin-audit-cap",
+        "the audit trail is capped at about AUDIT_MAXLEN entries",
+        "llmq/admin.py",
+        "        maxlen=AUDIT_MAXLEN,\n        approximate=True,\n",
+        "",
+        (f"{ADMIN_TESTS}::test_the_audit_trail_is_capped",),
+    ),
+    Mutant(
+        "admin-list-bound",
+        "a listing of requests holds at most its limit, whatever the queue holds",
+        "api/request_list.py",
+        "return Page(matched[:limit],",
+        "return Page(matched,",
+        (f"{ADMIN_TESTS}::test_listings_are_bounded_with_a_queue_of_a_thousand",),
+    ),
+    Mutant(
+        "console-tokens-bound",
+        "a request's page keeps the latest tokens only, and counts the earlier ones",
+        "api/console/static/console.js",
+        "      if (over > 0) {",
+        "      if (false) {",
+        ("tests/test_console.py::test_the_live_views_are_bounded_a_long_request_and_a_long_queue",),
+    ),
+    Mutant(
+        "worker-drain",
+        "a drained worker finishes its runs and claims nothing more",
+        "worker/main.py",
+        "        if not worker.draining and await registry.drained(redis, worker_id):",
+        "        if False:",
+        (f"{ADMIN_TESTS}::test_a_drained_worker_finishes_its_runs_and_claims_nothing_more",),
+    ),
     Mutant(
         "admission-budget-worker",
         "a worker claims only what fits its token budget (worker side)",

@@ -1,5 +1,6 @@
 """The fast loop: ``make check`` leaves out exactly the tests that need what a
-contributor's machine may lack (an inference server, Docker, root) or a long run,
+contributor's machine may lack (an inference server, Docker, root, a browser) or a
+long run,
 each module that needs one is marked for it, and pre-commit runs ``make lint``'s
 commands."""
 
@@ -20,6 +21,7 @@ NEEDS = {
     "docker": re.compile(r"\bCompose\b"),
     "netns": re.compile(r"\brequire_netns\b|\bcluster_stack\b|\brigs\.(netns|hosts)\b"),
     "trace_backend": re.compile(r"\bphoenix: Phoenix\b"),
+    "browser": re.compile(r"\bplaywright\b"),
 }
 
 

@@ -197,6 +197,7 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "context_length",
         "ready",
         "upstream",
+        "draining",
     }
     # the model's declaration (docs/backends.md): the mock counts whitespace words, and
     # has no upstream engine

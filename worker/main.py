@@ -153,10 +153,13 @@ async def _heartbeat(
             context_length=context_length_of(runner.backend),
             ready=watch is None or watch.ready,
             upstream=backends.upstream_found(runner.backend),
+            draining=worker.draining,
         )
         produced, sent_at = runner.produced(), asyncio.get_running_loop().time()
         news = await worker.queue.renew(settings.model, worker.held, lease_ms, worker_id)
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
+        if not worker.draining and await registry.drained(redis, worker_id):
+            await worker.drain()
         if worker.queue.routing_for(settings.model).routed:
             await cache.publish(
                 worker.queue,

@@ -277,6 +277,8 @@ class QueueWorker(Worker):
         #: round trips the model's slot (an inference server's) would sit idle through.
         self._slots: set[tuple[str, int]] = set()
         runner.on_model_done = self._free_slot
+        #: Set once an operator drained this worker (:meth:`drain`): it never claims again.
+        self.draining = False
 
     @property
     def busy_slots(self) -> int:
@@ -428,6 +430,18 @@ class QueueWorker(Worker):
             extra={"request_id": rid},
         )
         return False
+
+    async def drain(self) -> None:
+        """An operator drained this worker: it claims nothing more and leaves the park
+        (so no hand-off comes); its runs go on to their end."""
+        if self.draining:
+            return
+        self.draining = True
+        self.allow_pick_jobs = False
+        log.info("worker %s drained by an operator: claiming stops", self.worker_id)
+        await self.queue.unpark(self.model, self.worker_id)
+        if self.queue.routing_for(self.model).routed:
+            await self.queue.forget_worker(self.model, self.worker_id)
 
     async def take_handoff(self, claim: Claim) -> None:
         """Run a request claimed for this worker by the enqueue script.

@@ -74,6 +74,10 @@ TENANTS = f"{PREFIX}:{GLOBAL}:tenants"
 #: a key itself is never stored.
 API_KEYS = f"{PREFIX}:{GLOBAL}:api-keys"
 
+#: Hash of admin key digest -> the key's entry (:class:`llmq.admin.AdminKey`, JSON):
+#: the operator's keys (``llmq key create --admin``), apart from every tenant's.
+ADMIN_KEYS = f"{PREFIX}:{GLOBAL}:admin-keys"
+
 #: Hash of the pool policy (:mod:`llmq.policy`): ``version`` (a counter, raised by every
 #: change), ``pool`` (the pool-wide document, JSON) and ``model:<name>`` (a model's
 #: overrides, JSON). Changed only by ``lua/policy_write.lua``.
@@ -435,6 +439,12 @@ def worker(worker_id: str) -> str:
     return f"{PREFIX}:{GLOBAL}:worker:{worker_id}"
 
 
+def drain(worker_id: str) -> str:
+    """Set (with a TTL) when an operator drains the worker: it claims nothing more
+    (:func:`llmq.registry.drain`)."""
+    return f"{PREFIX}:{GLOBAL}:drain:{worker_id}"
+
+
 # --- single keys, in no script: any slot ------------------------------------------
 
 
@@ -472,6 +482,9 @@ def metrics_flush(tally: str, seq: int) -> str:
     flush whose reply was lost was applied."""
     return f"{PREFIX}:{METRICS}:flush:{tally}:{seq}"
 
+
+#: The audit trail: one entry per action of the admin API (:mod:`llmq.admin`), capped.
+AUDIT = f"{PREFIX}:audit"
 
 #: The autoscaler's leader lease: the id of the one controller that may act (PX TTL).
 AUTOSCALER_LEADER = f"{PREFIX}:autoscaler:leader"

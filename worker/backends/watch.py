@@ -67,7 +67,7 @@ class UpstreamWatch:
         if not self.ready:
             log.info("upstream %s answers again: claiming", self.upstream.url)
         self.ready = True
-        if not self.worker.allow_pick_jobs and not self.stop.is_set():
+        if not self.worker.allow_pick_jobs and not self.stop.is_set() and not self.worker.draining:
             self.worker.allow_pick_jobs = True
             self.worker.wake.set()
 
