@@ -91,5 +91,5 @@ async def run(settings: CommonSettings, args: argparse.Namespace) -> int:
         print(f"llmq config {args.verb}: {exc}", file=sys.stderr)
         return 2
     finally:
-        await redis.aclose()
+        await redis.aclose(close_connection_pool=True)
     return 0

@@ -114,7 +114,7 @@ async def set_pool_policy(redis_url: str, overrides: dict[str, Any]) -> dict[str
         try:
             await policy_store.set_values(client, policy, None, "tests")
         finally:
-            await client.aclose()
+            await client.aclose(close_connection_pool=True)
     return {k: v for k, v in overrides.items() if k not in policy}
 
 

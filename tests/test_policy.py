@@ -181,7 +181,7 @@ async def test_a_claim_under_a_stale_version_is_refused_and_made_again_under_the
     got = await queue.claim("mock", lease_ms=1000, in_progress_ms=1000, budget_left=None, idle=True)
     assert got.request_id is None and live.version == 2
     assert live.fairness_for("mock") == "fifo" and live.fairness_for("other") == "vtc"
-    await redis.aclose()
+    await redis.aclose(close_connection_pool=True)
 
 
 async def test_the_first_process_seeds_the_policy_from_its_environment_once(
