@@ -147,6 +147,10 @@ async def test_a_policy_file_is_loaded_whole_or_refused_whole_at_its_line(
     }
     code, _, err = await llmq(redis_url, "config", "load", str(bad))
     assert code == 2 and f"{bad}:4: [models.big] max_queue_depth:" in err, err
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('[pool]\nrouting = "hash"\n\n[models.big]\nbogus = 1\n')
+    code, _, err = await llmq(redis_url, "config", "load", str(unknown))
+    assert code == 2 and f"{unknown}:4: [models.big] bogus: unknown setting" in err, err
     assert await stored_policy.read(redis) == before
     code, out, _ = await llmq(redis_url, "config", "diff", str(good))
     assert (code, out.strip()) == (0, "no change")

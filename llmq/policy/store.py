@@ -159,6 +159,8 @@ def read_file(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any
             check_doc(doc)
         except PolicyError as exc:
             key, _, msg = str(exc).partition(": ")
+            if key not in doc:  # not one key's: the table as a whole
+                key, msg = "", str(exc)
             raise PolicyError(located(path, table, key, msg)) from None
     for name, doc in models.items():
         try:
