@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import socket
 import sys
 import time
@@ -42,7 +43,13 @@ def add_arguments(config: argparse.ArgumentParser) -> None:
 
 
 def _who() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()}"
+    """Who makes a change, for the history: user@host (a container's user may have no
+    name: its uid)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
 
 
 def _pairs(pairs: list[str]) -> dict[str, object]:
