@@ -23,6 +23,7 @@ from llmq.connection import connect
 from llmq.policy import store
 from llmq.policy.fields import POLICY_NAMES
 from llmq.policy.model import PolicyError, parse_value
+from llmq.protocol import policy as stored_policy
 from llmq.settings import CommonSettings
 
 
@@ -71,6 +72,9 @@ async def _run(redis: Redis, args: argparse.Namespace) -> None:
         width = max(len(n) for n in POLICY_NAMES)
         for name in POLICY_NAMES:
             print(f"{name:<{width}}  {json.dumps(values[name]):<14}  {found.source(name)}")
+        if not args.model:
+            overridden = sorted((await stored_policy.read(redis)).models)
+            print(f"# models with overrides: {', '.join(overridden) or 'none'}")
     elif args.verb == "set":
         version = await store.set_values(redis, _pairs(args.pairs), args.model, _who())
         print(f"policy version {version}")

@@ -110,6 +110,8 @@ async def test_two_models_on_one_redis_route_as_each_ones_policy_says(
     chat, pool = await store.show(redis, "chat"), await store.show(redis, "batch")
     assert (chat.policy.routing, chat.source("routing")) == ("prefix", "model")
     assert (pool.policy.routing, pool.source("routing")) == ("fifo", "default")
+    code, out, _ = await llmq(redis_url, "config", "show")
+    assert code == 0 and out.splitlines()[-1] == "# models with overrides: chat", out
 
 
 async def test_a_bad_value_is_refused_and_nothing_changes(redis_url: str, redis: Redis) -> None:
