@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from fastapi import FastAPI
 from redis.asyncio import Redis, RedisCluster
@@ -27,9 +28,10 @@ from api.routes import batches, embeddings, files, health, native, openai, respo
 from api.routes import metrics as metrics_routes
 from api.state import AppState
 from api.tenancy import Tenancy
-from api.traced import TraceRequests
+from api.traced import UNTRACED, TraceRequests
 from llmq import __version__, metrics, tracing
 from llmq.connection import connect, is_cluster
+from llmq.metrics import Tally
 from llmq.policy import live as live_policy
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue
@@ -60,6 +62,15 @@ async def _heartbeat(queue: Queue, settings: ApiSettings, process_id: str) -> No
     )
 
 
+#: FastAPI's own OpenTelemetry server span (FastAPI >= 0.16x, on whenever a tracer
+#: provider is set) off: ``llmq.request`` (:mod:`api.traced`) is the request's span,
+#: and FastAPI's marked every streamed answer failed (its end as a disconnect).
+_NO_NATIVE_TRACING: dict[str, Any] = (
+    {"telemetry": {"tracing": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
 #: The header a draining process adds to each response.
 CLOSE = (b"connection", b"close")
 
@@ -68,17 +79,38 @@ class _App(FastAPI):
     """FastAPI that hands the server's own ``send`` to the streaming responses.
 
     A stream's chunks then skip the middleware wrappers around ``send``, which only
-    watch a response's start (see :class:`api.event_stream.EventStream`). While the
-    process drains (:attr:`AppState.draining`), every response says
-    ``Connection: close``; otherwise nothing wraps ``send``.
+    watch a response's start (see :class:`api.event_stream.EventStream`). Every
+    response but a probe's or a scrape's is counted by its status class
+    (``llmq_http_responses_total``); while the process drains
+    (:attr:`AppState.draining`), every response says ``Connection: close``.
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[event_stream.SERVER_SEND] = send
         state: AppState | None = getattr(self.state, "llmq", None)
+        if state is not None and scope["type"] == "http" and scope["path"] not in UNTRACED:
+            send = _counted(send, state.metrics)
         if state is not None and state.draining.is_set() and scope["type"] == "http":
             send = _closing(send)
         await super().__call__(scope, receive, send)
+
+
+#: ``llmq_http_responses_total``'s class of each status hundred.
+_CODE_CLASSES = {n: f"{n}xx" for n in range(1, 6)}
+
+
+def _counted(send: Send, tally: Tally) -> Send:
+    """``send`` that counts the response by its status class at its start: once per
+    response, outside every middleware (a 500 of an unhandled error included); a
+    stream's chunks skip it (:data:`event_stream.SERVER_SEND`)."""
+
+    async def counted(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            code_class = _CODE_CLASSES.get(message["status"] // 100, "other")
+            tally.inc(metrics.HTTP_RESPONSES, code_class)
+        await send(message)
+
+    return counted
 
 
 def _closing(send: Send) -> Send:
@@ -176,6 +208,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         version=__version__,
         description="Queue-based LLM serving: OpenAI-compatible and native APIs.",
         lifespan=lifespan,
+        **_NO_NATIVE_TRACING,
     )
     errors.install(app)
     openapi.install(app)

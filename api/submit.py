@@ -417,7 +417,7 @@ async def submit_choices(
             )
             calls.append(call)
             subs.append(sub)
-    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant, band)
+    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant, band, trace)
     for sub in subs:
         prompt = prompts[sub.prompt_index]
         log.info(
@@ -455,8 +455,10 @@ async def _admit(
     rids: list[str],
     tenant: Tenant | None,
     band: BatchBand | None = None,
+    trace: dict[str, str] | None = None,
 ) -> None:
-    """Enqueue ``calls`` all or none, in a ``llmq.admission`` span while tracing is on;
+    """Enqueue ``calls`` all or none, in a ``llmq.admission`` span while tracing is on
+    (a batch line's a child of its ``llmq.batch_line``, whose context is ``trace``);
     429 if the expected wait is too long (:func:`api.flow.shed`), the tenant's quota is
     spent (:func:`api.flow.check_quota`) or the queue has no room for them all."""
     if not tracing.enabled():
@@ -473,7 +475,10 @@ async def _admit(
         attributes["llmq.tenant"] = tenant.name
     if band is not None:
         attributes["llmq.batch.id"] = band.batch_id
-    with tracing.tracer().start_as_current_span("llmq.admission", attributes=attributes) as span:
+    parent = tracing.extract(trace) if band is not None and trace else None
+    with tracing.tracer().start_as_current_span(
+        "llmq.admission", context=parent, attributes=attributes
+    ) as span:
         await _admit_traced(state, calls, model, rids, tenant, span)
 
 
@@ -585,7 +590,7 @@ async def submit_embedding(
     )
     if band is not None:
         call = replace(call, score=batch_score(int(now * 1000)))
-    await _admit(state, [call], body.model, [rid], tenant, band)
+    await _admit(state, [call], body.model, [rid], tenant, band, payload.trace)
     log.info(
         "accepted embedding request %s (model %s, %d inputs, %d tokens)",
         rid,

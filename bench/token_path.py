@@ -14,12 +14,17 @@ runs. On a machine shared with other work CPU time moves far less than wall-cloc
 figures. ``--profile FILE`` runs the last repeat under cProfile and writes its stats
 (read them with ``python -m pstats``), and prints the functions with the most own
 time, with their calls per token: what appears per token, and what it costs.
+
+Tracing is set up from the standard ``OTEL_*`` variables, as a worker does
+(:mod:`llmq.tracing`; off unless they name an exporter): each run then makes its
+``llmq.queue_wait`` and ``llmq.run`` spans, in a trace of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import pstats
 import statistics
@@ -40,6 +45,14 @@ from llmq.protocol import keys
 from llmq.schema import JobPayload, SamplingParams, TokensEvent, is_terminal
 from worker.publisher import StreamPublisher
 from worker.runner import RequestRunner
+
+try:
+    from llmq.tracing import traced
+except ImportError:  # a tree from before tracing
+
+    def traced(service: str) -> contextlib.AbstractContextManager[bool]:  # type: ignore[misc]
+        return contextlib.nullcontext(False)
+
 
 try:
     from worker.mock import MockBackend as Mock
@@ -160,29 +173,35 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
     url = args.redis_url or (server.url if server is not None else "")
     try:
-        _measure(url, Sizes(20, 20, s.workers, s.tokens_per_second))  # warm: imports, scripts
-        runs = [_measure(url, s) for _ in range(args.repeats)]
-        out: dict[str, Any] = {
-            k: statistics.median(r[k] for r in runs) for k in ("process_us", "redis_us", "wall_s")
-        }
-        print(
-            f"{s.streams} streams x {s.tokens} tokens at {s.tokens_per_second:g} tok/s, "
-            f"{s.workers} workers, median of {len(runs)}: "
-            f"process {out['process_us']:.2f} us/token, Redis {out['redis_us']:.2f} us/token "
-            f"(runs: {', '.join(format(r['process_us'], '.2f') for r in runs)}; "
-            f"wall {out['wall_s']:.2f} s)"
-        )
-        if args.profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
-            _measure(url, s)
-            profiler.disable()
-            profiler.dump_stats(args.profile)
-            print(_profile_table(pstats.Stats(profiler), s.streams * s.tokens, args.top))
+        with traced("llmq-worker"):
+            _report(url, s, args)
     finally:
         if server is not None:
             server.stop()
     return 0
+
+
+def _report(url: str, s: Sizes, args: argparse.Namespace) -> None:
+    """The warm-up, the measured repeats and their line; the profile if asked."""
+    _measure(url, Sizes(20, 20, s.workers, s.tokens_per_second))  # warm: imports, scripts
+    runs = [_measure(url, s) for _ in range(args.repeats)]
+    out: dict[str, Any] = {
+        k: statistics.median(r[k] for r in runs) for k in ("process_us", "redis_us", "wall_s")
+    }
+    print(
+        f"{s.streams} streams x {s.tokens} tokens at {s.tokens_per_second:g} tok/s, "
+        f"{s.workers} workers, median of {len(runs)}: "
+        f"process {out['process_us']:.2f} us/token, Redis {out['redis_us']:.2f} us/token "
+        f"(runs: {', '.join(format(r['process_us'], '.2f') for r in runs)}; "
+        f"wall {out['wall_s']:.2f} s)"
+    )
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        _measure(url, s)
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+        print(_profile_table(pstats.Stats(profiler), s.streams * s.tokens, args.top))
 
 
 if __name__ == "__main__":

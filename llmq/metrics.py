@@ -184,6 +184,12 @@ TENANT_TOKENS = Counter(
     "Prompt + completion tokens of the tenant's requests that ended (tenant as above).",
     ("tenant",),
 )
+HTTP_RESPONSES = Counter(
+    "llmq_http_responses",
+    "HTTP responses of the API by status class (2xx, 4xx, 5xx, ...), counted once per "
+    "response at its start (a stream once); probes and scrapes are not counted.",
+    ("code_class",),
+)
 
 HISTOGRAMS: tuple[Histogram, ...] = (
     TTFT,
@@ -210,6 +216,7 @@ COUNTERS: tuple[Counter, ...] = (
     WORKER_STARTS,
     TENANT_REQUESTS,
     TENANT_TOKENS,
+    HTTP_RESPONSES,
 )
 Family = Histogram | Counter
 _ALL: tuple[Family, ...] = (*HISTOGRAMS, *COUNTERS)

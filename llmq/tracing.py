@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -155,6 +156,19 @@ def _ns(unix_seconds: float) -> int:
     return int(unix_seconds * 1e9)
 
 
+#: What the claim of the run about to start in the current task found (set by the
+#: worker in that task's context, :func:`note_claim`): :func:`start_job` puts it on
+#: the attempt's ``llmq.queue_wait``.
+_CLAIM: ContextVar[Mapping[str, Any] | None] = ContextVar("llmq_claim", default=None)
+
+
+def note_claim(attributes: Mapping[str, Any]) -> None:
+    """Attributes of the claim, for the queue wait of the run this task starts (call it
+    in the run's task context); nothing while tracing is off."""
+    if _provider is not None:
+        _CLAIM.set(attributes)
+
+
 def start_job(
     carried: Mapping[str, str] | None,
     *,
@@ -174,7 +188,7 @@ def start_job(
         "llmq.queue_wait",
         context=parent,
         start_time=_ns(enqueued_at),
-        attributes=dict(attributes),
+        attributes={**attributes, **(_CLAIM.get() or {})},
     )
     waited.end(end_time=_ns(max(claimed_at, enqueued_at)))
     return _tracer.start_span(

@@ -508,6 +508,22 @@ MUTANTS: tuple[Mutant, ...] = (
         (ALERT_TESTS,),
     ),
     Mutant(
+        "alert-5xx-ratio",
+        "a 5xx ratio over 5% of the API's responses pages",
+        ALERT_RULES,
+        'sum(rate(llmq_http_responses_total{code_class="5xx"}[5m]))',
+        'sum(rate(llmq_http_responses_total{code_class="4xx"}[5m]))',
+        (ALERT_TESTS,),
+    ),
+    Mutant(
+        "http-responses-once",
+        "each HTTP response is counted once, by its status class, at its start",
+        "api/app.py",
+        'if message["type"] == "http.response.start":\n            code_class',
+        'if message["type"].startswith("http.response"):\n            code_class',
+        ("tests/test_metrics.py::test_http_responses_are_counted_by_status_class_once_each",),
+    ),
+    Mutant(
         "alert-no-live-worker",
         "a model without a live worker pages, unless its autoscaler wants none",
         ALERT_RULES,
@@ -1048,6 +1064,55 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rolling_restart.py",),
     ),
     Mutant(
+        "chaos-batch-line-kill",
+        "the chaos checker allows a batch line's count lost with a process killed just after",
+        "bench/chaos/checker.py",
+        "if _ended_before_kill(history, run.finished.get(request_id))",
+        "if False",
+        (
+            "tests/test_chaos_checker.py::"
+            "test_a_batch_lines_tokens_lost_with_a_killed_process_are_allowed_only_then",
+        ),
+    ),
+    Mutant(
+        "claim-matched-blocks",
+        "a routed claim says how many leading blocks the claimer held (the session bonus apart)",
+        "llmq/protocol/lua/claim.lua",
+        "matched = want > #hint.blocks and want - #hint.blocks - 1 or want",
+        "matched = want",
+        (
+            "tests/test_routing_scripts.py::"
+            "test_a_claim_says_how_many_leading_blocks_the_claimer_held",
+        ),
+    ),
+    Mutant(
+        "trace-batch-line-admission",
+        "a batch line's admission is a span of its line's trace, under llmq.batch_line",
+        "api/submit.py",
+        "parent = tracing.extract(trace) if band is not None and trace else None",
+        "parent = None",
+        (
+            "tests/test_tracing.py::"
+            "test_a_batch_lines_trace_is_rooted_in_its_line_through_the_worker",
+        ),
+    ),
+    Mutant(
+        "trace-one-server-span",
+        "a request's trace has one server span, llmq.request (FastAPI's own is off)",
+        "api/app.py",
+        '    {"telemetry": {"tracing": False}}\n',
+        "    {}\n",
+        ("tests/test_tracing.py::test_one_request_is_one_trace_from_the_client_to_the_engine",),
+    ),
+    Mutant(
+        "trace-claim-matched-blocks",
+        "a routed claim's matched prefix blocks are on the attempt's llmq.queue_wait span",
+        "worker/queue_worker.py",
+        "        if claim.matched_blocks >= 0:\n",
+        "        if False:\n",
+        ("tests/test_tracing.py::test_a_routed_claims_matched_blocks_are_on_its_queue_wait",),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",
@@ -1321,6 +1386,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (
             "tests/test_fairness.py::test_a_light_tenant_starts_at_once_beside_a_noisy_one_filling_the_pool",
+        ),
+    ),
+    Mutant(
+        "finish-used",
+        "a worker's finish settles fair share to what its run used without reading the record",
+        "llmq/protocol/queue.py",
+        'if used is None and self.fairness == "vtc" and attempt is not None:',
+        'if self.fairness == "vtc" and attempt is not None:',
+        (
+            "tests/test_fairness.py::"
+            "test_a_finish_told_what_the_run_used_settles_without_reading_the_record",
+        ),
+    ),
+    Mutant(
+        "fair-yield-quiet",
+        "a full worker does not ask fair share again while only its runs' tenant waits",
+        "worker/queue_worker.py",
+        'if only == "" or (only is not None and self.runner.all_of(candidates, only)):',
+        "if False:",
+        (
+            "tests/test_fairness.py::"
+            "test_a_full_worker_asks_fair_share_again_only_when_another_tenant_may_wait",
+        ),
+    ),
+    Mutant(
+        "fair-yield-woken",
+        "a wake-up for another tenant's request makes a full worker ask fair share again",
+        "worker/queue_worker.py",
+        "if tenant != self._fair_only:",
+        "if False:",
+        (
+            "tests/test_fairness.py::"
+            "test_a_light_tenant_starts_at_once_beside_a_noisy_one_filling_the_pool",
         ),
     ),
     Mutant(

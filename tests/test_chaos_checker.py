@@ -327,3 +327,24 @@ def test_a_wait_across_a_fault_that_stops_everything_is_no_violation() -> None:
 def test_a_process_the_nemesis_killed_is_no_crash() -> None:
     h = history(native(), processes=[Process("worker1", 7, -9, by_nemesis=True)])
     assert check(h, reference) == []
+
+
+def test_a_batch_lines_tokens_lost_with_a_killed_process_are_allowed_only_then() -> None:
+    """A line whose record ended just before a kill may be uncounted (its process's
+    unflushed second died with it); one that ended long before may not."""
+    kill = Fault("worker-kill", ["worker1"], started_at=3.5, ended_at=5.0)
+    lines = [("b0", 4), ("b1", 2)]
+    just_before = batch(tokens=6, line_tokens=lines, finished={"b0": 3.0, "b1": 1.0})
+    h = history(
+        batches=[just_before],
+        tenant_tokens={"default": 2.0},
+        counters={"length": 1.0},
+        faults=[kill],
+    )
+    assert check(h, reference) == []
+    assert check(from_json(to_json(h)), reference) == []
+    long_before = dataclasses.replace(just_before, finished={"b0": 1.0, "b1": 1.0})
+    assert sorted(rules(dataclasses.replace(h, batches=[long_before]))) == [
+        "metrics",
+        "tenant-tokens",
+    ]

@@ -158,10 +158,12 @@ async def test_a_runs_slot_is_free_once_its_model_is_done(
     release = asyncio.Event()
     finish = queue.finish
 
-    async def finish_when_told(model: str, request_id: str, attempt: int | None) -> None:
+    async def finish_when_told(
+        model: str, request_id: str, attempt: int | None, used: int | None = None
+    ) -> None:
         if request_id == "first":
             await release.wait()
-        await finish(model, request_id, attempt)
+        await finish(model, request_id, attempt, used)
 
     queue.finish = finish_when_told  # type: ignore[method-assign]
     jobs = [payload(rid, max_tokens=3, seed=1) for rid in ("first", "second")]

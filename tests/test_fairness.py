@@ -5,6 +5,7 @@ the claim script against Redis."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from llmq.protocol import keys
 from llmq.protocol.codec import fair_entry
 from llmq.protocol.queue import BATCH_BAND_MS, BATCH_FAIR_PRIORITY, Enqueue, Queue
 from llmq.protocol.routing import routing_from
+from llmq.protocol.scripts import scripts_for
 from llmq.schema import JobPayload, SamplingParams
 from llmq.settings import CommonSettings
 from llmq.tenants import Tenant, TenantStore
@@ -408,3 +410,74 @@ def test_a_batch_lines_fair_entry_names_the_batch_band() -> None:
     line = Enqueue.of(payload.model_copy(update={"batch": "batch_1"}), priority_step_ms=1000)
     assert live.fair == "acme|2|0"
     assert line.fair == f"acme|1|{BATCH_FAIR_PRIORITY}"
+
+
+async def test_a_finish_told_what_the_run_used_settles_without_reading_the_record(
+    queue: Queue, redis: Redis
+) -> None:
+    """A worker says what its run used (the record's prompt + completion, as it wrote
+    them): the release settles the tenant's charge to it, and the record is read once,
+    for the quota, in the release's own round trip."""
+    await backlog(queue, "brief", 1)
+    claim = await claim_with(queue, budget_left=None, idle=True)
+    assert claim.request_id is not None
+    await queue.release("mock", "none", 1)  # the script loaded: the pipeline runs once
+    await redis.config_resetstat()
+    await queue.finish("mock", claim.request_id, claim.attempt, used=30)
+    assert await counter(redis, "brief") == 30
+    stats = await redis.info("commandstats")
+    assert stats["cmdstat_hmget"]["calls"] == 1
+
+
+async def test_a_no_says_when_only_one_tenants_requests_wait(queue: Queue) -> None:
+    """``fair_yield.lua``'s no names the one tenant whose requests wait ("" for none),
+    which no later call can change for that tenant's runs until another's is queued."""
+    await backlog(queue, "noisy", 3)
+    assert await claims(queue, 2) == ["noisy", "noisy"]
+    answer = await queue.fair_answer("mock", "w1", ["noisy-1", "noisy-0"])
+    assert (answer.request_id, answer.only) == (None, "noisy")
+    await backlog(queue, "other", 1, start=100, priority=1)  # waits, in a later band
+    answer = await queue.fair_answer("mock", "w1", ["noisy-1", "noisy-0"])
+    assert (answer.request_id, answer.only) == (None, None)
+    await redis_of(queue).delete(keys.queue("mock"))
+    answer = await queue.fair_answer("mock", "w1", ["noisy-1"])
+    assert (answer.request_id, answer.only) == (None, "")
+
+
+def redis_of(queue: Queue) -> Redis:
+    return queue.redis
+
+
+async def test_a_full_worker_asks_fair_share_again_only_when_another_tenant_may_wait(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """A full worker whose runs are the default tenant's, while only that tenant's
+    requests are queued, asks ``fair_yield.lua`` once for the empty queue and once
+    after the first wake-up: not on every later wake-up (each poll, each request)."""
+    await start_worker(fairness="vtc", concurrency=1, model_tokens_per_second=50)
+    api = await start_api(fairness="vtc")
+    sha = scripts_for(redis).fair_yield.sha
+    seen: list[str] = []
+
+    async def watch() -> None:
+        async with redis.monitor() as monitor:
+            async for command in monitor.listen():
+                seen.append(str(command["command"]))
+
+    watching = asyncio.create_task(watch())
+    try:
+        async with api.client(timeout=30) as client:
+            await wait_ready(client)
+            long = {"model": "mock", "prompt": "p", "max_tokens": 100, "ignore_eos": True}
+            first = (await client.post("/v1/requests", json=long)).json()["id"]
+            await wait_status(client, first, "running", timeout=10)
+            short = {**long, "max_tokens": 5}
+            rids = [(await client.post("/v1/requests", json=short)).json()["id"] for _ in range(3)]
+            for rid in [first, *rids]:  # 2 s full, 4 polls at least, then 3 more runs
+                await wait_status(client, rid, "done", timeout=30)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+    assert any(first in command for command in seen)  # the monitor saw the run
+    asked = [command for command in seen if sha in command]
+    assert 1 <= len(asked) <= 2, asked

@@ -19,7 +19,7 @@ from llmq import metrics
 from llmq.embedded import EmbeddedRedis
 from llmq.protocol import keys
 from tests.support.exposition import samples, value
-from tests.support.servers import SpawnWorkers, StartApi
+from tests.support.servers import RunningApi, SpawnWorkers, StartApi
 from tests.support.waiting import wait_until
 
 INF = math.inf
@@ -224,3 +224,33 @@ async def test_unstarted_endings_are_counted(start_api: StartApi) -> None:
             )
 
         await wait_until(counted, timeout=10, what="cancelled and timeout to be counted")
+
+
+@pytest.mark.timeout(30)
+async def test_http_responses_are_counted_by_status_class_once_each(stack: RunningApi) -> None:
+    """``llmq_http_responses_total`` counts a response once at its start: a stream of
+    many chunks once, an error by its class; probes and scrapes not at all."""
+    body = {"model": "mock", "prompt": "count me", "max_tokens": 8}
+    async with stack.client() as client:
+        streamed = {**body, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=streamed) as r:
+            assert r.status_code == 200
+            chunks = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert len(chunks) > 2
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+        refused = await client.post("/v1/completions", json={**body, "max_tokens": 0})
+        assert refused.status_code == 400
+        slow = {**body, "max_tokens": 4000, "generation_timeout": 0.05}
+        assert (await client.post("/v1/completions", json=slow)).status_code == 504
+        for probe in ("/healthz", "/readyz", "/metrics"):
+            await client.get(probe)
+
+        async def flushed() -> bool:
+            text = (await client.get("/metrics")).text
+            return value(text, "llmq_http_responses_total", code_class="5xx") >= 1
+
+        await wait_until(flushed, timeout=10, what="the 504 to be counted")
+        text = (await client.get("/metrics")).text
+    counted = {c: value(text, "llmq_http_responses_total", code_class=c) for c in ("2xx", "4xx")}
+    assert counted == {"2xx": 2, "4xx": 1}
+    assert value(text, "llmq_http_responses_total", code_class="5xx") == 1

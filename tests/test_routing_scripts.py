@@ -453,3 +453,25 @@ async def test_route_beat_sends_changes_and_asks_for_the_whole_cache_when_lost(
     await queue.forget_worker("mock", "A")
     assert not await redis.exists(keys.cache("A", "mock"))
     assert not await redis.hexists(keys.loads("mock"), "A")  # type: ignore[misc]
+
+
+async def test_a_claim_says_how_many_leading_blocks_the_claimer_held(redis: Redis) -> None:
+    """The claim's ``matched_blocks`` (the queue wait's span shows it): the claimer's
+    cached leading blocks of the request's prompt, not counting the session bonus of
+    its rank; unknown (-1) where no policy caches."""
+    queue = queue_of(redis, routing())
+    half = " ".join(SYSTEM_A.split()[:32])  # the first 2 of SYSTEM_A's 4 blocks
+    await worker(queue, "A", cached=half)
+    await enqueue(queue, "first", SYSTEM_A + " one", session="s")
+    got = await claim(queue, "A")
+    assert (got.request_id, got.matched_blocks) == ("first", 2)
+    # A holds all 4 now (a claim marks them) and is the session's last worker
+    await enqueue(queue, "second", SYSTEM_A + " two", session="s")
+    got = await claim(queue, "A", running=1, free=3)
+    assert (got.request_id, got.matched_blocks) == ("second", 4)
+    await redis.flushall()
+    queue = queue_of(redis, routing("fifo"))
+    await worker(queue, "A", cached=SYSTEM_A)
+    await enqueue(queue, "third", SYSTEM_A + " three")
+    got = await claim(queue, "A")
+    assert (got.request_id, got.matched_blocks) == ("third", -1)

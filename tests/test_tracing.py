@@ -185,6 +185,8 @@ async def test_one_request_is_one_trace_from_the_client_to_the_engine(
     assert [e["name"] for e in run["events"]] == ["llmq.first_token"]
     assert engine["attributes"]["gen_ai.request.model"] == MODEL
     assert engine["attributes"]["url.full"].endswith("/v1/chat/completions")
+    # llmq's spans alone: not a second server span of the framework's beside llmq.request
+    assert [s["name"] for s in spans if not s["name"].startswith("llmq.")] == []
 
 
 async def test_the_engine_receives_the_trace_context_of_its_call(
@@ -265,3 +267,113 @@ async def test_a_re_run_after_a_worker_is_killed_goes_on_in_the_same_trace(
     assert run["attributes"]["llmq.worker.id"] not in killed
     request_id = ids(by_name(spans, "llmq.request"))[0]
     assert ids(first)[1] == ids(second)[1] == ids(run)[1] == request_id
+
+
+async def test_a_batch_lines_trace_is_rooted_in_its_line_through_the_worker(
+    start_stack: StartStack, phoenix: Phoenix
+) -> None:
+    """A batch line is a trace of its own: a ``llmq.batch_line`` root naming its batch,
+    and under it the line's admission, its queue wait and its run in the worker, whose
+    engine call hangs from the run."""
+    stack = await start_stack([WHOLE], phoenix.otel_env())
+    body = {"model": MODEL, "messages": ASK, "tools": [TOOL], "tool_choice": "required"}
+    line = {"custom_id": "line-1", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as client:
+        uploaded = await client.post(
+            "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": ("lines.jsonl", json.dumps(line) + "\n")},
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        created = await client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": uploaded.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+        ended: dict[str, Any] = {}
+
+        async def completed() -> bool:
+            ended.update((await client.get(f"/v1/batches/{batch_id}")).json())
+            return bool(ended["status"] == "completed")
+
+        await wait_until(completed, timeout=60, what="the batch to complete")
+        output = await client.get(f"/v1/files/{ended['output_file_id']}/content")
+    (result,) = [json.loads(raw) for raw in output.text.splitlines()]
+    rid = result["response"]["request_id"]
+
+    async def line_root() -> bool:
+        roots = await phoenix.named("llmq.batch_line")
+        return any(r["attributes"]["llmq.batch.id"] == batch_id for r in roots)
+
+    await wait_until(line_root, timeout=30, what="the batch line's root span")
+    (root,) = [
+        r
+        for r in await phoenix.named("llmq.batch_line")
+        if r["attributes"]["llmq.batch.id"] == batch_id
+    ]
+    assert root["parent_id"] is None
+    wanted = {"llmq.admission", "llmq.queue_wait", "llmq.run", "llmq.engine"}
+    trace_id = root["context"]["trace_id"]
+    spans = await phoenix.wait_spans(trace_id, lambda s: wanted <= set(names(s)))
+    admission, waited = by_name(spans, "llmq.admission"), by_name(spans, "llmq.queue_wait")
+    run, engine = by_name(spans, "llmq.run"), by_name(spans, "llmq.engine")
+    for child in (admission, waited, run):
+        assert ids(child)[1] == ids(root)[0], child["name"]
+        assert child["attributes"]["llmq.batch.id"] == batch_id
+        assert child["attributes"]["llmq.request.id"] == rid
+    assert ids(engine)[1] == ids(run)[0]
+    assert admission["attributes"]["llmq.priority.band"] == "batch"
+    assert f"-{stack.workers[0].pid}-" in run["attributes"]["llmq.worker.id"]
+    assert waited["end_time"] <= run["start_time"] <= engine["start_time"]
+    assert run["attributes"]["gen_ai.response.finish_reasons"] == ["stop"]
+
+
+async def test_a_routed_claims_matched_blocks_are_on_its_queue_wait(
+    redis_url: str, phoenix: Phoenix
+) -> None:
+    """Under the prefix policy, a request claimed behind a run of the same prompt
+    prefix: its ``llmq.queue_wait`` says how many of its prompt's leading KV blocks the
+    claiming worker held (all 4: the first run cached them)."""
+    env = {**phoenix.otel_env(), "LLMQ_ROUTING": "prefix"}
+    worker = Proc(
+        ["worker"],
+        untraced_env(
+            LLMQ_REDIS_URL=redis_url,
+            LLMQ_CONCURRENCY="1",
+            LLMQ_MODEL_TOKENS_PER_SECOND="100",
+            LLMQ_HEARTBEAT_SECONDS="0.2",
+            **env,
+        ),
+    )
+    port = free_port()
+    api = Proc(["api"], untraced_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **env))
+    prefix = " ".join(f"w{i}" for i in range(64))  # 4 blocks of 16
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            await wait_ready(client, timeout=60)
+
+            async def up() -> bool:
+                return any(w["ready"] for w in await workers(client))
+
+            await wait_until(up, timeout=60, what="a ready worker")
+            body = {"model": "mock", "max_tokens": 40, "ignore_eos": True}
+            first = await client.post("/v1/requests", json={**body, "prompt": f"{prefix} one"})
+            assert first.status_code == 202, first.text
+            traceparent, trace_id, _ = client_context()
+            second = await client.post(
+                "/v1/requests",
+                json={**body, "prompt": f"{prefix} two", "max_tokens": 4},
+                headers={"traceparent": traceparent},
+            )
+            assert second.status_code == 202, second.text
+        spans = await phoenix.wait_spans(trace_id, lambda s: "llmq.queue_wait" in names(s))
+        waited = by_name(spans, "llmq.queue_wait")
+        assert waited["attributes"]["llmq.routing"] == "prefix"
+        assert waited["attributes"]["llmq.claim.matched_blocks"] == 4
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in (api, worker)))

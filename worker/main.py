@@ -83,7 +83,7 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
             async with redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                 await pubsub.subscribe(wake_channel, cancel_channel, handoff_channel)
                 outage.recovered()
-                worker.wake.set()
+                worker.woken("")  # wake-ups may have been missed meanwhile
                 while True:
                     message = await pubsub.get_message(timeout=LISTEN_SECONDS)
                     if message is None or message.get("type") != "message":
@@ -94,7 +94,7 @@ async def _listen(redis: ArqRedis, model: str, worker: QueueWorker) -> None:
                     elif channel == cancel_channel:
                         worker.runner.cancel(as_str(message["data"]))
                     else:
-                        worker.wake.set()
+                        worker.woken(as_str(message["data"]))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -95,11 +95,11 @@ from arq.connections import ArqRedis
 from arq.constants import job_key_prefix, retry_key_prefix
 from arq.worker import Worker, func
 
-from llmq import metrics
+from llmq import metrics, tracing
 from llmq.outage import OUTAGE, Outage
 from llmq.protocol import batches, keys
 from llmq.protocol.arq_job import JOB_FUNCTION, deserialize, serialize
-from llmq.protocol.queue import Claim, Queue
+from llmq.protocol.queue import Claim, Queue, woken_tenant
 from llmq.schema import JobPayload
 from worker.runner import RequestRunner
 
@@ -276,9 +276,24 @@ class QueueWorker(Worker):
         #: when its task ends: writing the outcome and releasing the lease take Redis
         #: round trips the model's slot (an inference server's) would sit idle through.
         self._slots: set[tuple[str, int]] = set()
+        #: The one tenant whose requests waited at the last ``fair_yield.lua`` no (""
+        #: none; None: ask again): a full worker whose runs are all that tenant's asks
+        #: again only after a wake-up names another. The tenants wake-ups named since
+        #: the last question was asked (its answer is stale if they hold another).
+        self._fair_only: str | None = None
+        self._fair_heard: set[str | None] = set()
         runner.on_model_done = self._free_slot
         #: Set once an operator drained this worker (:meth:`drain`): it never claims again.
         self.draining = False
+
+    def woken(self, message: str) -> None:
+        """A wake-up of the model's channel (a request queued, requeued or reaped):
+        claim, and ask fair share again unless it names the tenant alone waiting."""
+        tenant = woken_tenant(message)
+        if tenant != self._fair_only:
+            self._fair_only = None
+        self._fair_heard.add(tenant)
+        self.wake.set()
 
     @property
     def busy_slots(self) -> int:
@@ -374,7 +389,10 @@ class QueueWorker(Worker):
         """Every slot is taken and fair share would serve another tenant next: hand back
         a run of a tenant that holds more of the pool than its share (the one that
         produced least, whose restart costs least; ``lua/fair_yield.lua``). It goes back
-        to the queue at its place and resumes later from its last published token."""
+        to the queue at its place and resumes later from its last published token.
+        Not asked again while nothing could change the answer: the last one said only
+        one tenant's requests wait (or none), every candidate is that tenant's, and no
+        wake-up named another since."""
         if self.busy_slots < self.max_jobs:
             return
         produced, batch = self.runner.produced(), self.runner.batch_lines
@@ -386,7 +404,14 @@ class QueueWorker(Worker):
             ),
             key=produced.__getitem__,
         )
-        rid = await self.queue.fair_yield(self.model, self.worker_id, candidates)
+        only = self._fair_only
+        if only == "" or (only is not None and self.runner.all_of(candidates, only)):
+            return
+        self._fair_heard.clear()
+        answer = await self.queue.fair_answer(self.model, self.worker_id, candidates)
+        if answer.only is not None and self._fair_heard <= {answer.only}:
+            self._fair_only = answer.only  # no wake-up for another tenant meanwhile
+        rid = answer.request_id
         if rid is None:
             return
         await batches.note_yield(self.queue.redis, rid)
@@ -470,6 +495,8 @@ class QueueWorker(Worker):
         self._slots.add(slot)
         context = contextvars.copy_context()  # only this run_job's read sees the claim
         context.run(carry, ClaimedJob(rid, claim.job, claim.attempt))
+        if claim.matched_blocks >= 0:
+            context.run(tracing.note_claim, {"llmq.claim.matched_blocks": claim.matched_blocks})
         task = asyncio.create_task(self.run_job(rid, claim.score), context=context)
         task.add_done_callback(lambda _: self._free_slot(*slot))  # if the model never ran
         self.tasks[rid] = task
@@ -508,7 +535,8 @@ class QueueWorker(Worker):
 
     async def _finish(self, job_id: str) -> None:
         claim = self._claims.pop(job_id, None)
-        await self.queue.finish(self.model, job_id, None if claim is None else claim[1])
+        used = self.runner.take_used(job_id)
+        await self.queue.finish(self.model, job_id, None if claim is None else claim[1], used)
 
     async def _hand_back(self, job_id: str) -> None:
         claim = self._claims.pop(job_id, None)

@@ -162,6 +162,10 @@ class RequestRunner:
     #: Runs that ended fenced or unfinished, until arq finishes their job
     #: (:meth:`lost`, :meth:`end_unfinished`, :meth:`forget`).
     ended: dict[str, Run] = field(default_factory=dict)
+    #: Prompt + completion tokens of each run that wrote its outcome, until arq
+    #: finishes its job (:meth:`take_used`): the queue's release settles fair share
+    #: to it without reading the record back.
+    used: dict[str, int] = field(default_factory=dict)
     #: What embeds an embedding request's inputs (None: the worker serves none).
     embedder: Embedder | None = None
     #: Cancels received for requests not running here (yet), by when.
@@ -213,6 +217,11 @@ class RequestRunner:
         request."""
         return {rid for rid, run in self.runs.items() if run.payload.batch is not None}
 
+    def all_of(self, request_ids: list[str], tenant: str) -> bool:
+        """Whether every one of ``request_ids`` that runs here is ``tenant``'s."""
+        runs = self.runs
+        return all(runs[r].payload.tenant == tenant for r in request_ids if r in runs)
+
     def fence(self, request_id: str, why: str = "this worker lost its lease") -> None:
         """This worker lost a running request: stop it, and write nothing more for it."""
         run = self.runs.get(request_id)
@@ -234,11 +243,18 @@ class RequestRunner:
         if run is None or not run.fenced:
             return False
         del self.ended[request_id]
+        self.used.pop(request_id, None)
         return True
 
     def forget(self, request_id: str) -> None:
         """The run that ended is handed back: a later attempt ends the request."""
         self.ended.pop(request_id, None)
+        self.used.pop(request_id, None)
+
+    def take_used(self, request_id: str) -> int | None:
+        """The tokens the request's run used (its record's prompt + completion), as it
+        wrote them; None if no run here wrote its outcome."""
+        return self.used.pop(request_id, None)
 
     def produced(self) -> dict[str, int]:
         """Tokens produced so far (resumed ones included) by each running request."""
@@ -736,6 +752,7 @@ class RequestRunner:
                 **_cache_fields(usage),
             },
         )
+        self.used[payload.request_id] = payload.prompt_tokens + progress.produced
         self._count(payload, progress.produced, finish, usage)
         m, model = self.metrics, payload.model
         if progress.first_at is not None:
@@ -787,6 +804,7 @@ class RequestRunner:
                 **_cache_fields(usage),
             },
         )
+        self.used[payload.request_id] = payload.prompt_tokens + produced
         self._count(payload, produced, finish, usage)
 
     def _first_token(self, run: Run, at: float) -> None:

@@ -17,9 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
+from redis.asyncio import Redis
 
 from bench.chaos.checker import batch_custom_id
 from bench.chaos.history import BatchRun, Spec
+from llmq.protocol import keys
 
 #: The first spec number of a batch line (the clients' requests are numbered from 0).
 FIRST_LINE = 100_000
@@ -151,8 +153,24 @@ async def collect(apis: Sequence[str], run: BatchRun, timeout: float | None) -> 
                 lines = [json.loads(raw) for raw in text.splitlines()]
                 into += [_entry(line, field) for line in lines]
                 run.tokens += sum(_tokens(line) for line in lines)
+                run.line_tokens += [
+                    (str(line["response"]["request_id"]), _tokens(line))
+                    for line in lines
+                    if field == "output_file_id"
+                ]
     except (TimeoutError, RuntimeError, httpx.HTTPError, ValueError) as exc:
         run.error = f"the batch could not be read back: {type(exc).__name__}: {exc}"
+
+
+async def read_finished(redis: Redis, run: BatchRun, started_unix: float) -> None:
+    """Each output line's ``finished_at`` from its request's record, in campaign seconds
+    (a record without one is left out)."""
+    pipe = redis.pipeline(transaction=False)
+    for request_id, _ in run.line_tokens:
+        pipe.hget(keys.request(request_id), "finished_at")
+    for (request_id, _), raw in zip(run.line_tokens, await pipe.execute(), strict=True):
+        if raw is not None:
+            run.finished[request_id] = float(raw) - started_unix
 
 
 def _tokens(line: dict[str, Any]) -> int:

@@ -284,6 +284,8 @@ async def _settle(rig: Rig, history: History) -> None:
     try:
         history.quotas = await tenants.quotas(redis, names)
         history.tenant_tokens = await tenants.tokens(redis, names)
+        for run in history.batches:
+            await batch.read_finished(redis, run, history.started_unix)
     finally:
         await redis.aclose(close_connection_pool=True)
 

@@ -32,8 +32,10 @@ produces (the mock model for its seed, computed in-process; see
   everything ended no tenant holds a reservation or a place among its requests at once;
 - ``tenant-tokens``: ``llmq_tenant_tokens_total`` of each tenant (what ``llmq tenant
   stats`` shows) is the sum of prompt + completion tokens over its requests' records
-  (a request cancelled while queued counts none), less no more than the counts a
-  killed process took with it, more by no more than submissions whose id was lost;
+  (a request cancelled while queued counts none; a batch line by its output's usage),
+  less no more than the counts a killed process took with it (a request or batch line
+  whose record says it finished within a flush interval before the kill), more by
+  no more than submissions whose id was lost;
 - ``wait``: no request of a tenant below its share waited longer than
   ``history.wait_bound`` for its first token, unless its wait overlapped a fault that
   stops every request (Redis, an API killed, stopped or cut off, every worker killed);
@@ -206,6 +208,7 @@ def _metrics(history: History) -> list[Violation]:
     unknown = sum(_lost(r) for r in history.requests)
     # batch lines are requests too, each counted once...
     recorded["length"] += sum(len(run.output) for run in history.batches)
+    at_risk["length"] += sum(len(_lines_before_kill(history, run)) for run in history.batches)
     # ...but for those a killed feeding API had enqueued without noting it yet
     unknown += _refed(history)
     out = []
@@ -226,12 +229,27 @@ def _metrics(history: History) -> list[Violation]:
 def _at_risk(history: History, r: Request) -> bool:
     """Whether ``r`` ended within a flush interval before a process was killed (the
     counts of its end may have died with it)."""
-    ended = _finished_at(history, r)
+    return _ended_before_kill(history, _finished_at(history, r))
+
+
+def _ended_before_kill(history: History, ended: float | None) -> bool:
+    """Whether a request that ended at ``ended`` (campaign seconds) did so within a
+    flush interval before a process was killed."""
     if ended is None:
         return False
     window = history.flush_seconds + 0.5
     kills = [f.started_at for f in history.faults if f.kind in KILLING]
     return any(ended - 0.5 <= k <= ended + window for k in kills)
+
+
+def _lines_before_kill(history: History, run: BatchRun) -> list[int]:
+    """The tokens of each of the run's output lines whose request ended within a flush
+    interval before a process was killed (as :func:`_at_risk`, by its record)."""
+    return [
+        tokens
+        for request_id, tokens in run.line_tokens
+        if _ended_before_kill(history, run.finished.get(request_id))
+    ]
 
 
 def _lost(r: Request) -> bool:
@@ -341,6 +359,7 @@ def _tenant_tokens(history: History) -> list[Violation]:
         most["default"] += run.tokens
         line_most = PROMPT_TOKENS_AT_MOST + max((s.max_tokens for s in run.specs), default=0)
         most["default"] += _refed(history) * line_most
+        risk["default"] += sum(_lines_before_kill(history, run))
     out = []
     for tenant in sorted({*least, *most, *history.tenant_tokens}):
         counted = history.tenant_tokens.get(tenant, 0.0)

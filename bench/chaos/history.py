@@ -124,6 +124,11 @@ class BatchRun:
     ended_at: float | None = None
     #: Prompt + completion tokens its output lines' usage says.
     tokens: int = 0
+    #: ``(request id, prompt + completion tokens)`` of each output line.
+    line_tokens: list[tuple[str, int]] = field(default_factory=list)
+    #: When each output line's request record says it finished (campaign seconds), by
+    #: request id: the tokens of a line that ended just before a kill may be uncounted.
+    finished: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -183,6 +188,7 @@ def from_json(text: str) -> History:
             specs=[Spec(**spec) for spec in b.pop("specs")],
             output=[(str(c), str(t)) for c, t in b.pop("output")],
             errors=[(str(c), str(e)) for c, e in b.pop("errors")],
+            line_tokens=[(str(r), int(t)) for r, t in b.pop("line_tokens", [])],
             **b,
         )
         for b in raw.pop("batches")

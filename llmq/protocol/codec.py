@@ -82,6 +82,37 @@ class Claim:
     #: A routed claim left requests to the workers that hold their prefix: claim
     #: again in this many ms at the latest, when the first of them is anyone's (0: none).
     retry_ms: int = 0
+    #: Of a routed claim under the prefix policy: how many of the request's leading KV
+    #: blocks the claimer's cache held (-1: not known).
+    matched_blocks: int = -1
+
+
+@dataclass(frozen=True)
+class FairAnswer:
+    """What ``lua/fair_yield.lua`` answered a full worker."""
+
+    #: The candidate to hand back; None: none.
+    request_id: str | None
+    #: For a no: the one tenant whose requests wait ("": none wait), or None (several,
+    #: or not known). No later answer differs for candidates of that tenant until a
+    #: request of another is queued (its wake-up names its tenant: :func:`woken_tenant`).
+    only: str | None
+
+
+def parse_fair_answer(reply: Any) -> FairAnswer:
+    """``fair_yield.lua``'s reply: a request id, ``=tenant`` (a no, only that tenant's
+    requests wait), or false (a no)."""
+    answer = as_str(reply) if reply else ""
+    if answer.startswith("="):
+        return FairAnswer(None, answer[1:])
+    return FairAnswer(answer or None, None)
+
+
+def woken_tenant(message: str) -> str | None:
+    """The tenant a wake-up of the model's channel names (``lua/enqueue.lua``: ``id|tenant``);
+    None for one that names none (a requeue, a reap)."""
+    _, bar, tenant = message.partition("|")
+    return tenant if bar else None
 
 
 def parse_handoff(message: bytes | str) -> Claim:
@@ -109,8 +140,8 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
     """claim.lua's reply, or :class:`StalePolicy` where it refused the claim."""
     if as_str(reply[0]) == "!stale":
         raise StalePolicy(int(reply[1]))
-    request_id, score, cost, job, attempt, more, retry_ms = reply[:7]
-    rest = [as_str(x) for x in reply[7:]]
+    request_id, score, cost, job, attempt, more, retry_ms, matched = reply[:8]
+    rest = [as_str(x) for x in reply[8:]]
     split = rest.index("|")
     return Claim(
         request_id=as_str(request_id) or None,
@@ -122,6 +153,7 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
         cancelled=rest[split + 1 :],
         more=as_str(more) == "1",
         retry_ms=int(retry_ms),
+        matched_blocks=int(matched),
     )
 
 

@@ -33,7 +33,14 @@ from redis.asyncio.client import Pipeline
 from llmq import metrics
 from llmq.protocol import codec, keys, slots
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
-from llmq.protocol.codec import Claim, Renewal, StalePolicy, as_str, parse_handoff
+from llmq.protocol.codec import (
+    Claim,
+    Renewal,
+    StalePolicy,
+    as_str,
+    parse_handoff,
+    woken_tenant,
+)
 from llmq.protocol.quota import Quota, Verdict, parse_take
 from llmq.protocol.routing import FIFO, UNMEASURED, Pace, Routing
 from llmq.protocol.scripts import Call, run_pipelined, scripts_for
@@ -161,7 +168,7 @@ class Enqueue:
         )
 
 
-__all__ = ["Claim", "Enqueue", "Queue", "as_str", "parse_handoff"]
+__all__ = ["Claim", "Enqueue", "Queue", "as_str", "parse_handoff", "woken_tenant"]
 
 
 @dataclass(frozen=True)
@@ -507,8 +514,15 @@ class Queue:
         """Which of a full worker's running requests (``candidates``, the first to give
         way first) should give its slot to the request of another tenant that fair
         share would serve next (``lua/fair_yield.lua``); None: none."""
+        return (await self.fair_answer(model, worker_id, candidates)).request_id
+
+    async def fair_answer(
+        self, model: str, worker_id: str, candidates: list[str]
+    ) -> codec.FairAnswer:
+        """:meth:`fair_yield`'s answer, and for a no whether only one tenant's requests
+        wait (:attr:`llmq.protocol.codec.FairAnswer.only`)."""
         if self.fairness_for(model) != "vtc" or not candidates:
-            return None
+            return codec.FairAnswer(None, None)
         found = await slots.FairYield(
             queue_key=keys.queue(model),
             fair_key=keys.fair(model),
@@ -521,7 +535,7 @@ class Queue:
             worker_id=worker_id,
             candidates=candidates,
         ).run(self.scripts)
-        return as_str(found) if found else None
+        return codec.parse_fair_answer(found)
 
     async def unpark(self, model: str, worker_id: str) -> None:
         """Stop handing requests to ``worker_id`` (it is stopping)."""
@@ -584,13 +598,16 @@ class Queue:
             used=used,
         )
 
-    async def finish(self, model: str, request_id: str, attempt: int | None) -> None:
+    async def finish(
+        self, model: str, request_id: str, attempt: int | None, used: int | None = None
+    ) -> None:
         """A run ended for good: :meth:`release` the lease of ``attempt`` (None: the
         worker held no lease), then delete what arq's own finish would, under llmq's
         names (the job record, its try counter and in-progress marker; a hand-back
         drops only the marker, in ``requeue.lua``). Every key is in the model's slot,
         so both go in one round trip (the deletion may run twice: a lost script
-        cache runs the pipeline again)."""
+        cache runs the pipeline again). ``used``: the prompt + completion tokens the
+        run wrote in the record, if the caller knows them."""
         names = [
             keys.job(request_id, model),
             keys.retry(request_id, model),
@@ -601,11 +618,13 @@ class Queue:
 
         record = keys.request(request_id)
         # What the request used (its record: the terminal write is in) returns its
-        # tenant's quota; under fair share the release settles the tenant's charge to
-        # it too, so it is read first, otherwise in the same round trip.
+        # tenant's quota, read in the same round trip; under fair share the release
+        # settles the tenant's charge to it too, so unless the caller says what it
+        # was, it is read first.
         usage = None
-        if self.fairness_for(model) == "vtc" and attempt is not None:
+        if used is None and self.fairness_for(model) == "vtc" and attempt is not None:
             usage = await self.redis.hmget(record, QUOTA_FIELDS)  # type: ignore[misc]
+            used = _used(usage)
 
         def delete(pipe: Pipeline) -> None:
             pipe.delete(*names)
@@ -620,7 +639,8 @@ class Queue:
             delete(pipe)
             replies = await pipe.execute()
         else:
-            calls = [self._release_slots(model, request_id, attempt, _used(usage)).call()]
+            settled = -1 if used is None else used
+            calls = [self._release_slots(model, request_id, attempt, settled).call()]
             replies = await run_pipelined(self.redis, self.scripts.release, calls, delete)
         await self._give_back(request_id, replies[-1] if usage is None else usage, unstarted=False)
 

@@ -107,6 +107,9 @@ if routed then
 end
 local expired, cancelled = {}, {}
 local retry_ms = 0
+-- Of a routed claim under a policy that caches (prefix): how many of the claimed
+-- request's leading blocks the claimer held; -1: not known.
+local matched = -1
 
 local function drop(id)
   redis.call('ZREM', queue_key, id)
@@ -156,7 +159,8 @@ end
 
 local function reply(id, score, cost, job, attempt)
   local more = redis.call('ZCARD', queue_key) > 0
-  local out = {id, score, cost, job or '', attempt or 0, more and '1' or '0', retry_ms}
+  local out = {id, score, cost, job or '', attempt or 0, more and '1' or '0', retry_ms,
+    matched}
   for _, x in ipairs(expired) do table.insert(out, x) end
   table.insert(out, '|')
   for _, x in ipairs(cancelled) do table.insert(out, x) end
@@ -213,6 +217,7 @@ local function choose()
   end
   -- Requests this claim leaves to each worker, ahead of the next one it looks at.
   local ahead = {}
+  local wants = {}
   local chosen, gain, why = nil, -1, nil
   local urgent = nil
   local held, outranked_wanted = false, false
@@ -230,6 +235,7 @@ local function choose()
       end
       local last = session_worker(route, hint)
       want = rank(route, worker_id, hint, last, mine)
+      wants[i] = want
       for _, w in ipairs(others) do
         local r = rank(route, w, hint, last, loads[w])
         if r > want and route.policy.holds and too_busy(route, loads[w], mine,
@@ -284,11 +290,11 @@ local function choose()
   if chosen ~= nil and why ~= nil and why ~= 'none' then
     redis.call('HINCRBY', stats_key, why, 1)
   end
-  return chosen, ids, scores, hints
+  return chosen, ids, scores, hints, wants
 end
 
 local function routed_claim()
-  local i, ids, scores, hints = choose()
+  local i, ids, scores, hints, wants = choose()
   if i == nil then
     redis.call('HSET', loads_key, worker_id, load_text(mine))
     park(free_slots, budget, idle)
@@ -309,7 +315,14 @@ local function routed_claim()
       end
     end
   end
-  remember(route, parse_hint(hints[i]), worker_id, session_ttl_ms)
+  local hint = parse_hint(hints[i])
+  if hint and route.policy.caches then
+    -- the prefix rank: the blocks held, plus all of them and one for the session's
+    -- last worker (lua/affinity.lua)
+    local want = wants[i] or 0
+    matched = want > #hint.blocks and want - #hint.blocks - 1 or want
+  end
+  remember(route, hint, worker_id, session_ttl_ms)
   redis.call('HSET', loads_key, worker_id,
     load_text({running + 1, capacity, mine[3], mine[4]}))
   return take(id, scores[i], cost)

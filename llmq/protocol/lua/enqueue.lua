@@ -248,5 +248,11 @@ if routed and hint then
   redis.call('HSET', routes_key, id, hint_text)
   redis.call('PEXPIRE', routes_key, ttl_ms)
 end
-redis.call('PUBLISH', wake_channel, id)
+-- the wake-up names the request's tenant, if it has one: a full worker that was told
+-- only that tenant's requests wait need not ask fair_yield.lua again
+local woken = id
+if fair_entry ~= '' then
+  woken = id .. '|' .. (fair_parse(fair_entry) or '')
+end
+redis.call('PUBLISH', wake_channel, woken)
 return 1

@@ -16,7 +16,10 @@
 -- shares of that service at most, which its own service soon evens out. One waiting
 -- request frees one slot: a worker that gives way holds yield_prefix..its id (SET NX,
 -- PX yield_ms), which the others see.
--- Returns the candidate to hand back, or false.
+-- Returns the candidate to hand back; or, for no, '=' .. the one tenant whose requests
+-- wait ('=' alone: none wait) when at most one tenant's do: then no later call says
+-- otherwise for candidates of that tenant until another tenant's request is queued,
+-- which the worker hears in the wake-up (lua/enqueue.lua); false for a plain no.
 local queue_key = KEYS[1]
 local fair_key = KEYS[2]
 local vtc_key = KEYS[3]
@@ -29,14 +32,21 @@ local yield_ms = ARGV[3]
 local worker_id = ARGV[4]
 -- ARGV[5..]: the worker's candidates, the one to give way first first.
 
+local function no()
+  local tenants = redis.call('SMEMBERS', tenants_key)
+  if #tenants > 1 then return false end
+  return '=' .. (tenants[1] or '')
+end
+
 local head = redis.call('ZRANGE', queue_key, 0, 0, 'WITHSCORES')
-if #head == 0 then return false end
+if #head == 0 then return '=' end
 local ids = fair_window(queue_key, fair_key, vtc_key, tenants_key, fairq_prefix, head[1],
   head[2], 0, 1)
-if not ids or #ids == 0 then return false end
+if not ids or #ids == 0 then return no() end
 local waiting = ids[1]
 local w_tenant, w_weight, w_band = fair_parse(redis.call('HGET', fair_key, waiting))
-if not w_tenant or redis.call('EXISTS', yield_prefix .. waiting) == 1 then return false end
+if not w_tenant then return false end
+if redis.call('EXISTS', yield_prefix .. waiting) == 1 then return false end
 local running, pool = {}, 0
 for _, id in ipairs(redis.call('HKEYS', leases_key)) do
   local t = fair_parse(redis.call('HGET', fair_key, id))
@@ -60,4 +70,4 @@ for i = 5, #ARGV do
     return ARGV[i]
   end
 end
-return false
+return no()
