@@ -1392,8 +1392,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "finish-used",
         "a worker's finish settles fair share to what its run used without reading the record",
         "llmq/protocol/queue.py",
-        'if used is None and self.fairness == "vtc" and attempt is not None:',
-        'if self.fairness == "vtc" and attempt is not None:',
+        'if used is None and self.fairness_for(model) == "vtc" and attempt is not None:',
+        'if self.fairness_for(model) == "vtc" and attempt is not None:',
         (
             "tests/test_fairness.py::"
             "test_a_finish_told_what_the_run_used_settles_without_reading_the_record",
