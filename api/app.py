@@ -32,9 +32,9 @@ from api.traced import UNTRACED, TraceRequests
 from llmq import __version__, metrics, tracing
 from llmq.connection import connect, is_cluster
 from llmq.metrics import Tally
+from llmq.policy import live as live_policy
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue
-from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.settings import ApiSettings
 from llmq.tasks import run_periodically, stop_tasks
@@ -144,6 +144,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 blocking, keys.control(process_id), block_ms=settings.relay_block_ms
             )
         tally = metrics.Tally()
+        policy = await live_policy.start(redis, settings, process_id, derived=True)
         state = AppState(
             settings=settings,
             process_id=process_id,
@@ -156,18 +157,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 ttl_seconds=settings.request_ttl_seconds,
                 tally=tally,
                 lifecycle_maxlen=settings.lifecycle_maxlen,
-                routing=routing_from(settings),
-                fairness=settings.fairness,
-                fair_slack=settings.fairness_slack_tokens,
+                policy=policy,
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),
             tenancy=Tenancy(TenantStore(redis), settings.default_tenant),
+            policy=policy,
             metrics=tally,
         )
         if settings.tenants_file:
             await load_file(TenantStore(redis), settings.tenants_file)
-        await _warn_unused_weights(redis, settings.fairness)
+        await _warn_unused_weights(redis, policy.pool().fairness)
         await relay.start()
         # The first beat before serving, so the process is known before it attaches requests.
         with contextlib.suppress(Exception):
@@ -180,6 +180,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             asyncio.create_task(_heartbeat(state.queue, settings, process_id)),
             asyncio.create_task(state.catalog.refresh_forever()),
             asyncio.create_task(feeder.run_forever()),
+            asyncio.create_task(policy.follow_forever()),
         ]
         app.state.llmq = state
         app.state.batch_feeder = feeder  # handed over first when the process stops (api/main.py)

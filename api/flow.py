@@ -134,7 +134,8 @@ def quota_take(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> 
             code="tokens_over_limit",
         )
     hold_ms = max(c.deadline_ms for c in calls) - int(time.time() * 1000)
-    hold_ms += int(state.settings.generation_timeout_seconds * 1000) + HOLD_MARGIN_MS
+    timeout_s = state.policy.of(calls[0].model).generation_timeout_seconds
+    hold_ms += int(timeout_s * 1000) + HOLD_MARGIN_MS
     return take_slots(tenant.name, limits, hold_ms, [(c.request_id, c.cost) for c in calls])
 
 
@@ -172,10 +173,10 @@ async def give_back_refused(state: AppState, tenant: Tenant | None, calls: list[
 
 async def shed(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> None:
     """429 ``wait_too_long`` if the expected queue wait exceeds the bound."""
-    bound_s = state.settings.shed_wait_seconds
+    first = calls[0]
+    bound_s = state.policy.of(first.model).shed_wait_seconds
     if not bound_s:
         return
-    first = calls[0]
     bound_ms = min(bound_s * 1000, first.deadline_ms - time.time() * 1000)
     now = time.time()
     period = int(now) // keys.SERVED_PERIOD_SECONDS

@@ -18,6 +18,7 @@ from api.relay import StreamRelay
 from api.subscription import Subscription
 from api.tenancy import Tenancy
 from llmq.metrics import Tally
+from llmq.policy.live import LivePolicy
 from llmq.protocol.queue import Queue
 from llmq.settings import ApiSettings
 
@@ -35,6 +36,8 @@ class AppState:
     accept_models: frozenset[str]
     #: Key and tenant lookups (:mod:`api.tenancy`).
     tenancy: Tenancy
+    #: The pool policy per model, followed live (:mod:`llmq.policy`).
+    policy: LivePolicy
     api_keys: frozenset[str] = frozenset()
     #: Chat messages as the model's engine renders them, for routing (:mod:`api.chat_render`).
     rendering: ChatRendering = field(default_factory=ChatRendering)

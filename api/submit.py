@@ -35,6 +35,7 @@ from api.flow import (
 from api.state import AppState
 from llmq import metrics, replication, tracing
 from llmq.autoscale.state import serves as autoscaler_serves
+from llmq.policy.model import Policy
 from llmq.protocol.queue import Enqueue, batch_score
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
 from llmq.tenants import Tenant
@@ -76,8 +77,8 @@ def _timeout(requested: float | None, limit: float, param: str) -> float:
     return requested
 
 
-def _check_priority(state: AppState, priority: int) -> None:
-    low, high = state.settings.min_priority, state.settings.max_priority
+def _check_priority(policy: Policy, priority: int) -> None:
+    low, high = policy.min_priority, policy.max_priority
     if not low <= priority <= high:
         raise InvalidRequest(
             f"priority must be between {low} and {high}", param="priority", code="invalid_value"
@@ -102,14 +103,14 @@ async def _check_model(state: AppState, model: str) -> None:
     )
 
 
-def _max_tokens(state: AppState, requested: int | None, param: str, room: int | None) -> int:
+def _max_tokens(policy: Policy, requested: int | None, param: str, room: int | None) -> int:
     """The request's ``max_tokens``; unset: what the context leaves after the longest
     prompt (``room``; None: the workers declare no context, and the limit applies),
     as vLLM and OpenAI do, bounded by ``LLMQ_DEFAULT_MAX_TOKENS`` where set."""
-    limit = state.settings.max_tokens_limit
+    limit = policy.max_tokens_limit
     if requested is None:
         tokens = limit if room is None else max(1, room)
-        cap = state.settings.default_max_tokens
+        cap = policy.default_max_tokens
         return min(tokens, cap) if cap else tokens
     if requested > limit:
         raise InvalidRequest(
@@ -143,7 +144,7 @@ def _plan(
     trace: dict[str, str] | None = None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
-    settings = state.settings
+    policy = state.policy.of(params.model)
     rid = uuid.uuid4().hex
     seed = None if params.seed is None else params.seed + choice.index
     payload = JobPayload(
@@ -163,10 +164,10 @@ def _plan(
     )
     call = Enqueue.of(
         payload,
-        priority_step_ms=settings.priority_step_ms,
+        priority_step_ms=policy.priority_step_ms,
         owner=owner,
         attach_to=state.process_id if attach else None,
-        route=state.queue.routing.hint(
+        route=state.queue.routing_for(params.model).hint(
             choice.prompt, common.priority, session or params.user, tokens=choice.rendered
         ),
         weight=1.0 if tenant is None else tenant.weight,
@@ -232,10 +233,10 @@ async def _validate(
     extras: Extras,
     room: int | None = None,
 ) -> _Common:
-    settings = state.settings
-    tokens = _max_tokens(state, max_tokens, max_tokens_param, room)
+    policy = state.policy.of(params.model)
+    tokens = _max_tokens(policy, max_tokens, max_tokens_param, room)
     priority = params.priority or 0
-    _check_priority(state, priority)
+    _check_priority(policy, priority)
     sampling = SamplingParams(
         max_tokens=tokens,
         temperature=1.0 if params.temperature is None else params.temperature,
@@ -252,11 +253,9 @@ async def _validate(
     common = _Common(
         tokens=tokens,
         sampling=sampling,
-        queue_timeout=_timeout(
-            params.queue_timeout, settings.queue_timeout_seconds, "queue_timeout"
-        ),
+        queue_timeout=_timeout(params.queue_timeout, policy.queue_timeout_seconds, "queue_timeout"),
         generation_timeout=_timeout(
-            params.generation_timeout, settings.generation_timeout_seconds, "generation_timeout"
+            params.generation_timeout, policy.generation_timeout_seconds, "generation_timeout"
         ),
         priority=priority,
     )
@@ -265,13 +264,13 @@ async def _validate(
     return common
 
 
-def _prompt_tokens(state: AppState, prompt: str, param: str, declared: Declaration) -> int:
+def _prompt_tokens(policy: Policy, prompt: str, param: str, declared: Declaration) -> int:
     """Counted with the tokenizer the model's workers declare (an estimate for ``chars``:
     a worker with an upstream counts exactly and refuses what does not fit)."""
     prompt_tokens = declared.tokenizer.count(prompt)
     if prompt_tokens == 0:
         raise InvalidRequest(f"{param} must not be empty", param=param, code="invalid_value")
-    limit = state.settings.max_prompt_tokens
+    limit = policy.max_prompt_tokens
     if prompt_tokens > limit:
         raise InvalidRequest(
             f"{param} has {prompt_tokens} tokens, more than the limit of {limit}",
@@ -290,8 +289,8 @@ def _prompt_tokens(state: AppState, prompt: str, param: str, declared: Declarati
     return prompt_tokens
 
 
-def _check_choices(state: AppState, params: GenerationParams, prompts: int) -> None:
-    limit = state.settings.max_choices
+def _check_choices(policy: Policy, params: GenerationParams, prompts: int) -> None:
+    limit = policy.max_choices
     if prompts * params.choices > limit:
         asked = (
             f"n={params.choices} times {prompts} prompts" if prompts > 1 else f"n={params.choices}"
@@ -374,11 +373,12 @@ async def submit_choices(
     line's choices go in the batch band (``band``).
     """
     settings = state.settings
-    _check_choices(state, params, len(prompts))
+    policy = state.policy.of(params.model)
+    _check_choices(policy, params, len(prompts))
     declared = await state.catalog.declaration(params.model)
     counts = [
         _prompt_tokens(
-            state, p, prompt_param if len(prompts) == 1 else f"{prompt_param}[{i}]", declared
+            policy, p, prompt_param if len(prompts) == 1 else f"{prompt_param}[{i}]", declared
         )
         for i, p in enumerate(prompts)
     ]
@@ -389,9 +389,10 @@ async def submit_choices(
     if band is not None:
         common = replace(common, queue_timeout=max(band.deadline - now, 0.001))
     rendered = None
-    if messages and state.queue.routing.routed:
+    routing = state.queue.routing_for(params.model)
+    if messages and routing.routed:
         renderer = await state.catalog.renderer(params.model)
-        rendered = await state.rendering.render(renderer, messages, state.queue.routing.tokenizer)
+        rendered = await state.rendering.render(renderer, messages, routing.tokenizer)
     n = params.choices
     calls: list[Enqueue] = []
     subs: list[Submitted] = []
@@ -490,10 +491,11 @@ async def _admit_traced(
     span: Span | None,
 ) -> None:
     settings = state.settings
+    depth = state.policy.of(model).max_queue_depth
     await shed(state, tenant, calls)
     take = quota_take(state, tenant, calls)
     try:
-        admission = await state.queue.admit(calls, settings.max_queue_depth, quota=take)
+        admission = await state.queue.admit(calls, depth, quota=take)
     except BaseException:  # not known to be admitted: its quota goes back (if Redis takes it)
         with contextlib.suppress(Exception):
             await give_back_refused(state, tenant, calls)
@@ -508,7 +510,7 @@ async def _admit_traced(
     if not admission.queued:
         await give_back_refused(state, tenant, calls)
         state.metrics.inc(metrics.REQUESTS, model, "rejected")
-        limit = settings.max_queue_depth
+        limit = depth
         why = (
             f"is full ({limit} waiting)"
             if len(calls) == 1
@@ -536,6 +538,7 @@ async def submit_embedding(
     worker that declares ``embeddings`` runs; attached to this process, like an
     OpenAI generation."""
     settings = state.settings
+    policy = state.policy.of(body.model)
     limit = settings.max_embedding_inputs
     if len(texts) > limit:
         raise InvalidRequest(
@@ -551,13 +554,13 @@ async def submit_embedding(
         )
     declared = await state.catalog.declaration(body.model)
     tokens = sum(
-        _prompt_tokens(state, t, "input" if len(texts) == 1 else f"input[{i}]", declared)
+        _prompt_tokens(policy, t, "input" if len(texts) == 1 else f"input[{i}]", declared)
         for i, t in enumerate(texts)
     )
     priority = body.priority or 0
-    _check_priority(state, priority)
+    _check_priority(policy, priority)
     check_priority_ceiling(tenant, priority)
-    queue_timeout = _timeout(body.queue_timeout, settings.queue_timeout_seconds, "queue_timeout")
+    queue_timeout = _timeout(body.queue_timeout, policy.queue_timeout_seconds, "queue_timeout")
     await _check_model(state, body.model)
     await _check_declared(state, body.model, [("embeddings", "input")])
     now, rid = time.time(), uuid.uuid4().hex
@@ -572,7 +575,7 @@ async def submit_embedding(
         priority=priority,
         enqueued_at=now,
         queue_deadline=now + queue_timeout,
-        generation_timeout=settings.generation_timeout_seconds,
+        generation_timeout=policy.generation_timeout_seconds,
         embed=EmbedTask(inputs=tuple(texts), dimensions=body.dimensions, seed=body.seed or 0),
         batch=None if band is None else band.batch_id,
         tenant=None if tenant is None else tenant.name,
@@ -580,7 +583,7 @@ async def submit_embedding(
     )
     call = Enqueue.of(
         payload,
-        priority_step_ms=settings.priority_step_ms,
+        priority_step_ms=policy.priority_step_ms,
         owner=owner,
         attach_to=state.process_id if band is None else None,
         reserved=tenant is not None and tenant.limited,

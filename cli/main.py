@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from llmq import tracing
 from llmq.collector import tune_garbage_collector
 from llmq.logs import setup_logging
+from llmq.policy.fields import POLICY_NAMES
 from llmq.settings import (
     ApiSettings,
     AutoscaleSettings,
@@ -44,8 +45,12 @@ SETTINGS: dict[str, type[CommonSettings]] = {
 }
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser, cls: type[CommonSettings]) -> None:
+def _add_settings_flags(
+    parser: argparse.ArgumentParser, cls: type[CommonSettings], skip: Sequence[str] = ()
+) -> None:
     for name, info in cls.model_fields.items():
+        if name in skip:
+            continue
         flag = "--" + name.replace("_", "-")
         env = "LLMQ_" + name.upper()
         help_text = f"{info.description or ''} [env {env}; default {info.default!r}]".strip()
@@ -92,6 +97,7 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
         "autoscale": "decide and publish how many workers each model needs (for KEDA/HPA)",
         "tenant": "create, list, change or delete tenants (weights and limits)",
         "key": "create, list or revoke tenants' API keys",
+        "config": "show or change the pool policy (routing, fairness, limits), live",
     }
     parsers = {}
     for name, cls in SETTINGS.items():
@@ -111,12 +117,14 @@ def build_parser(*, loadgen: bool = True) -> argparse.ArgumentParser:
     from cli.batch import add_arguments as batch_arguments
 
     batch_arguments(sub.add_parser("batch", help="run a JSONL file through the Batch API"))
+    from cli.config import add_arguments as add_config_arguments
     from cli.tenants import add_arguments as add_tenant_arguments
 
-    for name in ("tenant", "key"):
+    for name in ("tenant", "key", "config"):  # the pool policy is in Redis, not flags
         parsers[name] = sub.add_parser(name, help=helps[name])
-        _add_settings_flags(parsers[name], CommonSettings)
+        _add_settings_flags(parsers[name], CommonSettings, skip=POLICY_NAMES)
     add_tenant_arguments(parsers["tenant"], parsers["key"])
+    add_config_arguments(parsers["config"])
     loadgen_parser = sub.add_parser("loadgen", help="drive an OpenAI-compatible server with load")
     if not loadgen:
         return parser
@@ -190,6 +198,12 @@ def _run_tenants(args: argparse.Namespace) -> int:
     return _run_async(run(build_settings(CommonSettings, args), args))
 
 
+def _run_config(args: argparse.Namespace) -> int:
+    from cli.config import run
+
+    return _run_async(run(build_settings(CommonSettings, args), args))
+
+
 def _loadgen_missing() -> str | None:
     """What a server-only install (no ``loadgen`` extra) lacks to run the load
     generator, or None where it is installed."""
@@ -226,6 +240,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "batch": _run_batch,
     "tenant": _run_tenants,
     "key": _run_tenants,
+    "config": _run_config,
 }
 
 

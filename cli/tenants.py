@@ -17,6 +17,7 @@ from typing import Any
 
 from llmq import admin
 from llmq.connection import connect
+from llmq.policy import store as policy_store
 from llmq.settings import CommonSettings
 from llmq.tenant_usage import tenant_usage
 from llmq.tenants import (
@@ -147,7 +148,7 @@ async def run(settings: CommonSettings, args: argparse.Namespace) -> int:
     try:
         store = TenantStore(redis)
         if args.command == "tenant":
-            await _tenant(store, args, settings.fairness)
+            await _tenant(store, args, (await policy_store.show(redis)).policy.fairness)
         else:
             await _key(store, args)
     except TenantError as exc:

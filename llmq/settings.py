@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from llmq.policy.fields import PolicyFields
+
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
@@ -26,8 +28,10 @@ def _api_processes() -> Any:
     )
 
 
-class CommonSettings(BaseSettings):
-    """What every llmq process needs: where Redis is, key lifetimes, logging."""
+class CommonSettings(BaseSettings, PolicyFields):
+    """What every llmq process needs: where Redis is, key lifetimes, logging; and the
+    pool policy's fields (:class:`~llmq.policy.fields.PolicyFields`), which only seed a
+    pool's policy (docs/policy.md)."""
 
     model_config = SettingsConfigDict(env_prefix="LLMQ_", extra="ignore", frozen=True)
 
@@ -63,72 +67,6 @@ class CommonSettings(BaseSettings):
     )
     sweep_seconds: float = Field(
         0.25, gt=0, description="Interval of the sweep that expires overdue queued requests."
-    )
-    routing: Literal["fifo", "least-loaded", "hash", "prefix"] = Field(
-        "fifo",
-        description="Which queued request a worker claims (llmq.protocol.routing): fifo, the "
-        "oldest; least-loaded; hash, of the prompt's first block; prefix, the one whose KV "
-        "prefix or session the worker holds. Every process must use the same.",
-    )
-    fairness: Literal["fifo", "vtc"] = Field(
-        "vtc",
-        description="How a claim shares a priority band among tenants: vtc, the backlogged "
-        "tenant with the least weighted service first (see Tenants; a lone tenant is "
-        "served in the queue's order); fifo, the queue's order, tenants' weights unused. "
-        "Every process must use the same.",
-    )
-    fairness_slack_tokens: int = Field(
-        8192,
-        ge=0,
-        description="Under LLMQ_ROUTING, how far (weighted tokens) a tenant's counter may be "
-        "above the least for cache affinity to choose its requests.",
-    )
-    routing_window: int = Field(
-        16, ge=1, le=256, description="Routed claims choose among this many at the queue's head."
-    )
-    routing_max_wait_ms: int = Field(
-        500,
-        ge=0,
-        le=600_000,
-        description="Routing guard: a request queued this long is any worker's (0: affinity "
-        "never holds a request for a busy worker).",
-    )
-    routing_max_overtakes: int = Field(
-        8,
-        ge=0,
-        le=10_000,
-        description="Routing guard: a request that this many later ones overtook is any "
-        "worker's next.",
-    )
-    routing_imbalance: int | None = Field(
-        None,
-        ge=0,
-        le=10_000,
-        description="Routing's load guard. Unset: adaptive, a busy worker holding a prompt's "
-        "prefix is waited for only while its expected wait for a slot is shorter than "
-        "recomputing that prefix elsewhere (both measured by the workers). A number: a worker "
-        "running more than this many requests beyond the claiming one is not preferred "
-        "(AIBrix's fixed threshold, 8).",
-    )
-    routing_priority_guard: bool = Field(
-        True, description="Routing guard: affinity never lets a request overtake a more urgent one."
-    )
-    routing_session_ttl_seconds: float = Field(
-        600.0, gt=0, description="How long a session (user / X-Session-Id) keeps its worker."
-    )
-    routing_blocks: int = Field(
-        256,
-        ge=1,
-        le=4096,
-        description="Most leading KV blocks (16 tokens each) of a prompt the API names.",
-    )
-    routing_tokenizer: Literal["whitespace", "chars"] = Field(
-        "whitespace",
-        description="How the API cuts prompts into tokens for block names: whitespace (the "
-        "mock's), or chars (4 characters a token, for a backend whose tokenizer it lacks).",
-    )
-    routing_workers: int = Field(
-        32, ge=1, le=1024, description="Most live workers a routed claim compares (bounded cost)."
     )
     log_level: LogLevel = "INFO"
     log_json: bool = Field(False, description="One JSON object per log line.")
@@ -188,44 +126,13 @@ class ApiSettings(CommonSettings):
     tenants_file: str = Field(
         "", description="A TOML file of tenants (and key digests) written into Redis at start."
     )
-    shed_wait_seconds: float = Field(
-        0.0,
-        ge=0,
-        description="Refuse (429) a request whose expected queue wait exceeds this (or its "
-        "queue timeout); 0: no shedding by expected wait.",
-    )
     max_body_bytes: int = Field(
         1_048_576, ge=1024, description="Largest accepted request body, in bytes."
-    )
-    max_prompt_tokens: int = Field(
-        8192, ge=1, description="Longest accepted prompt, in (whitespace) tokens."
-    )
-    max_tokens_limit: int = Field(4096, ge=1, description="Largest accepted max_tokens.")
-    default_max_tokens: int = Field(
-        0,
-        ge=0,
-        description="Most tokens a request that sets no max_tokens may generate; 0: no "
-        "bound but what the model's context leaves after the prompt (LLMQ_MAX_TOKENS_LIMIT "
-        "where its workers declare no context length).",
-    )
-    min_priority: int = Field(-1000, description="Lowest accepted priority value.")
-    max_priority: int = Field(1000, description="Highest accepted priority value.")
-    queue_timeout_seconds: float = Field(
-        300.0, gt=0, description="Longest a request may wait in the queue (per request: less)."
-    )
-    generation_timeout_seconds: float = Field(
-        600.0, gt=0, description="Longest a request may run (per request: less)."
     )
     accept_models: str = Field(
         "",
         description="Comma-separated models accepted while no worker serves them; their "
         "requests wait up to their queue timeout. Empty: such requests get 503.",
-    )
-    max_queue_depth: int = Field(
-        1000, ge=1, description="Requests that may wait per model; more get 429."
-    )
-    priority_step_ms: int = Field(
-        1000, ge=0, description="Queue-time shift per priority level (see Scheduling)."
     )
     relay_block_ms: int = Field(
         5000, ge=10, le=60_000, description="Block time of the shared XREAD that relays streams."
@@ -245,13 +152,6 @@ class ApiSettings(CommonSettings):
         gt=0,
         description="If this API process dies, its OpenAI-API requests (whose clients cannot "
         "resume) are cancelled after this long.",
-    )
-    max_choices: int = Field(
-        20,
-        ge=1,
-        le=1000,
-        description="Most choices one OpenAI request may ask for: n times the number of "
-        "prompts; each choice is its own request in the queue.",
     )
     max_embedding_inputs: int = Field(
         2048, ge=1, le=100_000, description="Most inputs one embeddings request may hold."

@@ -301,7 +301,7 @@ def read_file(path: str | Path) -> TenantsFile:
             msg = "unknown table" if len(loc) == 1 else "unknown field"
         if len(loc) <= 1 and first["type"] in ("extra_forbidden", "missing"):
             msg += ": a tenants file's tenants are its [tenants.NAME] tables"
-        raise TenantError(_located(path, table, field, msg)) from None
+        raise TenantError(located(path, table, field, msg)) from None
 
 
 def _source(path: str | Path) -> str:
@@ -311,7 +311,7 @@ def _source(path: str | Path) -> str:
         raise TenantError(f"{path}: {exc}") from None
 
 
-def _located(path: str | Path, table: str, field: str, msg: str) -> str:
+def located(path: str | Path, table: str, field: str, msg: str) -> str:
     """``path:line: [table] field: msg``, the line that of the table's header where it
     has one (a table given inline has none)."""
     if not table:
@@ -336,7 +336,7 @@ async def load_file(store: TenantStore, path: str | Path) -> int:
             owner = await store.key_tenant(key_digest)
             if owner is not None and owner != name:
                 raise TenantError(
-                    _located(
+                    located(
                         path,
                         f"tenants.{name}",
                         "key_digests",

@@ -315,8 +315,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "overload-bound",
         "a model's queue holds at most LLMQ_MAX_QUEUE_DEPTH requests",
         "api/submit.py",
-        "admit(calls, settings.max_queue_depth, quota=take)",
-        "admit(calls, settings.max_queue_depth + 2, quota=take)",
+        "admit(calls, depth, quota=take)",
+        "admit(calls, depth + 2, quota=take)",
         ("tests/test_overload.py",),
     ),
     Mutant(
@@ -1397,9 +1397,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fair-default",
         "fair share among tenants is on by default",
-        "llmq/settings.py",
-        'fairness: Literal["fifo", "vtc"] = Field(\n        "vtc",',
-        'fairness: Literal["fifo", "vtc"] = Field(\n        "fifo",',
+        "llmq/policy/fields.py",
+        'fairness: FairnessName = Field(\n        "vtc",',
+        'fairness: FairnessName = Field(\n        "fifo",',
         ("tests/test_fairness.py::test_fair_share_is_on_by_default",),
     ),
     Mutant(
@@ -1424,8 +1424,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "finish-used",
         "a worker's finish settles fair share to what its run used without reading the record",
         "llmq/protocol/queue.py",
-        'if used is None and self.fairness == "vtc" and attempt is not None:',
-        'if self.fairness == "vtc" and attempt is not None:',
+        'if used is None and self.fairness_for(model) == "vtc" and attempt is not None:',
+        'if self.fairness_for(model) == "vtc" and attempt is not None:',
         (
             "tests/test_fairness.py::"
             "test_a_finish_told_what_the_run_used_settles_without_reading_the_record",
@@ -1586,6 +1586,79 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_batch.py::test_an_embeddings_lines_vectors_stay_for_a_feeder_that_collects_it_again",
         ),
+    ),
+    Mutant(
+        "policy-follow",
+        "a running process follows a change of the pool policy within a second",
+        "llmq/policy/live.py",
+        "if await stored_policy.version(self.redis) != self.version:",
+        "if False:",
+        (
+            "tests/test_policy.py::test_a_change_reaches_a_running_api_and_worker_within_a_second_losing_nothing",
+        ),
+    ),
+    Mutant(
+        "policy-stale-claim",
+        "a claim made under a pool policy older than the model's is refused",
+        "llmq/protocol/lua/claim.lua",
+        "if policy_version < floor then",
+        "if false then",
+        (
+            "tests/test_policy.py::test_a_claim_under_a_stale_version_is_refused_and_made_again_under_the_new",
+        ),
+    ),
+    Mutant(
+        "policy-compare-and-set",
+        "of two policy changes made at once, neither is lost",
+        "llmq/protocol/lua/policy_write.lua",
+        "if current ~= expected then",
+        "if false then",
+        ("tests/test_policy.py::test_concurrent_changes_are_all_kept",),
+    ),
+    Mutant(
+        "policy-validated-whole",
+        "a policy change that leaves a model's policy invalid is refused, nothing changed",
+        "llmq/policy/store.py",
+        "        _check_all(pool, models)\n",
+        "",
+        ("tests/test_policy.py::test_a_bad_value_is_refused_and_nothing_changes",),
+    ),
+    Mutant(
+        "policy-seed-once",
+        "only the first process seeds the pool policy from its environment",
+        "llmq/policy/store.py",
+        "await stored_policy.write(redis, 0, {POOL: pool}, who=who, what=what)",
+        "await stored_policy.write(\n"
+        "        redis, await stored_policy.version(redis), {POOL: pool}, who=who, what=what\n"
+        "    )",
+        (
+            "tests/test_policy.py::test_the_first_process_seeds_the_policy_from_its_environment_once",
+            "tests/test_policy.py::test_of_processes_starting_together_on_a_new_pool_one_seeds",
+        ),
+    ),
+    Mutant(
+        "policy-derived-limits",
+        "a model's token limits are derived from its workers' context length",
+        "llmq/policy/derived.py",
+        'values["max_prompt_tokens"] = values["max_tokens_limit"] = min(lengths)',
+        "pass",
+        ("tests/test_policy.py::test_derived_values_come_from_what_the_workers_declare",),
+    ),
+    Mutant(
+        "policy-derived-routing",
+        "a model's routing is derived from its workers' engines (prefix where they cache)",
+        "llmq/policy/derived.py",
+        'values["routing"] = "prefix" if cached else "least-loaded"',
+        "pass",
+        ("tests/test_policy.py::test_derived_values_come_from_what_the_workers_declare",),
+    ),
+    Mutant(
+        "policy-per-model",
+        "each model follows its own overrides of the pool policy",
+        "llmq/policy/live.py",
+        "found = store.effective_of(self.stored, model, self._declared.get(model, {}))",
+        "found = store.effective_of(self.stored, None, self._declared.get(model, {}))",
+        ("tests/test_policy.py::test_two_models_on_one_redis_route_as_each_ones_policy_says",),
     ),
 )
 

@@ -18,10 +18,13 @@ import pytest
 from redis.asyncio import Redis, RedisCluster
 
 from api.app import create_app
+from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.model.interface import Backend
+from llmq.policy import store as policy_store
+from llmq.policy.fields import POLICY_NAMES
 from llmq.protocol import keys
-from llmq.settings import ApiSettings, WorkerSettings
+from llmq.settings import ApiSettings, CommonSettings, WorkerSettings
 from rigs.embedded_cluster import EmbeddedCluster
 from tests.support.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
 from tests.support.native import wait_ready
@@ -102,6 +105,19 @@ def redis_url(backend: str, request: pytest.FixtureRequest, redis: Redis) -> str
     return server.url
 
 
+async def set_pool_policy(redis_url: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The pool policy's values among a part's ``overrides`` go into the pool's policy
+    (as ``llmq config set`` puts them); the rest, the part's own settings, are returned."""
+    policy = {k: overrides[k] for k in overrides if k in POLICY_NAMES}
+    if policy:
+        client = connect(CommonSettings(redis_url=redis_url))
+        try:
+            await policy_store.set_values(client, policy, None, "tests")
+        finally:
+            await client.aclose(close_connection_pool=True)
+    return {k: v for k, v in overrides.items() if k not in policy}
+
+
 @pytest.fixture
 async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
     """Start real workers in this event loop; each is stopped at teardown."""
@@ -109,13 +125,13 @@ async def start_worker(redis_url: str) -> AsyncIterator[StartWorker]:
 
     async def start(backend: Backend | None = None, **overrides: Any) -> RunningWorker:
         """``backend``: run this model object instead of the settings' mock (e.g. one
-        that fails)."""
+        that fails). Pool policy values among ``overrides`` are set in the pool's policy."""
         chosen: dict[str, Any] = {
             "redis_url": redis_url,
             "heartbeat_seconds": 0.2,
             "drain_seconds": 1,
             **FAST_MODEL,
-            **overrides,
+            **await set_pool_policy(overrides.get("redis_url", redis_url), overrides),
         }
         settings = WorkerSettings(**chosen)
         stop = asyncio.Event()
@@ -139,8 +155,9 @@ async def start_api(redis_url: str) -> AsyncIterator[StartApi]:
         chosen: dict[str, Any] = {
             "redis_url": redis_url,
             "port": free_port(),
-            "default_max_tokens": 128,
-            **overrides,
+            **await set_pool_policy(
+                overrides.get("redis_url", redis_url), {"default_max_tokens": 128, **overrides}
+            ),
         }
         settings = ApiSettings(**chosen)
         responses = ResponseLog(create_app(settings))
@@ -183,7 +200,8 @@ async def spawn_workers(redis_url: str, redis: Redis) -> AsyncIterator[SpawnWork
     procs: list[Proc] = []
 
     async def spawn(n: int = 1, **settings: Any) -> list[Proc]:
-        chosen = {"heartbeat_seconds": 0.2, "drain_seconds": 1, **FAST_MODEL, **settings}
+        own = await set_pool_policy(str(settings.get("redis_url", redis_url)), settings)
+        chosen = {"heartbeat_seconds": 0.2, "drain_seconds": 1, **FAST_MODEL, **own}
         env = clean_env(
             LLMQ_REDIS_URL=redis_url,
             **{f"LLMQ_{k.upper()}": str(v) for k, v in chosen.items()},

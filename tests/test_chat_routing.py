@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.model.blocks import block_hashes
-from llmq.model.tokenizer import WHITESPACE
+from llmq.model.tokenizer import CHARS
 from llmq.protocol import codec, keys
 from rigs.llama import TinyModel, write_tiny_gguf
 from rigs.vllm import VllmServer, vllm_server, write_tiny_hf_model
@@ -46,7 +46,9 @@ PLAIN = "\n".join([*(f"{m['role']}: {m['content']}" for m in MESSAGES), "assista
 
 
 def _names(text: str) -> list[str]:
-    return block_hashes(WHITESPACE.tokens(text), limit=256)
+    """Block names of ``text`` cut as the pool's routing cuts it: by ``chars``, the
+    tokenizer an upstream's worker declares (derived, docs/policy.md)."""
+    return block_hashes(CHARS.tokens(text), limit=256)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import REUSE_PORT, SETTINGS, build_parser, build_settings, main, settings_flags
+from llmq.policy.model import Policy
 from llmq.settings import ApiSettings, RunSettings, WorkerSettings
 
 
@@ -31,6 +32,17 @@ def test_every_setting_is_documented_in_the_settings_page(command: str) -> None:
         if f"`LLMQ_{name.upper()}`" not in page
     ]
     assert not missing, f"docs/settings.md does not document {missing}"
+
+
+def test_the_pool_policy_table_holds_exactly_the_policys_keys() -> None:
+    """docs/settings.md: one table of the pool policy's keys (the Policy model's fields),
+    and no policy key among the process settings' tables."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "settings.md").read_text()
+    policy, process = page.split("## Pool policy", 1)[1].split("## Process settings", 1)
+    keys = [line.split("`")[1] for line in policy.splitlines() if line.startswith("| `")]
+    assert keys == list(Policy.model_fields)
+    listed = {line.split("`")[1] for line in process.splitlines() if line.startswith("| `")}
+    assert not {f"LLMQ_{k.upper()}" for k in keys} & listed
 
 
 def test_flag_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None:

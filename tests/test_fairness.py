@@ -200,8 +200,9 @@ async def test_a_weight_that_takes_no_effect_is_said(
     """Under fifo a tenant's weight does nothing: the command that sets it says so, and
     an API process says so once at start-up."""
     said = "the weights of heavy take no effect"
+    assert (await llmq(redis_url, "config", "set", f"fairness={fairness}"))[0] == 0
     for args in (["create", "heavy", "--weight", "3"], ["create", "plain"]):
-        code, _, err = await llmq(redis_url, "tenant", *args, LLMQ_FAIRNESS=fairness)
+        code, _, err = await llmq(redis_url, "tenant", *args)
         assert code == 0 and (said in err) == (warned and "heavy" in args), err
     await start_api(fairness=fairness)
     logged = [r.getMessage() for r in caplog.records if said in r.getMessage()]

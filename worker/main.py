@@ -30,9 +30,9 @@ from llmq.model.interface import (
     tokenizer_of,
 )
 from llmq.outage import Outage
+from llmq.policy import live as live_policy
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue, as_str, parse_handoff
-from llmq.protocol.routing import routing_from
 from llmq.protocol.sweep import sweep_forever
 from llmq.schema import WorkerInfo
 from llmq.settings import WorkerSettings
@@ -160,7 +160,7 @@ async def _heartbeat(
         await registry.heartbeat(redis, info, settings.worker_ttl_seconds)
         if not worker.draining and await registry.drained(redis, worker_id):
             await worker.drain()
-        if worker.queue.routing.routed:
+        if worker.queue.routing_for(settings.model).routed:
             await cache.publish(
                 worker.queue,
                 settings.model,
@@ -245,6 +245,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
     )
     tally = metrics.Tally()
     tally.inc(metrics.WORKER_STARTS, settings.model)  # a crash loop shows as starts
+    policy = await live_policy.start(store, settings, worker_id)
     cache = CacheReport(backend)
     runner = RequestRunner(
         worker_id,
@@ -260,7 +261,10 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
             settings.lease_margin_seconds,
             enabled=settings.lease_self_expiry,
         ),
-        trace_attributes={"llmq.routing": settings.routing, "llmq.fairness": settings.fairness},
+        trace_attributes={
+            "llmq.routing": policy.of(settings.model).routing,
+            "llmq.fairness": policy.of(settings.model).fairness,
+        },
     )
     queue = Queue(
         store,
@@ -268,9 +272,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
         ttl_seconds=settings.request_ttl_seconds,
         tally=tally,
         lifecycle_maxlen=settings.lifecycle_maxlen,
-        routing=routing_from(settings),
-        fairness=settings.fairness,
-        fair_slack=settings.fairness_slack_tokens,
+        policy=policy,
     )
     worker = QueueWorker(
         model=settings.model,
@@ -301,6 +303,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
         ),
         asyncio.create_task(metrics.flush_forever(tally, store), name="metrics-flush"),
         asyncio.create_task(_expire_leases(runner, settings), name="lease-expiry"),
+        asyncio.create_task(policy.follow_forever(), name="policy-follow"),
     ]
     if watch is not None:
         tasks.append(asyncio.create_task(watch.run(), name="upstream-watch"))
@@ -324,7 +327,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await queue.unpark(settings.model, worker_id)
-                if queue.routing.routed:
+                if queue.routing_for(settings.model).routed:
                     await queue.forget_worker(settings.model, worker_id)
         await _drain(worker, settings.drain_seconds)
         await stop_tasks([main, *tasks], timeout=5)

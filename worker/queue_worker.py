@@ -465,7 +465,7 @@ class QueueWorker(Worker):
         self.allow_pick_jobs = False
         log.info("worker %s drained by an operator: claiming stops", self.worker_id)
         await self.queue.unpark(self.model, self.worker_id)
-        if self.queue.routing.routed:
+        if self.queue.routing_for(self.model).routed:
             await self.queue.forget_worker(self.model, self.worker_id)
 
     async def take_handoff(self, claim: Claim) -> None:

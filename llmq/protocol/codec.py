@@ -127,7 +127,19 @@ def parse_handoff(message: bytes | str) -> Claim:
     )
 
 
+class StalePolicy(Exception):
+    """A claim refused because the pool policy it was made under is older than the
+    model's (``lua/claim.lua``); ``floor``: the model's version."""
+
+    def __init__(self, floor: int) -> None:
+        super().__init__(f"policy version below {floor}")
+        self.floor = floor
+
+
 def parse_claim(reply: Sequence[Any]) -> Claim:
+    """claim.lua's reply, or :class:`StalePolicy` where it refused the claim."""
+    if as_str(reply[0]) == "!stale":
+        raise StalePolicy(int(reply[1]))
     request_id, score, cost, job, attempt, more, retry_ms, matched = reply[:8]
     rest = [as_str(x) for x in reply[8:]]
     split = rest.index("|")

@@ -78,6 +78,17 @@ API_KEYS = f"{PREFIX}:{GLOBAL}:api-keys"
 #: the operator's keys (``llmq key create --admin``), apart from every tenant's.
 ADMIN_KEYS = f"{PREFIX}:{GLOBAL}:admin-keys"
 
+#: Hash of the pool policy (:mod:`llmq.policy`): ``version`` (a counter, raised by every
+#: change), ``pool`` (the pool-wide document, JSON) and ``model:<name>`` (a model's
+#: overrides, JSON). Changed only by ``lua/policy_write.lua``.
+POLICY = f"{PREFIX}:{GLOBAL}:policy"
+
+#: Stream of the policy's changes (version, who, what), capped.
+POLICY_HISTORY = f"{PREFIX}:{GLOBAL}:policy-history"
+
+#: The prefix of a model's name in :data:`POLICY`.
+POLICY_MODEL = "model:"
+
 # arq's prefixes, re-exported so that no other module spells them.
 JOB_PREFIX: str = job_key_prefix
 IN_PROGRESS_PREFIX: str = in_progress_key_prefix
@@ -267,6 +278,13 @@ def routing_stats(model: str) -> str:
     """Hash of counters of routed claims and hand-offs: how often affinity chose and
     how often each guard fired (:data:`llmq.protocol.codec.ROUTING_COUNTERS`)."""
     return _in_model("routing", model)
+
+
+def policy_version(model: str) -> str:
+    """The version of the pool policy a model's claims run under at least: a claim
+    made under an older one is refused (``lua/claim.lua``). Raised after each change
+    of :data:`POLICY` (``lua/policy_publish.lua``)."""
+    return _in_model("policy-version", model)
 
 
 def batch_yield(request_id: str, model: str) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
@@ -33,7 +33,14 @@ from redis.asyncio.client import Pipeline
 from llmq import metrics
 from llmq.protocol import codec, keys, slots
 from llmq.protocol.arq_job import RETRY_TTL_SECONDS, job_fields, serialize_job
-from llmq.protocol.codec import Claim, Renewal, as_str, parse_handoff, woken_tenant
+from llmq.protocol.codec import (
+    Claim,
+    Renewal,
+    StalePolicy,
+    as_str,
+    parse_handoff,
+    woken_tenant,
+)
 from llmq.protocol.quota import Quota, Verdict, parse_take
 from llmq.protocol.routing import FIFO, UNMEASURED, Pace, Routing
 from llmq.protocol.scripts import Call, run_pipelined, scripts_for
@@ -174,6 +181,27 @@ class Admission:
     quota: Verdict | None = None
 
 
+class PolicySource(Protocol):
+    """The pool policy a process holds (:class:`llmq.policy.live.LivePolicy`): per
+    model, the routing and fair share of its claims and enqueues, and the version
+    they run under."""
+
+    @property
+    def version(self) -> int: ...
+
+    def routing_for(self, model: str) -> Routing: ...
+
+    def fairness_for(self, model: str) -> str: ...
+
+    def fair_slack_for(self, model: str) -> int: ...
+
+    async def refresh(self, at_least: int = 0) -> None: ...
+
+
+#: Claims refused as stale in a row before a claim gives up (each reads the policy).
+STALE_RETRIES = 5
+
+
 class Queue:
     """Typed calls of the queue scripts on one Redis client (str or bytes replies)."""
 
@@ -188,8 +216,12 @@ class Queue:
         routing: Routing = FIFO,
         fairness: str = "fifo",
         fair_slack: int = 0,
+        policy: PolicySource | None = None,
     ) -> None:
         self.redis = redis
+        #: The pool policy, per model (:mod:`llmq.policy`); None: ``routing``,
+        #: ``fairness`` and ``fair_slack`` for every model, and claims unversioned.
+        self.policy = policy
         #: The routing policy of claims and hand-offs (:mod:`llmq.protocol.routing`).
         self.routing = routing
         #: ``fifo`` or ``vtc``: fair share among tenants in a claim (``lua/fair.lua``).
@@ -205,6 +237,16 @@ class Queue:
         self.tenant_labels = TenantLabels(redis)
         #: Models this process queued requests for: swept even if ``keys.MODELS`` is lost.
         self.models: set[str] = set()
+
+    def routing_for(self, model: str) -> Routing:
+        """The routing of ``model``'s claims and enqueues."""
+        return self.routing if self.policy is None else self.policy.routing_for(model)
+
+    def fairness_for(self, model: str) -> str:
+        return self.fairness if self.policy is None else self.policy.fairness_for(model)
+
+    def fair_slack_for(self, model: str) -> int:
+        return self.fair_slack if self.policy is None else self.policy.fair_slack_for(model)
 
     async def admit(
         self, calls: list[Enqueue], max_depth: int, quota: slots.QuotaTake | None = None
@@ -357,10 +399,10 @@ class Queue:
             in_progress_prefix=keys.in_progress_prefix(model),
             retry_prefix=keys.retry_prefix(model),
             retry_ttl=RETRY_TTL_SECONDS,
-            fair_entry=call.fair if self.fairness == "vtc" else "",
+            fair_entry=call.fair if self.fairness_for(model) == "vtc" else "",
             fairq_prefix=keys.fairq_prefix(model),
             quota_held=quota_held,
-            route=self.routing.enqueue_route(model, call.route),
+            route=self.routing_for(model).enqueue_route(model, call.route),
         )
 
     async def claim(
@@ -388,7 +430,50 @@ class Queue:
         wants most among the queue's head (``llmq/protocol/lua/claim.lua``); the claim
         says when to try again if it left requests to other workers
         (:attr:`Claim.retry_ms`).
+
+        The claim runs under the pool policy's :attr:`policy` version: one the script
+        finds older than the model's is refused, and the claim is made again once the
+        policy is read again (:class:`~llmq.protocol.codec.StalePolicy`).
         """
+        for _ in range(STALE_RETRIES):
+            try:
+                claim = await self._claim_once(
+                    model,
+                    lease_ms=lease_ms,
+                    in_progress_ms=in_progress_ms,
+                    budget_left=budget_left,
+                    idle=idle,
+                    worker_id=worker_id,
+                    free_slots=free_slots,
+                    capacity=capacity,
+                )
+                break
+            except StalePolicy as stale:
+                if self.policy is None:
+                    raise
+                await self.policy.refresh(at_least=stale.floor)
+        else:
+            return Claim()
+        if end_dropped and claim.expired:
+            await self.end_unstarted(claim.expired, "timeout")
+        if end_dropped and claim.cancelled:
+            await self.end_unstarted(claim.cancelled, "cancelled")
+        return claim
+
+    async def _claim_once(
+        self,
+        model: str,
+        *,
+        lease_ms: int,
+        in_progress_ms: int,
+        budget_left: int | None,
+        idle: bool,
+        worker_id: str,
+        free_slots: int,
+        capacity: int,
+    ) -> Claim:
+        routing = self.routing_for(model)
+        version = -1 if self.policy is None else self.policy.version
         reply = await slots.Claim(
             queue_key=keys.queue(model),
             running_key=keys.running(model),
@@ -414,19 +499,16 @@ class Queue:
             worker_id=worker_id,
             free_slots=free_slots,
             park_ttl_ms=PARK_TTL_MS,
-            fairness=self.fairness,
-            fair_slack=self.fair_slack,
+            fairness=self.fairness_for(model),
+            fair_slack=self.fair_slack_for(model),
             fairq_prefix=keys.fairq_prefix(model),
-            route=self.routing.claim_route(
+            policy_key=keys.policy_version(model),
+            policy_version=version,
+            route=routing.claim_route(
                 model, running=max(capacity - free_slots, 0), capacity=capacity
             ),
         ).run(self.scripts)
-        claim = codec.parse_claim(reply)
-        if end_dropped and claim.expired:
-            await self.end_unstarted(claim.expired, "timeout")
-        if end_dropped and claim.cancelled:
-            await self.end_unstarted(claim.cancelled, "cancelled")
-        return claim
+        return codec.parse_claim(reply)
 
     async def fair_yield(self, model: str, worker_id: str, candidates: list[str]) -> str | None:
         """Which of a full worker's running requests (``candidates``, the first to give
@@ -439,7 +521,7 @@ class Queue:
     ) -> codec.FairAnswer:
         """:meth:`fair_yield`'s answer, and for a no whether only one tenant's requests
         wait (:attr:`llmq.protocol.codec.FairAnswer.only`)."""
-        if self.fairness != "vtc" or not candidates:
+        if self.fairness_for(model) != "vtc" or not candidates:
             return codec.FairAnswer(None, None)
         found = await slots.FairYield(
             queue_key=keys.queue(model),
@@ -540,7 +622,7 @@ class Queue:
         # settles the tenant's charge to it too, so unless the caller says what it
         # was, it is read first.
         usage = None
-        if used is None and self.fairness == "vtc" and attempt is not None:
+        if used is None and self.fairness_for(model) == "vtc" and attempt is not None:
             usage = await self.redis.hmget(record, QUOTA_FIELDS)  # type: ignore[misc]
             used = _used(usage)
 

@@ -216,8 +216,13 @@ class Routing:
 FIFO = Routing()
 
 
-def routing_from(settings: Any) -> Routing:
-    """The routing of a process, from its settings (``LLMQ_ROUTING`` and the guards)."""
+def routing_from(settings: Any, live_ms: int | None = None) -> Routing:
+    """The routing of a pool policy's fields (``routing`` and its guards: the pool
+    policy, :mod:`llmq.policy`, or a process's settings); a worker whose last beat is
+    older than ``live_ms`` (default: the settings' ``worker_ttl_seconds``) is not
+    compared."""
+    if live_ms is None:
+        live_ms = int(settings.worker_ttl_seconds * 1000)
     return Routing(
         policy=POLICIES[settings.routing],
         guards=Guards(
@@ -228,7 +233,7 @@ def routing_from(settings: Any) -> Routing:
             priority=settings.routing_priority_guard,
             session_ttl_ms=int(settings.routing_session_ttl_seconds * 1000),
             max_workers=settings.routing_workers,
-            live_ms=int(settings.worker_ttl_seconds * 1000),
+            live_ms=live_ms,
         ),
         max_blocks=settings.routing_blocks,
         tokenizer=TOKENIZERS[settings.routing_tokenizer],

@@ -72,6 +72,8 @@ NAMES = (
     "quota_take",
     "quota_return",
     "fair_yield",
+    "policy_write",
+    "policy_publish",
 )
 
 #: Scripts that call another script's text as a local function of their own: the
@@ -128,6 +130,8 @@ class Scripts:
     quota_take: AsyncScript
     quota_return: AsyncScript
     fair_yield: AsyncScript
+    policy_write: AsyncScript
+    policy_publish: AsyncScript
 
 
 _REGISTERED: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()

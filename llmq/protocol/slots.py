@@ -210,6 +210,10 @@ class Claim(Slots):
     fairness: str
     fair_slack: int
     fairq_prefix: str
+    #: The model's policy version key, and the version of the pool policy the claim
+    #: runs under (-1: none held, not checked).
+    policy_key: str
+    policy_version: int
     route: ClaimRoute | None = field(default=None, metadata=part(ClaimRoute))
 
 
@@ -661,3 +665,30 @@ class BatchStatus(Slots):
     now: int
     #: The statuses it may move from.
     since: Sequence[str] = tail()
+
+
+@dataclass(frozen=True)
+class PolicyWrite(Slots):
+    """``policy_write.lua``: change the pool policy if it is still at ``expected``."""
+
+    SCRIPT: ClassVar[str] = "policy_write"
+
+    policy_key: str
+    history_key: str
+    expected: int
+    history_maxlen: int
+    who: str
+    what: str
+    #: field, value, field, value...: a field of the policy hash and its new value
+    #: ("" deletes it).
+    changes: Sequence[str] = tail()
+
+
+@dataclass(frozen=True)
+class PolicyPublish(Slots):
+    """``policy_publish.lua``: raise a model's policy version (its claims' floor)."""
+
+    SCRIPT: ClassVar[str] = "policy_publish"
+
+    version_key: str
+    version: int

@@ -8,7 +8,7 @@
 -- newcomer, or a worker handed a request, goes to the back: workers take turns).
 -- Reply: llmq.protocol.codec.parse_claim.
 --
--- Routed (a policy's name in ARGV[17], llmq.protocol.routing; KEYS 12-17 given): instead
+-- Routed (a policy's name in ARGV[18], llmq.protocol.routing; KEYS 13-18 given): instead
 -- of the head, the worker takes from the queue's first `window` requests the one it wants
 -- most (lua/affinity.lua: its cached prefix, its session, its load, its hash), and
 -- leaves a request that another live worker wants more, unless a guard says the
@@ -56,27 +56,40 @@ local park_ttl_ms = ARGV[13]
 local fairness = ARGV[14]
 local fair_slack = tonumber(ARGV[15])
 local fairq_prefix = ARGV[16]
+local policy_key = KEYS[12]
+local policy_version = tonumber(ARGV[17])
+
+-- The claim runs under the pool policy the worker holds (its routing, fair share):
+-- one older than the model's (policy_key, raised after each change) is refused, and
+-- the worker reads the policy again and claims again (llmq.protocol.queue). -1: the
+-- caller holds no pool policy (tools, tests of the claim itself).
+if policy_version >= 0 then
+  local floor = tonumber(redis.call('GET', policy_key) or '0')
+  if policy_version < floor then
+    return {'!stale', floor}
+  end
+end
 
 -- Routed only (nil under fifo):
-local routes_key = KEYS[12]
-local overtaken_key = KEYS[13]
-local loads_key = KEYS[14]
-local beats_key = KEYS[15]
-local stats_key = KEYS[16]
-local held_key = KEYS[17]
-local policy_name = ARGV[17]
-local window = tonumber(ARGV[18])
-local max_wait_ms = tonumber(ARGV[19])
-local max_overtakes = tonumber(ARGV[20])
-local imbalance = tonumber(ARGV[21])
-local priority_guard = ARGV[22] == '1'
-local running = tonumber(ARGV[23])
-local capacity = tonumber(ARGV[24])
-local cache_prefix = ARGV[25]
-local session_prefix = ARGV[26]
-local session_ttl_ms = ARGV[27]
-local live_ms = tonumber(ARGV[28])
-local max_workers = tonumber(ARGV[29])
+local routes_key = KEYS[13]
+local overtaken_key = KEYS[14]
+local loads_key = KEYS[15]
+local beats_key = KEYS[16]
+local stats_key = KEYS[17]
+local held_key = KEYS[18]
+local policy_name = ARGV[18]
+local window = tonumber(ARGV[19])
+local max_wait_ms = tonumber(ARGV[20])
+local max_overtakes = tonumber(ARGV[21])
+local imbalance = tonumber(ARGV[22])
+local priority_guard = ARGV[23] == '1'
+local running = tonumber(ARGV[24])
+local capacity = tonumber(ARGV[25])
+local cache_prefix = ARGV[26]
+local session_prefix = ARGV[27]
+local session_ttl_ms = ARGV[28]
+local live_ms = tonumber(ARGV[29])
+local max_workers = tonumber(ARGV[30])
 
 local routed = policy_name ~= nil
 local route, mine
