@@ -65,6 +65,15 @@ every line first; ``batch_feeder.py`` (one API process at a time, under a lease)
 feeds lines into the batch band on idle capacity and collects each line's answer
 once, by ``batch_run.py``, which admits a line through the live routes' own code.
 
+For operators, the admin API and its console: ``admin.py`` checks the admin key
+(apart from every tenant's) and writes each action to the audit trail;
+``routes/admin.py`` serves the pool (``pool_view.py``: each model's workers and queue)
+and the audit trail, ``routes/admin_requests.py`` every tenant's requests
+(``request_list.py``: filtered, bounded pages) and cancels them,
+``routes/admin_tenants.py`` tenants and keys, ``routes/admin_batches.py`` every
+tenant's batches; ``routes/console.py`` serves the console's pages (``console/``:
+templates and one script that calls the admin API).
+
 The metrics endpoints read the totals every process
 flushed to Redis (``totals.py``): ``exposition.py`` renders them for Prometheus,
 ``summary.py`` as JSON with estimated percentiles and rates.

@@ -270,16 +270,17 @@ def _prompt_tokens(policy: Policy, prompt: str, param: str, declared: Declaratio
     prompt_tokens = declared.tokenizer.count(prompt)
     if prompt_tokens == 0:
         raise InvalidRequest(f"{param} must not be empty", param=param, code="invalid_value")
+    # An estimate (a tokenizer other than the mock's words) says so.
+    about = "" if declared.tokenizer.name == "whitespace" else "about "
     limit = policy.max_prompt_tokens
     if prompt_tokens > limit:
         raise InvalidRequest(
-            f"{param} has {prompt_tokens} tokens, more than the limit of {limit}",
+            f"{param} has {about}{prompt_tokens} tokens, more than the limit of {limit}",
             param=param,
             code="context_length_exceeded",
         )
     context = declared.context_length
     if context is not None and prompt_tokens >= context:
-        about = "" if declared.tokenizer.name == "whitespace" else "about "
         raise InvalidRequest(
             f"{param} has {about}{prompt_tokens} tokens; the model's context length is "
             f"{context} tokens",

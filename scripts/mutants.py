@@ -1345,8 +1345,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "fair-settle-worker",
         "a worker's finish tells the release what the request used",
         "llmq/protocol/queue.py",
-        "calls = [self._release_slots(model, request_id, attempt, _used(usage)).call()]",
-        "calls = [self._release_slots(model, request_id, attempt, -1).call()]",
+        "settled = -1 if used is None else used",
+        "settled = -1",
         ("tests/test_fairness.py::test_a_workers_finish_settles_the_charge_to_the_tokens_used",),
     ),
     Mutant(
@@ -1541,8 +1541,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "fair-yield-once",
         "one waiting request frees one slot, not one per worker",
         "llmq/protocol/lua/fair_yield.lua",
-        "if not w_tenant or redis.call('EXISTS', yield_prefix .. waiting) == 1 then",
-        "if not w_tenant then",
+        "if redis.call('EXISTS', yield_prefix .. waiting) == 1 then return false end",
+        "",
         ("tests/test_fairness.py::test_a_full_pool_gives_a_slot_to_a_tenant_below_its_share",),
     ),
     Mutant(

@@ -20,6 +20,7 @@ from api.auth import Caller
 from api.bodies import ChatCompletionRequest
 from api.direct_route import DirectRoute, SessionHeader
 from api.limits import BodyLimit
+from llmq.metrics import Tally
 from llmq.settings import ApiSettings
 from llmq.tenants import Tenant
 
@@ -51,9 +52,13 @@ class _OneTenant:
 
 
 def _state(keys: frozenset[str]) -> SimpleNamespace:
-    """All of the app state that auth reads, and whether the process drains."""
+    """All of the app state that auth reads, whether the process drains, and its tally."""
     return SimpleNamespace(
-        api_keys=keys, settings=ApiSettings(), tenancy=_OneTenant(), draining=asyncio.Event()
+        api_keys=keys,
+        settings=ApiSettings(),
+        tenancy=_OneTenant(),
+        draining=asyncio.Event(),
+        metrics=Tally(),
     )
 
 
