@@ -1174,6 +1174,34 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "trace-policy-version",
+        "a queue wait names the pool policy version its claim was made under",
+        "worker/queue_worker.py",
+        '                ("llmq.policy.version", claim.policy_version),\n',
+        "",
+        (
+            "tests/test_tracing.py::"
+            "test_a_queue_wait_carries_the_policy_version_and_values_it_was_claimed_under",
+        ),
+    ),
+    Mutant(
+        "trace-live-policy",
+        "a run's spans carry the live policy's routing and fairness, not the start's",
+        "worker/main.py",
+        "        trace_attributes=lambda: {\n"
+        '            "llmq.routing": policy.of(settings.model).routing,\n'
+        '            "llmq.fairness": policy.of(settings.model).fairness,\n'
+        "        },\n",
+        "        trace_attributes=(lambda d: lambda: d)({\n"
+        '            "llmq.routing": policy.of(settings.model).routing,\n'
+        '            "llmq.fairness": policy.of(settings.model).fairness,\n'
+        "        }),\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_queue_wait_carries_the_policy_version_and_values_it_was_claimed_under",
+        ),
+    ),
+    Mutant(
         "trace-batch-line-admission",
         "a batch line's admission is a span of its line's trace, under llmq.batch_line",
         "api/submit.py",
