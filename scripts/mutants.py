@@ -117,6 +117,62 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{ADMIN_TESTS}::test_a_tenants_usage_over_the_last_hour_is_kept_per_minute",),
     ),
     Mutant(
+        "admin-policy-audit",
+        "a policy change made through the admin API is in the audit trail",
+        "api/routes/admin_policy.py",
+        '    await audit(state, who, "policy.change", model or "pool", **changed)\n',
+        "",
+        (
+            f"{ADMIN_TESTS}::test_a_policy_change_by_the_admin_api_is_followed_live_audited_and_in_its_history",
+        ),
+    ),
+    Mutant(
+        "admin-policy-who",
+        "the policy's history names the admin key that made a change",
+        "api/routes/admin_policy.py",
+        "body.set, body.unset, model, who.name)",
+        'body.set, body.unset, model, "admin")',
+        (
+            f"{ADMIN_TESTS}::test_a_policy_change_by_the_admin_api_is_followed_live_audited_and_in_its_history",
+        ),
+    ),
+    Mutant(
+        "admin-policy-validation",
+        "a policy change is validated whole (the pool's and each model's policy) or refused",
+        "llmq/policy/store.py",
+        "        _check_all(pool, models)\n",
+        "",
+        (f"{ADMIN_TESTS}::test_a_bad_policy_value_is_refused_naming_the_key_changing_nothing",),
+    ),
+    Mutant(
+        "admin-policy-param",
+        "a refused policy change names the key (param) in OpenAI's error shape",
+        "api/routes/admin_policy.py",
+        "    return min(found)[1] if found else None",
+        "    return None",
+        (f"{ADMIN_TESTS}::test_a_bad_policy_value_is_refused_naming_the_key_changing_nothing",),
+    ),
+    Mutant(
+        "console-policy-set",
+        "the console's policy form changes the policy",
+        "api/console/static/console.js",
+        "changePolicy({ set: { [f.key.value]: typed(f.value.value.trim()) } })",
+        "changePolicy({ set: {} })",
+        (
+            "tests/test_console.py::test_routing_and_a_guard_changed_from_the_console_and_a_bad_value_refused",
+        ),
+    ),
+    Mutant(
+        "console-policy-refusal",
+        "the console's policy page shows a refused change",
+        "api/console/static/console.js",
+        '      $("policy-refused").hidden = false;',
+        '      $("policy-refused").hidden = true;',
+        (
+            "tests/test_console.py::test_routing_and_a_guard_changed_from_the_console_and_a_bad_value_refused",
+        ),
+    ),
+    Mutant(
         "console-tenant-hour",
         "the tenants page shows each tenant's throttled requests over the last hour",
         "api/console/static/console.js",
@@ -1115,6 +1171,34 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_routing_scripts.py::"
             "test_a_claim_says_how_many_leading_blocks_the_claimer_held",
+        ),
+    ),
+    Mutant(
+        "trace-policy-version",
+        "a queue wait names the pool policy version its claim was made under",
+        "worker/queue_worker.py",
+        '                ("llmq.policy.version", claim.policy_version),\n',
+        "",
+        (
+            "tests/test_tracing.py::"
+            "test_a_queue_wait_carries_the_policy_version_and_values_it_was_claimed_under",
+        ),
+    ),
+    Mutant(
+        "trace-live-policy",
+        "a run's spans carry the live policy's routing and fairness, not the start's",
+        "worker/main.py",
+        "        trace_attributes=lambda: {\n"
+        '            "llmq.routing": policy.of(settings.model).routing,\n'
+        '            "llmq.fairness": policy.of(settings.model).fairness,\n'
+        "        },\n",
+        "        trace_attributes=(lambda d: lambda: d)({\n"
+        '            "llmq.routing": policy.of(settings.model).routing,\n'
+        '            "llmq.fairness": policy.of(settings.model).fairness,\n'
+        "        }),\n",
+        (
+            "tests/test_tracing.py::"
+            "test_a_queue_wait_carries_the_policy_version_and_values_it_was_claimed_under",
         ),
     ),
     Mutant(

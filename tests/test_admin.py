@@ -4,6 +4,7 @@ audit trail, its listings bounded, and a drained worker claiming nothing more.""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from redis.asyncio import Redis
 from llmq import metrics
 from llmq.admin import ADMIN_KEY_PREFIX, AUDIT_MAXLEN, audit, audit_trail, create_admin_key
 from llmq.metrics import MINUTE_KEEP_SECONDS, minute_field
+from llmq.policy import store
 from llmq.protocol import keys
 from llmq.tenants import Tenant, TenantStore, digest, key_id
 from tests.support.native import post_request, wait_ready, wait_status
@@ -21,6 +23,7 @@ from tests.support.processes import llmq
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
 from tests.test_batch import chat_line, create
+from tests.test_policy import FOLLOWED_SECONDS, body, routing_beats
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,6 +45,10 @@ CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/admin/batches/b1/output", None),
     ("POST", "/admin/workers/w1/drain", None),
     ("GET", "/admin/audit", None),
+    ("GET", "/admin/policy", None),
+    ("PATCH", "/admin/policy", {"set": {"max_queue_depth": 5}}),
+    ("PUT", "/admin/policy?model=mock", {"unset": ["max_queue_depth"]}),
+    ("GET", "/admin/policy/history", None),
 ]
 
 
@@ -64,6 +71,8 @@ async def snapshot(redis: Redis) -> dict[str, Any]:
         "tenants": await redis.smembers(keys.TENANTS),  # type: ignore[misc]
         "drains": sorted(await redis.keys(keys.drain("*"))),
         "audit": await redis.xlen(keys.AUDIT),
+        "policy": await redis.hgetall(keys.POLICY),  # type: ignore[misc]
+        "policy_history": await redis.xlen(keys.POLICY_HISTORY),
     }
 
 
@@ -322,3 +331,82 @@ async def test_a_tenants_usage_over_the_last_hour_is_kept_per_minute(
     flushed = [keys.metrics_minute(m) for m in (now_minute, now_minute + 1)]
     ttls = [await redis.ttl(k) for k in flushed if await redis.exists(k)]
     assert ttls and all(0 < t <= MINUTE_KEEP_SECONDS for t in ttls), ttls
+
+
+async def test_a_bad_policy_value_is_refused_naming_the_key_changing_nothing(
+    stack: RunningApi, redis: Redis
+) -> None:
+    admin_key = await create_admin_key(redis, "ops")
+    async with stack.client(headers=bearer(admin_key)) as client:
+        ok = await client.patch("/admin/policy", json={"set": {"max_priority": 10}})
+        assert ok.status_code == 200, ok.text
+        before = await snapshot(redis)
+        for query, change, param in [
+            ("", {"set": {"routing": "sideways"}}, "routing"),
+            ("", {"set": {"max_queue_depth": 0}}, "max_queue_depth"),
+            ("", {"set": {"max_queue_depth": 10, "no_such_setting": 1}}, "no_such_setting"),
+            ("", {"set": {"min_priority": 5, "max_priority": 1}}, "min_priority"),
+            ("?model=m", {"set": {"min_priority": 2000}}, "min_priority"),
+            ("?model=m", {"set": {"min_priority": 50}}, "min_priority"),  # not over the pool's
+            ("", {"unset": ["no_such_setting"]}, "no_such_setting"),
+            ("", {}, "set"),
+        ]:
+            for method in ("PATCH", "PUT"):
+                r = await client.request(method, "/admin/policy" + query, json=change)
+                error = assert_error(r, 400)
+                assert (error["param"], error["code"]) == (param, "invalid_value"), (change, error)
+        error = assert_error(await client.patch("/admin/policy?model=a%20b", json={}), 400)
+        assert error["param"] in ("model", "query.model"), error
+        assert_error(await client.get("/admin/policy/history?limit=0"), 400)
+        shown = (await client.get("/admin/policy")).json()
+    assert await snapshot(redis) == before  # same version, documents, history, audit
+    assert shown["pool"]["max_priority"] == {"value": 10, "source": "pool"}
+
+
+async def test_a_policy_change_by_the_admin_api_is_followed_live_audited_and_in_its_history(
+    redis_url: str, redis: Redis, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    await start_worker()
+    api = await start_api()
+    admin_key = await create_admin_key(redis, "ops")
+    async with api.client() as plain, api.client(headers=bearer(admin_key)) as admin:
+        await wait_ready(plain)
+        assert (await plain.post("/v1/completions", json=body(6))).status_code == 200
+        assert await routing_beats(redis) == 0  # fifo: no routing beat
+        change = {"set": {"max_prompt_tokens": 5, "routing": "least-loaded"}}
+        made = await admin.patch("/admin/policy", json=change)
+        assert made.status_code == 200, made.text
+        changed = time.monotonic()
+
+        async def api_follows() -> bool:
+            r = await plain.post("/v1/completions", json=body(6))
+            return r.status_code == 400 and "limit of 5" in r.text
+
+        async def worker_follows() -> bool:  # a routed worker beats its load
+            return bool(await routing_beats(redis))
+
+        await wait_until(api_follows, timeout=FOLLOWED_SECONDS, what="the API to follow")
+        await wait_until(worker_follows, timeout=FOLLOWED_SECONDS, what="the worker to follow")
+        assert time.monotonic() - changed < FOLLOWED_SECONDS + 0.2
+        model = await admin.put("/admin/policy?model=mock", json={"set": {"max_queue_depth": 7}})
+        assert model.status_code == 200, model.text
+        shown = (await admin.get("/admin/policy")).json()
+        history = (await admin.get("/admin/policy/history?limit=2")).json()["data"]
+        audited = (await admin.get("/admin/audit")).json()["data"]
+    version = made.json()["version"]
+    assert shown["version"] == model.json()["version"] == version + 1
+    assert shown["pool"]["routing"] == {"value": "least-loaded", "source": "pool"}
+    assert shown["models"]["mock"]["max_queue_depth"] == {"value": 7, "source": "model"}
+    assert shown["models"]["mock"]["max_prompt_tokens"] == {"value": 5, "source": "pool"}
+    assert shown["overridden"] == ["mock"]
+    assert [(c["version"], c["who"]) for c in history] == [(version + 1, "ops"), (version, "ops")]
+    assert json.loads(history[1]["what"]) == {"scope": "pool", **change}
+    assert [(e["action"], e["target"], e["name"]) for e in audited] == [
+        ("policy.change", "mock", "ops"),
+        ("policy.change", "pool", "ops"),
+    ]
+    assert audited[1]["detail"]["set"] == change["set"]
+    assert audited[1]["detail"]["version"] == version
+    assert (await store.show(redis, "mock")).policy.max_queue_depth == 7
+    code, out, _ = await llmq(redis_url, "config", "show", "--model", "mock")
+    assert code == 0 and "max_queue_depth" in out and "model" in out, out

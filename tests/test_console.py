@@ -22,8 +22,10 @@ from redis.asyncio import Redis
 
 from api.routes.console import ROWS_SHOWN, TOKENS_SHOWN
 from llmq.admin import create_admin_key
+from llmq.policy import store
 from llmq.tenants import Tenant, TenantStore, digest, key_id
 from tests.support.native import post_request, wait_ready, wait_status
+from tests.support.processes import llmq
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
 from tests.test_batch import chat_line, create
@@ -230,3 +232,36 @@ async def test_the_live_views_are_bounded_a_long_request_and_a_long_queue(
     await expect(page.locator("#tokens-more")).to_have_text(
         f"{10_000 - TOKENS_SHOWN} earlier tokens not shown"
     )
+
+
+async def test_routing_and_a_guard_changed_from_the_console_and_a_bad_value_refused(
+    browser: Browser, stack: RunningApi, redis_url: str, redis: Redis
+) -> None:
+    page = await console(browser, stack, redis, "/console/policy")
+    routing = page.locator("#policy tbody [data-key=routing][data-scope=pool]")
+    await expect(routing).to_contain_text('"fifo"', timeout=SHOWN_MS)
+    await page.select_option("#policy-key", "routing")
+    await page.fill("#policy-value", "prefix")
+    await page.click("#policy-change button[type=submit]")
+    await expect(routing).to_contain_text('"prefix"pool', timeout=SHOWN_MS)
+    await expect(page.locator("#policy-scope option[value=mock]")).to_have_count(1)
+    await page.select_option("#policy-scope", "mock")
+    await page.select_option("#policy-key", "max_queue_depth")
+    await page.fill("#policy-value", "17")
+    await page.click("#policy-change button[type=submit]")
+    guard = page.locator("#policy tbody [data-key=max_queue_depth][data-scope=mock]")
+    await expect(guard).to_contain_text("17model", timeout=SHOWN_MS)
+    assert (await store.show(redis, "mock")).policy.max_queue_depth == 17
+    code, out, _ = await llmq(redis_url, "config", "show")
+    assert code == 0 and re.search(r"^routing\s+\"prefix\"\s+pool$", out, re.M), out
+    newest = page.locator("#policy-history tbody tr").first
+    await expect(newest).to_contain_text('"max_queue_depth": 17', timeout=SHOWN_MS)
+    await expect(newest).to_contain_text("ops")
+    before = await store.show(redis, "mock")
+    await page.fill("#policy-value", "-3")
+    await page.click("#policy-change button[type=submit]")
+    refused = page.locator("#policy-refused")
+    await expect(refused).to_be_visible(timeout=SHOWN_MS)
+    await expect(refused).to_contain_text("max_queue_depth")
+    assert await store.show(redis, "mock") == before
+    await expect(guard).to_contain_text("17model")

@@ -23,6 +23,7 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.embedded import free_port
+from llmq.policy import store
 from llmq.protocol import keys
 from tests.support.chat_upstream import (
     ARGUMENTS,
@@ -375,5 +376,47 @@ async def test_a_routed_claims_matched_blocks_are_on_its_queue_wait(
         waited = by_name(spans, "llmq.queue_wait")
         assert waited["attributes"]["llmq.routing"] == "prefix"
         assert waited["attributes"]["llmq.claim.matched_blocks"] == 4
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in (api, worker)))
+
+
+async def test_a_queue_wait_carries_the_policy_version_and_values_it_was_claimed_under(
+    redis_url: str, redis: Redis, phoenix: Phoenix
+) -> None:
+    """A policy change between two requests: the second's ``llmq.queue_wait`` names the
+    new version and the live policy's fairness, not what the worker started with."""
+    env = phoenix.otel_env()
+    worker = Proc(
+        ["worker"],
+        untraced_env(LLMQ_REDIS_URL=redis_url, LLMQ_HEARTBEAT_SECONDS="0.2", **env),
+    )
+    port = free_port()
+    api = Proc(["api"], untraced_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **env))
+    body = {"model": "mock", "max_tokens": 4, "prompt": "hello there"}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            await wait_ready(client, timeout=60)
+
+            async def traced() -> Span:
+                traceparent, trace_id, _ = client_context()
+                r = await client.post(
+                    "/v1/completions", json=body, headers={"traceparent": traceparent}
+                )
+                assert r.status_code == 200, r.text
+                spans = await phoenix.wait_spans(trace_id, lambda s: "llmq.run" in names(s))
+                return by_name(spans, "llmq.queue_wait")
+
+            before = await traced()
+            assert before["attributes"]["llmq.fairness"] == "vtc"
+            version = await store.set_values(redis, {"fairness": "fifo"}, None, "tests")
+
+            async def followed() -> bool:  # the worker claims under the new version
+                return bool((await traced())["attributes"]["llmq.policy.version"] == version)
+
+            await wait_until(followed, timeout=10, what="a claim under the new version")
+            after = await traced()
+        assert before["attributes"]["llmq.policy.version"] < version
+        assert after["attributes"]["llmq.policy.version"] == version
+        assert after["attributes"]["llmq.fairness"] == "fifo"
     finally:
         await asyncio.gather(*(asyncio.to_thread(p.stop) for p in (api, worker)))

@@ -261,7 +261,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
             settings.lease_margin_seconds,
             enabled=settings.lease_self_expiry,
         ),
-        trace_attributes={
+        trace_attributes=lambda: {
             "llmq.routing": policy.of(settings.model).routing,
             "llmq.fairness": policy.of(settings.model).fairness,
         },

@@ -86,7 +86,7 @@ import contextlib
 import contextvars
 import logging
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -474,6 +474,8 @@ class QueueWorker(Worker):
         A worker that cannot take it (stopping, or its slots filled meanwhile by a
         claim that crossed the hand-off) puts it back in the queue at once.
         """
+        if self.queue.policy is not None:  # the enqueue's claim: the policy this worker holds
+            claim = replace(claim, policy_version=self.queue.policy.version)
         if claim.request_id is None:
             return
         if self.allow_pick_jobs and self.busy_slots < self.max_jobs:
@@ -495,8 +497,16 @@ class QueueWorker(Worker):
         self._slots.add(slot)
         context = contextvars.copy_context()  # only this run_job's read sees the claim
         context.run(carry, ClaimedJob(rid, claim.job, claim.attempt))
-        if claim.matched_blocks >= 0:
-            context.run(tracing.note_claim, {"llmq.claim.matched_blocks": claim.matched_blocks})
+        noted = {
+            name: value
+            for name, value in (
+                ("llmq.claim.matched_blocks", claim.matched_blocks),
+                ("llmq.policy.version", claim.policy_version),
+            )
+            if value >= 0
+        }
+        if noted:
+            context.run(tracing.note_claim, noted)
         task = asyncio.create_task(self.run_job(rid, claim.score), context=context)
         task.add_done_callback(lambda _: self._free_slot(*slot))  # if the model never ran
         self.tasks[rid] = task

@@ -47,7 +47,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,8 +179,8 @@ class RequestRunner:
     #: the run writes its outcome: the model's slot is free from then on.
     on_model_done: Callable[[str, int], None] | None = None
     #: What every run's spans say of how this worker claims (its routing policy and
-    #: fairness), while tracing is on.
-    trace_attributes: dict[str, str] = field(default_factory=dict)
+    #: fairness, as the live policy has them at the run's start), while tracing is on.
+    trace_attributes: Callable[[], Mapping[str, str]] = dict
 
     def __post_init__(self) -> None:
         # What the backend offers, asked once: an isinstance check against a runtime
@@ -371,7 +371,7 @@ class RequestRunner:
             "llmq.priority": payload.priority,
             "llmq.attempt": attempt,
             "llmq.worker.id": self.worker_id,
-            **self.trace_attributes,
+            **self.trace_attributes(),
         }
         if payload.tenant is not None:
             attributes["llmq.tenant"] = payload.tenant

@@ -14,7 +14,7 @@ from api import pool_view
 from api.admin import REFUSALS, AdminCaller, audit
 from api.errors import InvalidRequest, NotFound
 from api.openapi import error_responses
-from api.routes import admin_batches, admin_requests, admin_tenants, console
+from api.routes import admin_batches, admin_policy, admin_requests, admin_tenants, console
 from api.state import State
 from api.subscription import valid_id
 from llmq import registry
@@ -72,6 +72,12 @@ async def audit_list(
 
 def install(app: FastAPI) -> None:
     """The admin API's routes, and the console that is its client."""
-    for module in (router, admin_requests.router, admin_tenants.router, admin_batches.router):
+    for module in (
+        router,
+        admin_requests.router,
+        admin_tenants.router,
+        admin_batches.router,
+        admin_policy.router,
+    ):
         app.include_router(module)
     console.install(app)

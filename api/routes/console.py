@@ -29,6 +29,7 @@ PAGES = (
     ("tenants", "Tenants"),
     ("keys", "Keys"),
     ("batches", "Batches"),
+    ("policy", "Policy"),
     ("audit", "Audit"),
 )
 

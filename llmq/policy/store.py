@@ -104,18 +104,21 @@ def _scope(model: str | None) -> str:
 async def set_values(redis: Redis, values: Mapping[str, Any], model: str | None, who: str) -> int:
     """Set values (text from a command line: :func:`~llmq.policy.model.parse_value`)
     in the pool's document or a model's; the new version."""
-    parsed = check_doc(values, "" if model is None else f"model {model}: ")
-
-    def edit(pool: dict[str, Any], models: dict[str, dict[str, Any]]) -> str:
-        _doc(pool, models, model).update(parsed)
-        return json.dumps({"scope": _scope(model), "set": parsed}, sort_keys=True)
-
-    return await _change(redis, edit, who)
+    return await change(redis, values, [], model, who)
 
 
 async def unset(redis: Redis, names: list[str], model: str | None, who: str) -> int:
     """Remove values from the pool's document or a model's (the layer below shows
     again); the new version."""
+    return await change(redis, {}, names, model, who)
+
+
+async def change(
+    redis: Redis, values: Mapping[str, Any], names: list[str], model: str | None, who: str
+) -> int:
+    """Set ``values`` and remove ``names`` in the pool's document or a model's, as one
+    change (all of it or, refused, none of it); the new version."""
+    parsed = check_doc(values, "" if model is None else f"model {model}: ")
     unknown = [name for name in names if name not in POLICY_NAMES]
     if unknown:
         raise PolicyError(f"{unknown[0]}: unknown setting")
@@ -124,9 +127,15 @@ async def unset(redis: Redis, names: list[str], model: str | None, who: str) -> 
         doc = _doc(pool, models, model)
         for name in names:
             doc.pop(name, None)
+        doc.update(parsed)
         if model is not None and not doc:
             models.pop(model, None)
-        return json.dumps({"scope": _scope(model), "unset": names}, sort_keys=True)
+        what: dict[str, Any] = {"scope": _scope(model)}
+        if parsed:
+            what["set"] = parsed
+        if names:
+            what["unset"] = names
+        return json.dumps(what, sort_keys=True)
 
     return await _change(redis, edit, who)
 

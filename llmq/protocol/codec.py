@@ -85,6 +85,9 @@ class Claim:
     #: Of a routed claim under the prefix policy: how many of the request's leading KV
     #: blocks the claimer's cache held (-1: not known).
     matched_blocks: int = -1
+    #: The pool policy version the claim was made under (-1: unversioned, or a request
+    #: handed to a parked worker at its enqueue).
+    policy_version: int = -1
 
 
 @dataclass(frozen=True)

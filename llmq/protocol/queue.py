@@ -508,7 +508,7 @@ class Queue:
                 model, running=max(capacity - free_slots, 0), capacity=capacity
             ),
         ).run(self.scripts)
-        return codec.parse_claim(reply)
+        return replace(codec.parse_claim(reply), policy_version=version)
 
     async def fair_yield(self, model: str, worker_id: str, candidates: list[str]) -> str | None:
         """Which of a full worker's running requests (``candidates``, the first to give

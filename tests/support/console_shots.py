@@ -3,9 +3,9 @@ tests.support.console_shots [--out docs/console]``.
 
 It starts what the browser tests start (a private Redis, two mock workers and an API
 in this process), gives the pool something to show (tenants and keys, a running
-request, a queue, a batch under way, an admin action or two), then has Debian's
-Chromium (``/usr/bin/chromium``, through Playwright) open each page at a laptop's
-width, and the pool page at a phone's.
+request, a queue, a batch under way, a model's policy override, an admin action),
+then has Debian's Chromium (``/usr/bin/chromium``, through Playwright) open each
+page at a laptop's width, and the pool page at a phone's.
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ async def _scene(api: str, redis_url: str) -> tuple[str, str]:
         )
         admin = {"Authorization": f"Bearer {admin_key}"}
         await client.post(f"/admin/requests/{ids[-1]}/cancel", headers=admin)
+        guard = {"set": {"max_queue_depth": 500}}
+        await client.patch("/admin/policy?model=mock", json=guard, headers=admin)
     return admin_key, ids[0]
 
 
@@ -141,6 +143,7 @@ async def shots(out: Path) -> None:
                     "tenants": "#tenants tbody tr",
                     "keys": "#keys tbody tr",
                     "batches": "#batches tbody tr",
+                    "policy": "#policy-history tbody tr",
                     "audit": "#audit tbody tr",
                 }
                 for name, ready in pages.items():

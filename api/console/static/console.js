@@ -146,6 +146,44 @@
     });
   }
 
+  // A select's options, replaced only when they changed (a poll keeps the choice made).
+  function options(select, pairs) {
+    const now = [...select.options].map((o) => o.value).join("\n");
+    if (now === pairs.map(([v]) => v).join("\n")) return;
+    const chosen = select.value;
+    select.replaceChildren(...pairs.map(([v, label]) => el("option", label, { value: v })));
+    if (pairs.some(([v]) => v === chosen)) select.value = chosen;
+  }
+
+  // A policy change from the form: the refusal, naming the key, stays shown until the
+  // next change is made.
+  async function changePolicy(change) {
+    const form = $("policy-change");
+    const model = form.elements.model.value;
+    const query = model ? "?model=" + encodeURIComponent(model) : "";
+    try {
+      const made = await api("PATCH", "/admin/policy" + query, change);
+      $("policy-refused").hidden = true;
+      $("policy-changed").hidden = false;
+      $("policy-changed").textContent = `${made.scope}: version ${made.version}`;
+      await refresh();
+    } catch (e) {
+      if (e instanceof Refused) return;
+      $("policy-changed").hidden = true;
+      $("policy-refused").hidden = false;
+      $("policy-refused").textContent = "Refused, nothing changed: " + e.message;
+    }
+  }
+
+  // A value as typed: JSON where it parses (200, true, null), else the text itself.
+  function typed(text) {
+    try {
+      return JSON.parse(text);
+    } catch {
+      return text;
+    }
+  }
+
   // --- the pages --------------------------------------------------------------------
 
   const views = {
@@ -243,6 +281,30 @@
           b.id, b.tenant, b.model, b.status, bar, c.failed || 0, when(b.created_at), acts,
         ], { "data-batch": b.id, "data-status": b.status });
       }));
+    },
+
+    async policy() {
+      const data = await api("GET", "/admin/policy");
+      $("policy-version").textContent = data.version;
+      const models = Object.keys(data.models);
+      const keys = Object.keys(data.pool);
+      options($("policy-key"), keys.map((k) => [k, k]));
+      options($("policy-scope"), [["", "pool"], ...models.map((m) => [m, `model ${m}`])]);
+      const head = $("policy").tHead.rows[0];
+      head.replaceChildren(el("th", "Key"), el("th", "Pool"), ...models.map((m) => el("th", m)));
+      const shown = (v, key, scope) => {
+        const span = el("span", undefined, { "data-key": key, "data-scope": scope });
+        span.append(el("code", JSON.stringify(v.value)),
+          el("span", v.source, { class: `source source-${v.source}` }));
+        return span;
+      };
+      fill("policy", keys.map((k) => cells([
+        k, shown(data.pool[k], k, "pool"), ...models.map((m) => shown(data.models[m][k], k, m)),
+      ], { "data-key": k })));
+      const history = await api("GET", `/admin/policy/history?limit=${Math.min(ROWS_SHOWN, 100)}`);
+      fill("policy-history", history.data.map((c) => cells([
+        c.version, when(c.at), c.who, c.what,
+      ], { "data-version": c.version })));
     },
 
     async audit() {
@@ -404,6 +466,16 @@
         if (!(e instanceof Refused)) showError(e.message);
       }
     });
+  }
+
+  if ($("policy-change")) {
+    $("policy-change").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const f = event.target.elements;
+      changePolicy({ set: { [f.key.value]: typed(f.value.value.trim()) } });
+    });
+    $("policy-unset").addEventListener("click", () =>
+      changePolicy({ unset: [$("policy-change").elements.key.value] }));
   }
 
   if (adminKey()) open();
