@@ -323,8 +323,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "overload-429-fast",
         "a refused request gets its 429 within milliseconds",
         "api/submit.py",
-        "    if not admission.queued:\n",
-        "    if not admission.queued:\n        time.sleep(0.1)\n",
+        "    if not answer.queued:\n",
+        "    if not answer.queued:\n        time.sleep(0.1)\n",
         ("tests/test_overload.py",),
     ),
     Mutant(
@@ -1167,7 +1167,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "quota-429",
         "a request over its tenant's limit gets 429 rate_limit_exceeded",
         "api/flow.py",
-        "    if verdict.taken:\n        TAKEN.set(rate_headers(verdict))\n        return\n",
+        "    if verdict.taken:\n"
+        "        admission.rate_headers = rate_headers(verdict)\n"
+        "        return\n",
         "    if True:\n        return\n",
         (
             "tests/test_quota.py::test_over_the_limit_is_openais_429",
@@ -1197,7 +1199,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "revoked-key-responses-stream",
         "a revoked key's Responses stream ends with an error event",
         "api/routes/responses.py",
-        "            until=revoked(request),\n",
+        "            until=revoked(admission),\n",
         "",
         ("tests/test_tenants.py::test_a_revoked_key_ends_its_stream[responses]",),
     ),
@@ -1565,8 +1567,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "chat-route-rendering",
         "a routed chat request's block names are its engine's rendering, not the plain one",
         "api/submit.py",
-        "session or params.user, tokens=choice.rendered",
-        "session or params.user, tokens=None",
+        "            tokens=choice.rendered,\n",
+        "            tokens=None,\n",
         ("tests/test_chat_routing.py",),
     ),
     Mutant(

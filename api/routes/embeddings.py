@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api.auth import Caller, tenant_of
+from api.auth import Admitted
 from api.bodies import EmbeddingRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
@@ -26,7 +26,7 @@ from api.errors import ApiError, json_error
 from api.fanin import merged
 from api.openapi import GENERATION_RESPONSES
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
-from api.state import AppState, state_of
+from api.state import AppState
 from api.submit import Submitted, submit_embedding
 from llmq.protocol import keys
 from llmq.schema import DoneEvent, EmbeddingEvent, ErrorEvent
@@ -69,10 +69,9 @@ async def _vectors(
 
 
 @router.post("/v1/embeddings", response_model=None, responses=GENERATION_RESPONSES)
-async def embeddings(body: EmbeddingRequest, request: Request, owner: Caller) -> Response:
-    state = state_of(request)
-    texts = body.texts()
-    sub = await submit_embedding(state, body, texts, owner, tenant=tenant_of(request))
+async def embeddings(body: EmbeddingRequest, request: Request, admission: Admitted) -> Response:
+    state = admission.state
+    sub = await submit_embedding(admission.live(attach=True), body, body.texts())
     response = None
     try:
         response = await unless_disconnected(request, embedding_answer(state, body, sub))

@@ -20,7 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from api import event_stream, responses_store
-from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Caller, revoked, tenant_of
+from api.admission.admission import Admission
+from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, revoked
 from api.bodies import ChatCompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
@@ -34,11 +35,10 @@ from api.responses_input import ResponsesRequest, chat_request, conversation_mes
 from api.responses_relay import ResponseRelay
 from api.responses_store import StoredResponse
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
-from api.state import AppState, State, state_of
-from api.submit import BatchBand, Submitted, submit
+from api.state import AppState, State
+from api.submit import Submitted, submit
 from api.timing import RelayTimer
 from llmq.schema import TokensEvent
-from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -85,47 +85,37 @@ async def _history(state: AppState, body: ResponsesRequest, owner: str | None) -
     return stored.conversation
 
 
-async def submit_turn(
-    state: AppState,
-    chat: ChatCompletionRequest,
-    owner: str | None,
-    *,
-    attach: bool,
-    band: BatchBand | None = None,
-    tenant: Tenant | None = None,
-) -> Submitted:
-    """Enqueue a response's chat request (live, or a batch line in ``band``)."""
+async def submit_turn(admission: Admission, chat: ChatCompletionRequest) -> Submitted:
+    """Enqueue a response's chat request (live, or a batch line in the admission's band)."""
     return await submit(
-        state,
+        admission,
         chat,
         chat.prompt_text(),
         max_tokens=chat.max_completion_tokens,
         max_tokens_param="max_output_tokens",
         prompt_param="input",
-        owner=owner,
-        attach=attach,
         extras=_extras(chat),
-        band=band,
-        tenant=tenant,
     )
 
 
 @generation.post("/v1/responses", response_model=None, responses=GENERATION_RESPONSES)
-async def create_response(body: ResponsesRequest, request: Request, owner: Caller) -> Response:
+async def create_response(
+    body: ResponsesRequest, request: Request, admission: Admitted
+) -> Response:
     arrived = time.monotonic()
-    state = state_of(request)
+    state, owner = admission.state, admission.owner
     body.refuse_unsupported()
     chat = chat_request(body, await _history(state, body, owner))
     if not chat.content_tokens_present():
         raise InvalidRequest("input must contain some text", param="input", code="invalid_value")
-    sub = await submit_turn(state, chat, owner, attach=True, tenant=tenant_of(request))
+    sub = await submit_turn(admission.live(attach=True), chat)
     fmt = ResponseFormat(body, sub.id, sub.created, sub.model)
     turn = _Turn(state, fmt, sub, owner, conversation_messages(chat, body.instructions))
     if body.stream:
         ended = {"code": REVOKED_CODE, "message": REVOKED_MESSAGE, "param": None}
         return event_stream.EventStream(
             turn.stream(arrived),
-            until=revoked(request),
+            until=revoked(admission),
             final=lambda: fmt.event("error", ended),
         )
     relay = None
