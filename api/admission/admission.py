@@ -1,11 +1,11 @@
 """One request's admission as one object, from auth to enqueue.
 
-The auth dependency (:func:`api.auth.admitted`) makes it with the request's owner
-and tenant; the route passes it to :mod:`api.submit`, which reads the pool policy
+The auth dependency (:func:`api.admission.auth.admitted`) makes it with the request's owner
+and tenant; the route passes it to :mod:`api.admission.submit`, which reads the pool policy
 through it (one snapshot per model for the whole admission, so that every check of
 a request reads the same version) and records there what each step decided: the
 quota's verdict (its ``x-ratelimit-*`` headers, which
-:class:`api.flow.RateLimitHeaders` adds to the response), the expected wait that
+:class:`api.admission.flow.RateLimitHeaders` adds to the response), the expected wait that
 shedding measured, and whether the queue took it.
 """
 

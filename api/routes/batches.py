@@ -1,8 +1,8 @@
 """OpenAI's Batch API (``client.batches``): create, retrieve, list, cancel.
 
-A batch is validated whole when it is created (:mod:`api.batch_lines`) and stored
-with its lines (:mod:`api.batch_store`); the feeder of one API process runs it on the
-pool's idle capacity (:mod:`api.batch_feeder`).
+A batch is validated whole when it is created (:mod:`api.batch.batch_lines`) and stored
+with its lines (:mod:`api.batch.batch_store`); the feeder of one API process runs it on the
+pool's idle capacity (:mod:`api.batch.batch_feeder`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from api import batch_lines, batch_store, files
-from api.auth import Admitted, Caller
+from api.admission.auth import Admitted, Caller
+from api.batch import batch_lines, batch_store, files
 from api.errors import InvalidRequest
 from api.openapi import error_responses
 from api.routes.files import list_page

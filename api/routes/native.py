@@ -15,17 +15,17 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from api import event_stream
-from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, admitted, revoked
+from api.admission.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, admitted, revoked
+from api.admission.submit import submit
 from api.bodies import NativeRequest
 from api.cancel import cancel
 from api.direct_route import DirectRoute, SessionHeader
 from api.errors import InvalidRequest, NotFound
-from api.follow import IDLE, follow
 from api.openapi import EVENT_STREAM, error_responses
 from api.state import AppState, State
-from api.submit import submit
-from api.subscription import valid_id
+from api.streams import event_stream
+from api.streams.follow import IDLE, follow
+from api.streams.subscription import valid_id
 from api.timing import RelayTimer
 from llmq.protocol import keys
 from llmq.schema import (

@@ -5,7 +5,7 @@ With ``stream: true`` the answer is SSE chunks in OpenAI's shape ending with
 stream started is sent as a ``data: {"error": ...}`` chunk, then ``[DONE]``; a
 generation timeout first closes the choice with ``finish_reason: "abort"``
 (``llmq_finish_reason: "timeout"``). Each choice of ``n`` > 1 or of a prompt list
-is its own request (:mod:`api.fanin` relays them together); one choice's error
+is its own request (:mod:`api.streams.fanin` relays them together); one choice's error
 ends the response and cancels the others.
 A client that disconnects, streaming or not, cancels its request, and so does
 the death of this API process (after ``orphan_grace_seconds``): an OpenAI client
@@ -24,20 +24,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import event_stream
 from api.admission.admission import Admission
-from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, revoked
+from api.admission.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, revoked
+from api.admission.submit import Submitted, submit_choices
 from api.bodies import ChatCompletionRequest, CompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute, SessionHeader
 from api.errors import ApiError, NotFound, error_body, json_error
 from api.extras import chat_extras, completion_extras
-from api.fanin import Item, merged
-from api.follow import IDLE, Batch, TokenCursor
 from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
 from api.openapi import GENERATION_RESPONSES, error_responses
 from api.state import AppState, State
-from api.submit import Submitted, submit_choices
+from api.streams import event_stream
+from api.streams.fanin import Item, merged
+from api.streams.follow import IDLE, Batch, TokenCursor
 from api.timing import RelayTimer
 from llmq.schema import (
     DoneEvent,

@@ -1,10 +1,10 @@
 """The Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``.
 
-A response is one chat request in the queue (:mod:`api.responses_input` translates
+A response is one chat request in the queue (:mod:`api.responses.responses_input` translates
 the body), relayed as a Response object or as typed ``response.*`` events
-(:mod:`api.responses_relay`). Like the chat route's, its request is attached to
+(:mod:`api.responses.responses_relay`). Like the chat route's, its request is attached to
 this API process and cancelled when the client leaves. Unless ``store: false``,
-the finished response is kept (:mod:`api.responses_store`) for ``GET`` and for a
+the finished response is kept (:mod:`api.responses.responses_store`) for ``GET`` and for a
 next turn's ``previous_response_id``.
 """
 
@@ -19,24 +19,25 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import event_stream, responses_store
 from api.admission.admission import Admission
-from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, revoked
+from api.admission.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, revoked
+from api.admission.submit import Submitted, submit
 from api.bodies import ChatCompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
 from api.errors import ApiError, InvalidRequest, NotFound, json_error
 from api.extras import Extras, chat_extras
-from api.fanin import merged
-from api.follow import IDLE
 from api.openapi import GENERATION_RESPONSES, error_responses
-from api.responses_format import ResponseFormat
-from api.responses_input import ResponsesRequest, chat_request, conversation_messages
-from api.responses_relay import ResponseRelay
-from api.responses_store import StoredResponse
+from api.responses import responses_store
+from api.responses.responses_format import ResponseFormat
+from api.responses.responses_input import ResponsesRequest, chat_request, conversation_messages
+from api.responses.responses_relay import ResponseRelay
+from api.responses.responses_store import StoredResponse
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
 from api.state import AppState, State
-from api.submit import Submitted, submit
+from api.streams import event_stream
+from api.streams.fanin import merged
+from api.streams.follow import IDLE
 from api.timing import RelayTimer
 from llmq.schema import TokensEvent
 

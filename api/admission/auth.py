@@ -5,7 +5,7 @@ Auth is on when ``LLMQ_API_KEYS`` lists keys or ``LLMQ_TENANT_KEYS`` is set. The
 every generation, request and model endpoint needs ``Authorization: Bearer <key>``:
 a key of ``LLMQ_API_KEYS`` (compared in constant time, every configured key
 compared whichever matches) is the default tenant's; a key made with ``llmq key
-create`` is found by its digest in Redis (:mod:`api.tenancy`, cached for half a
+create`` is found by its digest in Redis (:mod:`api.admission.tenancy`, cached for half a
 second, so a revoked key stops working everywhere within that time). A request
 records only a digest of its key (its *owner*), and its status, stream and cancel
 answer 404 to any other key, as if it did not exist. Health and metrics stay open
@@ -25,9 +25,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from api.admission.admission import Admission, keep, kept
+from api.admission.tenancy import CACHE_SECONDS
 from api.errors import ApiError
 from api.state import AppState, state_of
-from api.tenancy import CACHE_SECONDS
 from llmq.tenants import Tenant, digest
 
 
@@ -56,7 +56,7 @@ async def _tenant(state: AppState, name: str) -> Tenant:
 async def admitted(request: Request) -> Admission:
     """The request's admission with its owner and tenant; 401 for a missing or wrong key.
 
-    Made once per request (kept in its state, for :class:`api.flow.RateLimitHeaders`).
+    Made once per request (kept in its state, for :class:`api.admission.flow.RateLimitHeaders`).
     It reads the state directly rather than through the ``State`` dependency: one
     resolution step less on every request."""
     found = kept(request.scope)

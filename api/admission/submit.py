@@ -22,11 +22,7 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from api.admission.admission import Admission, BatchBand
-from api.bodies import EmbeddingRequest, GenerationParams
-from api.catalog import Declaration
-from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
-from api.extras import Extras
-from api.flow import (
+from api.admission.flow import (
     check_priority_ceiling,
     check_quota,
     count,
@@ -34,6 +30,10 @@ from api.flow import (
     quota_take,
     shed,
 )
+from api.bodies import EmbeddingRequest, GenerationParams
+from api.catalog import Declaration
+from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
+from api.extras import Extras
 from api.state import AppState
 from llmq import metrics, replication, tracing
 from llmq.autoscale.state import serves as autoscaler_serves
@@ -428,8 +428,8 @@ async def _admit(
 ) -> None:
     """Enqueue ``calls`` all or none, in a ``llmq.admission`` span while tracing is on
     (a batch line's a child of its ``llmq.batch_line``, whose context is ``trace``);
-    429 if the expected wait is too long (:func:`api.flow.shed`), the tenant's quota is
-    spent (:func:`api.flow.check_quota`) or the queue has no room for them all."""
+    429 if the expected wait is too long (:func:`api.admission.flow.shed`), the tenant's quota is
+    spent (:func:`api.admission.flow.check_quota`) or the queue has no room for them all."""
     model, tenant, band = calls[0].model, admission.tenant, admission.band
     if not tracing.enabled():
         await _admit_traced(admission, calls, rids, None)

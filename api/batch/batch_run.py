@@ -1,8 +1,8 @@
 """Running one batch line: enqueue it as its live endpoint would, and collect its answer.
 
-A line is admitted by the live endpoints' own code (:mod:`api.submit`): the same
+A line is admitted by the live endpoints' own code (:mod:`api.admission.submit`): the same
 validation, choices, route hints and job, but in the batch band
-(:class:`api.submit.BatchBand`) and not attached to this process, so that it outlives
+(:class:`api.admission.submit.BatchBand`) and not attached to this process, so that it outlives
 it. Its answer is read from the requests' streams by the code that answers the live
 endpoint, from the stream's start: any API process collects it, however many times,
 and gets the same body. The output line is OpenAI's
@@ -18,22 +18,22 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from api import batch_lines
 from api.admission.admission import Admission, BatchBand
-from api.batch_store import BatchObject
+from api.admission.submit import Submitted, submit_choices, submit_embedding
+from api.batch import batch_lines
+from api.batch.batch_store import BatchObject
 from api.bodies import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.errors import ApiError
 from api.extras import completion_extras
-from api.fanin import merged
 from api.openai_format import ChatFormat, CompletionFormat
-from api.responses_format import ResponseFormat
-from api.responses_input import ResponsesRequest, chat_request
-from api.responses_relay import ResponseRelay
+from api.responses.responses_format import ResponseFormat
+from api.responses.responses_input import ResponsesRequest, chat_request
+from api.responses.responses_relay import ResponseRelay
 from api.routes.embeddings import embedding_answer
 from api.routes.openai import collect, error_of, error_status, submit_chat
 from api.routes.responses import submit_turn
 from api.state import AppState
-from api.submit import Submitted, submit_choices, submit_embedding
+from api.streams.fanin import merged
 
 __all__ = ["Submitted", "collect_line", "submit_line"]
 
