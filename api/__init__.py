@@ -11,9 +11,9 @@ client. Read it in the order a request meets it:
    background tasks) and keeps this process's liveness lease, on which its attached
    requests depend; ``traced.py``: while tracing is on, the request's span, continuing
    the client's ``traceparent``, and its relay's).
-1. **Body and auth** (``limits.py``: a middleware that answers 413 to a body over
-   the limit before anything parses it; ``auth.py``: the bearer key, and the digest
-   of it that a request records as its owner; ``tenancy.py``: the tenant a request
+1. **Body and auth** (``admission/limits.py``: a middleware that answers 413 to a body over
+   the limit before anything parses it; ``admission/auth.py``: the bearer key, and the digest
+   of it that a request records as its owner; ``admission/tenancy.py``: the tenant a request
    belongs to, by its key or a trusted header, cached for a second).
 2. **Route** (``routes/openai.py``: completions, chat completions, models;
    ``routes/responses.py``: OpenAI's Responses API, served on the chat path;
@@ -26,30 +26,33 @@ client. Read it in the order a request meets it:
    resolution, which is on every first token's path.
 3. **Validation and admission**: the body is checked strictly against
    ``bodies.py``; ``extras.py`` reads what it asks beyond plain text (structured
-   output, tools, log-probabilities) and the capability each needs; ``submit.py``
+   output, tools, log-probabilities) and the capability each needs; ``admission/submit.py``
    checks everything that can refuse it before anything is written: the limits
    that are settings, and the model, against ``catalog.py`` (the models live
    workers serve and their capabilities, refreshed off the request path). Under a
    routed policy, ``chat_render.py`` asks a worker's engine to render a chat
    request's messages, so that its block names are those of the model's template. Every
    refusal is an error of ``errors.py``: OpenAI's error shape, registered in one
-   place, where Redis errors become 503 and an exhausted pool 429. ``flow.py`` is
+   place, where Redis errors become 503 and an exhausted pool 429. A request's
+   admission is one object (``admission/admission.py``), made at auth and passed
+   along: its tenant, the policy it reads (one snapshot) and each verdict.
+   ``admission/flow.py`` is
    flow control at admission: a tenant's priority ceiling, its quota (429
    ``rate_limit_exceeded``) and shedding by expected wait.
 4. **Enqueue**, the end of admission: the request becomes one queued request per
    choice, written all or none by one call of :meth:`llmq.protocol.queue.Queue.admit`.
-5. **Relay**: ``relay.py`` is the process's one ``XREAD`` loop, fanning the entries
-   of every followed stream out to per-client subscriptions (``subscription.py``:
+5. **Relay**: ``streams/relay.py`` is the process's one ``XREAD`` loop, fanning the entries
+   of every followed stream out to per-client subscriptions (``streams/subscription.py``:
    one stream's entries after an id, in order, bounded); it packs its command from
-   RESP kept per stream (``resp.py``) and decodes token events on a fast path
-   (``entries.py``). ``grouped_relay.py`` runs one such reader per request group
-   on a Redis Cluster. ``follow.py`` follows one request's subscription: events in
-   order, each token once, ending after the terminal event; ``fanin.py`` merges
+   RESP kept per stream (``streams/resp.py``) and decodes token events on a fast path
+   (``entries.py``). ``streams/grouped_relay.py`` runs one such reader per request group
+   on a Redis Cluster. ``streams/follow.py`` follows one request's subscription: events in
+   order, each token once, ending after the terminal event; ``streams/fanin.py`` merges
    the choices of one response. A Responses request is translated into the chat
-   request it runs (``responses_input.py``), followed by ``responses_relay.py``,
-   shaped into Response objects and typed events (``responses_format.py``) and
-   kept for ``previous_response_id`` (``responses_store.py``).
-6. **Framing**: ``event_stream.py`` frames Server-Sent Events and writes the stream
+   request it runs (``responses/responses_input.py``), followed by ``responses/responses_relay.py``,
+   shaped into Response objects and typed events (``responses/responses_format.py``) and
+   kept for ``previous_response_id`` (``responses/responses_store.py``).
+6. **Framing**: ``streams/event_stream.py`` frames Server-Sent Events and writes the stream
    to the client; ``openai_format.py`` shapes events into OpenAI's chunks and bodies
    (the native route writes the events as they are, with their stream ids);
    ``timing.py`` records TTFT and latency as the client sees them.
@@ -58,12 +61,12 @@ client. Read it in the order a request meets it:
    /v1/requests/{id}`` cancels a native one. Requests attached to an API process
    that died are cancelled by the sweep once its liveness lease runs out.
 
-Beside the request path, the Batch API: ``routes/files.py`` and ``files.py`` store a
+Beside the request path, the Batch API: ``routes/files.py`` and ``batch/files.py`` store a
 batch's input and output files in Redis; ``routes/batches.py`` creates, lists and
-cancels batches, whose state ``batch_store.py`` keeps; ``batch_lines.py`` validates
-every line first; ``batch_feeder.py`` (one API process at a time, under a lease)
+cancels batches, whose state ``batch/batch_store.py`` keeps; ``batch/batch_lines.py`` validates
+every line first; ``batch/batch_feeder.py`` (one API process at a time, under a lease)
 feeds lines into the batch band on idle capacity and collects each line's answer
-once, by ``batch_run.py``, which admits a line through the live routes' own code.
+once, by ``batch/batch_run.py``, which admits a line through the live routes' own code.
 
 For operators, the admin API and its console: ``admin.py`` checks the admin key
 (apart from every tenant's) and writes each action to the audit trail;

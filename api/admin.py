@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from api.auth import Unauthorized
+from api.admission.auth import Unauthorized
 from api.errors import ApiError
 from api.state import AppState, state_of
 from llmq import admin as admin_keys

@@ -16,18 +16,19 @@ from fastapi import FastAPI
 from redis.asyncio import Redis, RedisCluster
 from starlette.types import Message, Receive, Scope, Send
 
-from api import errors, event_stream, openapi
-from api.batch_feeder import BatchFeeder
+from api import errors, openapi
+from api.admission.flow import RateLimitHeaders
+from api.admission.limits import BodyLimit
+from api.admission.tenancy import Tenancy
+from api.batch.batch_feeder import BatchFeeder
 from api.catalog import Catalog
-from api.flow import RateLimitHeaders
-from api.grouped_relay import GroupedRelay
-from api.limits import BodyLimit
-from api.relay import StreamRelay
 from api.routes import admin as admin_routes
 from api.routes import batches, embeddings, files, health, native, openai, responses
 from api.routes import metrics as metrics_routes
 from api.state import AppState
-from api.tenancy import Tenancy
+from api.streams import event_stream
+from api.streams.grouped_relay import GroupedRelay
+from api.streams.relay import StreamRelay
 from api.traced import UNTRACED, TraceRequests
 from llmq import __version__, metrics, tracing
 from llmq.connection import connect, is_cluster
@@ -79,7 +80,7 @@ class _App(FastAPI):
     """FastAPI that hands the server's own ``send`` to the streaming responses.
 
     A stream's chunks then skip the middleware wrappers around ``send``, which only
-    watch a response's start (see :class:`api.event_stream.EventStream`). Every
+    watch a response's start (see :class:`api.streams.event_stream.EventStream`). Every
     response but a probe's or a scrape's is counted by its status class
     (``llmq_http_responses_total``); while the process drains
     (:attr:`AppState.draining`), every response says ``Connection: close``.
@@ -134,7 +135,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         # longer than the block time.
         blocking: Redis | None = None
         relay: StreamRelay | GroupedRelay
-        if is_cluster(settings):  # a reader per slot (api/grouped_relay.py)
+        if is_cluster(settings):  # a reader per slot (api/streams/grouped_relay.py)
             relay = GroupedRelay(settings, cast(RedisCluster, redis), process_id)
         else:
             blocking = connect(

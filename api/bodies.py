@@ -7,7 +7,7 @@ not a 1 or a true; an integer is a valid number. Every optional field accepts
 ``null`` (the default), as the OpenAI spec allows. Unknown fields are ignored, as
 OpenAI clients send many optional ones (penalties, ``logit_bias``...). Fields the
 serving model cannot honour are refused by the API (``unsupported_parameter``),
-never silently dropped; limits that are settings are checked in :mod:`api.submit`
+never silently dropped; limits that are settings are checked in :mod:`api.admission.submit`
 so that their messages quote the configured values.
 """
 

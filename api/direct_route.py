@@ -15,7 +15,8 @@ kinds, known when the route is made:
 - one request body, a pydantic model, validated from the JSON bytes in one call
   (its errors are FastAPI's :class:`~fastapi.exceptions.RequestValidationError`,
   answered by the same handler as any other route's);
-- the caller (:data:`api.auth.Caller`);
+- the caller (:data:`api.admission.auth.Caller`), or its admission
+  (:data:`api.admission.auth.Admitted`);
 - the ``X-Session-Id`` header (:data:`SessionHeader`).
 
 Any other parameter is refused when the route is made, not on a request. The
@@ -37,7 +38,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, StringConstraints, TypeAdapter, ValidationError
 from starlette.responses import Response
 
-from api.auth import Caller, caller
+from api.admission.auth import Admitted, Caller, admitted, caller
 
 SESSION_HEADER = "X-Session-Id"
 SESSION_MAX_LENGTH = 256
@@ -110,6 +111,8 @@ def _getter(name: str, annotation: Any) -> tuple[int, Getter]:
     valid key gets 401 whatever its body), then the header, the request, the body."""
     if annotation == Caller:
         return 0, caller
+    if annotation == Admitted:
+        return 0, admitted
     if annotation == SessionHeader:
         return 1, _session
     if annotation is Request:

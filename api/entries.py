@@ -1,6 +1,6 @@
 """Stream entries as events, token events on a fast path.
 
-The relay (:mod:`api.relay`) reads every entry of every followed stream, and token
+The relay (:mod:`api.streams.relay`) reads every entry of every followed stream, and token
 events are nearly all of them: they are decoded without ``json.loads`` or
 pydantic's validator (:func:`decode_data`); anything else goes the validating way
 (:func:`llmq.schema.decode_event`).

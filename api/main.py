@@ -13,11 +13,11 @@ until they are used once more or time out, so that a client does not send a requ
 on a connection at the moment the process closes it (a reset that would leave the
 client not knowing whether its request was taken). Then uvicorn stops accepting and
 waits for open responses. At once, at the SIGTERM,
-the process hands its batch feeding over (:meth:`api.batch_feeder.BatchFeeder.hand_over`:
+the process hands its batch feeding over (:meth:`api.batch.batch_feeder.BatchFeeder.hand_over`:
 the lease is given up, the lines it was collecting are collected by the next feeder,
 none is failed). Streams still open ``shutdown_grace_seconds`` later (their worker
 stopped, or their request went back to the queue) are ended by the API with an error
-chunk and ``[DONE]`` (:func:`api.follow.end_open_streams`), before uvicorn's own
+chunk and ``[DONE]`` (:func:`api.streams.follow.end_open_streams`), before uvicorn's own
 deadline would cut them (the grace counts from the drain's end).
 """
 
@@ -33,9 +33,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app
-from api.batch_feeder import BatchFeeder
-from api.follow import end_open_streams
+from api.batch.batch_feeder import BatchFeeder
 from api.state import AppState
+from api.streams.follow import end_open_streams
 from llmq.collector import tune_garbage_collector
 from llmq.settings import ApiSettings
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from api import event_stream
-from api.submit import Submitted
+from api.admission.submit import Submitted
+from api.streams import event_stream
 from llmq.schema import PromptTokensDetails, TokenLogprob, Usage
 
 #: The extension field that keeps llmq's own reason next to ``finish_reason: abort``.

@@ -11,12 +11,12 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from redis.asyncio import Redis
 
+from api.admission.tenancy import Tenancy
 from api.catalog import Catalog
 from api.chat_render import ChatRendering
-from api.grouped_relay import GroupedRelay
-from api.relay import StreamRelay
-from api.subscription import Subscription
-from api.tenancy import Tenancy
+from api.streams.grouped_relay import GroupedRelay
+from api.streams.relay import StreamRelay
+from api.streams.subscription import Subscription
 from llmq.metrics import Tally
 from llmq.policy.live import LivePolicy
 from llmq.protocol.queue import Queue
@@ -34,7 +34,7 @@ class AppState:
     catalog: Catalog
     queue: Queue
     accept_models: frozenset[str]
-    #: Key and tenant lookups (:mod:`api.tenancy`).
+    #: Key and tenant lookups (:mod:`api.admission.tenancy`).
     tenancy: Tenancy
     #: The pool policy per model, followed live (:mod:`llmq.policy`).
     policy: LivePolicy

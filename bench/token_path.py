@@ -4,8 +4,8 @@
 token, without HTTP, arq or a load generator: ``--workers`` worker runners
 (:class:`worker.runner.RequestRunner`, each with its mock model and stream publisher)
 run ``--streams`` requests of ``--tokens`` tokens at once at the mock's pace, and
-one stream relay (:class:`api.relay.StreamRelay`) reads them back for their
-subscribers, which take the tokens as a response does (:class:`api.follow.TokenCursor`).
+one stream relay (:class:`api.streams.relay.StreamRelay`) reads them back for their
+subscribers, which take the tokens as a response does (:class:`api.streams.follow.TokenCursor`).
 Redis is a private ``redis-server``.
 
 CPU time is what it reports, not latency: this process's (``time.process_time``)
@@ -37,8 +37,8 @@ from typing import Any
 import uvloop
 from redis.asyncio import Redis
 
-from api.follow import TokenCursor
-from api.relay import StreamRelay
+from api.streams.follow import TokenCursor
+from api.streams.relay import StreamRelay
 from bench.sysinfo import redis_cpu_seconds
 from llmq.embedded import EmbeddedRedis
 from llmq.protocol import keys

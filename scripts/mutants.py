@@ -248,7 +248,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-stopped-line",
         "a line stopped by its batch's cancel or expiry is an error line, not a partial answer",
-        "api/batch_feeder.py",
+        "api/batch/batch_feeder.py",
         "if status != 200 or await self._any_cancelled(subs):",
         "if status != 200:",
         ("tests/test_batch.py",),
@@ -267,7 +267,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-hand-over-lease",
         "a feeder that hands over gives its lease up, so another takes over at once",
-        "api/batch_feeder.py",
+        "api/batch/batch_feeder.py",
         "released = await batches.lease(self.redis, self.state.process_id, 0)",
         "released = False",
         (
@@ -278,7 +278,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-collect-owned",
         "a failed collection's exception is retrieved and logged once, never left unretrieved",
-        "api/batch_feeder.py",
+        "api/batch/batch_feeder.py",
         "task.add_done_callback(functools.partial(self._collect_ended, key))",
         "functools.partial(self._collect_ended, key)",
         (
@@ -289,7 +289,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-ended-cleanup",
         "an ended batch keeps only itself and its files: its lines and results are deleted",
-        "api/batch_store.py",
+        "api/batch/batch_store.py",
         "            pipe.delete(key)",
         "            pipe.expire(key, ttl_seconds)",
         (
@@ -328,7 +328,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "relay-index-skip",
         "an OpenAI client sees every token exactly once (the relay skips sent indexes)",
-        "api/follow.py",
+        "api/streams/follow.py",
         "skip = self.next_index - event.index",
         "skip = 0",
         ("tests/test_exactly_once.py",),
@@ -370,7 +370,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "overload-bound",
         "a model's queue holds at most LLMQ_MAX_QUEUE_DEPTH requests",
-        "api/submit.py",
+        "api/admission/submit.py",
         "admit(calls, depth, quota=take)",
         "admit(calls, depth + 2, quota=take)",
         ("tests/test_overload.py",),
@@ -378,9 +378,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "overload-429-fast",
         "a refused request gets its 429 within milliseconds",
-        "api/submit.py",
-        "    if not admission.queued:\n",
-        "    if not admission.queued:\n        time.sleep(0.1)\n",
+        "api/admission/submit.py",
+        "    if not answer.queued:\n",
+        "    if not answer.queued:\n        time.sleep(0.1)\n",
         ("tests/test_overload.py",),
     ),
     Mutant(
@@ -429,7 +429,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "body-limit",
         "a body over LLMQ_MAX_BODY_BYTES gets 413, with or without Content-Length",
-        "api/limits.py",
+        "api/admission/limits.py",
         "            if size > limit:",
         "            if False:",
         ("tests/test_validation.py::test_oversized_body",),
@@ -437,7 +437,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "auth",
         "with API keys on, a request without a valid key gets 401",
-        "api/auth.py",
+        "api/admission/auth.py",
         "    if matched:\n        name: str | None = settings.default_tenant",
         "    if True:\n        name: str | None = settings.default_tenant",
         ("tests/test_auth.py::test_keys_are_required",),
@@ -461,7 +461,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "default-max-tokens",
         "LLMQ_DEFAULT_MAX_TOKENS applies to a request without max_tokens",
-        "api/submit.py",
+        "api/admission/submit.py",
         "return min(tokens, cap) if cap else tokens",
         "return tokens",
         (f"{CONTRACT}::test_default_max_tokens_applies_when_a_request_sets_none",),
@@ -469,7 +469,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unset-max-tokens-context",
         "a request without max_tokens gets what the model's context leaves",
-        "api/submit.py",
+        "api/admission/submit.py",
         "tokens = limit if room is None else max(1, room)",
         "tokens = limit",
         (
@@ -480,7 +480,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sse-keepalive",
         "an idle SSE stream gets a comment every LLMQ_SSE_KEEPALIVE_SECONDS",
-        "api/follow.py",
+        "api/streams/follow.py",
         "keepalive = state.settings.sse_keepalive_seconds",
         "keepalive = 15.0",
         (f"{CONTRACT}::test_an_idle_stream_gets_a_keepalive_comment_at_the_set_interval",),
@@ -496,7 +496,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "context-length",
         "a prompt over LLMQ_MAX_PROMPT_TOKENS gets 400 context_length_exceeded",
-        "api/submit.py",
+        "api/admission/submit.py",
         "    if prompt_tokens > limit:\n",
         "    if False:\n",
         (f"{CONTRACT}::test_context_length_exceeded_and_model_not_found",),
@@ -965,7 +965,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "resume-after-end",
         "a native resume at or past the final event ends at once",
-        "api/follow.py",
+        "api/streams/follow.py",
         'if last_id != "0-0" and await _ended_by(state, request_id, last_id):',
         "if False:",
         ("tests/test_resume_after_end.py",),
@@ -1083,7 +1083,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "trace-context-in-job",
         "the request's trace context rides in the job: the worker's spans join the API's trace",
-        "api/submit.py",
+        "api/admission/submit.py",
         "        trace=trace,\n",
         "",
         ("tests/test_tracing.py::test_one_request_is_one_trace_from_the_client_to_the_engine",),
@@ -1111,7 +1111,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "declared-tokenizer",
         "the API counts a prompt with the tokenizer its workers declare",
-        "api/submit.py",
+        "api/admission/submit.py",
         "prompt_tokens = declared.tokenizer.count(prompt)",
         "prompt_tokens = len(prompt.split())",
         ("tests/test_declaration.py",),
@@ -1204,7 +1204,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "trace-batch-line-admission",
         "a batch line's admission is a span of its line's trace, under llmq.batch_line",
-        "api/submit.py",
+        "api/admission/submit.py",
         "parent = tracing.extract(trace) if band is not None and trace else None",
         "parent = None",
         (
@@ -1250,8 +1250,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "quota-429",
         "a request over its tenant's limit gets 429 rate_limit_exceeded",
-        "api/flow.py",
-        "    if verdict.taken:\n        TAKEN.set(rate_headers(verdict))\n        return\n",
+        "api/admission/flow.py",
+        "    if verdict.taken:\n"
+        "        admission.rate_headers = rate_headers(verdict)\n"
+        "        return\n",
         "    if True:\n        return\n",
         (
             "tests/test_quota.py::test_over_the_limit_is_openais_429",
@@ -1261,7 +1263,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "revoked-key",
         "a revoked key is refused within 0.5 s and its stream ends",
-        "api/tenancy.py",
+        "api/admission/tenancy.py",
         "if hit is not None and hit[0] > time.monotonic():",
         "if hit is not None:",
         (
@@ -1281,14 +1283,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "revoked-key-responses-stream",
         "a revoked key's Responses stream ends with an error event",
         "api/routes/responses.py",
-        "            until=revoked(request),\n",
+        "            until=revoked(admission),\n",
         "",
         ("tests/test_tenants.py::test_a_revoked_key_ends_its_stream[responses]",),
     ),
     Mutant(
         "priority-ceiling",
         "a request may not ask for a priority above its tenant's ceiling",
-        "api/flow.py",
+        "api/admission/flow.py",
         "priority < tenant.min_priority:",
         "priority < tenant.min_priority - 1000:",
         ("tests/test_tenants.py::test_a_key_is_its_tenants_until_revoked",),
@@ -1361,7 +1363,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "shed-by-wait",
         "a request expected to wait longer than LLMQ_SHED_WAIT_SECONDS gets 429 at once",
-        "api/flow.py",
+        "api/admission/flow.py",
         "    if wait_ms <= bound_ms:\n        return\n",
         "    if True:\n        return\n",
         ("tests/test_shedding.py::test_a_request_that_would_wait_too_long_is_refused_at_once",),
@@ -1648,9 +1650,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "chat-route-rendering",
         "a routed chat request's block names are its engine's rendering, not the plain one",
-        "api/submit.py",
-        "session or params.user, tokens=choice.rendered",
-        "session or params.user, tokens=None",
+        "api/admission/submit.py",
+        "            tokens=choice.rendered,\n",
+        "            tokens=None,\n",
         ("tests/test_chat_routing.py",),
     ),
     Mutant(
@@ -1664,7 +1666,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-embeddings-kept",
         "an embeddings batch line's vectors stay in its stream for a feeder that collects it again",
-        "api/batch_run.py",
+        "api/batch/batch_run.py",
         "subs[0], keep=True))",
         "subs[0], keep=False))",
         (

@@ -18,8 +18,8 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from api import batch_run, batch_store
-from api.batch_feeder import BatchFeeder
+from api.batch import batch_run, batch_store
+from api.batch.batch_feeder import BatchFeeder
 from cli.batch import run_batch
 from cli.main import build_parser
 from llmq.embedded import EmbeddedRedis
@@ -353,7 +353,7 @@ async def test_a_collection_that_loses_redis_is_logged_once_and_leaves_no_task_e
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _, context: reported.append(str(context["message"])))
     try:
-        with caplog.at_level(logging.WARNING, logger="api.batch_feeder"):
+        with caplog.at_level(logging.WARNING, logger="api.batch.batch_feeder"):
             entry = {"line": {"custom_id": "only", "body": body}, "subs": [asdict(subs[0])]}
             feeder.collect(batch, "only", entry)
             task = feeder.collecting[(batch.id, "only")]

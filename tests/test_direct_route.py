@@ -15,11 +15,11 @@ from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response
 
 from api import errors
+from api.admission.auth import Caller
+from api.admission.limits import BodyLimit
 from api.app import create_app
-from api.auth import Caller
 from api.bodies import ChatCompletionRequest
 from api.direct_route import DirectRoute, SessionHeader
-from api.limits import BodyLimit
 from llmq.metrics import Tally
 from llmq.settings import ApiSettings
 from llmq.tenants import Tenant

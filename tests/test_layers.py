@@ -3,7 +3,8 @@
 ``llmq`` (the contract: settings, schema, protocol, the model's declaration)
 <- ``api`` and ``worker`` (neither imports the other) <- ``loadgen``, ``cli``
 <- ``bench``; ``rigs`` (test and benchmark hosts) sits beside ``bench`` and only
-``tests`` and ``bench`` may use it.
+``tests`` and ``bench`` may use it. Inside ``api``, admission and the streams sit
+below the routes, batches and the Responses API.
 """
 
 from __future__ import annotations
@@ -70,6 +71,26 @@ def test_every_layer_imports_only_what_lies_below_it() -> None:
         for path in (ROOT / top).rglob("*.py")
         for name in imported(path)
         if name.split(".")[0] in never
+    }
+    assert not wrong, sorted(wrong)
+
+
+#: Within ``api/``, grouped by concern: what each concern never imports. Admission
+#: (auth to enqueue) sits below everything that serves a request; the streams below
+#: the routes and the surfaces built on them (batches, Responses).
+API_NEVER = {
+    "admission": {"api.routes", "api.batch", "api.responses", "api.streams"},
+    "streams": {"api.routes", "api.batch", "api.responses"},
+}
+
+
+def test_the_api_concerns_point_one_way() -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for concern, never in API_NEVER.items()
+        for path in (ROOT / "api" / concern).rglob("*.py")
+        for name in imported(path)
+        if any(name == n or name.startswith(f"{n}.") for n in never)
     }
     assert not wrong, sorted(wrong)
 

@@ -39,7 +39,7 @@ async def test_prompts_reach_the_logs_only_when_asked_for(
     quiet = await start_api()
     chatty = await start_api(log_prompts=True)
     body = {"model": "mock", "max_tokens": 1}
-    with caplog.at_level(logging.INFO, logger="api.submit"):
+    with caplog.at_level(logging.INFO, logger="api.admission.submit"):
         async with quiet.client() as client:
             r = await client.post("/v1/completions", json={**body, "prompt": "secret one"})
             assert r.status_code == 200, r.text

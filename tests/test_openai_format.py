@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from api import event_stream
+from api.admission.submit import Submitted
 from api.openai_format import ChatFormat, CompletionFormat
-from api.submit import Submitted
+from api.streams import event_stream
 
 
 @pytest.mark.parametrize("fmt_class", [CompletionFormat, ChatFormat])

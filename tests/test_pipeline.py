@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from api import fanin
+from api.streams import fanin
 from llmq.model.tokenizer import count_tokens
 from llmq.protocol import keys
 from tests.support.native import post_request, wait_status

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from api.flow import duration
+from api.admission.flow import duration
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.protocol import keys

@@ -11,8 +11,8 @@ import pytest
 from redis.asyncio import BlockingConnectionPool, Connection, Redis
 
 from api.entries import _token_event, decode_data, entry_event
-from api.relay import StreamRelay
-from api.subscription import parse_id, valid_id
+from api.streams.relay import StreamRelay
+from api.streams.subscription import parse_id, valid_id
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis
 from llmq.schema import TokensEvent, decode_event, encode_event
@@ -280,7 +280,7 @@ async def test_a_stalled_read_ends_at_the_socket_timeout(
     await relay.start()
     try:
         sub = await relay.subscribe("s:1")
-        with caplog.at_level(logging.INFO, logger="api.relay"):
+        with caplog.at_level(logging.INFO, logger="api.streams.relay"):
             stalled = await writer.connection_pool.get_connection()
             await stalled.send_command("DEBUG", "SLEEP", "1.5")  # Redis stalls from now
             await wait_until(
@@ -324,7 +324,7 @@ async def test_a_restart_is_logged_once_and_followed_within_the_backoff_cap(
         sub = await relay.subscribe("s:1")
         await add(writer, "s:1", 0)
         assert await sub.next(10.0) is not None
-        with caplog.at_level(logging.INFO, logger="api.relay"):
+        with caplog.at_level(logging.INFO, logger="api.streams.relay"):
             own_redis.kill()
             await asyncio.sleep(OUTAGE_S)  # the fault: Redis is away this long
             await asyncio.to_thread(own_redis.start)

@@ -20,8 +20,8 @@ import pytest
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
-from api.responses_format import ResponseFormat
-from api.responses_input import ResponsesRequest
+from api.responses.responses_format import ResponseFormat
+from api.responses.responses_input import ResponsesRequest
 from llmq.protocol import keys
 from tests.support.native import wait_ready
 from tests.support.servers import RunningApi, StartApi, StartWorker

@@ -8,7 +8,7 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from api.flow import RATE_PERIODS
+from api.admission.flow import RATE_PERIODS
 from llmq.protocol import keys
 from tests.support.native import wait_ready
 from tests.support.servers import StartApi, StartWorker

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from api import fanin
-from api.follow import Batch
-from api.follow import follow as real_follow
 from api.state import AppState
+from api.streams import fanin
+from api.streams.follow import Batch
+from api.streams.follow import follow as real_follow
 from llmq.protocol import keys
 from llmq.schema import TokensEvent
 from tests.support.servers import RunningApi

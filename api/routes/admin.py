@@ -16,7 +16,7 @@ from api.errors import InvalidRequest, NotFound
 from api.openapi import error_responses
 from api.routes import admin_batches, admin_policy, admin_requests, admin_tenants, console
 from api.state import State
-from api.subscription import valid_id
+from api.streams.subscription import valid_id
 from llmq import registry
 from llmq.admin import AUDIT_PAGE_MAX, audit_trail
 

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import PlainTextResponse
 
-from api import batch_store, files
 from api.admin import REFUSALS, AdminCaller, audit
+from api.batch import batch_store, files
 from api.errors import NotFound
 from api.openapi import error_responses
 from api.state import AppState, State

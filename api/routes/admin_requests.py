@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query
 
-from api import event_stream, request_list
+from api import request_list
 from api.admin import REFUSALS, AdminCaller, audit
 from api.cancel import cancel
 from api.errors import InvalidRequest
@@ -21,7 +21,8 @@ from api.openapi import EVENT_STREAM, error_responses
 from api.pool_view import models as pool_models
 from api.routes.native import _events, _record
 from api.state import AppState, State
-from api.subscription import valid_id
+from api.streams import event_stream
+from api.streams.subscription import valid_id
 from llmq.admin import admin_key
 from llmq.protocol import keys
 from llmq.protocol.arq_job import deserialize

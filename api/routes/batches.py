@@ -1,8 +1,8 @@
 """OpenAI's Batch API (``client.batches``): create, retrieve, list, cancel.
 
-A batch is validated whole when it is created (:mod:`api.batch_lines`) and stored
-with its lines (:mod:`api.batch_store`); the feeder of one API process runs it on the
-pool's idle capacity (:mod:`api.batch_feeder`).
+A batch is validated whole when it is created (:mod:`api.batch.batch_lines`) and stored
+with its lines (:mod:`api.batch.batch_store`); the feeder of one API process runs it on the
+pool's idle capacity (:mod:`api.batch.batch_feeder`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import re
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from api import batch_lines, batch_store, files
-from api.auth import Caller, tenant_of
+from api.admission.auth import Admitted, Caller
+from api.batch import batch_lines, batch_store, files
 from api.errors import InvalidRequest
 from api.openapi import error_responses
 from api.routes.files import list_page
@@ -51,15 +51,14 @@ def window_seconds(window: str) -> int:
 
 
 @router.post("/v1/batches", responses=error_responses(400, 401, 404))
-async def create_batch(
-    body: CreateBatch, request: Request, state: State, owner: Caller
-) -> dict[str, Any]:
+async def create_batch(body: CreateBatch, state: State, admission: Admitted) -> dict[str, Any]:
     if body.endpoint not in batch_lines.ENDPOINTS:
         raise InvalidRequest(
             f"endpoint must be one of {', '.join(batch_lines.ENDPOINTS)}, got {body.endpoint!r}",
             param="endpoint",
             code="invalid_value",
         )
+    owner = admission.owner
     seconds = window_seconds(body.completion_window)
     meta = await files.find(state.redis, body.input_file_id, owner)
     if meta.purpose != "batch":
@@ -77,7 +76,7 @@ async def create_batch(
         window_seconds=seconds,
         metadata=body.metadata,
         owner=owner,
-        tenant=None if (tenant := tenant_of(request)) is None else tenant.name,
+        tenant=None if (tenant := admission.tenant) is None else tenant.name,
     )
     now = int(time.time())
     if parsed.errors:

@@ -1,6 +1,6 @@
 """``POST /v1/embeddings``: vectors for one text or a list, through the queue.
 
-The request is one job holding every input (:func:`api.submit.submit_embedding`);
+The request is one job holding every input (:func:`api.admission.submit.submit_embedding`);
 a worker whose model declares ``embeddings`` writes the vectors to the request's
 stream as :class:`~llmq.schema.EmbeddingEvent` (base64 float32), then ``done``
 with the usage. The answer is OpenAI's list of ``embedding`` objects, as floats
@@ -18,16 +18,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api.auth import Caller, tenant_of
+from api.admission.auth import Admitted
+from api.admission.submit import Submitted, submit_embedding
 from api.bodies import EmbeddingRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
 from api.errors import ApiError, json_error
-from api.fanin import merged
 from api.openapi import GENERATION_RESPONSES
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
-from api.state import AppState, state_of
-from api.submit import Submitted, submit_embedding
+from api.state import AppState
+from api.streams.fanin import merged
 from llmq.protocol import keys
 from llmq.schema import DoneEvent, EmbeddingEvent, ErrorEvent
 
@@ -69,10 +69,9 @@ async def _vectors(
 
 
 @router.post("/v1/embeddings", response_model=None, responses=GENERATION_RESPONSES)
-async def embeddings(body: EmbeddingRequest, request: Request, owner: Caller) -> Response:
-    state = state_of(request)
-    texts = body.texts()
-    sub = await submit_embedding(state, body, texts, owner, tenant=tenant_of(request))
+async def embeddings(body: EmbeddingRequest, request: Request, admission: Admitted) -> Response:
+    state = admission.state
+    sub = await submit_embedding(admission.live(attach=True), body, body.texts())
     response = None
     try:
         response = await unless_disconnected(request, embedding_answer(state, body, sub))

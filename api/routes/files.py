@@ -1,4 +1,4 @@
-"""OpenAI's Files API, for batch input and output (``client.files``): see :mod:`api.files`."""
+"""OpenAI's Files API, for batch input and output (``client.files``): see :mod:`api.batch.files`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import PlainTextResponse
 
-from api import files
-from api.auth import Caller
+from api.admission.auth import Caller
+from api.batch import files
 from api.errors import InvalidRequest
 from api.openapi import error_responses
 from api.state import State

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.auth import Caller
+from api.admission.auth import Caller
 from api.errors import error_response
 from api.openapi import error_responses
 from api.state import State

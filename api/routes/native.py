@@ -15,17 +15,17 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from api import event_stream
-from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Caller, revoked, tenant_of
+from api.admission.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, admitted, revoked
+from api.admission.submit import submit
 from api.bodies import NativeRequest
 from api.cancel import cancel
 from api.direct_route import DirectRoute, SessionHeader
 from api.errors import InvalidRequest, NotFound
-from api.follow import IDLE, follow
 from api.openapi import EVENT_STREAM, error_responses
-from api.state import AppState, State, state_of
-from api.submit import submit
-from api.subscription import valid_id
+from api.state import AppState, State
+from api.streams import event_stream
+from api.streams.follow import IDLE, follow
+from api.streams.subscription import valid_id
 from api.timing import RelayTimer
 from llmq.protocol import keys
 from llmq.schema import (
@@ -52,16 +52,10 @@ RequestId = Annotated[str, Path(min_length=1, max_length=64)]
     responses=error_responses(400, 401, 404, 413, 429, 503),
 )
 async def create(
-    body: NativeRequest, request: Request, owner: Caller, session: SessionHeader = None
+    body: NativeRequest, request: Request, admission: Admitted, session: SessionHeader = None
 ) -> Response:
     sub = await submit(
-        state_of(request),
-        body,
-        body.prompt,
-        max_tokens=body.max_tokens,
-        owner=owner,
-        tenant=tenant_of(request),
-        session=session,
+        admission.live(attach=False, session=session), body, body.prompt, max_tokens=body.max_tokens
     )
     answer = {
         "id": sub.id,
@@ -181,5 +175,5 @@ async def events(
 async def _revoked(request: Request, state: AppState, record: RequestRecord) -> None:
     """Return once the reader's key is revoked, the request cancelled: nobody may read
     its result any more (the stream ends with an ``error`` event that has no id)."""
-    await revoked(request)
+    await revoked(await admitted(request))
     await cancel(state, record.model, record.id)

@@ -5,7 +5,7 @@ With ``stream: true`` the answer is SSE chunks in OpenAI's shape ending with
 stream started is sent as a ``data: {"error": ...}`` chunk, then ``[DONE]``; a
 generation timeout first closes the choice with ``finish_reason: "abort"``
 (``llmq_finish_reason: "timeout"``). Each choice of ``n`` > 1 or of a prompt list
-is its own request (:mod:`api.fanin` relays them together); one choice's error
+is its own request (:mod:`api.streams.fanin` relays them together); one choice's error
 ends the response and cancels the others.
 A client that disconnects, streaming or not, cancels its request, and so does
 the death of this API process (after ``orphan_grace_seconds``): an OpenAI client
@@ -24,19 +24,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import event_stream
-from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Caller, revoked, tenant_of
+from api.admission.admission import Admission
+from api.admission.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, revoked
+from api.admission.submit import Submitted, submit_choices
 from api.bodies import ChatCompletionRequest, CompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute, SessionHeader
 from api.errors import ApiError, NotFound, error_body, json_error
 from api.extras import chat_extras, completion_extras
-from api.fanin import Item, merged
-from api.follow import IDLE, Batch, TokenCursor
 from api.openai_format import ChatFormat, ChoiceResult, CompletionFormat, UsageSum
 from api.openapi import GENERATION_RESPONSES, error_responses
-from api.state import AppState, State, state_of
-from api.submit import BatchBand, Submitted, submit_choices
+from api.state import AppState, State
+from api.streams import event_stream
+from api.streams.fanin import Item, merged
+from api.streams.follow import IDLE, Batch, TokenCursor
 from api.timing import RelayTimer
 from llmq.schema import (
     DoneEvent,
@@ -46,7 +47,6 @@ from llmq.schema import (
     TokensEvent,
     ToolCallEvent,
 )
-from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -264,13 +264,14 @@ def _gathered(
 
 
 async def _respond(
-    request: Request, state: AppState, fmt: CompletionFormat, stream: bool, arrived: float
+    request: Request, admission: Admission, fmt: CompletionFormat, stream: bool, arrived: float
 ) -> Response:
+    state = admission.state
     if stream:
         ended = error_body(REVOKED_MESSAGE, "invalid_request_error", code=REVOKED_CODE)
         return event_stream.EventStream(
             _stream(state, fmt, arrived),
-            until=revoked(request),
+            until=revoked(admission),
             final=event_stream.data(ended) + event_stream.DONE,
         )
     response = None
@@ -288,68 +289,49 @@ async def _respond(
 
 @generation.post("/v1/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def completions(
-    body: CompletionRequest, request: Request, owner: Caller, session: SessionHeader = None
+    body: CompletionRequest, request: Request, admission: Admitted, session: SessionHeader = None
 ) -> Response:
     arrived = time.monotonic()
-    state = state_of(request)
     subs = await submit_choices(
-        state,
+        admission.live(attach=True, session=session),
         body,
         body.prompts(),
         max_tokens=body.max_tokens,
-        owner=owner,
-        tenant=tenant_of(request),
-        attach=True,
         extras=completion_extras(body),
-        session=session,
     )
     fmt = CompletionFormat(subs, body.include_usage, logprobs=body.logprobs is not None)
-    return await _respond(request, state, fmt, body.streaming, arrived)
+    return await _respond(request, admission, fmt, body.streaming, arrived)
 
 
-async def submit_chat(
-    state: AppState,
-    body: ChatCompletionRequest,
-    owner: str | None,
-    *,
-    attach: bool,
-    tenant: Tenant | None,
-    session: str | None = None,
-    band: BatchBand | None = None,
-) -> list[Submitted]:
-    """Enqueue a chat request's choices (live, or a batch line in ``band``)."""
+async def submit_chat(admission: Admission, body: ChatCompletionRequest) -> list[Submitted]:
+    """Enqueue a chat request's choices (live, or a batch line in the admission's band)."""
     requested = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     return await submit_choices(
-        state,
+        admission,
         body,
         [body.prompt_text()],
         max_tokens=requested,
         max_tokens_param=param,
         prompt_param="messages",
-        owner=owner,
-        tenant=tenant,
-        attach=attach,
         extras=chat_extras(body),
         messages=body.message_dicts(),
-        session=session,
-        band=band,
     )
 
 
 @generation.post("/v1/chat/completions", response_model=None, responses=GENERATION_RESPONSES)
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, owner: Caller, session: SessionHeader = None
+    body: ChatCompletionRequest,
+    request: Request,
+    admission: Admitted,
+    session: SessionHeader = None,
 ) -> Response:
     arrived = time.monotonic()
-    state = state_of(request)
     if not body.content_tokens_present():
         raise ApiError("messages must contain some text", param="messages", code="invalid_value")
-    subs = await submit_chat(
-        state, body, owner, attach=True, tenant=tenant_of(request), session=session
-    )
+    subs = await submit_chat(admission.live(attach=True, session=session), body)
     fmt = ChatFormat(subs, body.include_usage, logprobs=bool(body.logprobs))
-    return await _respond(request, state, fmt, body.streaming, arrived)
+    return await _respond(request, admission, fmt, body.streaming, arrived)
 
 
 async def _served(state: AppState) -> dict[str, float]:

@@ -1,10 +1,10 @@
 """The Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``.
 
-A response is one chat request in the queue (:mod:`api.responses_input` translates
+A response is one chat request in the queue (:mod:`api.responses.responses_input` translates
 the body), relayed as a Response object or as typed ``response.*`` events
-(:mod:`api.responses_relay`). Like the chat route's, its request is attached to
+(:mod:`api.responses.responses_relay`). Like the chat route's, its request is attached to
 this API process and cancelled when the client leaves. Unless ``store: false``,
-the finished response is kept (:mod:`api.responses_store`) for ``GET`` and for a
+the finished response is kept (:mod:`api.responses.responses_store`) for ``GET`` and for a
 next turn's ``previous_response_id``.
 """
 
@@ -19,26 +19,27 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import event_stream, responses_store
-from api.auth import REVOKED_CODE, REVOKED_MESSAGE, Caller, revoked, tenant_of
+from api.admission.admission import Admission
+from api.admission.auth import REVOKED_CODE, REVOKED_MESSAGE, Admitted, Caller, revoked
+from api.admission.submit import Submitted, submit
 from api.bodies import ChatCompletionRequest
 from api.cancel import release_later, unless_disconnected
 from api.direct_route import DirectRoute
 from api.errors import ApiError, InvalidRequest, NotFound, json_error
 from api.extras import Extras, chat_extras
-from api.fanin import merged
-from api.follow import IDLE
 from api.openapi import GENERATION_RESPONSES, error_responses
-from api.responses_format import ResponseFormat
-from api.responses_input import ResponsesRequest, chat_request, conversation_messages
-from api.responses_relay import ResponseRelay
-from api.responses_store import StoredResponse
+from api.responses import responses_store
+from api.responses.responses_format import ResponseFormat
+from api.responses.responses_input import ResponsesRequest, chat_request, conversation_messages
+from api.responses.responses_relay import ResponseRelay
+from api.responses.responses_store import StoredResponse
 from api.routes.openai import CLIENT_CLOSED, error_of, error_status
-from api.state import AppState, State, state_of
-from api.submit import BatchBand, Submitted, submit
+from api.state import AppState, State
+from api.streams import event_stream
+from api.streams.fanin import merged
+from api.streams.follow import IDLE
 from api.timing import RelayTimer
 from llmq.schema import TokensEvent
-from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -85,47 +86,37 @@ async def _history(state: AppState, body: ResponsesRequest, owner: str | None) -
     return stored.conversation
 
 
-async def submit_turn(
-    state: AppState,
-    chat: ChatCompletionRequest,
-    owner: str | None,
-    *,
-    attach: bool,
-    band: BatchBand | None = None,
-    tenant: Tenant | None = None,
-) -> Submitted:
-    """Enqueue a response's chat request (live, or a batch line in ``band``)."""
+async def submit_turn(admission: Admission, chat: ChatCompletionRequest) -> Submitted:
+    """Enqueue a response's chat request (live, or a batch line in the admission's band)."""
     return await submit(
-        state,
+        admission,
         chat,
         chat.prompt_text(),
         max_tokens=chat.max_completion_tokens,
         max_tokens_param="max_output_tokens",
         prompt_param="input",
-        owner=owner,
-        attach=attach,
         extras=_extras(chat),
-        band=band,
-        tenant=tenant,
     )
 
 
 @generation.post("/v1/responses", response_model=None, responses=GENERATION_RESPONSES)
-async def create_response(body: ResponsesRequest, request: Request, owner: Caller) -> Response:
+async def create_response(
+    body: ResponsesRequest, request: Request, admission: Admitted
+) -> Response:
     arrived = time.monotonic()
-    state = state_of(request)
+    state, owner = admission.state, admission.owner
     body.refuse_unsupported()
     chat = chat_request(body, await _history(state, body, owner))
     if not chat.content_tokens_present():
         raise InvalidRequest("input must contain some text", param="input", code="invalid_value")
-    sub = await submit_turn(state, chat, owner, attach=True, tenant=tenant_of(request))
+    sub = await submit_turn(admission.live(attach=True), chat)
     fmt = ResponseFormat(body, sub.id, sub.created, sub.model)
     turn = _Turn(state, fmt, sub, owner, conversation_messages(chat, body.instructions))
     if body.stream:
         ended = {"code": REVOKED_CODE, "message": REVOKED_MESSAGE, "param": None}
         return event_stream.EventStream(
             turn.stream(arrived),
-            until=revoked(request),
+            until=revoked(admission),
             final=lambda: fmt.event("error", ended),
         )
     relay = None

@@ -68,7 +68,7 @@ GRACEFUL = ("worker-term", "api-term", "rolling-restart")
 #: or its drain, and a sweep): the ``wait`` bound holds across them; every other kind
 #: stops every request for as long as the nemesis holds it.
 ONE_WORKER = ("worker-kill", "worker-pause", "worker-partition", *GRACEFUL)
-#: The error code of a stream an API process ended as it stopped (api/follow.py).
+#: The error code of a stream an API process ended as it stopped (api/streams/follow.py).
 SHUTTING_DOWN = "shutting_down"
 #: The most prompt tokens a campaign request has (its prompt is a short sentence).
 PROMPT_TOKENS_AT_MOST = 64

@@ -1,7 +1,7 @@
 """The queue protocol: how a request goes from the API to a worker and out again.
 
 Everything the API and the workers must do the same way is here; the API
-(``api/submit.py``) and the worker (``worker/queue_worker.py``) call it one step at
+(``api/admission/submit.py``) and the worker (``worker/queue_worker.py``) call it one step at
 a time and assemble nothing of it. Each step below is one method of
 :class:`~llmq.protocol.queue.Queue` and one atomic Lua script in ``lua/`` (loaded
 by :mod:`llmq.protocol.scripts`, with the lease clock of ``lua/clock.lua``

@@ -5,7 +5,7 @@ has for batch lines.
 Each step is one script (``lua/batch_take.lua``, ``batch_result.lua``,
 ``batch_status.lua``) over the keys of one batch (:func:`llmq.protocol.keys.batch`
 and its neighbours, one hash tag), or over the feeder's lease (``batch_lease.lua``);
-the API's feeder (``api/batch_feeder.py``) and batch routes call them.
+the API's feeder (``api/batch/batch_feeder.py``) and batch routes call them.
 """
 
 from __future__ import annotations

@@ -450,7 +450,8 @@ def drain(worker_id: str) -> str:
 
 def control(process_id: str, group: int | None = None) -> str:
     """A tiny stream that wakes one API process's relay when it gains a subscriber;
-    on a Redis Cluster one per request group, in the group's slot (:mod:`api.grouped_relay`)."""
+    on a Redis Cluster one per request group, in the group's slot
+    (:mod:`api.streams.grouped_relay`)."""
     if group is None:
         return f"{PREFIX}:ctl:{process_id}"
     return f"{PREFIX}:ctl:{{r:{group}}}:{process_id}"
@@ -501,14 +502,14 @@ AUTOSCALER_LEADER = f"{PREFIX}:autoscaler:leader"
 AUTOSCALER_STATE = f"{PREFIX}:autoscaler:state"
 
 
-# --- files and batches (the Batch API: api/files.py, api/batches.py) ----------------
+# --- files and batches (the Batch API: api/batch/files.py, api/batches.py) ----------------
 # A file is one key (its own slot); a batch's keys share the batch's tag ``{b:<id>}``,
 # so that recording a line's result (``llmq/protocol/lua/batch_result.lua``) is one
 # script. Ids are made by the API (``file-<hex>``, ``batch_<hex>``), never braced.
 
 
 def file(file_id: str) -> str:
-    """Hash of an uploaded or output file: ``meta`` (:class:`api.files.FileObject`
+    """Hash of an uploaded or output file: ``meta`` (:class:`api.batch.files.FileObject`
     JSON) and ``content`` (its text); expires with ``LLMQ_BATCH_TTL_SECONDS``."""
     return f"{PREFIX}:file:{file_id}"
 
@@ -524,7 +525,7 @@ def batches_of(owner: str) -> str:
 
 
 #: Sorted set of the batches that are not ended yet, by creation time: what the
-#: feeder (``api/batch_feeder.py``) feeds, collects and finalizes.
+#: feeder (``api/batch/batch_feeder.py``) feeds, collects and finalizes.
 BATCHES_ACTIVE = f"{PREFIX}:batches-active"
 
 #: The batch feeder's lease: the id of the one API process that feeds (PX TTL).
@@ -536,7 +537,7 @@ def _in_batch(name: str, batch_id: str) -> str:
 
 
 def batch(batch_id: str) -> str:
-    """Hash of a batch: ``meta`` (:class:`api.batch_store.BatchObject` JSON), ``status``,
+    """Hash of a batch: ``meta`` (:class:`api.batch.batch_store.BatchObject` JSON), ``status``,
     ``next`` (the next line to feed), ``completed``, ``failed``."""
     return _in_batch("batch", batch_id)
 

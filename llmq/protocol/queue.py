@@ -783,6 +783,17 @@ class Queue:
         still attached to it and then forgets it."""
         await self.redis.zadd(keys.APIS, {process_id: 0})
 
+    async def backlog(self, model: str, score: int, periods: int) -> tuple[int, int]:
+        """What waits in ``model``'s queue at or below ``score``, and how many of its
+        requests finished in the last ``periods`` periods of :func:`keys.served` and
+        the current one so far (one round trip): the measure of an expected wait."""
+        period = int(time.time()) // keys.SERVED_PERIOD_SECONDS
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcount(keys.queue(model), "-inf", score)
+        pipe.mget([keys.served(model, period - i) for i in range(periods + 1)])
+        ahead, served = cast("tuple[int, list[bytes | str | None]]", tuple(await pipe.execute()))
+        return ahead, sum(int(x) for x in served if x is not None)
+
     async def cancel(self, model: str, request_id: str) -> bool:
         """Cancel a request; True if it was still queued (and is now gone)."""
         was_queued = await slots.Cancel(

@@ -1,7 +1,8 @@
 """A client's side of the relay: the entries of one stream after an id, in order.
 
-A :class:`Subscription` is what a relay (:mod:`api.relay`, or :mod:`api.grouped_relay`
-on a Redis Cluster) fills and a response (:mod:`api.follow`) drains. Its queue is
+A :class:`Subscription` is what a relay (:mod:`api.streams.relay`, or
+:mod:`api.streams.grouped_relay` on a Redis Cluster) fills and a response
+(:mod:`api.streams.follow`) drains. Its queue is
 bounded by construction: it only ever holds entries of one stream, which is capped
 at ``stream_maxlen`` entries. A subscriber takes everything that arrived for it at
 once (:meth:`Subscription.batch`), and waits under one keep-alive timer that stays

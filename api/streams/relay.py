@@ -3,14 +3,14 @@
 A blocked ``XREAD`` holds a Redis connection for its whole duration, so one per
 client does not scale. The relay runs a single loop that reads all subscribed
 streams in one ``XREAD`` and fans entries out to per-subscriber queues
-(:class:`~api.subscription.Subscription`). A new subscriber nudges the loop through
+(:class:`~api.streams.subscription.Subscription`). A new subscriber nudges the loop through
 a tiny per-process control stream, so the blocked read returns at once and the
 next one includes the new key.
 
 The loop is on every token's path, so it does per read only what changed: the
 position of each stream is kept up to date as entries arrive (not recomputed over
 every subscriber), the command is packed from RESP kept per stream
-(:mod:`api.resp`), the reply is taken as Redis sends it (redis-py's per-entry dict
+(:mod:`api.streams.resp`), the reply is taken as Redis sends it (redis-py's per-entry dict
 building is skipped), and token events, nearly all of what it reads, are decoded
 on a fast path (:mod:`api.entries`).
 """
@@ -26,8 +26,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from api.entries import entry_event
-from api.resp import bulk, xread
-from api.subscription import StreamId, Subscription, parse_id
+from api.streams.resp import bulk, xread
+from api.streams.subscription import StreamId, Subscription, parse_id
 from llmq.outage import Outage
 from llmq.tasks import stop_tasks
 

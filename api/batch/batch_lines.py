@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from api.batch_store import LineError
+from api.batch.batch_store import LineError
 from api.bodies import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.errors import ApiError
 from api.extras import chat_extras, completion_extras
-from api.responses_input import ResponsesRequest
+from api.responses.responses_input import ResponsesRequest
 
 #: The endpoints a batch may run, each with the request model of its live route.
 ENDPOINTS: dict[str, type[BaseModel]] = {

@@ -25,8 +25,8 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
+from api.batch.files import owner_key
 from api.errors import NotFound
-from api.files import owner_key
 from llmq.protocol import batches, keys
 
 Status = Literal[

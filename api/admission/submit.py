@@ -6,7 +6,8 @@ is written, :meth:`llmq.protocol.queue.Queue.admit` writes it: the request's rec
 then one Lua script in its model's slot for the queue bound, job, wake-up or
 hand-off), and a request the queue refuses has its record deleted again, so it
 leaves no job, key or queue entry behind. A request with several choices (``n``, a
-prompt list) becomes one queued request per choice, admitted all or none.
+prompt list) becomes one queued request per choice, admitted all or none. Each step
+reads and records through the request's :class:`~api.admission.admission.Admission`.
 """
 
 from __future__ import annotations
@@ -20,11 +21,8 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from api.bodies import EmbeddingRequest, GenerationParams
-from api.catalog import Declaration
-from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
-from api.extras import Extras
-from api.flow import (
+from api.admission.admission import Admission, BatchBand
+from api.admission.flow import (
     check_priority_ceiling,
     check_quota,
     count,
@@ -32,26 +30,20 @@ from api.flow import (
     quota_take,
     shed,
 )
+from api.bodies import EmbeddingRequest, GenerationParams
+from api.catalog import Declaration
+from api.errors import InvalidRequest, NotFound, Overloaded, Unavailable, Unsupported
+from api.extras import Extras
 from api.state import AppState
 from llmq import metrics, replication, tracing
 from llmq.autoscale.state import serves as autoscaler_serves
 from llmq.policy.model import Policy
 from llmq.protocol.queue import Enqueue, batch_score
 from llmq.schema import EmbedTask, JobPayload, SamplingParams
-from llmq.tenants import Tenant
 
 log = logging.getLogger(__name__)
 
 NO_EXTRAS = Extras()
-
-
-@dataclass(frozen=True)
-class BatchBand:
-    """A batch line's place in the queue: the batch band (:func:`batch_score`), not
-    its body's priority, and a queue deadline at the batch's completion window."""
-
-    batch_id: str
-    deadline: float
 
 
 @dataclass(frozen=True)
@@ -85,7 +77,8 @@ def _check_priority(policy: Policy, priority: int) -> None:
         )
 
 
-async def _check_model(state: AppState, model: str) -> None:
+async def _check_model(admission: Admission, model: str) -> None:
+    state = admission.state
     if await state.catalog.is_served(model) or model in state.accept_models:
         return
     if await autoscaler_serves(state.redis, model):  # scaled from zero by the first request
@@ -130,21 +123,18 @@ class _Choice:
 
 
 def _plan(
-    state: AppState,
+    admission: Admission,
     params: GenerationParams,
     choice: _Choice,
     common: _Common,
+    *,
     now: float,
-    owner: str | None,
-    attach: bool,
-    messages: tuple[dict[str, Any], ...] | None = None,
-    session: str | None = None,
-    band: BatchBand | None = None,
-    tenant: Tenant | None = None,
-    trace: dict[str, str] | None = None,
+    messages: tuple[dict[str, Any], ...] | None,
+    trace: dict[str, str] | None,
 ) -> tuple[Enqueue, Submitted]:
     """The job, record and queue entry of one choice, and what the route needs of it."""
-    policy = state.policy.of(params.model)
+    state, tenant, band = admission.state, admission.tenant, admission.band
+    policy = admission.policy(params.model)
     rid = uuid.uuid4().hex
     seed = None if params.seed is None else params.seed + choice.index
     payload = JobPayload(
@@ -165,10 +155,13 @@ def _plan(
     call = Enqueue.of(
         payload,
         priority_step_ms=policy.priority_step_ms,
-        owner=owner,
-        attach_to=state.process_id if attach else None,
+        owner=admission.owner,
+        attach_to=state.process_id if admission.attach else None,
         route=state.queue.routing_for(params.model).hint(
-            choice.prompt, common.priority, session or params.user, tokens=choice.rendered
+            choice.prompt,
+            common.priority,
+            admission.session or params.user,
+            tokens=choice.rendered,
         ),
         weight=1.0 if tenant is None else tenant.weight,
         reserved=tenant is not None and tenant.limited,
@@ -188,7 +181,7 @@ def _plan(
     return call, sub
 
 
-async def _check_capabilities(state: AppState, model: str, sampling: SamplingParams) -> None:
+async def _check_capabilities(admission: Admission, model: str, sampling: SamplingParams) -> None:
     if sampling.min_tokens > sampling.max_tokens:
         raise InvalidRequest(
             f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens "
@@ -196,14 +189,14 @@ async def _check_capabilities(state: AppState, model: str, sampling: SamplingPar
             param="min_tokens",
             code="invalid_value",
         )
-    await _check_declared(state, model, sampling.required_capabilities())
+    await _check_declared(admission, model, sampling.required_capabilities())
 
 
-async def _check_declared(state: AppState, model: str, needed: list[tuple[str, str]]) -> None:
+async def _check_declared(admission: Admission, model: str, needed: list[tuple[str, str]]) -> None:
     """Refuse what the model's live workers do not declare (each with its parameter)."""
     if not needed:
         return
-    declared = await state.catalog.capabilities(model)
+    declared = await admission.state.catalog.capabilities(model)
     if declared is None:
         return  # no live worker yet (an accepted model): its worker refuses what it lacks
     for capability, param in needed:
@@ -226,14 +219,15 @@ class _Common:
 
 
 async def _validate(
-    state: AppState,
+    admission: Admission,
     params: GenerationParams,
+    *,
     max_tokens: int | None,
     max_tokens_param: str,
     extras: Extras,
-    room: int | None = None,
+    room: int | None,
 ) -> _Common:
-    policy = state.policy.of(params.model)
+    policy = admission.policy(params.model)
     tokens = _max_tokens(policy, max_tokens, max_tokens_param, room)
     priority = params.priority or 0
     _check_priority(policy, priority)
@@ -259,8 +253,8 @@ async def _validate(
         ),
         priority=priority,
     )
-    await _check_model(state, params.model)
-    await _check_capabilities(state, params.model, sampling)
+    await _check_model(admission, params.model)
+    await _check_capabilities(admission, params.model, sampling)
     return common
 
 
@@ -304,25 +298,19 @@ def _check_choices(policy: Policy, params: GenerationParams, prompts: int) -> No
 
 
 async def submit(
-    state: AppState,
+    admission: Admission,
     params: GenerationParams,
     prompt: str,
     *,
     max_tokens: int | None,
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
-    owner: str | None = None,
-    tenant: Tenant | None = None,
-    attach: bool = False,
     extras: Extras = NO_EXTRAS,
-    session: str | None = None,
-    band: BatchBand | None = None,
 ) -> Submitted:
     """Validate and enqueue one request; raise an :class:`~api.errors.ApiError` to refuse.
 
-    ``attach``: the request lives only as long as this API process (its client
-    cannot reconnect elsewhere); the caller must :meth:`~llmq.protocol.queue.Queue.detach`
-    it once the client is done.
+    An attached admission (:attr:`~api.admission.admission.Admission.attach`): the
+    caller must :meth:`~llmq.protocol.queue.Queue.detach` it once the client is done.
     """
     if params.choices != 1:
         raise InvalidRequest(
@@ -331,37 +319,27 @@ async def submit(
             code="invalid_value",
         )
     subs = await submit_choices(
-        state,
+        admission,
         params,
         [prompt],
         max_tokens=max_tokens,
         max_tokens_param=max_tokens_param,
         prompt_param=prompt_param,
-        owner=owner,
-        tenant=tenant,
-        attach=attach,
         extras=extras,
-        session=session,
-        band=band,
     )
     return subs[0]
 
 
 async def submit_choices(
-    state: AppState,
+    admission: Admission,
     params: GenerationParams,
     prompts: list[str],
     *,
     max_tokens: int | None,
     max_tokens_param: str = "max_tokens",
     prompt_param: str = "prompt",
-    owner: str | None = None,
-    tenant: Tenant | None = None,
-    attach: bool = False,
     extras: Extras = NO_EXTRAS,
     messages: tuple[dict[str, Any], ...] | None = None,
-    session: str | None = None,
-    band: BatchBand | None = None,
 ) -> list[Submitted]:
     """Validate and enqueue ``n`` choices per prompt, each its own request: all or none.
 
@@ -370,11 +348,12 @@ async def submit_choices(
     enqueued in one atomic script call that refuses them all (429) unless the
     queue has room for every one. Under a routing policy each carries its route
     hint (:meth:`llmq.protocol.routing.Routing.hint`: its leading KV blocks by the
-    ``LLMQ_ROUTING_TOKENIZER``, and its ``session``, else its ``user``). A batch
-    line's choices go in the batch band (``band``).
+    ``LLMQ_ROUTING_TOKENIZER``, and its session, else its ``user``). A batch
+    line's choices go in the batch band (the admission's ``band``).
     """
+    state, band = admission.state, admission.band
     settings = state.settings
-    policy = state.policy.of(params.model)
+    policy = admission.policy(params.model)
     _check_choices(policy, params, len(prompts))
     declared = await state.catalog.declaration(params.model)
     counts = [
@@ -384,8 +363,15 @@ async def submit_choices(
         for i, p in enumerate(prompts)
     ]
     room = None if declared.context_length is None else declared.context_length - max(counts)
-    common = await _validate(state, params, max_tokens, max_tokens_param, extras, room)
-    check_priority_ceiling(tenant, common.priority)
+    common = await _validate(
+        admission,
+        params,
+        max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
+        extras=extras,
+        room=room,
+    )
+    check_priority_ceiling(admission, common.priority)
     now = time.time()
     if band is not None:
         common = replace(common, queue_timeout=max(band.deadline - now, 0.001))
@@ -403,22 +389,11 @@ async def submit_choices(
             index = p * n + k
             choice = _Choice(prompt, prompt_tokens, index, p, rendered)
             call, sub = _plan(
-                state,
-                params,
-                choice,
-                common,
-                now,
-                owner,
-                attach,
-                messages,
-                session,
-                band,
-                tenant,
-                trace,
+                admission, params, choice, common, now=now, messages=messages, trace=trace
             )
             calls.append(call)
             subs.append(sub)
-    await _admit(state, calls, params.model, [sub.id for sub in subs], tenant, band, trace)
+    await _admit(admission, calls, [sub.id for sub in subs], trace)
     for sub in subs:
         prompt = prompts[sub.prompt_index]
         log.info(
@@ -450,20 +425,15 @@ def _trace(band: BatchBand | None) -> dict[str, str] | None:
 
 
 async def _admit(
-    state: AppState,
-    calls: list[Enqueue],
-    model: str,
-    rids: list[str],
-    tenant: Tenant | None,
-    band: BatchBand | None = None,
-    trace: dict[str, str] | None = None,
+    admission: Admission, calls: list[Enqueue], rids: list[str], trace: dict[str, str] | None
 ) -> None:
     """Enqueue ``calls`` all or none, in a ``llmq.admission`` span while tracing is on
     (a batch line's a child of its ``llmq.batch_line``, whose context is ``trace``);
-    429 if the expected wait is too long (:func:`api.flow.shed`), the tenant's quota is
-    spent (:func:`api.flow.check_quota`) or the queue has no room for them all."""
+    429 if the expected wait is too long (:func:`api.admission.flow.shed`), the tenant's quota is
+    spent (:func:`api.admission.flow.check_quota`) or the queue has no room for them all."""
+    model, tenant, band = calls[0].model, admission.tenant, admission.band
     if not tracing.enabled():
-        await _admit_traced(state, calls, model, rids, tenant, None)
+        await _admit_traced(admission, calls, rids, None)
         return
     attributes: dict[str, str | int | list[str]] = {
         "gen_ai.request.model": model,
@@ -480,36 +450,32 @@ async def _admit(
     with tracing.tracer().start_as_current_span(
         "llmq.admission", context=parent, attributes=attributes
     ) as span:
-        await _admit_traced(state, calls, model, rids, tenant, span)
+        await _admit_traced(admission, calls, rids, span)
 
 
 async def _admit_traced(
-    state: AppState,
-    calls: list[Enqueue],
-    model: str,
-    rids: list[str],
-    tenant: Tenant | None,
-    span: Span | None,
+    admission: Admission, calls: list[Enqueue], rids: list[str], span: Span | None
 ) -> None:
+    state, tenant, model = admission.state, admission.tenant, calls[0].model
     settings = state.settings
-    depth = state.policy.of(model).max_queue_depth
-    await shed(state, tenant, calls)
-    take = quota_take(state, tenant, calls)
+    depth = admission.policy(model).max_queue_depth
+    await shed(admission, calls)
+    take = quota_take(admission, calls)
     try:
-        admission = await state.queue.admit(calls, depth, quota=take)
+        answer = await state.queue.admit(calls, depth, quota=take)
     except BaseException:  # not known to be admitted: its quota goes back (if Redis takes it)
         with contextlib.suppress(Exception):
-            await give_back_refused(state, tenant, calls)
+            await give_back_refused(admission, calls)
         raise
     if span is not None:
-        span.set_attribute("llmq.admission.queued", admission.queued)
-        if admission.quota is not None:
-            span.set_attribute("llmq.quota.taken", admission.quota.taken)
-            span.set_attribute("llmq.quota.refused_by", admission.quota.which)
-    if admission.quota is not None and tenant is not None:
-        await check_quota(state, tenant, admission.quota)
-    if not admission.queued:
-        await give_back_refused(state, tenant, calls)
+        span.set_attribute("llmq.admission.queued", answer.queued)
+        if answer.quota is not None:
+            span.set_attribute("llmq.quota.taken", answer.quota.taken)
+            span.set_attribute("llmq.quota.refused_by", answer.quota.which)
+    if answer.quota is not None and tenant is not None:
+        await check_quota(admission, tenant, answer.quota)
+    if not answer.queued:
+        await give_back_refused(admission, calls)
         state.metrics.inc(metrics.REQUESTS, model, "rejected")
         limit = depth
         why = (
@@ -522,24 +488,21 @@ async def _admit_traced(
             code="queue_full",
             headers={"Retry-After": "1"},
         )
-    await count(state, tenant, "accepted")
+    admission.queued = True
+    await count(admission, "accepted")
     if settings.enqueue_min_replicas:
         await _replicated(state, rids, model)
 
 
 async def submit_embedding(
-    state: AppState,
-    body: EmbeddingRequest,
-    texts: list[str],
-    owner: str | None,
-    band: BatchBand | None = None,
-    tenant: Tenant | None = None,
+    admission: Admission, body: EmbeddingRequest, texts: list[str]
 ) -> Submitted:
     """Validate and enqueue an embedding request: one job for all its inputs, which a
-    worker that declares ``embeddings`` runs; attached to this process, like an
-    OpenAI generation."""
+    worker that declares ``embeddings`` runs; attached to this process (a live one),
+    like an OpenAI generation."""
+    state, tenant, band = admission.state, admission.tenant, admission.band
     settings = state.settings
-    policy = state.policy.of(body.model)
+    policy = admission.policy(body.model)
     limit = settings.max_embedding_inputs
     if len(texts) > limit:
         raise InvalidRequest(
@@ -560,10 +523,10 @@ async def submit_embedding(
     )
     priority = body.priority or 0
     _check_priority(policy, priority)
-    check_priority_ceiling(tenant, priority)
+    check_priority_ceiling(admission, priority)
     queue_timeout = _timeout(body.queue_timeout, policy.queue_timeout_seconds, "queue_timeout")
-    await _check_model(state, body.model)
-    await _check_declared(state, body.model, [("embeddings", "input")])
+    await _check_model(admission, body.model)
+    await _check_declared(admission, body.model, [("embeddings", "input")])
     now, rid = time.time(), uuid.uuid4().hex
     if band is not None:
         queue_timeout = max(band.deadline - now, 0.001)
@@ -585,13 +548,13 @@ async def submit_embedding(
     call = Enqueue.of(
         payload,
         priority_step_ms=policy.priority_step_ms,
-        owner=owner,
+        owner=admission.owner,
         attach_to=state.process_id if band is None else None,
         reserved=tenant is not None and tenant.limited,
     )
     if band is not None:
         call = replace(call, score=batch_score(int(now * 1000)))
-    await _admit(state, [call], body.model, [rid], tenant, band, payload.trace)
+    await _admit(admission, [call], [rid], payload.trace)
     log.info(
         "accepted embedding request %s (model %s, %d inputs, %d tokens)",
         rid,

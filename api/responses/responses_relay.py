@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.responses_format import Output, ResponseFormat
+from api.admission.submit import Submitted
+from api.responses.responses_format import Output, ResponseFormat
 from api.routes.openai import RelayedChoice
-from api.submit import Submitted
 from llmq.schema import DoneEvent, ErrorEvent, Event, TokensEvent, ToolCallEvent
 
 #: The terminal stream event of each final status.

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from api.responses_input import NamedFunctionChoice, ResponsesRequest
+from api.responses.responses_input import NamedFunctionChoice, ResponsesRequest
 from llmq.schema import Usage
 
 #: The extension field that keeps llmq's own finish reason where ``status`` says less.

@@ -2,9 +2,9 @@
 
 A file is one hash (:func:`llmq.protocol.keys.file`): its OpenAI file object and
 its text. Uploads are bounded (``LLMQ_BATCH_MAX_FILE_BYTES``, checked again by
-:class:`api.limits.BodyLimit` before the body is parsed) and every file expires
+:class:`api.admission.limits.BodyLimit` before the body is parsed) and every file expires
 after ``LLMQ_BATCH_TTL_SECONDS``, as OpenAI's batch files do. A file is visible to
-the key that made it only (its *owner*, :func:`api.auth.owner_of`); another key
+the key that made it only (its *owner*, :func:`api.admission.auth.owner_of`); another key
 gets 404, as if it did not exist. Output and error files of a batch are made here
 too, owned by the batch's owner.
 """

@@ -1,4 +1,4 @@
-"""The stream relay on a Redis Cluster: one :class:`~api.relay.StreamRelay` per slot.
+"""The stream relay on a Redis Cluster: one :class:`~api.streams.relay.StreamRelay` per slot.
 
 A Redis Cluster refuses an ``XREAD`` whose streams are in different slots, even on
 one node, so the single reader of a plain Redis becomes one reader per request
@@ -6,7 +6,7 @@ group (:data:`llmq.protocol.keys.REQUEST_GROUPS`): each reads the streams of its
 a control stream of its own in the same slot, on a plain connection to the node
 that owns that slot (:class:`llmq.connection.SlotPool`, which follows the slot to
 a new owner after a failover). A group's reader starts with its first subscriber.
-Subscribers see the same :class:`~api.subscription.Subscription` as on a plain Redis.
+Subscribers see the same :class:`~api.streams.subscription.Subscription` as on a plain Redis.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import contextlib
 
 from redis.asyncio import Redis, RedisCluster
 
-from api.relay import StreamRelay, Subscribing
-from api.subscription import Subscription
+from api.streams.relay import StreamRelay, Subscribing
+from api.streams.subscription import Subscription
 from llmq.connection import slot_pool
 from llmq.protocol import keys
 from llmq.settings import ApiSettings

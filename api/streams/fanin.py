@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
-from api.follow import Batch, follow
+from api.admission.submit import Submitted
 from api.state import AppState
-from api.submit import Submitted
+from api.streams.follow import Batch, follow
 from llmq.tasks import stop_tasks
 
 Item = Batch | None

@@ -8,7 +8,7 @@ the lease, from the state in Redis alone. Each step, for each active batch:
 1. **Feed**: while no interactive request waits in the model's queue, take as many
    lines as the model's parked workers have free slots, plus ``LLMQ_BATCH_LOOKAHEAD``
    less the batch lines already waiting (``batch_take.lua``: each becomes *running*,
-   with its line), and enqueue each in the batch band (:mod:`api.batch_run`). An idle
+   with its line), and enqueue each in the batch band (:mod:`api.batch.batch_run`). An idle
    pool gets a line per free slot by hand-off and the next ones from the queue as
    slots free; a busy one gets none, and the queue never holds more than the
    lookahead of batch lines. A line whose enqueue was refused for now (queue full,
@@ -24,7 +24,7 @@ the lease, from the state in Redis alone. Each step, for each active batch:
    (``batch_expired``, ``batch_cancelled``). Once no line runs, the output and error
    files are assembled, once (their ids are kept in the batch), and the batch ends
    ``completed``, ``expired`` or ``cancelled``; its lines and results are then deleted
-   (:func:`api.batch_store.ended`).
+   (:func:`api.batch.batch_store.ended`).
 
 A process that stops (SIGTERM) hands its feeding over (:meth:`BatchFeeder.hand_over`):
 it ends the step under way, stops its collections without recording them, and gives
@@ -46,8 +46,8 @@ import logging
 import time
 from typing import Any, NoReturn, cast
 
-from api import batch_run, batch_store, files
-from api.batch_store import BatchObject
+from api.batch import batch_run, batch_store, files
+from api.batch.batch_store import BatchObject
 from api.errors import ApiError
 from api.state import AppState
 from llmq import metrics
@@ -123,7 +123,7 @@ class BatchFeeder:
         for raw, created in listed:
             batch = await batch_store.load(self.redis, str(raw))
             if batch is None:
-                # listed before it is written (api/batch_store.py): dropped once stale
+                # listed before it is written (api/batch/batch_store.py): dropped once stale
                 if time.time() - created > batch_store.UNWRITTEN_SECONDS:
                     await self.redis.zrem(keys.BATCHES_ACTIVE, str(raw))
                 continue

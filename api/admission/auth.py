@@ -5,14 +5,15 @@ Auth is on when ``LLMQ_API_KEYS`` lists keys or ``LLMQ_TENANT_KEYS`` is set. The
 every generation, request and model endpoint needs ``Authorization: Bearer <key>``:
 a key of ``LLMQ_API_KEYS`` (compared in constant time, every configured key
 compared whichever matches) is the default tenant's; a key made with ``llmq key
-create`` is found by its digest in Redis (:mod:`api.tenancy`, cached for half a
+create`` is found by its digest in Redis (:mod:`api.admission.tenancy`, cached for half a
 second, so a revoked key stops working everywhere within that time). A request
 records only a digest of its key (its *owner*), and its status, stream and cancel
 answer 404 to any other key, as if it did not exist. Health and metrics stay open
 for probes and scrapers.
 
-Every request gets its tenant here (:func:`tenant_of`): the key's, or with auth off
-the one the trusted ``LLMQ_TENANT_HEADER`` names, else the default tenant.
+Every request gets its tenant here, in its :class:`~api.admission.admission.Admission`
+(:func:`admitted`): the key's, or with auth off the one the trusted
+``LLMQ_TENANT_HEADER`` names, else the default tenant.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.admission.admission import Admission, keep, kept
+from api.admission.tenancy import CACHE_SECONDS
 from api.errors import ApiError
 from api.state import AppState, state_of
-from api.tenancy import CACHE_SECONDS
 from llmq.tenants import Tenant, digest
 
 
@@ -51,17 +53,26 @@ async def _tenant(state: AppState, name: str) -> Tenant:
     return tenant
 
 
-async def caller(request: Request) -> str | None:
-    """The caller's owner id, or None when auth is off; 401 for a missing or wrong key.
+async def admitted(request: Request) -> Admission:
+    """The request's admission with its owner and tenant; 401 for a missing or wrong key.
 
+    Made once per request (kept in its state, for :class:`api.admission.flow.RateLimitHeaders`).
     It reads the state directly rather than through the ``State`` dependency: one
     resolution step less on every request."""
+    found = kept(request.scope)
+    if found is None:
+        found = await _authenticate(request)
+        keep(request, found)
+    return found
+
+
+async def _authenticate(request: Request) -> Admission:
     state = state_of(request)
     settings = state.settings
     if not state.api_keys and not settings.tenant_keys:
         named = settings.tenant_header and request.headers.get(settings.tenant_header)
-        request.state.tenant = await _tenant(state, named or settings.default_tenant)
-        return None
+        tenant = await _tenant(state, named or settings.default_tenant)
+        return Admission(state, None, tenant)
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     given = token.strip()
     if scheme.lower() != "bearer" or not given:
@@ -70,23 +81,22 @@ async def caller(request: Request) -> str | None:
     for key in state.api_keys:
         matched |= hmac.compare_digest(given.encode(), key.encode())
     owner = owner_of(given)
+    revocable = None
     if matched:
         name: str | None = settings.default_tenant
     elif settings.tenant_keys:
         name = await state.tenancy.key_tenant(owner)
-        request.state.revocable = owner
+        revocable = owner
     else:
         name = None
     if name is None:
         raise _refused()
-    request.state.tenant = await _tenant(state, name)
-    return owner
+    return Admission(state, owner, await _tenant(state, name), revocable=revocable)
 
 
-def tenant_of(request: Request) -> Tenant | None:
-    """The tenant :func:`caller` found for this request."""
-    found: Tenant | None = getattr(request.state, "tenant", None)
-    return found
+async def caller(request: Request) -> str | None:
+    """The caller's owner id, or None when auth is off; 401 for a missing or wrong key."""
+    return (await admitted(request)).owner
 
 
 #: How a stream ends when its key is revoked (OpenAI's code for a key that is not valid).
@@ -94,11 +104,11 @@ REVOKED_CODE = "invalid_api_key"
 REVOKED_MESSAGE = "the API key was revoked"
 
 
-async def revoked(request: Request) -> None:
+async def revoked(admission: Admission) -> None:
     """Return once the request's key is revoked (never for a key that cannot be: one of
     ``LLMQ_API_KEYS``, or auth off); a stream that waits on it ends with its key."""
-    key_digest: str | None = getattr(request.state, "revocable", None)
-    state = state_of(request)
+    key_digest = admission.revocable
+    state = admission.state
     if key_digest is None:
         await asyncio.Event().wait()
     while await state.tenancy.key_tenant(key_digest or "") is not None:
@@ -107,3 +117,5 @@ async def revoked(request: Request) -> None:
 
 #: The authenticated caller as a FastAPI dependency (None when auth is off).
 Caller = Annotated[str | None, Depends(caller)]
+#: The request's admission as a FastAPI dependency (the generation routes').
+Admitted = Annotated[Admission, Depends(admitted)]

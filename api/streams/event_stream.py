@@ -65,7 +65,7 @@ class EventStream(Response):
         self.init_headers(HEADERS if headers is None else headers)
         #: Ends the stream when it returns (as a disconnect would), then ``final`` is sent
         #: (made then, where it is a function: a numbered event follows the stream's
-        #: last): a revoked key (:func:`api.auth.revoked`).
+        #: last): a revoked key (:func:`api.admission.auth.revoked`).
         self.until = until
         self.final = final
 

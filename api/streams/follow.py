@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from api.state import AppState
-from api.subscription import parse_id
+from api.streams.subscription import parse_id
 from llmq.protocol import keys
 from llmq.protocol.streams import final_event_id
 from llmq.schema import ErrorEvent, Event, TokensEvent, is_terminal

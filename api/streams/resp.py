@@ -1,7 +1,7 @@
 """The relay's ``XREAD``, packed as RESP by hand.
 
 With hundreds of followed streams the command is mostly keys and positions; the
-relay (:mod:`api.relay`) keeps each one as a RESP bulk string (:func:`bulk`),
+relay (:mod:`api.streams.relay`) keeps each one as a RESP bulk string (:func:`bulk`),
 encoded when it changes, not on every read (most streams did not move since the
 last one), and :func:`xread` joins them into the command it sends.
 """

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import math
 import time
-from contextvars import ContextVar
-from typing import cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.admission.admission import Admission, kept
 from api.errors import InvalidRequest, Overloaded
-from api.state import AppState
 from llmq import metrics, tracing
 from llmq.protocol import keys
 from llmq.protocol.queue import Enqueue
@@ -43,13 +41,10 @@ RATE_PERIODS = 3
 HOLD_MARGIN_MS = 60_000
 
 
-#: The rate-limit headers of this request's quota take, for :class:`RateLimitHeaders`.
-TAKEN: ContextVar[dict[str, str] | None] = ContextVar("llmq_rate_headers", default=None)
-
-
 class RateLimitHeaders:
     """A pure ASGI middleware: a response to a request that took its tenant's quota
-    carries OpenAI's ``x-ratelimit-*`` headers (what is left after it), as a 429 does."""
+    carries OpenAI's ``x-ratelimit-*`` headers (what is left after it), as a 429 does:
+    those its :class:`~api.admission.admission.Admission` holds."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -58,19 +53,16 @@ class RateLimitHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        token = TAKEN.set(None)
+        scope.setdefault("state", {})  # shared with the request's state below
 
         async def with_headers(message: Message) -> None:
-            taken = TAKEN.get()
-            if message["type"] == "http.response.start" and taken:
-                extra = [(k.encode(), v.encode()) for k, v in taken.items()]
+            admission = kept(scope)
+            if message["type"] == "http.response.start" and admission and admission.rate_headers:
+                extra = [(k.encode(), v.encode()) for k, v in admission.rate_headers.items()]
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
-        try:
-            await self.app(scope, receive, with_headers)
-        finally:
-            TAKEN.reset(token)
+        await self.app(scope, receive, with_headers)
 
 
 def duration(ms: int) -> str:
@@ -96,15 +88,17 @@ def rate_headers(v: Verdict) -> dict[str, str]:
     return out
 
 
-async def count(state: AppState, tenant: Tenant | None, outcome: str) -> None:
+async def count(admission: Admission, outcome: str) -> None:
     """One request's outcome at admission, in ``llmq_tenant_requests_total``."""
+    state, tenant = admission.state, admission.tenant
     if tenant is not None:
         label = await state.tenancy.labels.label(tenant.name)
         state.metrics.inc(metrics.TENANT_REQUESTS, label, outcome)
 
 
-def check_priority_ceiling(tenant: Tenant | None, priority: int) -> None:
+def check_priority_ceiling(admission: Admission, priority: int) -> None:
     """400 for a priority more urgent than the tenant may ask for."""
+    tenant = admission.tenant
     if tenant is not None and tenant.min_priority is not None and priority < tenant.min_priority:
         raise InvalidRequest(
             f"priority {priority} is more urgent than tenant '{tenant.name}' may ask for "
@@ -118,10 +112,11 @@ def _limits(tenant: Tenant) -> Limits:
     return Limits(tenant.tokens_per_minute, tenant.requests_per_minute, tenant.max_concurrent)
 
 
-def quota_take(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> QuotaTake | None:
+def quota_take(admission: Admission, calls: list[Enqueue]) -> QuotaTake | None:
     """The take of the tenant's quota for ``calls``, which :meth:`Queue.admit
     <llmq.protocol.queue.Queue.admit>` makes with their records (None: the tenant has no
     limits); 400 ``tokens_over_limit`` for a request no minute of its tenant could hold."""
+    tenant = admission.tenant
     if tenant is None or not tenant.limited:
         return None
     limits = _limits(tenant)
@@ -134,16 +129,17 @@ def quota_take(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> 
             code="tokens_over_limit",
         )
     hold_ms = max(c.deadline_ms for c in calls) - int(time.time() * 1000)
-    timeout_s = state.policy.of(calls[0].model).generation_timeout_seconds
+    timeout_s = admission.policy(calls[0].model).generation_timeout_seconds
     hold_ms += int(timeout_s * 1000) + HOLD_MARGIN_MS
     return take_slots(tenant.name, limits, hold_ms, [(c.request_id, c.cost) for c in calls])
 
 
-async def check_quota(state: AppState, tenant: Tenant, verdict: Verdict) -> None:
+async def check_quota(admission: Admission, tenant: Tenant, verdict: Verdict) -> None:
     """The response's rate-limit headers of a take; 429 ``rate_limit_exceeded`` (nothing
     was queued) if the quota was spent."""
+    admission.quota = verdict
     if verdict.taken:
-        TAKEN.set(rate_headers(verdict))
+        admission.rate_headers = rate_headers(verdict)
         return
     limits = _limits(tenant)
     limit = {
@@ -151,7 +147,7 @@ async def check_quota(state: AppState, tenant: Tenant, verdict: Verdict) -> None
         "tokens": f"{limits.tokens_per_minute} tokens per minute",
         "concurrent": f"{limits.max_concurrent} requests at once",
     }[verdict.which]
-    await count(state, tenant, "rate_limited")
+    await count(admission, "rate_limited")
     headers = rate_headers(verdict)
     headers["Retry-After"] = str(max(1, math.ceil(verdict.retry_ms / 1000)))
     headers["retry-after-ms"] = str(max(verdict.retry_ms, 1))
@@ -163,39 +159,36 @@ async def check_quota(state: AppState, tenant: Tenant, verdict: Verdict) -> None
     )
 
 
-async def give_back_refused(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> None:
+async def give_back_refused(admission: Admission, calls: list[Enqueue]) -> None:
     """Return the quota of requests the queue then refused (all of it)."""
+    tenant = admission.tenant
     if tenant is None or not tenant.limited:
         return
     for c in calls:
-        await state.queue.quota.give_back(tenant.name, c.request_id, 0)
+        await admission.state.queue.quota.give_back(tenant.name, c.request_id, 0)
 
 
-async def shed(state: AppState, tenant: Tenant | None, calls: list[Enqueue]) -> None:
+async def shed(admission: Admission, calls: list[Enqueue]) -> None:
     """429 ``wait_too_long`` if the expected queue wait exceeds the bound."""
     first = calls[0]
-    bound_s = state.policy.of(first.model).shed_wait_seconds
+    bound_s = admission.policy(first.model).shed_wait_seconds
     if not bound_s:
         return
     bound_ms = min(bound_s * 1000, first.deadline_ms - time.time() * 1000)
-    now = time.time()
-    period = int(now) // keys.SERVED_PERIOD_SECONDS
-    pipe = state.redis.pipeline(transaction=False)
-    pipe.zcount(keys.queue(first.model), "-inf", first.score)
-    pipe.mget([keys.served(first.model, period - i) for i in range(RATE_PERIODS + 1)])
-    ahead, served = cast("tuple[int, list[bytes | str | None]]", tuple(await pipe.execute()))
-    finished = sum(int(x) for x in served if x is not None)
+    ahead, finished = await admission.state.queue.backlog(first.model, first.score, RATE_PERIODS)
     if not finished or not ahead:
         return
     # the completed periods and the current one so far: requests per second
+    now = time.time()
     rate = finished / (RATE_PERIODS * keys.SERVED_PERIOD_SECONDS + now % keys.SERVED_PERIOD_SECONDS)
     wait_ms = ahead / rate * 1000
+    admission.expected_wait_ms = wait_ms
     if (span := tracing.current()) is not None:
         span.set_attribute("llmq.shed.expected_wait_ms", round(wait_ms, 3))
         span.set_attribute("llmq.shed.bound_ms", round(bound_ms, 3))
     if wait_ms <= bound_ms:
         return
-    await count(state, tenant, "shed")
+    await count(admission, "shed")
     retry_s = max(1, math.ceil((wait_ms - bound_ms) / 1000))
     raise Overloaded(
         f"the expected wait in the queue of model '{first.model}' is {wait_ms / 1000:.1f} s, "

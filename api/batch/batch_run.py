@@ -1,8 +1,8 @@
 """Running one batch line: enqueue it as its live endpoint would, and collect its answer.
 
-A line is admitted by the live endpoints' own code (:mod:`api.submit`): the same
+A line is admitted by the live endpoints' own code (:mod:`api.admission.submit`): the same
 validation, choices, route hints and job, but in the batch band
-(:class:`api.submit.BatchBand`) and not attached to this process, so that it outlives
+(:class:`api.admission.submit.BatchBand`) and not attached to this process, so that it outlives
 it. Its answer is read from the requests' streams by the code that answers the live
 endpoint, from the stream's start: any API process collects it, however many times,
 and gets the same body. The output line is OpenAI's
@@ -18,21 +18,22 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from api import batch_lines
-from api.batch_store import BatchObject
+from api.admission.admission import Admission, BatchBand
+from api.admission.submit import Submitted, submit_choices, submit_embedding
+from api.batch import batch_lines
+from api.batch.batch_store import BatchObject
 from api.bodies import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.errors import ApiError
 from api.extras import completion_extras
-from api.fanin import merged
 from api.openai_format import ChatFormat, CompletionFormat
-from api.responses_format import ResponseFormat
-from api.responses_input import ResponsesRequest, chat_request
-from api.responses_relay import ResponseRelay
+from api.responses.responses_format import ResponseFormat
+from api.responses.responses_input import ResponsesRequest, chat_request
+from api.responses.responses_relay import ResponseRelay
 from api.routes.embeddings import embedding_answer
 from api.routes.openai import collect, error_of, error_status, submit_chat
 from api.routes.responses import submit_turn
 from api.state import AppState
-from api.submit import BatchBand, Submitted, submit_choices, submit_embedding
+from api.streams.fanin import merged
 
 __all__ = ["Submitted", "collect_line", "submit_line"]
 
@@ -49,25 +50,20 @@ async def submit_line(state: AppState, batch: BatchObject, body: dict[str, Any])
     owner = identity(batch)
     band = BatchBand(batch.id, float(batch.expires_at))
     tenant = None if batch.tenant is None else await state.tenancy.tenant(batch.tenant)
+    admission = Admission(state, owner, tenant, band=band)
     if isinstance(request, EmbeddingRequest):
-        texts = request.texts()
-        return [await submit_embedding(state, request, texts, owner, band, tenant=tenant)]
+        return [await submit_embedding(admission, request, request.texts())]
     if isinstance(request, ResponsesRequest):
-        chat = chat_request(request, [])
-        sub = await submit_turn(state, chat, owner, attach=False, band=band, tenant=tenant)
-        return [sub]
+        return [await submit_turn(admission, chat_request(request, []))]
     if isinstance(request, ChatCompletionRequest):
-        return await submit_chat(state, request, owner, attach=False, tenant=tenant, band=band)
+        return await submit_chat(admission, request)
     assert isinstance(request, CompletionRequest)
     return await submit_choices(
-        state,
+        admission,
         request,
         request.prompts(),
         max_tokens=request.max_tokens,
-        owner=owner,
         extras=completion_extras(request),
-        band=band,
-        tenant=tenant,
     )
 
 

@@ -1,0 +1,1 @@
+"""Admission: one request from its key to its queue entry (:class:`Admission`)."""

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: its input, its output format, its relay, stored responses."""
