@@ -74,7 +74,8 @@ For operators, the admin API and its console: ``admin.py`` checks the admin key
 and the audit trail, ``routes/admin_requests.py`` every tenant's requests
 (``request_list.py``: filtered, bounded pages) and cancels them,
 ``routes/admin_tenants.py`` tenants and keys, ``routes/admin_batches.py`` every
-tenant's batches; ``routes/console.py`` serves the console's pages (``console/``:
+tenant's batches, ``routes/admin_policy.py`` the pool policy (read and changed through
+:mod:`llmq.policy`); ``routes/console.py`` serves the console's pages (``console/``:
 templates and one script that calls the admin API).
 
 The metrics endpoints read the totals every process
