@@ -34,6 +34,7 @@ from llmq import __version__, metrics, tracing
 from llmq.connection import connect, is_cluster
 from llmq.metrics import Tally
 from llmq.policy import live as live_policy
+from llmq.policy.model import DEFAULT
 from llmq.protocol import keys
 from llmq.protocol.queue import Queue
 from llmq.protocol.sweep import sweep_forever
@@ -123,6 +124,13 @@ def _closing(send: Send) -> Send:
         await send(message)
 
     return closing
+
+
+def _upload_bytes(app: FastAPI) -> int:
+    """The pool policy's largest batch file (its default until the policy is read)."""
+    state: AppState | None = getattr(app.state, "llmq", None)
+    policy = DEFAULT if state is None else state.policy.pool()
+    return policy.batch_max_file_bytes
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -227,7 +235,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     admin_routes.install(app)
     app.add_middleware(RateLimitHeaders)
     app.add_middleware(
-        BodyLimit, max_bytes=settings.max_body_bytes, upload_bytes=settings.batch_max_file_bytes
+        BodyLimit, max_bytes=settings.max_body_bytes, upload_bytes=lambda: _upload_bytes(app)
     )
     if tracing.enabled():  # outermost: its span is current for everything below it
         app.add_middleware(TraceRequests)

@@ -159,28 +159,6 @@ class ApiSettings(CommonSettings):
     max_embedding_dimensions: int = Field(
         4096, ge=1, le=65_536, description="Largest dimensions an embeddings request may ask for."
     )
-    batch_max_file_bytes: int = Field(
-        16 * 1024 * 1024,
-        ge=1024,
-        le=200 * 1024 * 1024,
-        description="Largest file POST /v1/files accepts (stored in Redis), in bytes.",
-    )
-    batch_max_lines: int = Field(
-        10_000, ge=1, le=50_000, description="Most lines (requests) one batch input file may hold."
-    )
-    batch_ttl_seconds: int = Field(
-        7 * 86_400,
-        ge=60,
-        description="Lifetime in Redis of an uploaded file, and of a batch and its output "
-        "files once the batch ends.",
-    )
-    batch_lookahead: int = Field(
-        8,
-        ge=0,
-        le=1000,
-        description="Batch lines kept waiting in a model's queue (in the batch band) beyond "
-        "its workers' free slots, so a slot that frees starts the next line at once.",
-    )
     batch_feed_seconds: float = Field(
         0.05, gt=0, le=10, description="Interval of the batch feeder's loop."
     )

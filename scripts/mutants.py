@@ -1684,6 +1684,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "policy-batch-bounds-live",
+        "a changed batch bound takes effect on a running API process, without a restart",
+        "api/routes/files.py",
+        "policy = state.policy.pool()  # a file has no model yet",
+        "policy = state.settings  # a file has no model yet",
+        ("tests/test_batch.py::test_a_changed_batch_bound_takes_effect_live_without_a_restart",),
+    ),
+    Mutant(
         "policy-stale-claim",
         "a claim made under a pool policy older than the model's is refused",
         "llmq/protocol/lua/claim.lua",

@@ -30,6 +30,7 @@ from llmq.schema import Lifecycle
 from llmq.tail import format_line
 from tests.support.exposition import value
 from tests.support.native import post_request, record, wait_ready, wait_status
+from tests.support.processes import llmq
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
 
@@ -219,6 +220,35 @@ async def test_files_over_the_bounds_are_refused_clearly_and_not_stored(
     assert too_big.value.code == "file_too_large"
     assert purpose.value.param == "purpose"
     assert [k async for k in redis.scan_iter(keys.file("*"))] == []
+
+
+async def test_a_changed_batch_bound_takes_effect_live_without_a_restart(
+    redis_url: str, start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """Batch bounds are pool policy: ``llmq config set`` reaches a running API process
+    within a second (docs/policy.md), the upload's body bound included."""
+    await start_worker()
+    api = await start_api(batch_max_file_bytes=2048, batch_max_lines=3)
+    four = jsonl([chat_line(str(i), "x") for i in range(4)])
+    big = jsonl([chat_line(str(i), "x" * 1000) for i in range(3)])
+    async with api.sdk() as client:
+        with pytest.raises(openai.BadRequestError):
+            await client.files.create(file=("in.jsonl", four), purpose="batch")
+        code, _, err = await llmq(
+            redis_url, "config", "set", "batch_max_lines=4", "batch_max_file_bytes=1048576"
+        )
+        assert code == 0, err
+
+        async def accepted(content: bytes) -> bool:
+            try:
+                await client.files.create(file=("in.jsonl", content), purpose="batch")
+            except openai.BadRequestError:
+                return False
+            return True
+
+        await wait_until(lambda: accepted(four), timeout=2, what="the line bound to follow")
+        assert await accepted(big)
+    assert len([k async for k in redis.scan_iter(keys.file("*"))]) >= 2
 
 
 async def test_files_and_batches_are_visible_only_to_the_key_that_made_them(

@@ -4,7 +4,8 @@ The body is read (at most ``max_bytes``) before the app sees it: a larger body i
 answered with 413 in OpenAI's error shape, however it is sent (with or without
 Content-Length, chunked or not), and the app never parses it. A file upload
 (``POST /v1/files``) has its own bound, the largest batch file plus room for the
-multipart framing.
+multipart framing; that bound is pool policy, read at each upload so that a change
+applies without a restart.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,17 +27,25 @@ MULTIPART_SLACK = 64 * 1024
 UPLOADS = "/v1/files"
 
 
+def _no_uploads() -> int:
+    return 0
+
+
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, upload_bytes: int = 0) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, upload_bytes: Callable[[], int] = _no_uploads
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.upload_bytes = max(max_bytes, upload_bytes + MULTIPART_SLACK)
+        self.upload_bytes = upload_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
-        limit = self.upload_bytes if scope["path"] == UPLOADS else self.max_bytes
+        limit = self.max_bytes
+        if scope["path"] == UPLOADS:
+            limit = max(limit, self.upload_bytes() + MULTIPART_SLACK)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(send, limit)

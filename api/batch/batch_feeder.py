@@ -151,10 +151,9 @@ class BatchFeeder:
         await pipe.execute()
 
     async def _advance(self, batch: BatchObject, rooms: dict[str, int]) -> None:
-        settings = self.state.settings
         await self._progress(batch)
         if batch.status in batch_store.ENDED:
-            await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
+            await batch_store.ended(self.redis, batch.id, self._ttl())
             return
         if batch.status == "in_progress" and time.time() >= batch.expires_at:
             await self.redis.hset(keys.batch(batch.id), "ending", "expired")  # type: ignore[misc]
@@ -186,7 +185,7 @@ class BatchFeeder:
         """Collect every running line, feed again the ones left unfed, and feed new ones."""
         if batch.model not in rooms:
             rooms[batch.model] = await batches.room(
-                self.redis, batch.model, self.state.settings.batch_lookahead
+                self.redis, batch.model, self.state.policy.of(batch.model).batch_lookahead
             )
         unfed: list[tuple[str, dict[str, Any]]] = []
         for custom_id, raw in running.items():
@@ -298,7 +297,6 @@ class BatchFeeder:
 
     async def _finish(self, batch: BatchObject) -> None:
         """Assemble the output and error files once, then end the batch."""
-        settings = self.state.settings
         batch_key = keys.batch(batch.id)
         for field, source in (
             ("output_file_id", keys.batch_output(batch.id)),
@@ -315,7 +313,7 @@ class BatchFeeder:
                 filename=f"{batch.id}_{field.removesuffix('_file_id')}.jsonl",
                 purpose="batch_output",
                 owner=batch.owner,
-                ttl_seconds=settings.batch_ttl_seconds,
+                ttl_seconds=self._ttl(),
             )
             if not await cast("Any", self.redis.hsetnx(batch_key, field, made.id)):
                 with contextlib.suppress(ApiError):  # another feeder made it first
@@ -333,7 +331,11 @@ class BatchFeeder:
                 await self._progress(ended)
             self.noted.pop(batch.id, None)
             self.state.metrics.inc(metrics.BATCHES, batch.model, final)
-        await batch_store.ended(self.redis, batch.id, settings.batch_ttl_seconds)
+        await batch_store.ended(self.redis, batch.id, self._ttl())
+
+    def _ttl(self) -> int:
+        """How long an ended batch and its files are kept: pool policy, read live."""
+        return self.state.policy.pool().batch_ttl_seconds
 
 
 def _refused(custom_id: str, exc: ApiError) -> str:

@@ -68,7 +68,8 @@ async def create_batch(body: CreateBatch, state: State, admission: Admitted) -> 
             code="invalid_value",
         )
     text = await files.content(state.redis, body.input_file_id, owner)
-    parsed = batch_lines.parse(text, body.endpoint, state.settings.batch_max_lines)
+    pool = state.policy.pool()  # the batch's model is known only once parsed
+    parsed = batch_lines.parse(text, body.endpoint, pool.batch_max_lines)
     batch = batch_store.new_batch(
         endpoint=body.endpoint,
         input_file_id=body.input_file_id,
@@ -92,7 +93,7 @@ async def create_batch(body: CreateBatch, state: State, admission: Admitted) -> 
                 "request_counts": counts,
             }
         )
-    await batch_store.create(state.redis, batch, parsed.lines, state.settings.batch_ttl_seconds)
+    await batch_store.create(state.redis, batch, parsed.lines, pool.batch_ttl_seconds)
     return batch.public()
 
 

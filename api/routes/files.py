@@ -51,12 +51,12 @@ async def upload(
         raise InvalidRequest(
             f"purpose must be 'batch' here, got '{purpose}'", param="purpose", code="invalid_value"
         )
-    settings = state.settings
-    text = await _text_of(file, settings.batch_max_file_bytes)
+    policy = state.policy.pool()  # a file has no model yet: the pool's bounds
+    text = await _text_of(file, policy.batch_max_file_bytes)
     lines = sum(1 for line in text.splitlines() if line.strip())
-    if lines > settings.batch_max_lines:
+    if lines > policy.batch_max_lines:
         raise InvalidRequest(
-            f"the file has {lines} lines, more than the limit of {settings.batch_max_lines}",
+            f"the file has {lines} lines, more than the limit of {policy.batch_max_lines}",
             param="file",
             code="too_many_lines",
         )
@@ -66,7 +66,7 @@ async def upload(
         filename=file.filename or "upload.jsonl",
         purpose="batch",
         owner=owner,
-        ttl_seconds=settings.batch_ttl_seconds,
+        ttl_seconds=policy.batch_ttl_seconds,
     )
     return meta.public()
 

@@ -19,7 +19,9 @@ TokenizerName = Literal["whitespace", "chars"]
 
 class PolicyFields(BaseModel):
     """How the pool behaves: routing and its guards, fair share, shedding, admission
-    limits, priorities and timeouts. Every value here may differ per model."""
+    limits, priorities, timeouts and batch bounds. Every value here may differ per model,
+    except those said to be pool-wide (a file has no model): there the pool's document
+    holds and a model's override is not read."""
 
     routing: RoutingName = Field(
         "fifo",
@@ -123,6 +125,32 @@ class PolicyFields(BaseModel):
         le=1000,
         description="Most choices one OpenAI request may ask for: n times the number of "
         "prompts; each choice is its own request in the queue.",
+    )
+    batch_max_file_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        le=200 * 1024 * 1024,
+        description="Largest file POST /v1/files accepts (stored in Redis), in bytes (pool-wide: "
+        "the pool's value).",
+    )
+    batch_max_lines: int = Field(
+        10_000,
+        ge=1,
+        le=50_000,
+        description="Most lines (requests) one batch input file may hold (pool-wide).",
+    )
+    batch_ttl_seconds: int = Field(
+        7 * 86_400,
+        ge=60,
+        description="Lifetime in Redis of an uploaded file, and of a batch and its output "
+        "files once the batch ends (pool-wide).",
+    )
+    batch_lookahead: int = Field(
+        8,
+        ge=0,
+        le=1000,
+        description="Batch lines kept waiting in a model's queue (in the batch band) beyond "
+        "its workers' free slots, so a slot that frees starts the next line at once.",
     )
 
 
