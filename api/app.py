@@ -170,7 +170,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             ),
             accept_models=frozenset(m.strip() for m in settings.accept_models.split(",") if m),
             api_keys=frozenset(k.strip() for k in settings.api_keys.split(",") if k.strip()),
-            tenancy=Tenancy(TenantStore(redis), settings.default_tenant),
+            tenancy=Tenancy(TenantStore(redis), lambda: policy.pool().default_tenant),
             policy=policy,
             metrics=tally,
         )

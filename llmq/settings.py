@@ -113,11 +113,6 @@ class ApiSettings(CommonSettings):
         description="Keys made with `llmq key create` authenticate requests, each for its "
         "tenant (auth is on even if LLMQ_API_KEYS is empty).",
     )
-    default_tenant: str = Field(
-        "default",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        description="The tenant of LLMQ_API_KEYS keys and of requests that name none.",
-    )
     tenant_header: str = Field(
         "",
         description="Without auth: the request header that names the tenant, set by a trusted "

@@ -17,6 +17,7 @@ import re
 import secrets
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -362,9 +363,10 @@ class TenantLabels:
     counted as ``other`` before the first read returns.
     """
 
-    def __init__(self, redis: Redis, default: str = "default") -> None:
+    def __init__(self, redis: Redis, default: Callable[[], str] = lambda: "default") -> None:
         self.redis = redis
-        self.named = frozenset({default})
+        self.named: frozenset[str] = frozenset()
+        #: The default tenant's name, read at each label (the pool policy may change it).
         self.default = default
         self._read_at = -LABELS_REFRESH_SECONDS
         self._reading: asyncio.Task[None] | None = None
@@ -375,12 +377,12 @@ class TenantLabels:
         if self._reading is not None:
             # shielded: a caller cancelled does not cancel the read the others wait on
             await asyncio.shield(self._reading)
-        return name if name in self.named else "other"
+        return name if name in self.named or name == self.default() else "other"
 
     async def _read(self) -> None:
         try:
             names = sorted(text(n) for n in await cast("Any", self.redis.smembers(keys.TENANTS)))
-            self.named = frozenset({self.default, *names[:LABELED_TENANTS]})
+            self.named = frozenset(names[:LABELED_TENANTS])
         finally:
             self._read_at = time.monotonic()
             self._reading = None

@@ -438,8 +438,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "auth",
         "with API keys on, a request without a valid key gets 401",
         "api/admission/auth.py",
-        "    if matched:\n        name: str | None = settings.default_tenant",
-        "    if True:\n        name: str | None = settings.default_tenant",
+        "    if matched:\n        name: str | None = state.tenancy.default()",
+        "    if True:\n        name: str | None = state.tenancy.default()",
         ("tests/test_auth.py::test_keys_are_required",),
     ),
     Mutant(
@@ -1690,6 +1690,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "policy = state.policy.pool()  # a file has no model yet",
         "policy = state.settings  # a file has no model yet",
         ("tests/test_batch.py::test_a_changed_batch_bound_takes_effect_live_without_a_restart",),
+    ),
+    Mutant(
+        "policy-default-tenant-live",
+        "a changed default tenant takes effect on a running API process, without a restart",
+        "api/app.py",
+        "Tenancy(TenantStore(redis), lambda: policy.pool().default_tenant)",
+        "Tenancy(TenantStore(redis), lambda: settings.default_tenant)",
+        (
+            "tests/test_policy.py::test_a_changed_default_tenant_takes_effect_live_without_a_restart",
+        ),
     ),
     Mutant(
         "policy-stale-claim",

@@ -44,6 +44,9 @@ async def _echo(
 class _OneTenant:
     """The tenancy of a deployment with only the default tenant, and no Redis."""
 
+    def default(self) -> str:
+        return "default"
+
     async def tenant(self, name: str) -> Tenant:
         return Tenant(name=name)
 

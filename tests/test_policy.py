@@ -272,3 +272,24 @@ async def test_the_api_answers_requests_of_an_unchanged_policy(
         await wait_ready(client)
         r = await client.post("/v1/completions", json=body(9000))
         assert r.status_code == 400 and "limit of 8192" in r.text
+
+
+async def test_a_changed_default_tenant_takes_effect_live_without_a_restart(
+    redis_url: str, start_api: StartApi
+) -> None:
+    """Requests that name no tenant belong to the pool policy's ``default_tenant``, as
+    it is now: after the change, the new default's request rate applies."""
+    code, _, err = await llmq(redis_url, "tenant", "create", "acme", "--requests-per-minute", "1")
+    assert code == 0, err
+    api = await start_api(accept_models="mock")
+    async with api.client() as client:
+        for _ in range(3):  # the built-in default tenant has no limits
+            assert (await client.post("/v1/requests", json=body(2))).status_code == 202
+        code, _, err = await llmq(redis_url, "config", "set", "default_tenant=acme")
+        assert code == 0, err
+
+        async def limited() -> bool:  # acme's one request a minute, then 429
+            r = await client.post("/v1/requests", json=body(2))
+            return r.status_code == 429
+
+        await wait_until(limited, timeout=FOLLOWED_SECONDS * 2, what="the new default tenant")

@@ -71,7 +71,7 @@ async def _authenticate(request: Request) -> Admission:
     settings = state.settings
     if not state.api_keys and not settings.tenant_keys:
         named = settings.tenant_header and request.headers.get(settings.tenant_header)
-        tenant = await _tenant(state, named or settings.default_tenant)
+        tenant = await _tenant(state, named or state.tenancy.default())
         return Admission(state, None, tenant)
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     given = token.strip()
@@ -83,7 +83,7 @@ async def _authenticate(request: Request) -> Admission:
     owner = owner_of(given)
     revocable = None
     if matched:
-        name: str | None = settings.default_tenant
+        name: str | None = state.tenancy.default()
     elif settings.tenant_keys:
         name = await state.tenancy.key_tenant(owner)
         revocable = owner

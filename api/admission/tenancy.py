@@ -1,10 +1,10 @@
 """Which tenant a request belongs to, resolved per request with a short local cache.
 
 With auth on, a request's key names its tenant: a key of ``LLMQ_API_KEYS`` belongs
-to the default tenant (``LLMQ_DEFAULT_TENANT``), a key made with ``llmq key create``
-to its own (looked up by digest in Redis). With auth off, the trusted header
-``LLMQ_TENANT_HEADER`` (set by a gateway in front) names the tenant, else the
-request is the default tenant's. A tenant's settings are read from Redis; the
+to the default tenant (the pool policy's ``default_tenant``, followed live), a key
+made with ``llmq key create`` to its own (looked up by digest in Redis). With auth
+off, the trusted header ``LLMQ_TENANT_HEADER`` (set by a gateway in front) names the
+tenant, else the request is the default tenant's. A tenant's settings are read from Redis; the
 default tenant without an entry there has no limits.
 
 Lookups are cached in this process for :data:`CACHE_SECONDS`, so a revoked key,
@@ -15,6 +15,7 @@ time, at one Redis read per key (or tenant) and process per period.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from llmq.tenants import Tenant, TenantLabels, TenantStore
@@ -50,8 +51,9 @@ class _Cache(Generic[T]):
 class Tenancy:
     """Key and tenant lookups of one API process."""
 
-    def __init__(self, store: TenantStore, default: str) -> None:
+    def __init__(self, store: TenantStore, default: Callable[[], str]) -> None:
         self.store = store
+        #: The default tenant's name, as the live pool policy says now.
         self.default = default
         self._keys: _Cache[str | None] = _Cache()
         self._tenants: _Cache[Tenant | None] = _Cache()
@@ -68,9 +70,8 @@ class Tenancy:
     async def tenant(self, name: str) -> Tenant | None:
         """The tenant's settings; None if no such tenant (the default always exists)."""
         hit, found = self._tenants.get(name)
-        if hit:
-            return found
-        found = await self.store.get(name)
-        if found is None and name == self.default:
-            found = Tenant(name=name)
-        return self._tenants.put(name, found)
+        if not hit:
+            found = self._tenants.put(name, await self.store.get(name))
+        if found is None and name == self.default():  # checked after the cache: it may change
+            return Tenant(name=name)
+        return found

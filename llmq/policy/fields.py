@@ -126,6 +126,12 @@ class PolicyFields(BaseModel):
         description="Most choices one OpenAI request may ask for: n times the number of "
         "prompts; each choice is its own request in the queue.",
     )
+    default_tenant: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The tenant of LLMQ_API_KEYS keys and of requests that name none "
+        "(pool-wide: a request's tenant is known before its model).",
+    )
     batch_max_file_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024,
