@@ -54,7 +54,7 @@ async def list_tenants(state: State, _: AdminCaller) -> dict[str, Any]:
     and its usage per minute over the last hour."""
     store = TenantStore(state.redis)
     tenants = {t.name: t for t in await store.all()}
-    names = sorted({state.settings.default_tenant, *tenants})
+    names = sorted({state.tenancy.default(), *tenants})
     hour = await last_hour(state.redis, names)
     rows = []
     for name in names:
