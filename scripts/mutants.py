@@ -1393,6 +1393,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_slots.py::test_publish_calls_send_each_requests_slots_in_publishs_order",),
     ),
     Mutant(
+        "publish-call-order",
+        "a flush's publish.lua call writes each request's named slots in Publish's order",
+        "llmq/protocol/streams.py",
+        'argv += ("", str(w.attempt), *limits)',
+        'argv += ("", *limits, str(w.attempt))',
+        ("tests/test_slots.py::test_publish_calls_send_each_requests_slots_in_publishs_order",),
+    ),
+    Mutant(
         "fair-pick",
         "LLMQ_FAIRNESS=vtc: a claim serves the backlogged tenant with the least weighted service",
         "llmq/protocol/lua/claim.lua",

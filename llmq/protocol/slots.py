@@ -1,6 +1,6 @@
 """The KEYS and ARGV of every Lua script, named once: one builder per script.
 
-A builder is a dataclass (frozen, but for :class:`Publish`) whose fields are the
+A builder is a frozen dataclass whose fields are the
 script's slots in their order, each named as the script's own ``local x = KEYS[n]`` /
 ``local x = ARGV[n]`` line names it (``tests/test_slots.py`` holds each builder
 against its script, so a slot out of order fails a test). A field named ``*_key`` is
@@ -14,8 +14,8 @@ builder's script (:attr:`Slots.SCRIPT`).
 
 ``publish.lua`` and ``enqueue_batch.lua`` take many requests in one call:
 :class:`EnqueueBatch` puts :class:`Enqueue` calls together, and
-:func:`llmq.protocol.streams.publish_calls` puts one :class:`Publish` per request
-together, each request's ARGV after their count.
+:func:`llmq.protocol.streams.publish_calls` puts the slots of one request after
+another in :class:`Publish`'s order, each request's ARGV after their count.
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ def part(cls: type[Slots]) -> dict[str, Any]:
 class Layout:
     """A builder's fields by kind, in order, with what reads them off an instance: one
     C call (:func:`operator.attrgetter`) for its named KEYS and one for its named ARGV,
-    not a Python loop over its fields (a builder made per request per flush, as
-    :class:`Publish` is, is on every token's path)."""
+    not a Python loop over its fields."""
 
     #: (field name, kind) of every field, in order.
     slots: tuple[tuple[str, str], ...]
@@ -101,8 +100,7 @@ def layout(cls: type[Slots]) -> Layout:
 class Slots:
     """A script's KEYS and ARGV as fields in their order (see the module docstring).
 
-    Not a dataclass itself (it has no fields): each builder is, frozen or not of its own
-    choosing (:class:`Publish` is not)."""
+    Not a dataclass itself (it has no fields): each builder is."""
 
     __slots__ = ()
     #: What :func:`dataclasses.fields` reads of every builder.
@@ -534,16 +532,16 @@ class MetricsFlush(Slots):
     deltas: Sequence[Any] = tail()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True)
 class Publish(Slots):
     """``publish.lua``'s slots of one request (a call carries many, each after its
     argument count: :func:`llmq.protocol.streams.publish_calls`); the keys are
     :func:`llmq.protocol.keys.run_keys`, the writes
     :func:`llmq.protocol.codec.publish_writes`.
 
-    Not frozen: one is made per request per flush, nearly once per token, and a frozen
-    dataclass's ``__init__`` (``object.__setattr__`` per field) costs five times a plain
-    one's."""
+    Not built on the token path: :func:`~llmq.protocol.streams.publish_calls` writes a
+    request's slots in this order itself, per request per flush (``tests/test_slots.py``
+    holds its order to this one's)."""
 
     SCRIPT: ClassVar[str] = "publish"
 
