@@ -1224,8 +1224,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "trace-claim-matched-blocks",
         "a routed claim's matched prefix blocks are on the attempt's llmq.queue_wait span",
         "worker/queue_worker.py",
-        "        if claim.matched_blocks >= 0:\n",
-        "        if False:\n",
+        '                ("llmq.claim.matched_blocks", claim.matched_blocks),\n',
+        "",
         ("tests/test_tracing.py::test_a_routed_claims_matched_blocks_are_on_its_queue_wait",),
     ),
     Mutant(
