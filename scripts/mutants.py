@@ -1736,6 +1736,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_policy.py::test_a_bad_value_is_refused_and_nothing_changes",),
     ),
     Mutant(
+        "policy-ignored-differs",
+        "a process warns only of the environment values the pool's policy differs from",
+        "llmq/policy/live.py",
+        "if getattr(pool, name) != value]",
+        "]",
+        (
+            "tests/test_policy.py::"
+            "test_the_first_process_seeds_the_policy_from_its_environment_once",
+        ),
+    ),
+    Mutant(
         "policy-seed-once",
         "only the first process seeds the pool policy from its environment",
         "llmq/policy/store.py",

@@ -204,6 +204,9 @@ async def test_the_first_process_seeds_the_policy_from_its_environment_once(
     assert later.version == 1 and later.of("m").routing == "prefix"
     ignored = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert len(ignored) == 1 and "LLMQ_ROUTING, LLMQ_MAX_QUEUE_DEPTH" in ignored[0], ignored
+    monkeypatch.setenv("LLMQ_ROUTING", "prefix")  # the pool's own values: nothing ignored
+    await start(redis, WorkerSettings(max_queue_depth=30), "worker-2")
+    assert len([r for r in caplog.records if "ignored" in r.getMessage()]) == 1
     history = await store.history(redis)
     assert [(c.version, c.who) for c in history] == [(1, "api-1")]
     assert json.loads(history[0].what)["seed"] == {"routing": "prefix", "max_queue_depth": 30}

@@ -163,12 +163,16 @@ async def _start(live: LivePolicy, mine: dict[str, Any], who: str) -> None:
         shown = ", ".join(f"{k}={v}" for k, v in mine.items()) or "nothing set: defaults"
         log.info("pool policy seeded from this process's environment (%s)", shown)
         mine = {}
-    if mine:
-        log.warning(
-            "the pool's policy holds these settings; this process's values are ignored "
-            "(see llmq config show): %s",
-            ", ".join(f"LLMQ_{name.upper()}" for name in mine),
-        )
     await live.refresh()
+    # Only a value the pool's differs from is ignored: a process started with the
+    # pool's own values (a manifest not yet cleaned up) runs as it was told.
+    pool = live.pool()
+    ignored = [name for name, value in mine.items() if getattr(pool, name) != value]
+    if ignored:
+        log.warning(
+            "the pool's policy holds other values of these settings; this process's are "
+            "ignored (see llmq config show): %s",
+            ", ".join(f"LLMQ_{name.upper()}" for name in ignored),
+        )
     if live.derived:
         await live.derive()
