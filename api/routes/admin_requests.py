@@ -15,10 +15,10 @@ from fastapi import APIRouter, Header, Path, Query
 
 from api import request_list
 from api.admin import REFUSALS, AdminCaller, audit
-from api.cancel import cancel
 from api.errors import InvalidRequest
 from api.openapi import EVENT_STREAM, error_responses
 from api.pool_view import models as pool_models
+from api.routes import native
 from api.routes.native import _events, _record
 from api.state import AppState, State
 from api.streams import event_stream
@@ -93,19 +93,18 @@ async def cancel_request(request_id: RequestId, state: State, who: AdminCaller) 
     """Cancel, as its owner's ``DELETE /v1/requests/{id}`` would: a queued request never
     runs; a running one stops within a token interval; an ended one stays as it is."""
     record = await _record(state, request_id, None)
-    ended = record.status in TERMINAL_STATUSES
-    detail = {"model": record.model, "tenant": record.tenant, "changed": not ended}
-    if ended:
-        await audit(state, who, "request.cancel", request_id, **detail)
-        return {"id": request_id, "object": "request", "status": record.status, "cancelled": False}
-    was_queued = await cancel(state, record.model, request_id)
-    await audit(state, who, "request.cancel", request_id, **detail)
-    return {
-        "id": request_id,
-        "object": "request",
-        "status": "cancelled" if was_queued else "cancelling",
-        "cancelled": True,
-    }
+    changed = record.status not in TERMINAL_STATUSES
+    reply = await native.cancel_request(state, record)
+    await audit(
+        state,
+        who,
+        "request.cancel",
+        request_id,
+        model=record.model,
+        tenant=record.tenant,
+        changed=changed,
+    )
+    return reply
 
 
 @router.get(

@@ -131,12 +131,17 @@ async def _events(state: AppState, record: RequestRecord, last_id: str) -> Async
 @router.delete("/v1/requests/{request_id}", responses=error_responses(401, 404))
 async def delete(request_id: RequestId, state: State, owner: Caller) -> dict[str, Any]:
     """Cancel: a queued request never runs; a running one stops within a token interval."""
-    record = await _record(state, request_id, owner)
+    return await cancel_request(state, await _record(state, request_id, owner))
+
+
+async def cancel_request(state: AppState, record: RequestRecord) -> dict[str, Any]:
+    """Cancel the request of ``record`` unless it ended; the answer of ``DELETE``
+    (the owner's route and the admin API's)."""
     if record.status in TERMINAL_STATUSES:
-        return {"id": request_id, "object": "request", "status": record.status, "cancelled": False}
-    was_queued = await cancel(state, record.model, request_id)
+        return {"id": record.id, "object": "request", "status": record.status, "cancelled": False}
+    was_queued = await cancel(state, record.model, record.id)
     return {
-        "id": request_id,
+        "id": record.id,
         "object": "request",
         "status": "cancelled" if was_queued else "cancelling",
         "cancelled": True,
