@@ -1152,6 +1152,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rolling_restart.py",),
     ),
     Mutant(
+        "stale-finish-counts-once",
+        "a run reaped after its terminal write does not count its tenant's tokens again",
+        "llmq/protocol/queue.py",
+        "            counted = bool(replies[0])",
+        "            counted = True",
+        (
+            "tests/test_scripts.py::test_a_run_reaped_after_its_end_leaves_the_tenants_count_to_its_re_run",
+        ),
+    ),
+    Mutant(
         "chaos-batch-line-kill",
         "the chaos checker allows a batch line's count lost with a process killed just after",
         "bench/chaos/checker.py",

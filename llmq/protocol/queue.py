@@ -638,11 +638,16 @@ class Queue:
             pipe = self.redis.pipeline(transaction=False)
             delete(pipe)
             replies = await pipe.execute()
+            counted = True
         else:
             settled = -1 if used is None else used
             calls = [self._release_slots(model, request_id, attempt, settled).call()]
             replies = await run_pipelined(self.redis, self.scripts.release, calls, delete)
-        await self._give_back(request_id, replies[-1] if usage is None else usage, unstarted=False)
+            # An attempt that no longer held the lease (stopped after its terminal
+            # write, then reaped) ends a run whose re-run counts the request's tokens.
+            counted = bool(replies[0])
+        fields = replies[-1] if usage is None else usage
+        await self._give_back(request_id, fields, unstarted=False, counted=counted)
 
     async def give_back_quota(self, request_ids: list[str], *, unstarted: bool = False) -> None:
         """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`),
@@ -653,10 +658,13 @@ class Queue:
         for rid, fields in zip(request_ids, await read.execute(), strict=True):
             await self._give_back(rid, fields, unstarted=unstarted)
 
-    async def _give_back(self, request_id: str, fields: list[Any], *, unstarted: bool) -> None:
+    async def _give_back(
+        self, request_id: str, fields: list[Any], *, unstarted: bool, counted: bool = True
+    ) -> None:
         """Return a request's place at once and the tokens it reserved but did not use
         (prompt + completion, as its record says; nothing used by a request that ended
-        without starting), if it reserved any; count its tokens for its tenant."""
+        without starting), if it reserved any; count its tokens for its tenant unless
+        another run counts them (``counted`` False: the return itself counts only once)."""
         tenant, prompt, completion, reserved = fields
         if not tenant:
             return
@@ -664,7 +672,7 @@ class Queue:
         used = 0 if unstarted else int(prompt or 0) + int(completion or 0)
         if reserved:
             await self.quota.give_back(name, request_id, used)
-        if self.tally is not None and used:
+        if self.tally is not None and used and counted:
             label = await self.tenant_labels.label(name)
             self.tally.inc(metrics.TENANT_TOKENS, label, amount=used)
 
