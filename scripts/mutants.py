@@ -1162,6 +1162,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "rerun-of-ended-writes-nothing",
+        "a re-run of a request an earlier attempt ended writes no second start or end",
+        "worker/runner.py",
+        "            ended = await final_event_id(redis, rid) is not None",
+        "            ended = False",
+        ("tests/test_resume.py::test_a_rerun_of_a_request_that_ended_writes_nothing",),
+    ),
+    Mutant(
         "chaos-batch-line-kill",
         "the chaos checker allows a batch line's count lost with a process killed just after",
         "bench/chaos/checker.py",

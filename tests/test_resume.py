@@ -27,7 +27,9 @@ from llmq.schema import (
     ErrorEvent,
     Event,
     StartedEvent,
+    Timings,
     TokensEvent,
+    Usage,
 )
 from tests.support.cluster import BOTH_BACKENDS
 from tests.support.native import record, wait_ready
@@ -212,6 +214,11 @@ class CountingRedis:
             raise ConnectionError("redis is away")
         return await self.redis.xrange(name)
 
+    async def xrevrange(self, name: str, count: int) -> Any:
+        if self.fail:
+            raise ConnectionError("redis is away")
+        return await self.redis.xrevrange(name, count=count)
+
 
 async def run_once(
     redis: Redis,
@@ -328,6 +335,28 @@ async def test_a_rerun_after_the_last_token_only_finishes(redis: Redis) -> None:
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert done.usage.completion_tokens == 30 and done.finish_reason == "length"
+
+
+async def test_a_rerun_of_a_request_that_ended_writes_nothing(redis: Redis) -> None:
+    """An earlier attempt wrote the end, then its worker stopped before its finish and
+    was reaped: the re-run neither announces itself over the record nor ends it again."""
+    expected = await undisturbed(30, seed=5)
+    ended: list[Event] = [
+        StartedEvent(worker="stopped", attempt=1, queue_ms=1.0),
+        TokensEvent(index=0, tokens=expected),
+        DoneEvent(
+            finish_reason="length",
+            usage=Usage(prompt_tokens=3, completion_tokens=30, total_tokens=33),
+            timings=Timings(queue_ms=1.0, prefill_ms=1.0, decode_ms=1.0),
+        ),
+    ]
+    await seed_stream(redis, "r7", ended)
+    await redis.hset(keys.request("r7"), mapping={"status": "done"})  # type: ignore[misc]
+    reader = CountingRedis(redis)
+    events = await run_once(redis, "r7", attempt=2, reader=reader)
+    assert reader.calls == 0
+    assert events == ended
+    assert await redis.hget(keys.request("r7"), "status") == "done"  # type: ignore[misc]
 
 
 def test_contiguous_tokens_merges_overlaps_and_stops_at_a_gap() -> None:

@@ -71,7 +71,7 @@ from llmq.model.interface import (
     capabilities_of,
     seed_for,
 )
-from llmq.protocol.streams import published_tokens
+from llmq.protocol.streams import final_event_id, published_tokens
 from llmq.schema import (
     DoneEvent,
     EmbeddingEvent,
@@ -443,6 +443,8 @@ class RequestRunner:
         if attempt == 1:
             await self._generate_and_finish(run, queue_ms, [], None)
             return
+        if await self._ended_before(payload.request_id):
+            return
         # A re-run resumes: its "started" is written, then the stream read, before the model.
         announced = self._announce(payload, attempt, queue_ms, started)
         try:
@@ -512,6 +514,25 @@ class RequestRunner:
             },
             flush=flush,
         )
+
+    async def _ended_before(self, rid: str) -> bool:
+        """Whether an earlier attempt wrote the request's end, then stopped or was cut
+        off before its finish and was reaped: this re-run writes nothing (no second
+        ``started`` over the record, no second end or count); its finish releases the
+        request. Read before anything is written; if it cannot be read, the re-run goes
+        on as any other."""
+        try:
+            redis = self.redis if self.redis is not None else self.publisher.redis
+            ended = await final_event_id(redis, rid) is not None
+        except Exception:
+            return False
+        if ended:
+            log.info(
+                "request %s ended in an earlier attempt; nothing to run",
+                rid,
+                extra={"request_id": rid},
+            )
+        return ended
 
     async def _published(self, rid: str, announced: asyncio.Future[None]) -> list[str]:
         """The tokens earlier runs published; none if they cannot be read (start over).
