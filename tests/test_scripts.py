@@ -451,27 +451,30 @@ async def test_sweep_expires_only_queued_requests_past_their_deadline_up_to_the_
     assert await redis.hkeys(keys.costs("mock")) == ["claimed", "timely"]  # type: ignore[misc]
 
 
-async def test_a_run_reaped_after_its_end_leaves_the_tenants_count_to_its_re_run(
+async def test_a_finish_by_an_attempt_that_lost_its_lease_changes_nothing(
     redis: Redis,
 ) -> None:
     """A worker stopped (SIGSTOP, cut off) between its terminal write and its finish is
-    reaped and the request re-run: the tenant's tokens are counted once, by the attempt
-    that holds the lease, not again when the stopped worker wakes and finishes."""
+    reaped; when it wakes, its finish changes nothing: the job stays for the re-run's
+    claim, and the tenant's tokens are counted once, by the attempt holding the lease."""
     tally = metrics.Tally()
     queue = Queue(redis, stream_maxlen=1000, ttl_seconds=60, tally=tally)
-    await enqueue_raw(queue, "r1", b"{}")
+    await enqueue_raw(queue, "r1", b'{"job": 1}')
     usage = {"tenant": "acme", "prompt_tokens": 7, "completion_tokens": 5}
     await cast("Awaitable[int]", redis.hset(keys.request("r1"), mapping=usage))
     first = await claim(queue, lease_ms=1000)
     _, lease = await lease_clock(redis)
     await set_clock(redis, lease=lease + 2_000)
     assert await queue.reap("mock") == [("r1", first.attempt)]
+    await queue.finish("mock", "r1", first.attempt)  # the stopped worker wakes
+    assert not tally.take()
     second = await claim(queue)
     assert second.request_id == "r1" and second.attempt == first.attempt + 1
+    assert second.job == b'{"job": 1}'
     await queue.finish("mock", "r1", second.attempt)
-    await queue.finish("mock", "r1", first.attempt)  # the stopped worker wakes
     counted = [v for (name, _, _), v in tally.take().items() if name == metrics.TENANT_TOKENS.name]
     assert sum(counted) == 12
+    assert not await redis.exists(keys.job("r1", "mock"), keys.retry("r1", "mock"))
 
 
 async def test_reap_requeues_only_a_due_lease_of_the_fenced_attempt(

@@ -23,7 +23,7 @@ the fence in the same script that makes it (``publish.lua``).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -587,7 +587,9 @@ class Queue:
         return bool(await self._release_slots(model, request_id, attempt, used).run(self.scripts))
 
     @staticmethod
-    def _release_slots(model: str, request_id: str, attempt: int, used: int) -> slots.Release:
+    def _release_slots(
+        model: str, request_id: str, attempt: int, used: int, ended: Sequence[str] = ()
+    ) -> slots.Release:
         return slots.Release(
             running_key=keys.running(model),
             leases_key=keys.leases(model),
@@ -596,18 +598,22 @@ class Queue:
             id=request_id,
             attempt=attempt,
             used=used,
+            ended=ended,
         )
 
     async def finish(
         self, model: str, request_id: str, attempt: int | None, used: int | None = None
     ) -> None:
-        """A run ended for good: :meth:`release` the lease of ``attempt`` (None: the
-        worker held no lease), then delete what arq's own finish would, under llmq's
-        names (the job record, its try counter and in-progress marker; a hand-back
-        drops only the marker, in ``requeue.lua``). Every key is in the model's slot,
-        so both go in one round trip (the deletion may run twice: a lost script
-        cache runs the pipeline again). ``used``: the prompt + completion tokens the
-        run wrote in the record, if the caller knows them."""
+        """A run ended for good: :meth:`release` the lease of ``attempt`` and delete
+        what arq's own finish would, under llmq's names (the job record, its try
+        counter and in-progress marker; a hand-back drops only the marker, in
+        ``requeue.lua``), then return the tenant's quota and count its tokens. An
+        attempt that no longer holds the lease (its worker stopped or was cut off
+        after the run's last write, and the request was reaped) changes nothing: the
+        attempt that holds it ends the request, so each is ended and counted once.
+        ``attempt`` None (the worker held no lease) ends it unconditionally. Every key
+        is in the model's slot, so it is one round trip. ``used``: the prompt +
+        completion tokens the run wrote in the record, if the caller knows them."""
         names = [
             keys.job(request_id, model),
             keys.retry(request_id, model),
@@ -626,28 +632,26 @@ class Queue:
             usage = await self.redis.hmget(record, QUOTA_FIELDS)  # type: ignore[misc]
             used = _used(usage)
 
-        def delete(pipe: Pipeline) -> None:
-            pipe.delete(*names)
-            if attempt is not None:
-                pipe.incr(served)
-                pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
+        def count(pipe: Pipeline) -> None:
+            # a stale attempt's finish counts here once more: a rare overcount of a rate
+            pipe.incr(served)
+            pipe.expire(served, 4 * keys.SERVED_PERIOD_SECONDS)
             if usage is None:
                 pipe.hmget(record, QUOTA_FIELDS)
 
         if attempt is None:
             pipe = self.redis.pipeline(transaction=False)
-            delete(pipe)
+            pipe.delete(*names)
+            if usage is None:
+                pipe.hmget(record, QUOTA_FIELDS)
             replies = await pipe.execute()
-            counted = True
         else:
             settled = -1 if used is None else used
-            calls = [self._release_slots(model, request_id, attempt, settled).call()]
-            replies = await run_pipelined(self.redis, self.scripts.release, calls, delete)
-            # An attempt that no longer held the lease (stopped after its terminal
-            # write, then reaped) ends a run whose re-run counts the request's tokens.
-            counted = bool(replies[0])
-        fields = replies[-1] if usage is None else usage
-        await self._give_back(request_id, fields, unstarted=False, counted=counted)
+            calls = [self._release_slots(model, request_id, attempt, settled, names).call()]
+            replies = await run_pipelined(self.redis, self.scripts.release, calls, count)
+            if not replies[0]:
+                return
+        await self._give_back(request_id, replies[-1] if usage is None else usage, unstarted=False)
 
     async def give_back_quota(self, request_ids: list[str], *, unstarted: bool = False) -> None:
         """Return the tenant quota of requests that ended (:mod:`llmq.protocol.quota`),
@@ -658,13 +662,10 @@ class Queue:
         for rid, fields in zip(request_ids, await read.execute(), strict=True):
             await self._give_back(rid, fields, unstarted=unstarted)
 
-    async def _give_back(
-        self, request_id: str, fields: list[Any], *, unstarted: bool, counted: bool = True
-    ) -> None:
+    async def _give_back(self, request_id: str, fields: list[Any], *, unstarted: bool) -> None:
         """Return a request's place at once and the tokens it reserved but did not use
         (prompt + completion, as its record says; nothing used by a request that ended
-        without starting), if it reserved any; count its tokens for its tenant unless
-        another run counts them (``counted`` False: the return itself counts only once)."""
+        without starting), if it reserved any; count its tokens for its tenant."""
         tenant, prompt, completion, reserved = fields
         if not tenant:
             return
@@ -672,7 +673,7 @@ class Queue:
         used = 0 if unstarted else int(prompt or 0) + int(completion or 0)
         if reserved:
             await self.quota.give_back(name, request_id, used)
-        if self.tally is not None and used and counted:
+        if self.tally is not None and used:
             label = await self.tenant_labels.label(name)
             self.tally.inc(metrics.TENANT_TOKENS, label, amount=used)
 

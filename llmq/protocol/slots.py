@@ -374,6 +374,8 @@ class Release(Slots):
     #: The tokens the request used (prompt + completion), -1 when not known: its
     #: tenant's fair-share charge is settled to them.
     used: int
+    #: Keys deleted when released (a finish's), in the model's slot.
+    ended: Sequence[str] = tail(into=KEYS_TAIL)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
--- A request's run ended: drop its lease, if this attempt still holds it, and settle
--- its tenant's fair-share charge to the tokens it used (lua/fair.lua).
--- 1 when released, 0 when the lease belongs to another attempt (or none).
+-- A request's run ended: drop its lease, if this attempt still holds it, settle
+-- its tenant's fair-share charge to the tokens it used (lua/fair.lua) and delete
+-- KEYS[5..] (a finish's: the job record, its try counter, its in-progress marker).
+-- 1 when released, 0 when the lease belongs to another attempt (or none): then
+-- nothing changes, and the attempt that holds the lease ends the request.
 local running_key = KEYS[1]
 local leases_key = KEYS[2]
 local fair_key = KEYS[3]
@@ -17,4 +19,7 @@ end
 redis.call('HDEL', leases_key, id)
 fair_settle(fair_key, vtc_key, id, used)
 redis.call('ZREM', running_key, id)
+for i = 5, #KEYS do
+  redis.call('DEL', KEYS[i])
+end
 return 1
