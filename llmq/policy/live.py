@@ -5,9 +5,10 @@ environment where the pool has none: :func:`start`), then polls its version ever
 :data:`POLL_SECONDS` (one ``HGET``) and reads it again when it changed; an API
 process also re-derives, every :data:`DERIVE_SECONDS`, what the model's workers
 declare (:mod:`llmq.policy.derived`). The queue asks it, per model, for the routing
-and fair share of a claim or an enqueue, and passes its :attr:`LivePolicy.version`
-to the claim script, which refuses a version older than the model's
-(``lua/claim.lua``): the queue then reads the policy again and claims again.
+and fair share of a claim or an enqueue (and, pool-wide, for the lifetimes of what it
+writes, as the worker's publisher does once per flush), and passes its
+:attr:`LivePolicy.version` to the claim script, which refuses a version older than
+the model's (``lua/claim.lua``): the queue then reads the policy again and claims again.
 """
 
 from __future__ import annotations
