@@ -29,7 +29,7 @@ def _api_processes() -> Any:
 
 
 class CommonSettings(BaseSettings, PolicyFields):
-    """What every llmq process needs: where Redis is, key lifetimes, logging; and the
+    """What every llmq process needs: where Redis is, liveness, logging; and the
     pool policy's fields (:class:`~llmq.policy.fields.PolicyFields`), which only seed a
     pool's policy (docs/policy.md)."""
 
@@ -50,17 +50,6 @@ class CommonSettings(BaseSettings, PolicyFields):
     )
     redis_socket_timeout_seconds: float = Field(
         5.0, gt=0, description="Socket timeout of non-blocking Redis commands."
-    )
-    request_ttl_seconds: int = Field(
-        3600,
-        ge=10,
-        description="Lifetime of a request's record, job and token stream in Redis.",
-    )
-    stream_maxlen: int = Field(
-        10_000, ge=16, description="Approximate cap on the number of events in one stream."
-    )
-    lifecycle_maxlen: int = Field(
-        100_000, ge=100, description="Approximate cap on entries of the lifecycle stream."
     )
     worker_ttl_seconds: float = Field(
         5.0, gt=0, description="A worker whose heartbeat is older than this counts as dead."

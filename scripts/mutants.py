@@ -1716,6 +1716,47 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_batch.py::test_a_changed_batch_bound_takes_effect_live_without_a_restart",),
     ),
     Mutant(
+        "policy-lifetimes-live-publisher",
+        "a worker's publisher writes streams under the pool policy's lifetimes as they are "
+        "at each flush, not its start-up values",
+        "worker/publisher.py",
+        "        if self._lifetimes is not None:  # once per flush",
+        "        if False:  # once per flush",
+        (
+            "tests/test_publisher.py::test_a_changed_stream_cap_and_lifetime_apply_at_the_next_flush",
+            "tests/test_policy.py::test_changed_lifetimes_reach_a_running_api_and_worker_without_a_restart",
+        ),
+    ),
+    Mutant(
+        "policy-lifetimes-live-queue",
+        "the API's queue writes a request's record under the pool policy's request_ttl_seconds "
+        "as it is at the write, not its start-up value",
+        "llmq/protocol/queue.py",
+        "return self._ttl if self.policy is None else self.policy.pool().request_ttl_seconds",
+        "return self._ttl",
+        (
+            "tests/test_policy.py::test_changed_lifetimes_reach_a_running_api_and_worker_without_a_restart",
+        ),
+    ),
+    Mutant(
+        "policy-lifetimes-pool-wide",
+        "a model's override of a pool-wide lifetime is not read",
+        "llmq/policy/live.py",
+        "            self._pool = store.effective_of(self.stored, None, {}).policy",
+        "            self._pool = store.effective_of(self.stored, 'mock', {}).policy",
+        (
+            "tests/test_policy.py::test_changed_lifetimes_reach_a_running_api_and_worker_without_a_restart",
+        ),
+    ),
+    Mutant(
+        "policy-lifetimes-live-responses",
+        "a stored response lives as long as the pool policy's request_ttl_seconds at its store",
+        "api/routes/responses.py",
+        "self.state.redis, stored, self.state.policy.pool().request_ttl_seconds",
+        "self.state.redis, stored, self.state.settings.request_ttl_seconds",
+        ("tests/test_responses.py::test_stored_under_the_request_ttl",),
+    ),
+    Mutant(
         "policy-default-tenant-live",
         "a changed default tenant takes effect on a running API process, without a restart",
         "api/app.py",

@@ -27,7 +27,7 @@ from llmq.protocol.queue import Queue
 from llmq.schema import WorkerInfo
 from llmq.settings import ApiSettings, CommonSettings, WorkerSettings
 from tests.support.cluster import BOTH_BACKENDS
-from tests.support.native import wait_ready
+from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.processes import llmq
 from tests.support.servers import StartApi, StartWorker
 from tests.support.waiting import wait_until
@@ -296,3 +296,54 @@ async def test_a_changed_default_tenant_takes_effect_live_without_a_restart(
             return r.status_code == 429
 
         await wait_until(limited, timeout=FOLLOWED_SECONDS * 2, what="the new default tenant")
+
+
+async def test_changed_lifetimes_reach_a_running_api_and_worker_without_a_restart(
+    redis_url: str, redis: Redis, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    """``request_ttl_seconds`` is pool-wide and read at each write: after ``llmq config
+    set``, a new request's record written by the API (a model no worker serves: only the
+    API writes it) and a served request's stream written by the worker expire within the
+    new value; a model's override of it is not read."""
+    await store.set_values(redis, {"request_ttl_seconds": 7200}, "mock", "op")
+    await store.set_values(redis, {"request_ttl_seconds": 7200}, "idle", "op")
+    await start_worker()
+    api = await start_api(accept_models="idle")
+    async with api.client() as client:
+        await wait_ready(client)
+        served = await post_request(client, max_tokens=2)
+        await wait_status(client, served, "done")
+        waiting = (await client.post("/v1/requests", json=body(2, "idle"))).json()["id"]
+        for key in (keys.stream(served), keys.request(waiting)):  # the pool's, not 7200
+            assert 3000 < await redis.ttl(key) <= 3600, key
+
+        code, _, err = await llmq(redis_url, "config", "set", "request_ttl_seconds=60")
+        assert code == 0, err
+
+        async def api_follows() -> bool:
+            r = await client.post("/v1/requests", json=body(2, "idle"))
+            return 0 < int(await redis.ttl(keys.request(r.json()["id"]))) <= 60
+
+        async def worker_follows() -> bool:
+            rid = await post_request(client, max_tokens=2)
+            await wait_status(client, rid, "done")
+            return 0 < int(await redis.ttl(keys.stream(rid))) <= 60
+
+        await wait_until(api_follows, timeout=FOLLOWED_SECONDS * 2, what="the API's records")
+        await wait_until(worker_follows, timeout=FOLLOWED_SECONDS * 2, what="the worker's streams")
+
+
+async def test_lifetimes_in_the_environment_seed_a_new_pool(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMQ_REQUEST_TTL_SECONDS", "120")
+    monkeypatch.setenv("LLMQ_STREAM_MAXLEN", "64")
+    monkeypatch.setenv("LLMQ_LIFECYCLE_MAXLEN", "500")
+    live = await start(redis, WorkerSettings(), "worker-1")
+    pool = live.pool()
+    assert (pool.request_ttl_seconds, pool.stream_maxlen, pool.lifecycle_maxlen) == (120, 64, 500)
+    assert (await stored_policy.read(redis)).pool == {
+        "request_ttl_seconds": 120,
+        "stream_maxlen": 64,
+        "lifecycle_maxlen": 500,
+    }

@@ -10,6 +10,8 @@ import pytest
 from redis.asyncio import Redis
 
 from llmq.embedded import EmbeddedRedis
+from llmq.policy.live import LivePolicy
+from llmq.policy.store import set_values
 from llmq.protocol import keys
 from llmq.schema import DoneEvent, StartedEvent, Timings, TokensEvent, Usage, decode_event
 from worker.publisher import StreamPublisher
@@ -196,3 +198,30 @@ async def test_flushes_keep_one_connection_and_replace_it_when_redis_drops_it(
         await admin.aclose()
     assert any("stream writes failed" in r.message for r in caplog.records)
     assert tokens == ["k0", "k1"]
+
+
+async def test_a_changed_stream_cap_and_lifetime_apply_at_the_next_flush(redis: Redis) -> None:
+    """With the live policy's lifetimes, each flush writes under the pool policy as it is
+    then: a change made with the policy store applies to the next stream, no restart."""
+    live = LivePolicy(redis, live_ms=5000)
+    await live.refresh()
+    p = StreamPublisher(
+        redis, maxlen=10_000, ttl_seconds=3600, max_event_tokens=50, lifetimes=live.pool
+    )
+    p.start()
+
+    async def fill(rid: str) -> None:
+        for _ in range(300):
+            await p.emit(rid, StartedEvent(worker="w", attempt=1, queue_ms=0))
+
+    try:
+        await fill("before")
+        assert await redis.xlen(keys.stream("before")) == 300
+        await set_values(redis, {"stream_maxlen": 16, "request_ttl_seconds": 30}, None, "op")
+        await live.refresh()  # what the process's follower does within a second
+        await fill("after")
+    finally:
+        await p.stop()
+    assert await redis.xlen(keys.stream("after")) < 16 + 128  # MAXLEN ~: whole nodes
+    assert 0 < await redis.ttl(keys.stream("after")) <= 30
+    assert 3000 < await redis.ttl(keys.stream("before")) <= 3600

@@ -236,16 +236,17 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
         default_queue_name=keys.queue(settings.model),
     )
     store = cast(Redis, cluster) if cluster is not None else redis
+    tally = metrics.Tally()
+    tally.inc(metrics.WORKER_STARTS, settings.model)  # a crash loop shows as starts
+    policy = await live_policy.start(store, settings, worker_id)
     publisher = StreamPublisher(
         store,
         maxlen=settings.stream_maxlen,
         ttl_seconds=settings.request_ttl_seconds,
         max_event_tokens=settings.max_event_tokens,
         lifecycle_maxlen=settings.lifecycle_maxlen,
+        lifetimes=policy.pool,
     )
-    tally = metrics.Tally()
-    tally.inc(metrics.WORKER_STARTS, settings.model)  # a crash loop shows as starts
-    policy = await live_policy.start(store, settings, worker_id)
     cache = CacheReport(backend)
     runner = RequestRunner(
         worker_id,

@@ -39,7 +39,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmq.outage import Outage
-from llmq.protocol.streams import publish_calls, publish_script
+from llmq.protocol.streams import Lifetimes, publish_calls, publish_script
 from llmq.schema import Event, Lifecycle, TokenLogprob, tokens_event
 from llmq.tasks import stop_tasks
 
@@ -96,8 +96,13 @@ class StreamPublisher:
         ttl_seconds: int,
         max_event_tokens: int,
         lifecycle_maxlen: int = 100_000,
+        lifetimes: Callable[[], Lifetimes] | None = None,
     ):
+        """``lifetimes``: the pool policy's lifetimes as they are now (the live
+        policy's pool), read once per flush; None: ``ttl_seconds``, ``maxlen`` and
+        ``lifecycle_maxlen`` hold."""
         self._redis = redis
+        self._lifetimes = lifetimes
         self._script = publish_script(redis)
         self._lifecycle_maxlen = lifecycle_maxlen
         self._maxlen = maxlen
@@ -315,12 +320,17 @@ class StreamPublisher:
         through the cluster's pipeline, which sends each node the calls whose slots it owns.
         """
         cluster = isinstance(self._redis, RedisCluster)
+        ttl, maxlen, lifecycle_maxlen = self._ttl, self._maxlen, self._lifecycle_maxlen
+        if self._lifetimes is not None:  # once per flush: a change applies at the next
+            now = self._lifetimes()
+            ttl, maxlen = now.request_ttl_seconds, now.stream_maxlen
+            lifecycle_maxlen = now.lifecycle_maxlen
         calls = publish_calls(
             self._script.sha,
             batch,
-            ttl=self._ttl,
-            maxlen=self._maxlen,
-            lifecycle_maxlen=self._lifecycle_maxlen,
+            ttl=ttl,
+            maxlen=maxlen,
+            lifecycle_maxlen=lifecycle_maxlen,
             by_slot=cluster,
         )
         replies: list[Any] = []

@@ -576,7 +576,7 @@ async def _replicated(state: AppState, rids: list[str], model: str) -> None:
     if await replication.acknowledged(
         state.redis,
         rids[-1],
-        ttl_seconds=settings.request_ttl_seconds,
+        ttl_seconds=state.policy.pool().request_ttl_seconds,
         replicas=settings.enqueue_min_replicas,
         timeout_ms=settings.enqueue_replica_timeout_ms,
     ):

@@ -147,7 +147,7 @@ class BatchFeeder:
             total=batch.total,
         )
         pipe = self.redis.pipeline(transaction=False)
-        add_lifecycle(pipe, note, maxlen=self.state.settings.lifecycle_maxlen)
+        add_lifecycle(pipe, note, maxlen=self.state.policy.pool().lifecycle_maxlen)
         await pipe.execute()
 
     async def _advance(self, batch: BatchObject, rooms: dict[str, int]) -> None:

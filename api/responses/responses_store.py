@@ -2,7 +2,8 @@
 continues.
 
 Each is one JSON value under :func:`llmq.protocol.keys.stored_response`, in its
-request's slot, kept as long as the request's own keys (``request_ttl_seconds``).
+request's slot, kept as long as the request's own keys (the pool policy's
+``request_ttl_seconds``, as it is when the response is stored).
 It holds the Response object and the conversation that led to it as chat
 messages (the instructions excluded: they do not carry over to the next turn),
 so a follow-up turn is the stored conversation plus its own input. Only the key

@@ -154,7 +154,7 @@ class _Turn:
             conversation=[*self.conversation, relay.assistant_message()],
         )
         await responses_store.save(
-            self.state.redis, stored, self.state.settings.request_ttl_seconds
+            self.state.redis, stored, self.state.policy.pool().request_ttl_seconds
         )
 
     async def collect(self, arrived: float) -> ResponseRelay:

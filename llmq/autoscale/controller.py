@@ -27,6 +27,7 @@ from llmq.autoscale.lease import LeaderLease
 from llmq.autoscale.signals import ClusterProbe
 from llmq.autoscale.state import publish
 from llmq.connection import connect
+from llmq.policy import store as policy_store
 from llmq.protocol.streams import add_lifecycle
 from llmq.schema import Lifecycle, ScaleState
 from llmq.settings import AutoscaleSettings, ControllerSettings
@@ -189,8 +190,11 @@ class Controller:
             actual=ordered,
             target=decision.target,
         )
+        # The autoscaler follows no policy: it reads the pool's cap when it writes
+        # (once per action, a rare write).
+        pool = await policy_store.show(self.redis)
         pipe = self.redis.pipeline(transaction=False)
-        add_lifecycle(pipe, note, maxlen=self.settings.lifecycle_maxlen)
+        add_lifecycle(pipe, note, maxlen=pool.policy.lifecycle_maxlen)
         await pipe.execute()
 
 

@@ -19,9 +19,10 @@ TokenizerName = Literal["whitespace", "chars"]
 
 class PolicyFields(BaseModel):
     """How the pool behaves: routing and its guards, fair share, shedding, admission
-    limits, priorities, timeouts and batch bounds. Every value here may differ per model,
-    except those said to be pool-wide (a file has no model): there the pool's document
-    holds and a model's override is not read."""
+    limits, priorities, timeouts, batch bounds and the lifetimes of what the pool writes.
+    Every value here may differ per model, except those said to be pool-wide (a file
+    has no model, a request's keys outlive its model's choices): there the pool's
+    document holds and a model's override is not read."""
 
     routing: RoutingName = Field(
         "fifo",
@@ -157,6 +158,23 @@ class PolicyFields(BaseModel):
         le=1000,
         description="Batch lines kept waiting in a model's queue (in the batch band) beyond "
         "its workers' free slots, so a slot that frees starts the next line at once.",
+    )
+    request_ttl_seconds: int = Field(
+        3600,
+        ge=10,
+        description="Lifetime of a request's record, job and token stream in Redis "
+        "(pool-wide: a request's keys outlive its model's choice of anything).",
+    )
+    stream_maxlen: int = Field(
+        10_000,
+        ge=16,
+        description="Approximate cap on the number of events in one stream (pool-wide).",
+    )
+    lifecycle_maxlen: int = Field(
+        100_000,
+        ge=100,
+        description="Approximate cap on entries of the lifecycle stream (pool-wide: the "
+        "pool has one).",
     )
 
 

@@ -5,9 +5,10 @@ environment where the pool has none: :func:`start`), then polls its version ever
 :data:`POLL_SECONDS` (one ``HGET``) and reads it again when it changed; an API
 process also re-derives, every :data:`DERIVE_SECONDS`, what the model's workers
 declare (:mod:`llmq.policy.derived`). The queue asks it, per model, for the routing
-and fair share of a claim or an enqueue, and passes its :attr:`LivePolicy.version`
-to the claim script, which refuses a version older than the model's
-(``lua/claim.lua``): the queue then reads the policy again and claims again.
+and fair share of a claim or an enqueue (and, pool-wide, for the lifetimes of what it
+writes, as the worker's publisher does once per flush), and passes its
+:attr:`LivePolicy.version` to the claim script, which refuses a version older than
+the model's (``lua/claim.lua``): the queue then reads the policy again and claims again.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class LivePolicy:
         self._declared: dict[str, dict[str, Any]] = {}
         self._effective: dict[str, Effective] = {}
         self._routing: dict[str, Routing] = {}
+        self._pool: Policy | None = None
         self._lock = asyncio.Lock()
         #: What to seed the pool's policy with once Redis answers, where it did not
         #: at start-up.
@@ -78,8 +80,12 @@ class LivePolicy:
         return self.effective(model).policy
 
     def pool(self) -> Policy:
-        """The pool-wide policy (without any model's overrides or derived values)."""
-        return store.effective_of(self.stored, None, {}).policy
+        """The pool-wide policy (without any model's overrides or derived values): read
+        once per version, so that a write path may ask for it at every write (the
+        lifetimes of what it writes are pool-wide keys)."""
+        if self._pool is None:
+            self._pool = store.effective_of(self.stored, None, {}).policy
+        return self._pool
 
     def routing_for(self, model: str) -> Routing:
         found = self._routing.get(model)
@@ -109,7 +115,7 @@ class LivePolicy:
     def _use(self, stored: Stored, declared: dict[str, dict[str, Any]]) -> None:
         changed = stored.version != self.stored.version
         self.stored, self._declared = stored, declared
-        self._effective, self._routing = {}, {}
+        self._effective, self._routing, self._pool = {}, {}, None
         if changed:
             log.info("%s: pool policy version %d", self.who or "process", stored.version)
 
@@ -151,7 +157,7 @@ async def start(redis: Redis, settings: Any, who: str, *, derived: bool = False)
             await _start(live, mine, who)
     except Exception as exc:  # Redis away: its own values until the pool's can be read
         log.warning("pool policy not read (%s); this process's settings hold until it is", exc)
-        live.stored = Stored(0, check_doc(mine), {})
+        live._use(Stored(0, check_doc(mine), {}), live._declared)
         live.seed = (mine, who)
     return live
 

@@ -45,6 +45,7 @@ from llmq.protocol.quota import Quota, Verdict, parse_take
 from llmq.protocol.routing import FIFO, UNMEASURED, Pace, Routing
 from llmq.protocol.scripts import Call, run_pipelined, scripts_for
 from llmq.protocol.streams import (
+    Lifetimes,
     add_event,
     add_lifecycle,
     add_record,
@@ -184,10 +185,12 @@ class Admission:
 class PolicySource(Protocol):
     """The pool policy a process holds (:class:`llmq.policy.live.LivePolicy`): per
     model, the routing and fair share of its claims and enqueues, and the version
-    they run under."""
+    they run under; pool-wide, the lifetimes of what it writes."""
 
     @property
     def version(self) -> int: ...
+
+    def pool(self) -> Lifetimes: ...
 
     def routing_for(self, model: str) -> Routing: ...
 
@@ -220,18 +223,19 @@ class Queue:
     ) -> None:
         self.redis = redis
         #: The pool policy, per model (:mod:`llmq.policy`); None: ``routing``,
-        #: ``fairness`` and ``fair_slack`` for every model, and claims unversioned.
+        #: ``fairness``, ``fair_slack`` and the lifetimes given here for every model,
+        #: and claims unversioned.
         self.policy = policy
         #: The routing policy of claims and hand-offs (:mod:`llmq.protocol.routing`).
         self.routing = routing
         #: ``fifo`` or ``vtc``: fair share among tenants in a claim (``lua/fair.lua``).
         self.fairness = fairness
         self.fair_slack = fair_slack
-        self.lifecycle_maxlen = lifecycle_maxlen
+        self._lifecycle_maxlen = lifecycle_maxlen
         #: Counts the outcome of requests that end without starting (cancelled, timeout).
         self.tally = tally
-        self.stream_maxlen = stream_maxlen
-        self.ttl = ttl_seconds
+        self._stream_maxlen = stream_maxlen
+        self._ttl = ttl_seconds
         self.scripts = scripts_for(redis)
         self.quota = Quota(redis)
         self.tenant_labels = TenantLabels(redis)
@@ -247,6 +251,21 @@ class Queue:
 
     def fair_slack_for(self, model: str) -> int:
         return self.fair_slack if self.policy is None else self.policy.fair_slack_for(model)
+
+    @property
+    def ttl(self) -> int:
+        """Lifetime of a request's keys, in seconds: the pool policy's at this write."""
+        return self._ttl if self.policy is None else self.policy.pool().request_ttl_seconds
+
+    @property
+    def stream_maxlen(self) -> int:
+        return self._stream_maxlen if self.policy is None else self.policy.pool().stream_maxlen
+
+    @property
+    def lifecycle_maxlen(self) -> int:
+        if self.policy is None:
+            return self._lifecycle_maxlen
+        return self.policy.pool().lifecycle_maxlen
 
     async def admit(
         self, calls: list[Enqueue], max_depth: int, quota: slots.QuotaTake | None = None

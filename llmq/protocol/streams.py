@@ -34,6 +34,21 @@ from llmq.schema import (
 )
 
 
+class Lifetimes(Protocol):
+    """How long a request's keys live and how far the streams a process writes grow:
+    pool-wide keys of the pool policy (:class:`llmq.policy.model.Policy` is one), read
+    at each write so that a change applies without a restart."""
+
+    @property
+    def request_ttl_seconds(self) -> int: ...
+
+    @property
+    def stream_maxlen(self) -> int: ...
+
+    @property
+    def lifecycle_maxlen(self) -> int: ...
+
+
 def add_event(pipe: Pipeline, request_id: str, event: Event, *, maxlen: int, ttl: int) -> None:
     """Queue an XADD on ``pipe``; every non-token event also (re)sets the TTL."""
     stream = keys.stream(request_id)
