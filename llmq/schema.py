@@ -416,6 +416,10 @@ class WorkerInfo(BaseModel):
     #: and its context length in tokens; None: the mock's whitespace, no length.
     tokenizer: str | None = None
     context_length: int | None = None
+    #: Whether its engine keeps a prefix cache (the mock's KV cache does; an upstream's
+    #: where its engine is one of :data:`llmq.policy.derived.PREFIX_CACHES`). None: an
+    #: entry of a worker that predates the field, judged by its upstream's engine.
+    prefix_cache: bool | None = None
     #: False while the worker's model (an upstream server) does not answer: the worker
     #: stays registered but claims nothing.
     ready: bool = True

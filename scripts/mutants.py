@@ -1828,9 +1828,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "policy-derived-routing",
         "a model's routing is derived from its workers' engines (prefix where they cache)",
         "llmq/policy/derived.py",
-        'values["routing"] = "prefix" if cached else "least-loaded"',
+        'values["routing"] = "prefix" if all(caches) else "least-loaded"',
         "pass",
         ("tests/test_policy.py::test_derived_values_come_from_what_the_workers_declare",),
+    ),
+    Mutant(
+        "policy-derived-mock-routing",
+        "a pool of mocks derives prefix routing: the mock declares its prefix cache",
+        "worker/mock.py",
+        "prefix_cache: ClassVar[bool] = True",
+        "prefix_cache: ClassVar[bool] = False",
+        (
+            "tests/test_policy.py::"
+            "test_a_pool_of_mocks_derives_prefix_routing_as_their_kv_cache_keeps_prefixes",
+        ),
     ),
     Mutant(
         "policy-per-model",

@@ -24,6 +24,7 @@ from llmq.model.interface import Backend
 from llmq.policy import store as policy_store
 from llmq.policy.fields import POLICY_NAMES
 from llmq.protocol import keys
+from llmq.protocol import policy as stored_policy
 from llmq.settings import ApiSettings, CommonSettings, WorkerSettings
 from rigs.embedded_cluster import EmbeddedCluster
 from tests.support.cluster import redis_cluster  # noqa: F401 (the cluster fixture)
@@ -105,17 +106,31 @@ def redis_url(backend: str, request: pytest.FixtureRequest, redis: Redis) -> str
     return server.url
 
 
+#: The routing a test's parts claim under where the test sets none: the queue's order,
+#: which every test of something else than routing assumes (a pool of mocks, whose
+#: engine keeps a prefix cache, would derive ``prefix``).
+PINNED_ROUTING = "fifo"
+
+
 async def set_pool_policy(redis_url: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """The pool policy's values among a part's ``overrides`` go into the pool's policy
-    (as ``llmq config set`` puts them); the rest, the part's own settings, are returned."""
-    policy = {k: overrides[k] for k in overrides if k in POLICY_NAMES}
-    if policy:
-        client = connect(CommonSettings(redis_url=redis_url))
-        try:
+    (as ``llmq config set`` puts them); the rest, the part's own settings, are returned.
+
+    The first part of a test whose pool's document sets no routing pins
+    :data:`PINNED_ROUTING` there; a test sets its own with ``routing=NAME`` (or ``llmq
+    config set`` before starting its parts), or none at all with ``routing=None``:
+    the value derived from the workers then holds."""
+    given = {k: overrides[k] for k in overrides if k in POLICY_NAMES}
+    policy = {k: v for k, v in given.items() if v is not None}
+    client = connect(CommonSettings(redis_url=redis_url))
+    try:
+        if "routing" not in given and "routing" not in (await stored_policy.read(client)).pool:
+            policy["routing"] = PINNED_ROUTING
+        if policy:
             await policy_store.set_values(client, policy, None, "tests")
-        finally:
-            await client.aclose(close_connection_pool=True)
-    return {k: v for k, v in overrides.items() if k not in policy}
+    finally:
+        await client.aclose(close_connection_pool=True)
+    return {k: v for k, v in overrides.items() if k not in given}
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from llmq import registry
 from llmq.connection import connect
 from llmq.policy import store
+from llmq.policy.derived import derive
 from llmq.policy.live import LivePolicy, start
 from llmq.policy.model import PolicyError
 from llmq.protocol import keys
@@ -100,7 +101,7 @@ async def test_two_models_on_one_redis_route_as_each_ones_policy_says(
     writes (prefix: their blocks) or none (fifo)."""
     code, _, err = await llmq(redis_url, "config", "set", "routing=prefix", "--model", "chat")
     assert code == 0, err
-    api = await start_api(accept_models="chat,batch")
+    api = await start_api(accept_models="chat,batch", routing=None)
     async with api.client() as client:
         for model in ("chat", "batch"):
             r = await client.post("/v1/requests", json=body(40, model))
@@ -234,10 +235,12 @@ async def test_derived_values_come_from_what_the_workers_declare(
         heartbeat_at=0.0,
         tokenizer="chars",
         context_length=2048,
+        prefix_cache=True,
         upstream={"engine": "vllm"},
     )
     await registry.heartbeat(redis, info, 10)
-    other = info.model_copy(update={"id": "w2", "model": "tgi", "upstream": {"engine": "tgi"}})
+    tgi = {"id": "w2", "model": "tgi", "prefix_cache": False, "upstream": {"engine": "tgi"}}
+    other = info.model_copy(update=tgi)
     await registry.heartbeat(redis, other, 10)
     found = await store.show(redis, "llama")
     assert found.policy.max_prompt_tokens == found.policy.max_tokens_limit == 2048
@@ -257,6 +260,68 @@ async def test_derived_values_come_from_what_the_workers_declare(
     await live.refresh()
     await live.derive()
     assert live.routing_for("llama").tokenizer.name == "chars"
+
+
+async def test_a_pool_of_mocks_derives_prefix_routing_as_their_kv_cache_keeps_prefixes(
+    redis_url: str, redis: Redis, start_api: StartApi, start_worker: StartWorker
+) -> None:
+    """Nothing set: the mock's engine keeps a prefix cache, as vLLM's, so its pool routes
+    by prefix (the API's hints), as ``llmq config show`` says."""
+    await start_worker(routing=None)
+    api = await start_api(routing=None)
+    async with api.client() as client:
+        await wait_ready(client)
+        (entry,) = await registry.live_workers(redis, 10)
+        assert entry.prefix_cache is True
+
+        async def prefix_routed() -> bool:
+            return api.app_state().policy.routing_for("mock").policy.name == "prefix"
+
+        await wait_until(prefix_routed, timeout=5, what="the API to derive prefix routing")
+        code, out, _ = await llmq(redis_url, "config", "show", "--model", "mock")
+        assert code == 0
+        shown = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
+        assert shown["routing"] == ['"prefix"', "derived"], out
+
+
+def _worker(wid: str, **declared: object) -> WorkerInfo:
+    fixed = {"host": "h", "pid": 1, "model": "m", "concurrency": 1, "running": 0}
+    return WorkerInfo(id=wid, **fixed, started_at=0.0, heartbeat_at=0.0, **declared)
+
+
+def test_workers_derive_prefix_routing_only_where_they_all_keep_a_prefix_cache() -> None:
+    mock = _worker("mock", prefix_cache=True)
+    plain = _worker("tgi", prefix_cache=False, upstream={"engine": "tgi"})
+    vllm = _worker("vllm", prefix_cache=True, upstream={"engine": "vllm"})
+    routing = {
+        names: derive(workers)["m"].get("routing")
+        for names, workers in {
+            "mocks": [mock, mock],
+            "mock+vllm": [mock, vllm],
+            "mock+tgi": [mock, plain],
+            "tgi": [plain],
+        }.items()
+    }
+    assert routing == {
+        "mocks": "prefix",
+        "mock+vllm": "prefix",
+        "mock+tgi": "least-loaded",
+        "tgi": "least-loaded",
+    }
+
+
+def test_an_entry_that_predates_the_prefix_cache_declaration_is_judged_as_before() -> None:
+    """Old workers' entries have no ``prefix_cache``: an upstream's by its engine, a
+    mock's derives no routing (the default holds)."""
+    fields = {"host": "h", "model": "m", "pid": 1, "concurrency": 1, "running": 0}
+    old = {"id": "w", **fields, "started_at": 0.0, "heartbeat_at": 0.0}
+    mock = WorkerInfo.model_validate_json(json.dumps(old))
+    assert mock.prefix_cache is None
+    vllm = WorkerInfo.model_validate_json(json.dumps({**old, "upstream": {"engine": "vllm"}}))
+    tgi = WorkerInfo.model_validate_json(json.dumps({**old, "upstream": {"engine": "tgi"}}))
+    assert "routing" not in derive([mock])["m"]
+    assert derive([vllm])["m"]["routing"] == "prefix"
+    assert derive([vllm, tgi])["m"]["routing"] == "least-loaded"
 
 
 def test_a_policy_error_names_the_setting() -> None:

@@ -27,6 +27,7 @@ from llmq.model.interface import (
     Backend,
     KVCacheUsage,
     context_length_of,
+    prefix_cache_of,
     tokenizer_of,
 )
 from llmq.outage import Outage
@@ -151,6 +152,7 @@ async def _heartbeat(
             prefix_cache_hits=runner.cache_hits,
             tokenizer=tokenizer_of(runner.backend),
             context_length=context_length_of(runner.backend),
+            prefix_cache=prefix_cache_of(runner.backend),
             ready=watch is None or watch.ready,
             upstream=backends.upstream_found(runner.backend),
             draining=worker.draining,

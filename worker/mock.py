@@ -13,7 +13,7 @@ import random
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from llmq.model.blocks import block_hashes
 from llmq.model.interface import (
@@ -81,6 +81,9 @@ class MockBackend:
     prefill_seconds_per_token: float = DEFAULT.prefill_token_seconds
     stop_probability: float = 0.0
     capabilities: frozenset[str] = CAPABILITIES
+    #: Its KV cache always keeps the blocks it computed, named, for the prompts that
+    #: start with them (:mod:`worker.mock_engine.kv_cache`): a prefix cache, as vLLM's.
+    prefix_cache: ClassVar[bool] = True
     decode_seconds_per_token: float = DEFAULT.decode_token_seconds
     kv_blocks: int = DEFAULT.kv_blocks
     block_size: int = DEFAULT.block_size

@@ -246,6 +246,8 @@ def _figures(stack: Stack, workload: wl.Workload) -> dict[str, Any]:
 
 
 def _env(s: Sizes, policy: str) -> dict[str, str]:
+    """Every part's settings; ``LLMQ_ROUTING`` seeds the fresh pool's policy, ``fifo``
+    included: a pool of mocks would derive ``prefix`` (docs/policy.md)."""
     return {
         "LLMQ_ROUTING": policy,
         "LLMQ_CONCURRENCY": str(s.concurrency),

@@ -65,6 +65,13 @@ def tokenizer_of(model: object) -> str:
     return str(getattr(model, "tokenizer", "whitespace"))
 
 
+def prefix_cache_of(model: object) -> bool:
+    """Whether ``model`` keeps a prefix cache (a prompt whose leading blocks it computed
+    before prefills only the rest), so that routing a prompt to it pays; a model that
+    does not say keeps none."""
+    return bool(getattr(model, "prefix_cache", False))
+
+
 def context_length_of(model: object) -> int | None:
     """The longest prompt + output ``model`` takes, in its tokens (None: it does not say)."""
     length = getattr(model, "context_length", None)

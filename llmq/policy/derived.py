@@ -5,10 +5,11 @@ model's live workers declare in the registry (:class:`llmq.schema.WorkerInfo`).
   one the API has (a worker that names none counts its prompts as the mock does);
 - ``max_prompt_tokens`` and ``max_tokens_limit``: the shortest context length among
   them, where they declare one (the engine's ``max_model_len`` or ``n_ctx``);
-- ``routing``: ``prefix`` where every one serves an engine that keeps a prefix cache
-  (:data:`PREFIX_CACHES`), else ``least-loaded``, where they all serve an upstream
-  engine. The mock's workers derive no routing: a pool of mocks keeps the default,
-  ``fifo``, the baseline the benchmarks compare the routing policies with.
+- ``routing``: ``prefix`` where every one declares a prefix cache (the mock's KV
+  cache, an upstream engine of :data:`PREFIX_CACHES`), else ``least-loaded``: routing
+  a prompt to the worker that holds its prefix pays only where they all keep one. An
+  entry that predates the declaration is judged by its upstream's engine (the mock's:
+  not at all, and its model derives no routing).
 
 A model none of whose workers is live derives nothing: the defaults hold. Each of
 these may be overridden in the pool's or the model's document.
@@ -41,9 +42,17 @@ def derive(workers: Iterable[WorkerInfo]) -> dict[str, dict[str, Any]]:
         lengths = [w.context_length for w in found if w.context_length]
         if lengths:
             values["max_prompt_tokens"] = values["max_tokens_limit"] = min(lengths)
-        engines = [(w.upstream or {}).get("engine") for w in found]
-        if all(e is not None for e in engines):
-            cached = all(e in PREFIX_CACHES for e in engines)
-            values["routing"] = "prefix" if cached else "least-loaded"
+        caches = [_prefix_cache(w) for w in found]
+        if all(c is not None for c in caches):
+            values["routing"] = "prefix" if all(caches) else "least-loaded"
         out[model] = values
     return out
+
+
+def _prefix_cache(worker: WorkerInfo) -> bool | None:
+    """Whether ``worker`` keeps a prefix cache, as it declares; for an entry that
+    predates the declaration, as its upstream's engine does (None: the mock's, unknown)."""
+    if worker.prefix_cache is not None:
+        return worker.prefix_cache
+    engine = (worker.upstream or {}).get("engine")
+    return None if engine is None else engine in PREFIX_CACHES

@@ -64,6 +64,7 @@ from llmq.model.interface import (
     message_text,
 )
 from llmq.model.tokenizer import CHARS
+from llmq.policy.derived import PREFIX_CACHES
 from llmq.schema import TokenLogprob
 from llmq.sse import DONE, frames
 from llmq.stale_connections import STALE_RETRIES, unsent
@@ -229,6 +230,12 @@ class OpenAIUpstream:
             await self._client.close()  # sized by the slots, now known
             self._client = None
         self._keep_warm()
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether its engine keeps a prefix cache: routing a prompt to the upstream
+        that holds its prefix pays (:func:`llmq.model.interface.prefix_cache_of`)."""
+        return self.engine.name in PREFIX_CACHES
 
     def found(self) -> dict[str, Any]:
         """What the worker knows of the upstream, for ``/v1/workers``."""
