@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis, RedisCluster
 
 from api.app import create_app
+from bench.procs import FIXED_LENGTHS
 from llmq.connection import connect
 from llmq.embedded import EmbeddedRedis, free_port
 from llmq.model.interface import Backend
@@ -106,26 +107,28 @@ def redis_url(backend: str, request: pytest.FixtureRequest, redis: Redis) -> str
     return server.url
 
 
-#: The routing a test's parts claim under where the test sets none: the queue's order,
-#: which every test of something else than routing assumes (a pool of mocks, whose
-#: engine keeps a prefix cache, would derive ``prefix``).
-PINNED_ROUTING = "fifo"
+#: The pool policy a test's parts run under where the test sets none: claims in the
+#: queue's order, which every test of something else than routing assumes (a pool of
+#: mocks, whose engine keeps a prefix cache, would derive ``prefix``), and the bound of
+#: a request without ``max_tokens`` that the test processes' environment sets
+#: (:data:`bench.procs.FIXED_LENGTHS`), so that they find the pool agreeing with it.
+PINNED = {"routing": "fifo", "default_max_tokens": int(FIXED_LENGTHS["LLMQ_DEFAULT_MAX_TOKENS"])}
 
 
 async def set_pool_policy(redis_url: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """The pool policy's values among a part's ``overrides`` go into the pool's policy
     (as ``llmq config set`` puts them); the rest, the part's own settings, are returned.
 
-    The first part of a test whose pool's document sets no routing pins
-    :data:`PINNED_ROUTING` there; a test sets its own with ``routing=NAME`` (or ``llmq
-    config set`` before starting its parts), or none at all with ``routing=None``:
-    the value derived from the workers then holds."""
+    Where the test gives none of :data:`PINNED`'s keys and the pool's document sets
+    none, the first part pins it there; a test sets its own (``routing=NAME``, or
+    ``llmq config set`` before starting its parts), or none with ``routing=None``: the
+    value derived from the workers then holds."""
     given = {k: overrides[k] for k in overrides if k in POLICY_NAMES}
     policy = {k: v for k, v in given.items() if v is not None}
     client = connect(CommonSettings(redis_url=redis_url))
     try:
-        if "routing" not in given and "routing" not in (await stored_policy.read(client)).pool:
-            policy["routing"] = PINNED_ROUTING
+        pool = (await stored_policy.read(client)).pool
+        policy |= {k: v for k, v in PINNED.items() if k not in given and k not in pool}
         if policy:
             await policy_store.set_values(client, policy, None, "tests")
     finally:
