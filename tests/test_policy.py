@@ -266,7 +266,8 @@ async def test_a_pool_of_mocks_derives_prefix_routing_as_their_kv_cache_keeps_pr
     redis_url: str, redis: Redis, start_api: StartApi, start_worker: StartWorker
 ) -> None:
     """Nothing set: the mock's engine keeps a prefix cache, as vLLM's, so its pool routes
-    by prefix (the API's hints), as ``llmq config show`` says."""
+    by prefix (the API's hints, the worker's claims and cache beats), as ``llmq config
+    show`` says."""
     await start_worker(routing=None)
     api = await start_api(routing=None)
     async with api.client() as client:
@@ -278,6 +279,11 @@ async def test_a_pool_of_mocks_derives_prefix_routing_as_their_kv_cache_keeps_pr
             return api.app_state().policy.routing_for("mock").policy.name == "prefix"
 
         await wait_until(prefix_routed, timeout=5, what="the API to derive prefix routing")
+
+        async def worker_routes() -> bool:  # a worker beats its cache only when routed
+            return bool(await cast("Awaitable[int]", redis.hlen(keys.loads("mock"))))
+
+        await wait_until(worker_routes, timeout=5, what="the worker to claim by prefix")
         code, out, _ = await llmq(redis_url, "config", "show", "--model", "mock")
         assert code == 0
         shown = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}

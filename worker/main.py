@@ -240,7 +240,7 @@ async def _serve(settings: WorkerSettings, stop: asyncio.Event, backend: Backend
     store = cast(Redis, cluster) if cluster is not None else redis
     tally = metrics.Tally()
     tally.inc(metrics.WORKER_STARTS, settings.model)  # a crash loop shows as starts
-    policy = await live_policy.start(store, settings, worker_id)
+    policy = await live_policy.start(store, settings, worker_id, derived=True)
     publisher = StreamPublisher(
         store,
         maxlen=settings.stream_maxlen,

@@ -3,8 +3,8 @@
 :class:`LivePolicy` reads the policy once at start-up (seeding it from the process's
 environment where the pool has none: :func:`start`), then polls its version every
 :data:`POLL_SECONDS` (one ``HGET``) and reads it again when it changed; an API
-process also re-derives, every :data:`DERIVE_SECONDS`, what the model's workers
-declare (:mod:`llmq.policy.derived`). The queue asks it, per model, for the routing
+process and a worker also re-derive, every :data:`DERIVE_SECONDS`, what the model's
+workers declare (:mod:`llmq.policy.derived`). The queue asks it, per model, for the routing
 and fair share of a claim or an enqueue (and, pool-wide, for the lifetimes of what it
 writes, as the worker's publisher does once per flush), and passes its
 :attr:`LivePolicy.version` to the claim script, which refuses a version older than
@@ -36,7 +36,7 @@ POLL_SECONDS = 0.25
 #: How long a process's start waits for the pool's policy before going on without.
 START_SECONDS = 2.0
 
-#: How often an API process re-derives the values its models' workers declare.
+#: How often an API process or a worker re-derives the values the models' workers declare.
 DERIVE_SECONDS = 1.0
 
 
@@ -48,8 +48,9 @@ class LivePolicy:
         #: This process, as its log lines name it.
         self.who = who
         self.live_ms = live_ms
-        #: Whether this process derives values from the registry (the API does; a
-        #: worker's claims use no derived value).
+        #: Whether this process derives values from the registry (API processes and
+        #: workers: a worker claims, and beats its cache for routing, under the derived
+        #: routing; a tool reading the policy once need not).
         self.derived = derived
         self.stored = Stored()
         self._declared: dict[str, dict[str, Any]] = {}
