@@ -191,6 +191,7 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "heartbeat_at",
         "capabilities",
         "kv_cache_usage",
+        "prefix_cache",
         "prefix_cache_queries",
         "prefix_cache_hits",
         "tokenizer",
@@ -199,14 +200,15 @@ async def test_workers_lists_the_fields_the_readme_names(stack: RunningApi) -> N
         "upstream",
         "draining",
     }
-    # the model's declaration (docs/backends.md): the mock counts whitespace words, and
-    # has no upstream engine
+    # the model's declaration (docs/backends.md): the mock counts whitespace words, has
+    # no upstream engine and keeps a prefix cache
     assert (
         worker["tokenizer"],
         worker["context_length"],
         worker["ready"],
         worker["upstream"],
-    ) == ("whitespace", None, True, None)
+        worker["prefix_cache"],
+    ) == ("whitespace", None, True, None, True)
     assert worker["model"] == "mock" and worker["concurrency"] == 8
     assert worker["running"] == 1
     assert worker["started_at"] <= worker["heartbeat_at"] <= time.time()
