@@ -1168,6 +1168,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_resume.py::test_a_rerun_of_a_request_that_ended_writes_nothing",),
     ),
     Mutant(
+        "fair-routed-window-least-first",
+        "under routing, the least-served tenant's request comes first where affinity prefers none",
+        "llmq/protocol/lua/fair.lua",
+        "    if a[2] ~= b[2] then return a[2] < b[2] end\n    return tonumber(a[4]) < tonumber(b[4])",
+        "    return tonumber(a[4]) < tonumber(b[4])",
+        (
+            "tests/test_fairness.py::test_under_routing_affinity_chooses_within_the_slack",
+            "tests/test_fairness.py::test_through_the_api_a_light_tenant_overtakes_a_noisy_backlog",
+        ),
+    ),
+    Mutant(
         "chaos-batch-line-kill",
         "the chaos checker allows a batch line's count lost with a process killed just after",
         "bench/chaos/checker.py",

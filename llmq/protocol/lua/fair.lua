@@ -149,11 +149,14 @@ local function fair_tenants(queue_key, fair_key, vtc_key, tenants_key, fairq_pre
   return found, least
 end
 
--- The requests fairness allows a claim to take, head of the queue given: the first
--- `n` requests (by score) of the tenants in the head's band whose counter is at most
--- the least plus `slack`; slack 0 and n 1: the least-served tenant's first request
--- (ties: the earlier). Returns ids, scores, least; nil when the head has no tenant
--- (the queue's order then stands).
+-- The requests fairness allows a claim to take, head of the queue given: up to `n`
+-- requests of the tenants in the head's band whose counter is at most the least plus
+-- `slack`, taken in turns, the least-served tenant first (its first request, then the
+-- next tenant's first, ..., then each one's second, ...), so that every such tenant is
+-- in a routed window, and where affinity prefers none the least-served tenant's request
+-- comes first; slack 0 and n 1: the least-served tenant's first request (ties: the
+-- earlier). Returns ids, scores, least; nil when the head has no tenant (the queue's
+-- order then stands).
 local function fair_window(queue_key, fair_key, vtc_key, tenants_key, fairq_prefix, head,
     head_score, slack, n)
   local head_tenant, _, band = fair_parse(redis.call('HGET', fair_key, head))
@@ -167,28 +170,33 @@ local function fair_window(queue_key, fair_key, vtc_key, tenants_key, fairq_pref
     found[#found + 1] = {head_tenant, c, head, head_score}
     if least == nil or c < least then least = c end
   end
-  local picked, seen = {}, {}
+  local within = {}
   for _, f in ipairs(found) do
-    if f[2] <= least + slack then
-      picked[#picked + 1] = {f[3], f[4], f[2]}
-      seen[f[3]] = true
-      if n > 1 then
-        for _, r in ipairs(fair_firsts(queue_key, tenants_key, fairq_prefix, f[1], n)) do
-          if not seen[r[1]] then
-            picked[#picked + 1] = {r[1], r[2], f[2]}
-            seen[r[1]] = true
-          end
-        end
+    if f[2] <= least + slack then within[#within + 1] = f end
+  end
+  table.sort(within, function(a, b)
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return tonumber(a[4]) < tonumber(b[4])
+  end)
+  local queued = {}
+  for t, f in ipairs(within) do
+    queued[t] = {{f[3], f[4]}}
+    if n > 1 then
+      for _, r in ipairs(fair_firsts(queue_key, tenants_key, fairq_prefix, f[1], n)) do
+        if r[1] ~= f[3] then queued[t][#queued[t] + 1] = r end
       end
     end
   end
-  table.sort(picked, function(a, b)
-    if n == 1 and a[3] ~= b[3] then return a[3] < b[3] end
-    return tonumber(a[2]) < tonumber(b[2])
-  end)
-  local ids, scores = {}, {}
-  for i = 1, math.min(#picked, n) do
-    ids[i], scores[i] = picked[i][1], picked[i][2]
+  local ids, scores, seen = {}, {}, {}
+  for turn = 1, n do
+    for t = 1, #queued do
+      local r = queued[t][turn]
+      if r and not seen[r[1]] and #ids < n then
+        ids[#ids + 1], scores[#scores + 1] = r[1], r[2]
+        seen[r[1]] = true
+      end
+    end
+    if #ids >= n then break end
   end
   return ids, scores, least
 end
