@@ -1171,7 +1171,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "fair-routed-window-least-first",
         "under routing, the least-served tenant's request comes first where affinity prefers none",
         "llmq/protocol/lua/fair.lua",
-        "    if a[2] ~= b[2] then return a[2] < b[2] end\n    return tonumber(a[4]) < tonumber(b[4])",
+        "    if a[2] ~= b[2] then return a[2] < b[2] end\n"
+        "    return tonumber(a[4]) < tonumber(b[4])",
         "    return tonumber(a[4]) < tonumber(b[4])",
         (
             "tests/test_fairness.py::test_under_routing_affinity_chooses_within_the_slack",
