@@ -67,14 +67,17 @@ async def start_stack(redis_url: str) -> AsyncIterator[StartStack]:
     async def start(answers: list[ScriptedCall], otel: dict[str, str], n: int = 1) -> Stack:
         upstream = await ChatUpstream(MODEL, answers).start()
         settings = upstream.worker_settings(lease_seconds=2, heartbeat_seconds=0.2)
+        # claims in the queue's order, as the other tests' stacks (the scripted server
+        # keeps no prefix cache: left unset, the pool derives least-loaded)
+        pinned = {"LLMQ_ROUTING": "fifo", **otel}
         worker_env = untraced_env(
             LLMQ_REDIS_URL=redis_url,
             **{f"LLMQ_{k.upper()}": str(v) for k, v in settings.items()},
-            **otel,
+            **pinned,
         )
         procs = [Proc(["worker"], worker_env) for _ in range(n)]
         port = free_port()
-        api = Proc(["api"], untraced_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **otel))
+        api = Proc(["api"], untraced_env(LLMQ_REDIS_URL=redis_url, LLMQ_PORT=str(port), **pinned))
         stack = Stack(upstream, f"http://127.0.0.1:{port}", procs, [*procs, api])
         made.append(stack)
         async with httpx.AsyncClient(base_url=stack.api_url) as client:
