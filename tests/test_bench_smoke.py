@@ -64,6 +64,23 @@ def test_bench_quick_light_pickup_and_recovery(tmp_path: Path) -> None:
     assert done.stdout.strip().startswith("# llmq benchmark")
 
 
+@pytest.mark.timeout(150)
+def test_bench_quick_light_and_pickup_run_llmq_under_routing_policies_in_turn(
+    tmp_path: Path,
+) -> None:
+    argv = ["-m", "bench", "--quick", "--scenarios", "light,pickup", "--policies", "fifo,prefix"]
+    _run([*argv, "--repeats", "2", "--out", tmp_path], timeout=140)
+    [json_path] = tmp_path.glob("*.json")
+    scenarios = json.loads(json_path.read_text())["scenarios"]
+    for name, key in (("light", "ttft_ms_median"), ("pickup", "wait_ms_median")):
+        for run in scenarios[name]["runs"]["llmq"]:
+            assert set(run["routing"]) == {"fifo", "prefix"}
+            assert run[key] == run["routing"]["fifo"][key]
+        each = scenarios[name]["by_policy"]["ratios"]["prefix"][key]["each"]
+        assert len(each) == 2 and all(r > 0 for r in each), name
+    assert json_path.with_suffix(".md").read_text().count("`prefix` / `fifo`") == 2
+
+
 @pytest.mark.timeout(90)
 def test_bench_quick_capacity_measures_the_floors_and_llmq(tmp_path: Path) -> None:
     _run(

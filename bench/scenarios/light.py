@@ -4,7 +4,9 @@ At light load nothing queues, so any difference in TTFT is the price of the
 pipeline itself (HTTP, the Redis enqueue, the wake-up, the claim, the stream
 relay) over the prototype's in-process server running the same mock model. Both
 systems get the identical LoadConfig (same seed per repeat, so the same arrival
-times and prompts) and the same number of slots.
+times and prompts) and the same number of slots. ``--policies fifo,prefix`` runs
+llmq's side under each routing policy in turn on the same processes
+(:mod:`bench.policy_turns`); one routing policy runs it under that one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from bench import traffic
+from bench import policy_turns, traffic
 from bench.breakdown import pipeline_breakdown
 from bench.procs import Stack
 from bench.report import fmt, table, target_line
@@ -117,15 +119,22 @@ def run(ctx: Context) -> ScenarioResult:
         "LLMQ_MODEL_TOKENS_PER_SECOND": str(s.tokens_per_second),
         "LLMQ_MODEL_PREFILL_SECONDS_PER_TOKEN": str(s.prefill_seconds_per_token),
     }
-    with Stack(ctx.log_dir) as stack:
-        stack.scale(1, worker_env)
+    routing = policy_turns.routing_policies(ctx.policies)
+    env = {"LLMQ_ROUTING": routing[0]} if len(routing) == 1 else {}
+    with Stack(ctx.log_dir, api_env=env) as stack:
+        stack.scale(1, {**worker_env, **env})
 
         def ours(i: int) -> dict[str, Any]:
-            result = traffic.run(_config(s, i, base_url=stack.url))
-            out = traffic.figures(result)
-            out["breakdown"] = pipeline_breakdown(stack.redis.url, result.started_at)
-            out.update(out["breakdown"])
-            return out
+            def once() -> dict[str, Any]:
+                result = traffic.run(_config(s, i, base_url=stack.url))
+                out = traffic.figures(result)
+                out["breakdown"] = pipeline_breakdown(stack.redis.url, result.started_at)
+                out.update(out["breakdown"])
+                return out
+
+            if len(routing) > 1:
+                return policy_turns.in_turns(stack.redis.url, routing, i, once)
+            return once()
 
         def baseline(i: int) -> dict[str, Any]:
             return traffic.figures(traffic.run(_config(s, i, in_process=True)))
@@ -146,6 +155,9 @@ def run(ctx: Context) -> ScenarioResult:
         for k in KEYS
     ]
     failed = {name: sum(r["failed"] or 0 for r in rs) for name, rs in runs.items()}
+    turns = None
+    if len(routing) > 1:
+        turns = policy_turns.by_policy(runs["llmq"], routing, LABELS)
     md = "\n\n".join(
         [
             f"Poisson {s.rate:g} req/s, {s.requests} requests, prompt {s.prompt_tokens} / "
@@ -161,6 +173,7 @@ def run(ctx: Context) -> ScenarioResult:
             f"{wake['healthz_ms_after_idle']:.2f} ms after {IDLE_GAP_S:g} s idle; at light "
             "load every hop of the pipeline starts from idle.",
             target_line(target.description, target.met, target.detail),
+            *([turns["md"]] if turns else []),
         ]
     )
     data = {
@@ -169,5 +182,6 @@ def run(ctx: Context) -> ScenarioResult:
         "medians": med,
         "ratios": ratios,
         "wake_cost": wake,
+        "by_policy": turns["data"] if turns else None,
     }
     return ScenarioResult("light", "Light load: llmq vs in-process baseline", data, md, [target])

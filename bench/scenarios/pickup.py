@@ -17,7 +17,9 @@ ever waits for a slot and the figure is the pickup alone:
   for requests submitted through the native API.
 
 All run against the same Redis; their keys do not overlap. ``--policies prefix``
-(or another routing policy) runs llmq's side under that ``LLMQ_ROUTING``.
+(or another routing policy) runs llmq's side under that ``LLMQ_ROUTING``; several
+(``--policies fifo,prefix``) run it under each in turn on the same processes
+(:mod:`bench.policy_turns`).
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ from typing import Any
 import httpx
 from arq.connections import ArqRedis, RedisSettings, create_pool
 
-from bench import redis_hop
+from bench import policy_turns, redis_hop
 from bench.procs import BenchError, BenchProcess, Stack, clean_env
 from bench.report import fmt, table, target_line
 from bench.scenario import Context, ScenarioResult, Target, interleave
 from bench.stats import describe_ms, median_of, paired_differences, paired_ratios
 from bench.stock_arq import JOB
-from llmq.protocol.routing import POLICIES
 
 WAITS_KEY = "bench:pickup:waits"
 WARM_KEY = "bench:pickup:warm"
@@ -153,8 +154,8 @@ def _figures(waits_ms: list[float]) -> dict[str, Any]:
 
 def run(ctx: Context) -> ScenarioResult:
     s = QUICK if ctx.quick else Sizes()
-    routing = [p for p in ctx.policies if p in POLICIES]
-    env = {"LLMQ_ROUTING": routing[0]} if routing else {}
+    routing = policy_turns.routing_policies(ctx.policies)
+    env = {"LLMQ_ROUTING": routing[0]} if len(routing) == 1 else {}
     with Stack(ctx.log_dir, api_env=env) as stack:
         stack.scale(1, env)
         url = stack.redis.url
@@ -173,7 +174,12 @@ def run(ctx: Context) -> ScenarioResult:
                 return _figures(asyncio.run(_hop(url, s, i)))
 
             def ours(i: int) -> dict[str, Any]:
-                return _figures(asyncio.run(_ours(stack.url, s, i)))
+                def once() -> dict[str, Any]:
+                    return _figures(asyncio.run(_ours(stack.url, s, i)))
+
+                if len(routing) > 1:
+                    return policy_turns.in_turns(url, routing, i, once)
+                return once()
 
             systems = [("stock_arq", stock), ("redis_hop", bare), ("llmq", ours)]
             runs = interleave(ctx, ctx.repeats, systems)
@@ -210,6 +216,10 @@ def run(ctx: Context) -> ScenarioResult:
         "llmq - hop",
         "arq / llmq",
     ]
+    turns = None
+    if len(routing) > 1:
+        labels = {"wait_ms_median": "median wait (ms)", "wait_ms_p90": "p90 wait (ms)"}
+        turns = policy_turns.by_policy(runs["llmq"], routing, labels)
     md = "\n\n".join(
         [
             f"{s.jobs} jobs per run, arrivals spaced uniformly {s.gap_low_s * 1000:.0f}-"
@@ -220,6 +230,7 @@ def run(ctx: Context) -> ScenarioResult:
             "of any hand-off through Redis on this machine.",
             table(head, rows),
             target_line(target.description, target.met, target.detail),
+            *([turns["md"]] if turns else []),
         ]
     )
     data = {
@@ -228,5 +239,6 @@ def run(ctx: Context) -> ScenarioResult:
         "medians": med,
         "ratios": ratios,
         "above_hop_ms": above,
+        "by_policy": turns["data"] if turns else None,
     }
     return ScenarioResult("pickup", "Pickup: queue wait at light load", data, md, [target])
