@@ -5,9 +5,11 @@ runs llmq under each routing policy on the same processes: before each run the p
 policy's ``routing`` is set (:mod:`llmq.policy`, as ``llmq config set`` does) and the
 run starts once every process has followed it; each repeat takes the policies in the
 other order from the last, so that a drift of the machine lands on all of them. What
-differs between the runs is then the routing alone, not the processes, their caches
-or the hour, and the report gives each policy's figures and their paired ratios to
-the first policy's.
+differs between the runs is then the routing alone, not the processes or the hour,
+and the report gives each policy's figures and their paired ratios to the first
+policy's. Each policy's run of a repeat draws its own requests (:func:`seed`): with
+the same prompts, the second run of a repeat would find them in the engine's prefix
+cache from the first and look faster whatever its routing.
 """
 
 from __future__ import annotations
@@ -43,15 +45,21 @@ async def _route(redis_url: str, policy: str) -> None:
     await asyncio.sleep(FOLLOW_SECONDS)
 
 
+def seed(repeat: int, turn: int) -> int:
+    """The seed of the requests of a repeat's run under its ``turn``-th policy (the
+    first policy's is the repeat's own, as the other systems')."""
+    return repeat + 1000 * turn
+
+
 def in_turns(
-    redis_url: str, routing: Sequence[str], repeat: int, run: Callable[[], dict[str, Any]]
+    redis_url: str, routing: Sequence[str], repeat: int, run: Callable[[int], dict[str, Any]]
 ) -> dict[str, Any]:
-    """One repeat's runs, one per routing policy (reversed on odd repeats): the first
-    policy's figures, with every policy's under ``"routing"``."""
+    """One repeat's runs, one per routing policy (reversed on odd repeats), each
+    ``run(seed)``: the first policy's figures, with every policy's under ``"routing"``."""
     each: dict[str, Any] = {}
     for policy in routing if repeat % 2 == 0 else list(reversed(routing)):
         asyncio.run(_route(redis_url, policy))
-        each[policy] = run()
+        each[policy] = run(seed(repeat, routing.index(policy)))
     return {**each[routing[0]], "routing": each}
 
 

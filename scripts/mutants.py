@@ -93,6 +93,22 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{ADMIN_TESTS}::test_listings_are_bounded_with_a_queue_of_a_thousand",),
     ),
     Mutant(
+        "admin-worker-pace",
+        "the pool shows each worker's pace as its routing beats publish it",
+        "api/pool_view.py",
+        '"pace": _pace(load),',
+        '"pace": _pace(None),',
+        (f"{ADMIN_TESTS}::test_the_pool_shows_each_workers_pace_and_the_batches_their_rate",),
+    ),
+    Mutant(
+        "admin-batch-rate",
+        "a batch's rate is its lines ended per minute from its start to its end",
+        "api/routes/admin_batches.py",
+        "until = min([t for t in ended if t is not None], default=now)",
+        "until = now",
+        (f"{ADMIN_TESTS}::test_the_pool_shows_each_workers_pace_and_the_batches_their_rate",),
+    ),
+    Mutant(
         "tenant-minute-history",
         "a tenant's usage per minute over the last hour is kept (GET /admin/tenants)",
         "llmq/metrics.py",

@@ -22,7 +22,7 @@ from tests.support.native import post_request, wait_ready, wait_status
 from tests.support.processes import llmq
 from tests.support.servers import RunningApi, StartApi, StartWorker
 from tests.support.waiting import wait_until
-from tests.test_batch import chat_line, create
+from tests.test_batch import chat_line, create, finished
 from tests.test_policy import FOLLOWED_SECONDS, body, routing_beats
 
 pytestmark = pytest.mark.timeout(90)
@@ -410,3 +410,32 @@ async def test_a_policy_change_by_the_admin_api_is_followed_live_audited_and_in_
     assert (await store.show(redis, "mock")).policy.max_queue_depth == 7
     code, out, _ = await llmq(redis_url, "config", "show", "--model", "mock")
     assert code == 0 and "max_queue_depth" in out and "model" in out, out
+
+
+async def test_the_pool_shows_each_workers_pace_and_the_batches_their_rate(
+    start_api: StartApi, start_worker: StartWorker, redis: Redis
+) -> None:
+    """A routing worker's pace (how long a run holds a slot), as its beats publish it,
+    and a batch's lines ended per minute between its start and its end."""
+    await start_worker(routing="prefix", model_tokens_per_second=50.0)
+    api = await start_api(routing="prefix")
+    admin_key = await create_admin_key(redis, "ops")
+    async with api.client() as plain, api.client(headers=bearer(admin_key)) as client:
+        await wait_ready(plain)
+        (w,) = (await client.get("/admin/pool")).json()["workers"]
+        assert w["pace"] == {"service_ms": None, "block_us": None}  # nothing run yet
+        async with api.sdk() as sdk:
+            batch = await create(sdk, [chat_line(f"l{i}", "hello", 60) for i in range(6)])
+            ended = (await finished(sdk, batch.id))[-1]
+        assert ended.status == "completed", ended
+
+        async def paced() -> bool:
+            (w,) = (await client.get("/admin/pool")).json()["workers"]
+            return bool(w["pace"]["service_ms"])
+
+        await wait_until(paced, timeout=10, what="the worker's pace in the pool")
+        (w,) = (await client.get("/admin/pool")).json()["workers"]
+        assert 500 <= w["pace"]["service_ms"] <= 10_000, w["pace"]  # up to 60 tokens at 50/s
+        (row,) = (await client.get("/admin/batches")).json()["data"]
+        seconds = row["finalizing_at"] - row["in_progress_at"]
+        assert seconds >= 1 and row["lines_per_minute"] == round(6 * 60 / seconds, 1), row

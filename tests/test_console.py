@@ -161,6 +161,8 @@ async def test_a_batchs_progress_moves_and_its_cancel_from_the_console_works(
     await expect(progress).not_to_have_text(re.compile(r"^\s*0 / 200$"), timeout=SHOWN_MS)
     seen = await progress.text_content() or ""
     await expect(progress).not_to_have_text(seen, timeout=SHOWN_MS)
+    rate = page.locator(f"[data-rate='{batch.id}']")  # lines per minute
+    await expect(rate).to_have_text(re.compile(r"^[1-9]\d*(\.\d)?$"), timeout=SHOWN_MS)
     row = page.locator(f"#batches tbody tr[data-batch='{batch.id}']")
     await row.get_by_role("button", name="Cancel").click()
     await expect(row).to_have_attribute("data-status", "cancelled", timeout=SHOWN_MS)

@@ -8,6 +8,7 @@ Batches are indexed per owner (``keys.batches_of``); the listing reads at most
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
@@ -30,8 +31,26 @@ PAGE_MAX = 100
 BatchId = Annotated[str, Path(min_length=1, max_length=128)]
 
 
+def _rate(batch: batch_store.BatchObject, now: float) -> float | None:
+    """Lines ended (completed or failed) per minute since the batch started, up to its
+    end or now; ``None`` before it started or within its first second."""
+    if batch.in_progress_at is None:
+        return None
+    ended = [batch.finalizing_at, batch.cancelling_at, batch.expired_at, batch.failed_at]
+    until = min([t for t in ended if t is not None], default=now)
+    seconds = until - batch.in_progress_at
+    counts = batch.request_counts
+    done = counts.get("completed", 0) + counts.get("failed", 0)
+    return round(done * 60 / seconds, 1) if seconds >= 1 else None
+
+
 def _row(batch: batch_store.BatchObject) -> dict[str, Any]:
-    return {**batch.public(), "tenant": batch.tenant, "model": batch.model}
+    return {
+        **batch.public(),
+        "tenant": batch.tenant,
+        "model": batch.model,
+        "lines_per_minute": _rate(batch, time.time()),
+    }
 
 
 async def _newest(state: AppState, limit: int) -> list[str]:
@@ -53,7 +72,8 @@ async def list_batches(
     _: AdminCaller,
     limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 20,
 ) -> dict[str, Any]:
-    """Every tenant's batches, newest first: status, lines done and failed, tenant."""
+    """Every tenant's batches, newest first: status, lines done and failed, their rate
+    (lines ended per minute since the batch started), tenant."""
     rows = []
     for batch_id in await _newest(state, limit):
         batch = await batch_store.load(state.redis, batch_id)

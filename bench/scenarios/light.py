@@ -125,8 +125,8 @@ def run(ctx: Context) -> ScenarioResult:
         stack.scale(1, {**worker_env, **env})
 
         def ours(i: int) -> dict[str, Any]:
-            def once() -> dict[str, Any]:
-                result = traffic.run(_config(s, i, base_url=stack.url))
+            def once(seed: int) -> dict[str, Any]:
+                result = traffic.run(_config(s, seed, base_url=stack.url))
                 out = traffic.figures(result)
                 out["breakdown"] = pipeline_breakdown(stack.redis.url, result.started_at)
                 out.update(out["breakdown"])
@@ -134,7 +134,7 @@ def run(ctx: Context) -> ScenarioResult:
 
             if len(routing) > 1:
                 return policy_turns.in_turns(stack.redis.url, routing, i, once)
-            return once()
+            return once(i)
 
         def baseline(i: int) -> dict[str, Any]:
             return traffic.figures(traffic.run(_config(s, i, in_process=True)))

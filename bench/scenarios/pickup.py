@@ -174,12 +174,12 @@ def run(ctx: Context) -> ScenarioResult:
                 return _figures(asyncio.run(_hop(url, s, i)))
 
             def ours(i: int) -> dict[str, Any]:
-                def once() -> dict[str, Any]:
-                    return _figures(asyncio.run(_ours(stack.url, s, i)))
+                def once(seed: int) -> dict[str, Any]:
+                    return _figures(asyncio.run(_ours(stack.url, s, seed)))
 
                 if len(routing) > 1:
                     return policy_turns.in_turns(url, routing, i, once)
-                return once()
+                return once(i)
 
             systems = [("stock_arq", stock), ("redis_hop", bare), ("llmq", ours)]
             runs = interleave(ctx, ctx.repeats, systems)

@@ -186,6 +186,14 @@ def load(running: int, capacity: int, service_ms: int = 0, block_us: int = 0) ->
     return f"{running}|{capacity}|{service_ms}|{block_us}"
 
 
+def load_pace(raw: bytes | str) -> tuple[int, int]:
+    """The pace (service ms, block us) of a load :func:`load` wrote; 0 for what is not
+    measured or not there."""
+    fields = [*as_str(raw).split("|"), "0", "0"][2:4]
+    service_ms, block_us = (int(f) if f.isdigit() else 0 for f in fields)
+    return service_ms, block_us
+
+
 #: The counters of ``llmq:routing:{m:<model>}`` (HINCRBY by claim.lua and enqueue.lua):
 #: ``affinity``, a claim took a request other than the first it could take, for its
 #: cache or session; ``held``, a claim left a request to the worker that holds it;

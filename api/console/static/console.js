@@ -87,6 +87,13 @@
 
   const when = (ts) => (ts ? new Date(ts * 1000).toLocaleString() : "–");
   const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
+  // A worker's pace: how long a run holds a slot, how long a KV block of a prompt takes.
+  const pace = (p) => {
+    const parts = [];
+    if (p && p.service_ms) parts.push(`run ${(p.service_ms / 1000).toFixed(2)} s`);
+    if (p && p.block_us) parts.push(`block ${(p.block_us / 1000).toFixed(1)} ms`);
+    return parts.join(" · ") || "–";
+  };
   const link = (id) => el("a", id, { href: "/console/requests/" + encodeURIComponent(id) });
 
   // A tenant's requests per minute over the hour (oldest first) as an inline SVG: a bar
@@ -193,6 +200,7 @@
         cells([m.model, m.workers, `${m.used} / ${m.slots}`, m.queued], { "data-model": m.model })));
       fill("workers", data.workers.map((w) => cells([
         w.id, w.host, w.model, w.engine, `${w.used} / ${w.slots}`, w.free, pct(w.cache_hit_rate),
+        el("span", pace(w.pace), { "data-pace": w.id }),
         w.draining ? "draining" : w.ready ? "ready" : "not ready",
         w.draining ? "" : action("Drain", () => api("POST", `/admin/workers/${encodeURIComponent(w.id)}/drain`), "danger"),
       ], { "data-worker": w.id })));
@@ -278,7 +286,9 @@
         if (b.output_file_id) acts.append(action("Output", () => download(b.id, "output")));
         if (b.error_file_id) acts.append(action("Errors", () => download(b.id, "errors")));
         return cells([
-          b.id, b.tenant, b.model, b.status, bar, c.failed || 0, when(b.created_at), acts,
+          b.id, b.tenant, b.model, b.status, bar,
+          el("span", b.lines_per_minute ?? "–", { "data-rate": b.id }),
+          c.failed || 0, when(b.created_at), acts,
         ], { "data-batch": b.id, "data-status": b.status });
       }));
     },
