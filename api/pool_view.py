@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any, cast
 
 from api.state import AppState
-from llmq.protocol import codec, keys
+from llmq.protocol import keys
 from llmq.protocol.depth import queued_by
+from llmq.protocol.routing import UNMEASURED, Pace, paces
 from llmq.schema import WorkerInfo
 from llmq.tenants import text
 
@@ -19,15 +20,7 @@ from llmq.tenants import text
 COUNT_MAX = 1_000
 
 
-def _pace(raw: bytes | None) -> dict[str, int | None]:
-    """A worker's pace as its routing beats publish it (``worker/pace.py``): how long
-    a run holds a slot, and how long its engine computes an uncached KV block of a
-    prompt; ``None`` until measured, and for a worker not routing (``fifo``)."""
-    service_ms, block_us = codec.load_pace(raw) if raw is not None else (0, 0)
-    return {"service_ms": service_ms or None, "block_us": block_us or None}
-
-
-def _worker(w: WorkerInfo, load: bytes | None = None) -> dict[str, Any]:
+def _worker(w: WorkerInfo, pace: Pace = UNMEASURED) -> dict[str, Any]:
     queries = w.prefix_cache_queries
     return {
         "id": w.id,
@@ -40,7 +33,9 @@ def _worker(w: WorkerInfo, load: bytes | None = None) -> dict[str, Any]:
         "free": max(0, w.concurrency - w.running),
         "cache_hit_rate": round(w.prefix_cache_hits / queries, 4) if queries else None,
         "kv_cache_usage": w.kv_cache_usage,
-        "pace": _pace(load),
+        # how long a run holds a slot, how long a prompt's uncached KV block takes:
+        # measured by the worker, published with its routing beats (None until then)
+        "pace": {"service_ms": pace.service_ms or None, "block_us": pace.block_us or None},
         "ready": w.ready,
         "draining": w.draining,
         "started_at": w.started_at,
@@ -59,12 +54,11 @@ async def pool(state: AppState) -> dict[str, Any]:
     """Each model's workers and slots, and each live worker."""
     workers = await state.catalog.workers()
     out = []
-    loads: dict[str, bytes | None] = {}
+    pace: dict[str, Pace] = {}
     for model in await models(state, workers):
         mine = [w for w in workers if w.model == model]
-        if mine:
-            raw = await cast("Any", state.redis.hmget(keys.loads(model), [w.id for w in mine]))
-            loads.update(zip((w.id for w in mine), raw, strict=True))
+        ids = [w.id for w in mine]
+        pace.update(zip(ids, await paces(state.redis, model, ids), strict=True))
         out.append(
             {
                 "model": model,
@@ -77,7 +71,7 @@ async def pool(state: AppState) -> dict[str, Any]:
     return {
         "object": "pool",
         "models": out,
-        "workers": [_worker(w, loads.get(w.id)) for w in workers],
+        "workers": [_worker(w, pace.get(w.id, UNMEASURED)) for w in workers],
     }
 
 

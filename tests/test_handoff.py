@@ -10,6 +10,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
+from llmq.policy import store
+from llmq.policy.live import LivePolicy
 from llmq.protocol import keys
 from llmq.protocol.queue import Claim, Queue, parse_handoff
 from tests.support.jobs import Placed, enqueue_costing
@@ -73,7 +75,7 @@ async def test_a_worker_that_finds_the_queue_empty_parks(redis: Redis, queue: Qu
     found = await claim(queue, "w1", free=2)
     assert found.request_id is None and not found.more
     assert await redis.zrange(keys.parked("mock"), 0, -1) == ["w1"]
-    assert await terms(redis, "w1") == "2|-1|1|3000|4000"
+    assert await terms(redis, "w1") == "2|-1|1|3000|4000|-1"
     assert 0 < await redis.pttl(keys.parked("mock")) <= 60_000
 
 
@@ -99,7 +101,39 @@ async def test_a_request_is_claimed_for_the_parked_worker_and_sent_to_it(
     assert 0 < await redis.pttl(keys.in_progress("r1", "mock")) <= 4000
     assert await redis.zscore(keys.deadlines("mock"), "r1") is None
     # One slot left: still parked, with one free.
-    assert await terms(redis, "w1") == "1|-1|0|3000|4000"
+    assert await terms(redis, "w1") == "1|-1|0|3000|4000|-1"
+
+
+async def test_no_hand_off_under_a_policy_version_below_the_models(
+    redis: Redis, listener: PubSub
+) -> None:
+    """A hand-off is a claim, under one version of the pool policy: a worker parked under
+    a version below its model's floor is handed nothing (the request is queued, and its
+    claim, refused as stale, reads the policy again), nor does an API process whose
+    policy is behind hand off."""
+    await listener.subscribe(keys.handoff("w1", "mock"))
+    await store.set_values(redis, {"max_queue_depth": 50}, None, "op")
+
+    async def holding() -> Queue:
+        live = LivePolicy(redis, live_ms=5000)
+        await live.refresh()
+        return Queue(redis, stream_maxlen=100, ttl_seconds=60, policy=live)
+
+    worker, behind = await holding(), await holding()
+    await claim(worker, "w1", free=3)
+    assert await terms(redis, "w1") == "3|-1|1|3000|4000|1"
+    await store.set_values(redis, {"fairness": "fifo"}, "mock", "op")  # floor of mock: 2
+    api = await holding()
+    assert await enqueue_costing(api, "r1") == Placed.QUEUED
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r1"]
+    assert await terms(redis, "w1") is None  # unparked: it parks with its next claim
+    got = await claim(worker, "w1", free=3)  # refused as stale, then made under version 2
+    assert got.request_id == "r1" and await terms(redis, "w1") == "2|-1|0|3000|4000|2"
+    assert await enqueue_costing(behind, "r2") == Placed.QUEUED  # its policy is version 1
+    assert await redis.zrange(keys.queue("mock"), 0, -1) == ["r2"]
+    assert (await claim(worker, "w1", free=2)).request_id == "r2"
+    assert await enqueue_costing(api, "r3") == Placed.HANDED_OFF
+    assert (await handed(listener)).request_id == "r3"
 
 
 async def test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skipped(
@@ -176,7 +210,7 @@ async def test_a_claim_says_whether_requests_remain_and_parks_on_the_last(
     assert await redis.zcard(keys.parked("mock")) == 0
     last = await claim(queue, "w1", free=2)
     assert (last.request_id, last.more) == ("r2", False)
-    assert await terms(redis, "w1") == "1|-1|0|3000|4000"
+    assert await terms(redis, "w1") == "1|-1|0|3000|4000|-1"
 
 
 async def test_an_idle_worker_is_handed_requests_and_runs_them(
@@ -193,6 +227,13 @@ async def test_an_idle_worker_is_handed_requests_and_runs_them(
     api = await start_api()
     async with api.client() as client:
         await wait_ready(client)
+
+        async def parked_under_the_pools_policy() -> bool:  # the API's start may change it
+            held = await terms(redis, worker_id)
+            version = await redis.hget(keys.POLICY, "version")  # type: ignore[misc]
+            return held is not None and held.endswith(f"|{version}")
+
+        await wait_until(parked_under_the_pools_policy, timeout=5, what="the worker to re-park")
         rid = await post_request(client, max_tokens=3)
         assert (await handed(listener)).request_id == rid
         done = await wait_status(client, rid, "done")

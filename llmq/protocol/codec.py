@@ -6,7 +6,7 @@ the Lua side reads or writes the same text.
   claim.lua and enqueue.lua (hand-off), read by renew, requeue, release and reap;
 - attached member (``llmq:{g}:attached:<api>``): ``"<id>:<model>"``;
 - parked terms (``llmq:parked-terms:{m:<model>}``): ``"free|budget|idle|lease ms|in-progress
-  ms"``, written and read by Lua only (claim.lua, enqueue.lua);
+  ms|policy version"``, written and read by Lua only (claim.lua, enqueue.lua);
 - hand-off message (``llmq:handoff:{m:<model>}:<worker>``): ``"id|score|cost|try|job"``;
 - claim reply: ``[id, score, cost, job, try, more, retry ms, expired..., "|", cancelled...]``;
 - route hint (``llmq:routes:{m:<model>}``): ``"priority|session|b1,b2,..."``

@@ -406,6 +406,7 @@ class Queue:
             fair_key=keys.fair(model),
             vtc_key=keys.vtc(model),
             tenants_key=keys.fair_tenants(model),
+            policy_key=keys.policy_version(model),
             id=request_id,
             score=call.score,
             job=call.job,
@@ -421,6 +422,7 @@ class Queue:
             fair_entry=call.fair if self.fairness_for(model) == "vtc" else "",
             fairq_prefix=keys.fairq_prefix(model),
             quota_held=quota_held,
+            policy_version=-1 if self.policy is None else self.policy.version,
             route=self.routing_for(model).enqueue_route(model, call.route),
         )
 

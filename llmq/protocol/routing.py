@@ -39,7 +39,9 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+from redis.asyncio import Redis
 
 from llmq.model.blocks import block_hashes
 from llmq.model.tokenizer import TOKENIZERS, Tokenizer
@@ -66,6 +68,16 @@ class Pace:
 
 #: A worker's pace before it has measured anything.
 UNMEASURED = Pace()
+
+
+async def paces(redis: Redis, model: str, worker_ids: Sequence[str]) -> list[Pace]:
+    """The pace each of ``worker_ids`` last published with its load (its routing beats,
+    ``route_beat.lua``): :data:`UNMEASURED` for one that published none (a worker
+    under ``fifo`` publishes no load)."""
+    if not worker_ids:
+        return []
+    raw = await cast("Any", redis.hmget(keys.loads(model), list(worker_ids)))
+    return [UNMEASURED if r is None else Pace(*codec.load_pace(r)) for r in raw]
 
 
 @dataclass(frozen=True)

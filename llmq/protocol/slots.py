@@ -254,6 +254,8 @@ class Enqueue(Slots):
     fair_key: str
     vtc_key: str
     tenants_key: str
+    #: The model's policy version key (its floor, lua/policy_publish.lua).
+    policy_key: str
     id: str
     score: int
     job: bytes
@@ -270,6 +272,9 @@ class Enqueue(Slots):
     fairq_prefix: str
     #: The tenant's reservations hash that must hold the request (a single Redis only).
     quota_held: str = ""
+    #: The version of the pool policy the caller holds (its routing and fair share);
+    #: -1: none (a hand-off is then not checked against the floor).
+    policy_version: int = -1
     route: EnqueueRoute | None = field(default=None, metadata=part(EnqueueRoute))
 
 

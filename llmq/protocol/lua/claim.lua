@@ -4,7 +4,8 @@
 -- of its own; the try number is the attempt, the fencing token of this run.
 -- A worker that leaves the queue empty with a slot still free is *parked*: enqueue.lua
 -- then hands it the next request directly. Parked terms: "free|budget|idle|lease
--- ms|in-progress ms"; the parked set is ordered by when the worker parked (each
+-- ms|in-progress ms|policy version" (the version this claim ran under: enqueue.lua
+-- hands nothing to a worker parked under a version below its model's); the parked set is ordered by when the worker parked (each
 -- newcomer, or a worker handed a request, goes to the back: workers take turns).
 -- Reply: llmq.protocol.codec.parse_claim.
 --
@@ -144,7 +145,8 @@ end
 local function park(free, left, is_idle)
   if free > 0 and worker_id ~= '' then
     redis.call('HSET', terms_key, worker_id,
-      free .. '|' .. left .. '|' .. is_idle .. '|' .. lease_ms .. '|' .. in_progress_ms)
+      free .. '|' .. left .. '|' .. is_idle .. '|' .. lease_ms .. '|' .. in_progress_ms
+        .. '|' .. policy_version)
     local last = redis.call('ZRANGE', parked_key, -1, -1, 'WITHSCORES')
     local at = now
     if last[1] and last[1] ~= worker_id then at = math.max(now, tonumber(last[2]) + 1) end

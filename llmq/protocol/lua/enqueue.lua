@@ -13,8 +13,15 @@
 -- worker cut off from Redis, so a parked worker whose heartbeat (in lease
 -- time: the model's beats, bumped by renew.lua) is older than its lease is skipped
 -- and unparked too: it could not renew the lease it would be handed.
+-- A hand-off is a claim, and runs under one version of the pool policy as claim.lua's
+-- do: the API's (policy_version, whose routing made the hint and whose fair share the
+-- entry) and the parked worker's (the version in its terms, which its claim parked
+-- under) must both be at least the model's version floor (policy_key); else the
+-- request is queued, and a worker parked under an older version is unparked (its
+-- claim, refused as stale until it has read the policy again, lua/claim.lua, parks it
+-- again). -1: the caller holds no pool policy.
 --
--- Routed (a policy's name in ARGV[16], llmq.protocol.routing; KEYS 14-17 given): the request's
+-- Routed (a policy's name in ARGV[17], llmq.protocol.routing; KEYS 15-18 given): the request's
 -- route hint is kept beside its queue entry for claim.lua, and the hand-off goes to the
 -- parked worker that wants it most (lua/affinity.lua), among holders alike the least
 -- loaded, else the first parked, and not a parked one the load guard finds too busy
@@ -44,6 +51,7 @@ local beats_key = KEYS[10]
 local fair_key = KEYS[11]
 local vtc_key = KEYS[12]
 local tenants_key = KEYS[13]
+local policy_key = KEYS[14]
 
 local id = ARGV[1]
 local score = ARGV[2]
@@ -60,22 +68,23 @@ local retry_ttl = ARGV[12]
 local fair_entry = ARGV[13]
 local fairq_prefix = ARGV[14]
 local quota_held = ARGV[15]
+local policy_version = tonumber(ARGV[16])
 
 -- Routed only (nil under fifo, or for a request without a hint):
-local routes_key = KEYS[14]
-local loads_key = KEYS[15]
-local stats_key = KEYS[16]
-local held_key = KEYS[17]
-local policy_name = ARGV[16]
-local hint_text = ARGV[17]
-local cache_prefix = ARGV[18]
-local session_prefix = ARGV[19]
-local session_ttl_ms = ARGV[20]
-local imbalance = tonumber(ARGV[21])
-local max_workers = tonumber(ARGV[22])
-local max_wait_ms = tonumber(ARGV[23])
-local live_ms = tonumber(ARGV[24])
-local now_ms = ARGV[25]
+local routes_key = KEYS[15]
+local loads_key = KEYS[16]
+local stats_key = KEYS[17]
+local held_key = KEYS[18]
+local policy_name = ARGV[17]
+local hint_text = ARGV[18]
+local cache_prefix = ARGV[19]
+local session_prefix = ARGV[20]
+local session_ttl_ms = ARGV[21]
+local imbalance = tonumber(ARGV[22])
+local max_workers = tonumber(ARGV[23])
+local max_wait_ms = tonumber(ARGV[24])
+local live_ms = tonumber(ARGV[25])
+local now_ms = ARGV[26]
 
 local routed = policy_name ~= nil
 local hint, route
@@ -100,7 +109,7 @@ end
 
 -- Claim the request for parked worker w and publish it on w's channel; false if
 -- nobody listens there (w is unparked).
-local function hand_to(w, now, free, budget, lease, held)
+local function hand_to(w, now, free, budget, lease, held, version)
   local message = id .. '|' .. score .. '|' .. cost .. '|1|' .. job
   if redis.call('PUBLISH', handoff_prefix .. w, message) == 0 then
     unpark(w)
@@ -116,7 +125,7 @@ local function hand_to(w, now, free, budget, lease, held)
   if tonumber(free) > 1 then
     local left = tonumber(budget) < 0 and -1 or math.max(tonumber(budget) - tonumber(cost), 0)
     redis.call('HSET', terms_key, w,
-      (free - 1) .. '|' .. left .. '|0|' .. lease .. '|' .. held)
+      (free - 1) .. '|' .. left .. '|0|' .. lease .. '|' .. held .. '|' .. version)
     local last = redis.call('ZRANGE', parked_key, -1, -1, 'WITHSCORES')
     redis.call('ZADD', parked_key, ms(math.max(now, tonumber(last[2]) + 1)), w)
   else
@@ -125,19 +134,26 @@ local function hand_to(w, now, free, budget, lease, held)
   return true
 end
 
--- Parked worker w's terms {w, free, budget, lease, held} if it could take the request
--- now; nil if not, and a stale or malformed entry is unparked.
-local function taker(w, now)
+-- Parked worker w's terms {w, free, budget, lease, held, version} if it could take
+-- the request now; nil if not, and an entry that is stale (by its heartbeat, or
+-- parked under a policy version below `floor`) or malformed is unparked.
+local function taker(w, now, floor)
   local terms = redis.call('HGET', terms_key, w)
-  local free, budget, idle, lease, held
+  local free, budget, idle, lease, held, version
   if terms then
-    free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
+    free, budget, idle, lease, held, version =
+      string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)|(-?%d+)$')
+    if not free then  -- parked by a worker of the release before, which named no version
+      free, budget, idle, lease, held = string.match(terms, '^(%d+)|(-?%d+)|(%d)|(%d+)|(%d+)$')
+      version = '-1'
+    end
   end
   local beat = tonumber(redis.call('ZSCORE', beats_key, w) or '0')
-  if not free or now - beat > tonumber(lease) then
-    unpark(w)
+  if not free or now - beat > tonumber(lease)
+      or (tonumber(version) >= 0 and tonumber(version) < floor) then
+    unpark(w)  -- a live one parks again with its next claim, under the policy read again
   elseif idle == '1' or tonumber(budget) < 0 or tonumber(cost) <= tonumber(budget) then
-    return {w, free, budget, lease, held}
+    return {w, free, budget, lease, held, version}
   end
   return nil
 end
@@ -206,26 +222,28 @@ local function routed_order(now, found)
   return out
 end
 
-if redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0 then
+local handing = redis.call('ZCARD', queue_key) == 0 and redis.call('ZCARD', parked_key) > 0
+local floor = handing and tonumber(redis.call('GET', policy_key) or '0') or 0
+if handing and (policy_version < 0 or policy_version >= floor) then
   local now = lease_now(clock_key)
   if not (routed and hint) then
     for _, w in ipairs(redis.call('ZRANGE', parked_key, 0, 15)) do
-      local t = taker(w, now)
-      if t and hand_to(w, now, t[2], t[3], t[4], t[5]) then
+      local t = taker(w, now, floor)
+      if t and hand_to(w, now, t[2], t[3], t[4], t[5], t[6]) then
         return 2
       end
     end
   else
     local found = {}
     for _, w in ipairs(redis.call('ZRANGE', parked_key, 0, 15)) do
-      local t = taker(w, now)
+      local t = taker(w, now, floor)
       if t then table.insert(found, t) end
     end
     if #found > 0 then
       found = routed_order(now, found)
     end
     for _, t in ipairs(found) do
-      if hand_to(t[1], now, t[2], t[3], t[4], t[5]) then
+      if hand_to(t[1], now, t[2], t[3], t[4], t[5], t[6]) then
         remember(route, hint, t[1], session_ttl_ms)
         local raw = redis.call('HGET', loads_key, t[1])
         if raw then
