@@ -1289,6 +1289,59 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_tracing.py::test_a_routed_claims_matched_blocks_are_on_its_queue_wait",),
     ),
     Mutant(
+        "trace-claim-overtook",
+        "a traced claim says how many requests queued ahead the claimed one went before",
+        "llmq/protocol/lua/claim.lua",
+        "ahead = redis.call('ZCOUNT', queue_key, '-inf', '(' .. score)",
+        "ahead = 0",
+        (
+            "tests/test_routing_scripts.py:"
+            ":test_a_traced_claim_says_what_it_overtook_how_long_it_was_held_and_what_let_it_go",
+            "tests/test_tracing.py::test_a_routed_claims_matched_blocks_are_on_its_queue_wait",
+        ),
+    ),
+    Mutant(
+        "trace-claim-held",
+        "a traced claim says how long the request was left to a busy prefix holder",
+        "llmq/protocol/lua/claim.lua",
+        "held_ms = math.max(deadline_now - tonumber(held_since[i]), 0)",
+        "held_ms = -1",
+        (
+            "tests/test_routing_scripts.py:"
+            ":test_a_traced_claim_says_what_it_overtook_how_long_it_was_held_and_what_let_it_go",
+        ),
+    ),
+    Mutant(
+        "trace-claim-released-by",
+        "a traced claim names the guard that made the request anyone's",
+        "llmq/protocol/lua/claim.lua",
+        "    released_by = why\n",
+        "    released_by = ''\n",
+        (
+            "tests/test_routing_scripts.py:"
+            ":test_a_traced_claim_says_what_it_overtook_how_long_it_was_held_and_what_let_it_go",
+        ),
+    ),
+    Mutant(
+        "trace-claim-untraced-reads-nothing",
+        "a claim by a worker that does not trace reads and says nothing of it",
+        "llmq/protocol/lua/claim.lua",
+        "local traced = ARGV[18] == '1'",
+        "local traced = true",
+        (
+            "tests/test_routing_scripts.py:"
+            ":test_a_traced_claim_says_what_it_overtook_how_long_it_was_held_and_what_let_it_go",
+        ),
+    ),
+    Mutant(
+        "trace-admission-ahead",
+        "llmq.admission says how many requests were queued ahead of the request",
+        "api/admission/submit.py",
+        'span.set_attribute("llmq.queue.ahead", ahead)',
+        "pass",
+        ("tests/test_tracing.py::test_a_routed_claims_matched_blocks_are_on_its_queue_wait",),
+    ),
+    Mutant(
         "quota-take-once",
         "a take run twice (a pipeline sent again) takes the quota once",
         "llmq/protocol/lua/quota_take.lua",

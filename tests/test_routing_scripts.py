@@ -475,3 +475,33 @@ async def test_a_claim_says_how_many_leading_blocks_the_claimer_held(redis: Redi
     await enqueue(queue, "third", SYSTEM_A + " three")
     got = await claim(queue, "A")
     assert (got.request_id, got.matched_blocks) == ("third", -1)
+
+
+async def test_a_traced_claim_says_what_it_overtook_how_long_it_was_held_and_what_let_it_go(
+    redis: Redis,
+) -> None:
+    """For the queue wait's span: the requests queued ahead that the claimed one went
+    before, how long it was left to a busy holder, and the guard that made it anyone's;
+    nothing of it (-1, "") for a worker that does not trace."""
+    queue = queue_of(redis, routing(max_wait_ms=1000))
+    await worker(queue, "A", cached=SYSTEM_A)
+    await worker(queue, "B", running=2, cached=SYSTEM_B)
+    await enqueue(queue, "for-b", SYSTEM_B, score=1)
+    await enqueue(queue, "for-a", SYSTEM_A, score=2)
+    got = await queue.claim(
+        "mock", lease_ms=1000, in_progress_ms=5000, budget_left=None, idle=True,
+        worker_id="A", free_slots=4, capacity=4, traced=True,
+    )  # fmt: skip
+    assert (got.request_id, got.ahead, got.held_ms, got.released_by) == ("for-a", 1, -1, "")
+    since = int(await redis.hget(keys.held("mock"), "for-b"))  # type: ignore[misc]
+    await redis.hset(keys.held("mock"), "for-b", str(since - 1500))  # type: ignore[misc]
+    got = await queue.claim(
+        "mock", lease_ms=1000, in_progress_ms=5000, budget_left=None, idle=False,
+        worker_id="A", free_slots=3, capacity=4, traced=True,
+    )  # fmt: skip
+    assert (got.request_id, got.ahead, got.released_by) == ("for-b", 0, "guard_wait")
+    assert 1500 <= got.held_ms < 10_000
+    await enqueue(queue, "later", SYSTEM_A + " more", score=3)
+    untraced = await claim(queue, "A", running=2, free=2)
+    assert (untraced.request_id, untraced.ahead, untraced.held_ms) == ("later", -1, -1)
+    assert untraced.released_by == ""

@@ -78,7 +78,7 @@ def test_a_builder_puts_each_value_at_its_slot_and_its_part_after_its_own() -> N
     enqueue = named(slots.Enqueue, route=named(slots.EnqueueRoute))
     assert enqueue.call() == slots.Enqueue.names()
     keys_, args = named(slots.Claim, route=None).call()
-    assert (keys_, args) == (keys_[:12], args[:17]) and len(keys_) == 12 and len(args) == 17
+    assert (keys_, args) == (keys_[:12], args[:18]) and len(keys_) == 12 and len(args) == 18
 
 
 def test_a_tail_is_spread_last_and_a_keys_tail_after_the_named_keys() -> None:

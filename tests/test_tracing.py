@@ -347,7 +347,8 @@ async def test_a_routed_claims_matched_blocks_are_on_its_queue_wait(
 ) -> None:
     """Under the prefix policy, a request claimed behind a run of the same prompt
     prefix: its ``llmq.queue_wait`` says how many of its prompt's leading KV blocks the
-    claiming worker held (all 4: the first run cached them)."""
+    claiming worker held (all 4: the first run cached them), and that it went before
+    the one request queued ahead of it (``llmq.admission`` says it found one there)."""
     env = {**phoenix.otel_env(), "LLMQ_ROUTING": "prefix"}
     worker = Proc(
         ["worker"],
@@ -373,6 +374,8 @@ async def test_a_routed_claims_matched_blocks_are_on_its_queue_wait(
             body = {"model": "mock", "max_tokens": 40, "ignore_eos": True}
             first = await client.post("/v1/requests", json={**body, "prompt": f"{prefix} one"})
             assert first.status_code == 202, first.text
+            other = await client.post("/v1/requests", json={**body, "prompt": "elsewhere"})
+            assert other.status_code == 202, other.text
             traceparent, trace_id, _ = client_context()
             second = await client.post(
                 "/v1/requests",
@@ -380,10 +383,14 @@ async def test_a_routed_claims_matched_blocks_are_on_its_queue_wait(
                 headers={"traceparent": traceparent},
             )
             assert second.status_code == 202, second.text
-        spans = await phoenix.wait_spans(trace_id, lambda s: "llmq.queue_wait" in names(s))
+        spans = await phoenix.wait_spans(
+            trace_id, lambda s: {"llmq.queue_wait", "llmq.admission"} <= set(names(s))
+        )
         waited = by_name(spans, "llmq.queue_wait")
         assert waited["attributes"]["llmq.routing"] == "prefix"
         assert waited["attributes"]["llmq.claim.matched_blocks"] == 4
+        assert waited["attributes"]["llmq.queue.overtook"] == 1  # "elsewhere", for its cache
+        assert by_name(spans, "llmq.admission")["attributes"]["llmq.queue.ahead"] == 1
     finally:
         await asyncio.gather(*(asyncio.to_thread(p.stop) for p in (api, worker)))
 

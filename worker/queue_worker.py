@@ -350,6 +350,7 @@ class QueueWorker(Worker):
                 free_slots=self.max_jobs - self.busy_slots,
                 capacity=self.max_jobs,
                 end_dropped=True,
+                traced=tracing.enabled(),
             )
             if claim.request_id is None:
                 if claim.retry_ms:  # left to the workers holding them, for now
@@ -497,14 +498,18 @@ class QueueWorker(Worker):
         self._slots.add(slot)
         context = contextvars.copy_context()  # only this run_job's read sees the claim
         context.run(carry, ClaimedJob(rid, claim.job, claim.attempt))
-        noted = {
+        noted: dict[str, int | str] = {
             name: value
             for name, value in (
                 ("llmq.claim.matched_blocks", claim.matched_blocks),
                 ("llmq.policy.version", claim.policy_version),
+                ("llmq.queue.overtook", claim.ahead),
+                ("llmq.routing.held_ms", claim.held_ms),
             )
             if value >= 0
         }
+        if claim.released_by:
+            noted["llmq.routing.released_by"] = claim.released_by
         if noted:
             context.run(tracing.note_claim, noted)
         task = asyncio.create_task(self.run_job(rid, claim.score), context=context)

@@ -469,6 +469,9 @@ async def _admit_traced(
         raise
     if span is not None:
         span.set_attribute("llmq.admission.queued", answer.queued)
+        if answer.queued:  # its place: requests queued ahead of it (a round trip, traced only)
+            ahead = await state.queue.ahead(model, min(c.score for c in calls))
+            span.set_attribute("llmq.queue.ahead", ahead)
         if answer.quota is not None:
             span.set_attribute("llmq.quota.taken", answer.quota.taken)
             span.set_attribute("llmq.quota.refused_by", answer.quota.which)

@@ -8,7 +8,8 @@ the Lua side reads or writes the same text.
 - parked terms (``llmq:parked-terms:{m:<model>}``): ``"free|budget|idle|lease ms|in-progress
   ms|policy version"``, written and read by Lua only (claim.lua, enqueue.lua);
 - hand-off message (``llmq:handoff:{m:<model>}:<worker>``): ``"id|score|cost|try|job"``;
-- claim reply: ``[id, score, cost, job, try, more, retry ms, expired..., "|", cancelled...]``;
+- claim reply: ``[id, score, cost, job, try, more, retry ms, matched blocks, ahead, held ms,
+  released by, expired..., "|", cancelled...]``;
 - route hint (``llmq:routes:{m:<model>}``): ``"priority|session|b1,b2,..."``
   (:class:`RouteHint`), read by claim.lua and enqueue.lua (``lua/affinity.lua``);
 - worker load (``llmq:loads:{m:<model>}``): ``"running|capacity|service ms|block us"``
@@ -88,6 +89,12 @@ class Claim:
     #: The pool policy version the claim was made under (-1: unversioned, or a request
     #: handed to a parked worker at its enqueue).
     policy_version: int = -1
+    #: Of a traced claim (-1, "": not known): requests queued ahead of it that it went
+    #: before; how long it was left to a busy worker holding its prefix; the guard
+    #: that made it anyone's (``guard_wait``, ``guard_overtakes``, ``guard_load``).
+    ahead: int = -1
+    held_ms: int = -1
+    released_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,20 +150,23 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
     """claim.lua's reply, or :class:`StalePolicy` where it refused the claim."""
     if as_str(reply[0]) == "!stale":
         raise StalePolicy(int(reply[1]))
-    request_id, score, cost, job, attempt, more, retry_ms, matched = reply[:8]
-    rest = [as_str(x) for x in reply[8:]]
-    split = rest.index("|")
+    request_id, score, cost, job, attempt, more, retry_ms, matched, ahead, held = reply[:10]
+    rest = [as_str(x) for x in reply[10:]]
+    split = rest.index("|", 1)
     return Claim(
         request_id=as_str(request_id) or None,
         score=int(float(as_str(score))),
         cost=int(float(as_str(cost))),
         job=as_bytes(job) or None,
         attempt=int(attempt),
-        expired=rest[:split],
+        expired=rest[1:split],
         cancelled=rest[split + 1 :],
         more=as_str(more) == "1",
         retry_ms=int(retry_ms),
         matched_blocks=int(matched),
+        ahead=int(ahead),
+        held_ms=int(held),
+        released_by=rest[0],
     )
 
 

@@ -426,6 +426,11 @@ class Queue:
             route=self.routing_for(model).enqueue_route(model, call.route),
         )
 
+    async def ahead(self, model: str, score: int) -> int:
+        """How many of ``model``'s queued requests run before one of ``score`` (a lower
+        score): a request's place just after its enqueue, for its trace."""
+        return int(await self.redis.zcount(keys.queue(model), "-inf", f"({score}"))
+
     async def claim(
         self,
         model: str,
@@ -438,6 +443,7 @@ class Queue:
         free_slots: int = 0,
         capacity: int = 0,
         end_dropped: bool = False,
+        traced: bool = False,
     ) -> Claim:
         """Claim the next request for ``worker_id``, which has ``free_slots`` free.
 
@@ -454,7 +460,9 @@ class Queue:
 
         The claim runs under the pool policy's :attr:`policy` version: one the script
         finds older than the model's is refused, and the claim is made again once the
-        policy is read again (:class:`~llmq.protocol.codec.StalePolicy`).
+        policy is read again (:class:`~llmq.protocol.codec.StalePolicy`). ``traced``
+        (the worker traces its runs): the claim also says where the request stood
+        (:attr:`Claim.ahead`, :attr:`Claim.held_ms`, :attr:`Claim.released_by`).
         """
         for _ in range(STALE_RETRIES):
             try:
@@ -467,6 +475,7 @@ class Queue:
                     worker_id=worker_id,
                     free_slots=free_slots,
                     capacity=capacity,
+                    traced=traced,
                 )
                 break
             except StalePolicy as stale:
@@ -492,6 +501,7 @@ class Queue:
         worker_id: str,
         free_slots: int,
         capacity: int,
+        traced: bool,
     ) -> Claim:
         routing = self.routing_for(model)
         version = -1 if self.policy is None else self.policy.version
@@ -525,6 +535,7 @@ class Queue:
             fairq_prefix=keys.fairq_prefix(model),
             policy_key=keys.policy_version(model),
             policy_version=version,
+            traced=1 if traced else 0,
             route=routing.claim_route(
                 model, running=max(capacity - free_slots, 0), capacity=capacity
             ),

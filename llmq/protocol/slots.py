@@ -212,6 +212,8 @@ class Claim(Slots):
     #: runs under (-1: none held, not checked).
     policy_key: str
     policy_version: int
+    #: 1: the worker traces its runs, and the reply says where the request stood.
+    traced: int = 0
     route: ClaimRoute | None = field(default=None, metadata=part(ClaimRoute))
 
 

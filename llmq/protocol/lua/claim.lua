@@ -9,7 +9,7 @@
 -- newcomer, or a worker handed a request, goes to the back: workers take turns).
 -- Reply: llmq.protocol.codec.parse_claim.
 --
--- Routed (a policy's name in ARGV[18], llmq.protocol.routing; KEYS 13-18 given): instead
+-- Routed (a policy's name in ARGV[19], llmq.protocol.routing; KEYS 13-18 given): instead
 -- of the head, the worker takes from the queue's first `window` requests the one it wants
 -- most (lua/affinity.lua: its cached prefix, its session, its load, its hash), and
 -- leaves a request that another live worker wants more, unless a guard says the
@@ -59,6 +59,9 @@ local fair_slack = tonumber(ARGV[15])
 local fairq_prefix = ARGV[16]
 local policy_key = KEYS[12]
 local policy_version = tonumber(ARGV[17])
+-- '1': the worker traces its runs; the reply then says where the claimed request
+-- stood (`ahead`, `held_ms`, `released_by`, below: its llmq.queue_wait span's).
+local traced = ARGV[18] == '1'
 
 -- The claim runs under the pool policy the worker holds (its routing, fair share):
 -- one older than the model's (policy_key, raised after each change) is refused, and
@@ -78,19 +81,19 @@ local loads_key = KEYS[15]
 local beats_key = KEYS[16]
 local stats_key = KEYS[17]
 local held_key = KEYS[18]
-local policy_name = ARGV[18]
-local window = tonumber(ARGV[19])
-local max_wait_ms = tonumber(ARGV[20])
-local max_overtakes = tonumber(ARGV[21])
-local imbalance = tonumber(ARGV[22])
-local priority_guard = ARGV[23] == '1'
-local running = tonumber(ARGV[24])
-local capacity = tonumber(ARGV[25])
-local cache_prefix = ARGV[26]
-local session_prefix = ARGV[27]
-local session_ttl_ms = ARGV[28]
-local live_ms = tonumber(ARGV[29])
-local max_workers = tonumber(ARGV[30])
+local policy_name = ARGV[19]
+local window = tonumber(ARGV[20])
+local max_wait_ms = tonumber(ARGV[21])
+local max_overtakes = tonumber(ARGV[22])
+local imbalance = tonumber(ARGV[23])
+local priority_guard = ARGV[24] == '1'
+local running = tonumber(ARGV[25])
+local capacity = tonumber(ARGV[26])
+local cache_prefix = ARGV[27]
+local session_prefix = ARGV[28]
+local session_ttl_ms = ARGV[29]
+local live_ms = tonumber(ARGV[30])
+local max_workers = tonumber(ARGV[31])
 
 local routed = policy_name ~= nil
 local route, mine
@@ -111,6 +114,11 @@ local retry_ms = 0
 -- Of a routed claim under a policy that caches (prefix): how many of the claimed
 -- request's leading blocks the claimer held; -1: not known.
 local matched = -1
+-- Traced only: requests queued ahead of the claimed one (a lower score) that it went
+-- before (by its tenant's turn, or for this worker's cache); how long it had been left
+-- to a busy worker that holds its prefix; and the guard that made it anyone's
+-- (guard_wait, guard_overtakes, guard_load; '' none).
+local ahead, held_ms, released_by = -1, -1, ''
 
 local function drop(id)
   redis.call('ZREM', queue_key, id)
@@ -162,7 +170,7 @@ end
 local function reply(id, score, cost, job, attempt)
   local more = redis.call('ZCARD', queue_key) > 0
   local out = {id, score, cost, job or '', attempt or 0, more and '1' or '0', retry_ms,
-    matched}
+    matched, ahead, held_ms, released_by}
   for _, x in ipairs(expired) do table.insert(out, x) end
   table.insert(out, '|')
   for _, x in ipairs(cancelled) do table.insert(out, x) end
@@ -173,6 +181,9 @@ local fair_on = fairness == 'vtc'
 local fair_least = nil
 
 local function take(id, score, cost)
+  if traced then
+    ahead = redis.call('ZCOUNT', queue_key, '-inf', '(' .. score)
+  end
   if fair_on then
     fair_charge(fair_key, vtc_key, fairq_prefix, id, cost, fair_least)
   end
@@ -192,7 +203,8 @@ local function take(id, score, cost)
 end
 
 -- The routed choice among the window (see the top). Returns the position to take or
--- nil, the window's ids and scores, and the hint of each.
+-- nil, the window's ids and scores, the hint of each, what each wants, the guard that
+-- made the chosen one anyone's (nil: none) and when each was first left to a holder.
 local function choose()
   local raw = redis.call('ZRANGE', queue_key, 0, window - 1, 'WITHSCORES')
   local ids, scores = {}, {}
@@ -292,11 +304,11 @@ local function choose()
   if chosen ~= nil and why ~= nil and why ~= 'none' then
     redis.call('HINCRBY', stats_key, why, 1)
   end
-  return chosen, ids, scores, hints, wants
+  return chosen, ids, scores, hints, wants, why, held_since
 end
 
 local function routed_claim()
-  local i, ids, scores, hints, wants = choose()
+  local i, ids, scores, hints, wants, why, held_since = choose()
   if i == nil then
     redis.call('HSET', loads_key, worker_id, load_text(mine))
     park(free_slots, budget, idle)
@@ -306,16 +318,23 @@ local function routed_claim()
   if gone(id) then
     return nil
   end
+  if traced and why and why ~= 'none' then
+    released_by = why
+  end
   local cost = redis.call('HGET', costs_key, id) or '0'
   if i > 1 then
     if budget >= 0 and idle ~= '1' and tonumber(cost) > budget then
       i, id, cost = 1, ids[1], redis.call('HGET', costs_key, ids[1]) or '0'
+      released_by = ''
     else
       redis.call('HINCRBY', stats_key, 'affinity', 1)
       for j = 1, i - 1 do
         redis.call('HINCRBY', overtaken_key, ids[j], 1)
       end
     end
+  end
+  if traced and held_since[i] then
+    held_ms = math.max(deadline_now - tonumber(held_since[i]), 0)
   end
   local hint = parse_hint(hints[i])
   if hint and route.policy.caches then
