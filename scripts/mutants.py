@@ -1292,8 +1292,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "trace-claim-overtook",
         "a traced claim says how many requests queued ahead the claimed one went before",
         "llmq/protocol/lua/claim.lua",
-        "ahead = redis.call('ZCOUNT', queue_key, '-inf', '(' .. score)",
-        "ahead = 0",
+        "overtook = redis.call('ZCOUNT', queue_key, '-inf', '(' .. score)",
+        "overtook = 0",
         (
             "tests/test_routing_scripts.py:"
             ":test_a_traced_claim_says_what_it_overtook_how_long_it_was_held_and_what_let_it_go",

@@ -492,16 +492,16 @@ async def test_a_traced_claim_says_what_it_overtook_how_long_it_was_held_and_wha
         "mock", lease_ms=1000, in_progress_ms=5000, budget_left=None, idle=True,
         worker_id="A", free_slots=4, capacity=4, traced=True,
     )  # fmt: skip
-    assert (got.request_id, got.ahead, got.held_ms, got.released_by) == ("for-a", 1, -1, "")
+    assert (got.request_id, got.overtook, got.held_ms, got.released_by) == ("for-a", 1, -1, "")
     since = int(await redis.hget(keys.held("mock"), "for-b"))  # type: ignore[misc]
     await redis.hset(keys.held("mock"), "for-b", str(since - 1500))  # type: ignore[misc]
     got = await queue.claim(
         "mock", lease_ms=1000, in_progress_ms=5000, budget_left=None, idle=False,
         worker_id="A", free_slots=3, capacity=4, traced=True,
     )  # fmt: skip
-    assert (got.request_id, got.ahead, got.released_by) == ("for-b", 0, "guard_wait")
+    assert (got.request_id, got.overtook, got.released_by) == ("for-b", 0, "guard_wait")
     assert 1500 <= got.held_ms < 10_000
     await enqueue(queue, "later", SYSTEM_A + " more", score=3)
     untraced = await claim(queue, "A", running=2, free=2)
-    assert (untraced.request_id, untraced.ahead, untraced.held_ms) == ("later", -1, -1)
+    assert (untraced.request_id, untraced.overtook, untraced.held_ms) == ("later", -1, -1)
     assert untraced.released_by == ""

@@ -503,7 +503,7 @@ class QueueWorker(Worker):
             for name, value in (
                 ("llmq.claim.matched_blocks", claim.matched_blocks),
                 ("llmq.policy.version", claim.policy_version),
-                ("llmq.queue.overtook", claim.ahead),
+                ("llmq.queue.overtook", claim.overtook),
                 ("llmq.routing.held_ms", claim.held_ms),
             )
             if value >= 0

@@ -8,7 +8,7 @@ the Lua side reads or writes the same text.
 - parked terms (``llmq:parked-terms:{m:<model>}``): ``"free|budget|idle|lease ms|in-progress
   ms|policy version"``, written and read by Lua only (claim.lua, enqueue.lua);
 - hand-off message (``llmq:handoff:{m:<model>}:<worker>``): ``"id|score|cost|try|job"``;
-- claim reply: ``[id, score, cost, job, try, more, retry ms, matched blocks, ahead, held ms,
+- claim reply: ``[id, score, cost, job, try, more, retry ms, matched blocks, overtook, held ms,
   released by, expired..., "|", cancelled...]``;
 - route hint (``llmq:routes:{m:<model>}``): ``"priority|session|b1,b2,..."``
   (:class:`RouteHint`), read by claim.lua and enqueue.lua (``lua/affinity.lua``);
@@ -92,7 +92,7 @@ class Claim:
     #: Of a traced claim (-1, "": not known): requests queued ahead of it that it went
     #: before; how long it was left to a busy worker holding its prefix; the guard
     #: that made it anyone's (``guard_wait``, ``guard_overtakes``, ``guard_load``).
-    ahead: int = -1
+    overtook: int = -1
     held_ms: int = -1
     released_by: str = ""
 
@@ -150,7 +150,7 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
     """claim.lua's reply, or :class:`StalePolicy` where it refused the claim."""
     if as_str(reply[0]) == "!stale":
         raise StalePolicy(int(reply[1]))
-    request_id, score, cost, job, attempt, more, retry_ms, matched, ahead, held = reply[:10]
+    request_id, score, cost, job, attempt, more, retry_ms, matched, overtook, held = reply[:10]
     rest = [as_str(x) for x in reply[10:]]
     split = rest.index("|", 1)
     return Claim(
@@ -164,7 +164,7 @@ def parse_claim(reply: Sequence[Any]) -> Claim:
         more=as_str(more) == "1",
         retry_ms=int(retry_ms),
         matched_blocks=int(matched),
-        ahead=int(ahead),
+        overtook=int(overtook),
         held_ms=int(held),
         released_by=rest[0],
     )

@@ -462,7 +462,7 @@ class Queue:
         finds older than the model's is refused, and the claim is made again once the
         policy is read again (:class:`~llmq.protocol.codec.StalePolicy`). ``traced``
         (the worker traces its runs): the claim also says where the request stood
-        (:attr:`Claim.ahead`, :attr:`Claim.held_ms`, :attr:`Claim.released_by`).
+        (:attr:`Claim.overtook`, :attr:`Claim.held_ms`, :attr:`Claim.released_by`).
         """
         for _ in range(STALE_RETRIES):
             try:

@@ -60,7 +60,7 @@ local fairq_prefix = ARGV[16]
 local policy_key = KEYS[12]
 local policy_version = tonumber(ARGV[17])
 -- '1': the worker traces its runs; the reply then says where the claimed request
--- stood (`ahead`, `held_ms`, `released_by`, below: its llmq.queue_wait span's).
+-- stood (`overtook`, `held_ms`, `released_by`, below: its llmq.queue_wait span's).
 local traced = ARGV[18] == '1'
 
 -- The claim runs under the pool policy the worker holds (its routing, fair share):
@@ -118,7 +118,7 @@ local matched = -1
 -- before (by its tenant's turn, or for this worker's cache); how long it had been left
 -- to a busy worker that holds its prefix; and the guard that made it anyone's
 -- (guard_wait, guard_overtakes, guard_load; '' none).
-local ahead, held_ms, released_by = -1, -1, ''
+local overtook, held_ms, released_by = -1, -1, ''
 
 local function drop(id)
   redis.call('ZREM', queue_key, id)
@@ -170,7 +170,7 @@ end
 local function reply(id, score, cost, job, attempt)
   local more = redis.call('ZCARD', queue_key) > 0
   local out = {id, score, cost, job or '', attempt or 0, more and '1' or '0', retry_ms,
-    matched, ahead, held_ms, released_by}
+    matched, overtook, held_ms, released_by}
   for _, x in ipairs(expired) do table.insert(out, x) end
   table.insert(out, '|')
   for _, x in ipairs(cancelled) do table.insert(out, x) end
@@ -182,7 +182,7 @@ local fair_least = nil
 
 local function take(id, score, cost)
   if traced then
-    ahead = redis.call('ZCOUNT', queue_key, '-inf', '(' .. score)
+    overtook = redis.call('ZCOUNT', queue_key, '-inf', '(' .. score)
   end
   if fair_on then
     fair_charge(fair_key, vtc_key, fairq_prefix, id, cost, fair_least)
