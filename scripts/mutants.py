@@ -101,6 +101,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_handoff.py::test_no_hand_off_under_a_policy_version_below_the_models",),
     ),
     Mutant(
+        "handoff-terms-without-version",
+        "a worker whose parked terms name no policy version is still handed requests",
+        "llmq/protocol/lua/enqueue.lua",
+        "if not free then  -- parked by a worker of the release before",
+        "if false then  -- parked by a worker of the release before",
+        ("tests/test_handoff.py::test_terms_without_a_policy_version_are_still_handed_requests",),
+    ),
+    Mutant(
         "handoff-version-floor-api",
         "no hand-off by an API process whose policy version is below the model's floor",
         "llmq/protocol/lua/enqueue.lua",

@@ -136,6 +136,19 @@ async def test_no_hand_off_under_a_policy_version_below_the_models(
     assert (await handed(listener)).request_id == "r3"
 
 
+async def test_terms_without_a_policy_version_are_still_handed_requests(
+    redis: Redis, queue: Queue, listener: PubSub
+) -> None:
+    """A worker of the release before parks with terms that name no policy version
+    (during a rolling upgrade): it is handed requests as one that holds no policy."""
+    await listener.subscribe(keys.handoff("w1", "mock"))
+    await claim(queue, "w1", free=2)
+    await redis.hset(keys.parked_terms("mock"), "w1", "2|-1|1|3000|4000")  # type: ignore[misc]
+    await redis.set(keys.policy_version("mock"), 3)
+    assert await enqueue_costing(queue, "r1") == Placed.HANDED_OFF
+    assert (await handed(listener)).request_id == "r1"
+
+
 async def test_a_parked_worker_whose_heartbeat_is_older_than_its_lease_is_skipped(
     redis: Redis, queue: Queue, listener: PubSub
 ) -> None:
